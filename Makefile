@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine: `make run` (the demo) and `make test`.
+# The venv is rebuilt only when pyproject.toml changes, so a second run is quick.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch/torchvision first, pinned to the CUDA wheels that lie on this machine's disk
+	# (PyPI's torchvision does not import beside the 2.13.0+cpu wheel; timm needs torchvision).
+	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/graphkit trace examples/vit_b16.py --out out/vit_b16.json
+	$(BIN)/graphkit trace examples/gpt2.py --out out/gpt2.json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/trace_speed.py
+
+clean:
+	rm -rf $(VENV) out

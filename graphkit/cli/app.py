@@ -1,0 +1,127 @@
+"""The ``graphkit`` command line: thin commands that parse options and call the library."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from graphkit.errors import GraphkitError
+
+app = typer.Typer(
+    name="graphkit",
+    help="Neural-network architectures as data and back: trace models into computation graphs, "
+    "build graph datasets, predict parameters, compile graphs into models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+console = Console()
+errors = Console(stderr=True)
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback when a command fails."),
+) -> None:
+    _state["debug"] = debug or os.environ.get("GRAPHKIT_DEBUG") == "1"
+
+
+def command(fn: Callable) -> Callable:
+    """Turn library errors into one red line and exit code 1 (the traceback with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as e:
+            if _state["debug"]:
+                raise
+            known = isinstance(e, GraphkitError)
+            text = str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+            errors.print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that the file appears only when complete."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class GraphFormat(str, enum.Enum):
+    json = "json"
+    text = "text"
+
+
+@app.command()
+@command
+def trace(
+    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()`, optionally `example_inputs()`."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the graph here (JSON by default)."),
+    format: Optional[GraphFormat] = typer.Option(None, "--format", "-f", help="json or text; default: json with --out, text without."),
+    fold: bool = typer.Option(True, "--fold/--no-fold", help="Trace one block of a repeated stack and replicate it (fast), or export every block."),
+) -> None:
+    """Trace a model into a computation graph and print its summary.
+
+    Build the model on the meta device (`with torch.device("meta"):`) to trace
+    billion-parameter configurations in about a second without allocating weights.
+    """
+    from graphkit.modelfile import load_model_file
+    from graphkit.trace import trace as trace_model
+
+    loaded = load_model_file(model_file)
+    graph = trace_model(loaded.model, loaded.example_inputs, fold_repeats=fold)
+    fmt = format or (GraphFormat.json if out else GraphFormat.text)
+    text = graph.to_json(indent=1) if fmt is GraphFormat.json else graph.summary() + "\n"
+    if out is None and fmt is GraphFormat.json:
+        print(text)
+        return
+    print_graph(graph)
+    if out is not None:
+        write_atomic(out, text)
+        console.print(f"wrote {out}")
+
+
+def print_graph(graph) -> None:
+    """Rich summary of a graph: headline, op table, attention layout."""
+    first, *rest = graph.summary().splitlines()
+    console.print(f"[bold]{first}[/]", highlight=False)
+    params_by_op: dict[str, int] = {}
+    for node in graph.nodes:
+        params_by_op[node.op] = params_by_op.get(node.op, 0) + node.num_params
+    table = Table(show_edge=False, box=None, pad_edge=False)
+    table.add_column("op")
+    table.add_column("nodes", justify="right")
+    table.add_column("parameters", justify="right")
+    for op, count in graph.op_counts().items():
+        table.add_row(op, str(count), f"{params_by_op[op]:,}")
+    console.print(table)
+    for line in rest[1:]:
+        console.print(line, highlight=False)
+    console.print(f"fingerprint {graph.fingerprint()}", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

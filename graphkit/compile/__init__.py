@@ -1,0 +1,1 @@
+"""Configs, graphs and parameters back into runnable models; arrives with issue #4."""

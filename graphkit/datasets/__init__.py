@@ -1,0 +1,1 @@
+"""Graph datasets (ViTs-1K, GPTs-1K, ...) stored as Parquet; arrives with issue #3."""

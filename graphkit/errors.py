@@ -1,0 +1,17 @@
+"""Errors graphkit raises for bad input: each message is one line that names the cause."""
+
+
+class GraphkitError(Exception):
+    """Base class: the CLI prints these as one line and exits non-zero (tracebacks with --debug)."""
+
+
+class GraphError(GraphkitError):
+    """A graph is malformed or fails validation."""
+
+
+class TraceError(GraphkitError):
+    """A model could not be turned into a graph."""
+
+
+class ModelFileError(GraphkitError):
+    """A user's MODEL.py could not be loaded."""

@@ -1,0 +1,319 @@
+"""ArchGraph: the one representation of an architecture that every part of graphkit passes around.
+
+A graph is a list of op nodes in topological order plus directed data-flow edges between them.
+It is plain data (strings, ints, lists, dicts), so it serialises losslessly to JSON with
+:meth:`ArchGraph.to_dict` and can be read by any tool without graphkit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+import numpy as np
+
+from graphkit.errors import GraphError
+from graphkit.ops import OPS_VERSION, is_known_op, op_id
+
+if TYPE_CHECKING:
+    import networkx
+    from torch_geometric.data import Data
+
+Shape = tuple[int, ...]
+
+
+def _plain(value: Any) -> Any:
+    """Normalise an attribute value to what JSON gives back (tuples become lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"node attribute values must be JSON data, got {type(value).__name__}: {value!r}")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op of the graph.
+
+    ``name`` is unique in the graph; ``module`` is the path of the nn.Module the op ran in
+    (``""`` for the root); ``params`` maps the state-dict names of the parameters this node
+    owns to their shapes.
+    """
+
+    op: str
+    name: str
+    module: str = ""
+    params: dict[str, Shape] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", {k: tuple(int(d) for d in s) for k, s in self.params.items()})
+        object.__setattr__(self, "attrs", _plain(dict(self.attrs)))
+
+    @property
+    def num_params(self) -> int:
+        """Number of parameter elements this node owns."""
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self.params.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: shapes as lists."""
+        return {
+            "op": self.op,
+            "name": self.name,
+            "module": self.module,
+            "params": {k: list(s) for k, s in self.params.items()},
+            "attrs": self.attrs,
+        }
+
+
+@dataclass
+class ArchGraph:
+    """A computation DAG: ``nodes`` in topological order, ``edges`` as (src, dst) node indices.
+
+    ``meta`` holds graph-level facts (family, model_class, num_params, input_shapes,
+    ops_version); it is not part of the :meth:`fingerprint`.
+    """
+
+    nodes: list[Node]
+    edges: list[tuple[int, int]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.edges = [(int(s), int(d)) for s, d in self.edges]
+        self.meta = _plain(dict(self.meta))
+
+    # -- size and summary ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_params(self) -> int:
+        """Total parameter elements owned by the nodes (tied parameters counted once)."""
+        return sum(n.num_params for n in self.nodes)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many nodes of each op, most common first."""
+        return dict(Counter(n.op for n in self.nodes).most_common())
+
+    def attention_layout(self) -> list[dict[str, Any]]:
+        """One entry per distinct attention configuration: kind (MHA/MQA/GQA), heads, kv_heads,
+        causal, window, rope and how many layers use it."""
+        rows: Counter[tuple] = Counter()
+        for node in self.nodes:
+            if node.op != "attention":
+                continue
+            a = node.attrs
+            heads, kv = a.get("heads"), a.get("kv_heads")
+            kind = a.get("variant") or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
+            rows[(kind, heads, kv, a.get("head_dim"), bool(a.get("causal")), a.get("window"), bool(a.get("rope")))] += 1
+        keys = ("kind", "heads", "kv_heads", "head_dim", "causal", "window", "rope")
+        return [dict(zip(keys, k), layers=count) for k, count in rows.items()]
+
+    # -- serialisation --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Lossless JSON-serialisable form: ``{"nodes": [...], "edges": [[s, d], ...], "meta": {...}}``."""
+        return {
+            "nodes": [n.to_dict() for n in self.nodes],
+            "edges": [[s, d] for s, d in self.edges],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ArchGraph":
+        """Inverse of :meth:`to_dict`; raises GraphError on a malformed mapping."""
+        try:
+            nodes = [
+                Node(
+                    op=n["op"],
+                    name=n["name"],
+                    module=n.get("module", ""),
+                    params={k: tuple(v) for k, v in n.get("params", {}).items()},
+                    attrs=n.get("attrs", {}),
+                )
+                for n in data["nodes"]
+            ]
+            edges = [(s, d) for s, d in data["edges"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise GraphError(f"not a graphkit graph: {type(e).__name__}: {e}") from e
+        return cls(nodes=nodes, edges=edges, meta=dict(data.get("meta", {})))
+
+    def to_json(self, **kwargs: Any) -> str:
+        """:meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ArchGraph":
+        """Inverse of :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GraphError(f"not JSON: {e}") from e
+        return cls.from_dict(data)
+
+    def fingerprint(self) -> str:
+        """Stable content hash of nodes and edges (not meta): equal graphs, equal fingerprints,
+        in any process and on any machine."""
+        body = {"nodes": [n.to_dict() for n in self.nodes], "edges": [[s, d] for s, d in self.edges]}
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    # -- checks ---------------------------------------------------------------------------------
+    def validate(self, params: Mapping[str, Iterable[int]] | None = None) -> None:
+        """Raise GraphError unless the graph is a well-formed computation DAG.
+
+        Checked: known ops, unique names, edges in range and in topological order (so acyclic),
+        one input node from which every node is reachable, every node reaching an output, each
+        parameter owned by exactly one node, and, when ``params`` (state-dict name -> shape, e.g.
+        from ``model.named_parameters()``) is given, that the owned parameters are exactly those.
+        """
+        n = len(self.nodes)
+        names: set[str] = set()
+        owner: dict[str, str] = {}
+        for node in self.nodes:
+            if not is_known_op(node.op):
+                raise GraphError(f"node {node.name!r} has unknown op {node.op!r}")
+            if node.name in names:
+                raise GraphError(f"node name {node.name!r} appears twice")
+            names.add(node.name)
+            for p in node.params:
+                if p in owner:
+                    raise GraphError(f"parameter {p!r} is owned by both {owner[p]!r} and {node.name!r}")
+                owner[p] = node.name
+        for s, d in self.edges:
+            if not (0 <= s < n and 0 <= d < n):
+                raise GraphError(f"edge ({s}, {d}) points outside the {n} nodes")
+            if s >= d:
+                raise GraphError(
+                    f"edge {self.nodes[s].name!r} -> {self.nodes[d].name!r} goes backwards: "
+                    "the graph has a cycle or its nodes are not in topological order"
+                )
+        inputs = [i for i, node in enumerate(self.nodes) if node.op == "input"]
+        outputs = [i for i, node in enumerate(self.nodes) if node.op == "output"]
+        if len(inputs) != 1 or not outputs:
+            raise GraphError(f"a graph needs exactly one input node and an output node, found {len(inputs)} and {len(outputs)}")
+        succ, pred = self._adjacency()
+        for label, start, nbrs in (("reachable from the input", inputs, succ), ("connected to the output", outputs, pred)):
+            seen = self._reach(start, nbrs)
+            missing = [self.nodes[i].name for i in range(n) if not seen[i]]
+            if missing:
+                raise GraphError(f"node {missing[0]!r} is not {label} ({len(missing)} such nodes)")
+        if params is not None:
+            expected = {k: tuple(int(d) for d in s) for k, s in params.items()}
+            owned = {p: s for node in self.nodes for p, s in node.params.items()}
+            for p, s in expected.items():
+                if p not in owned:
+                    raise GraphError(f"parameter {p!r} of the model is owned by no node")
+                if owned[p] != s:
+                    raise GraphError(f"parameter {p!r} has shape {list(owned[p])} in the graph but {list(s)} in the model")
+            extra = sorted(set(owned) - set(expected))
+            if extra:
+                raise GraphError(f"node parameter {extra[0]!r} is not a parameter of the model")
+
+    def _adjacency(self) -> tuple[list[list[int]], list[list[int]]]:
+        succ: list[list[int]] = [[] for _ in self.nodes]
+        pred: list[list[int]] = [[] for _ in self.nodes]
+        for s, d in self.edges:
+            succ[s].append(d)
+            pred[d].append(s)
+        return succ, pred
+
+    @staticmethod
+    def _reach(start: list[int], nbrs: list[list[int]]) -> list[bool]:
+        seen = [False] * len(nbrs)
+        stack = list(start)
+        for i in start:
+            seen[i] = True
+        while stack:
+            for j in nbrs[stack.pop()]:
+                if not seen[j]:
+                    seen[j] = True
+                    stack.append(j)
+        return seen
+
+    # -- views for other libraries -----------------------------------------------------------
+    def shortest_paths(self) -> np.ndarray:
+        """Directed shortest-path lengths ``D[i, j]`` from node i to node j (0 on the diagonal,
+        -1 where j is unreachable from i): the distance matrix Graphormer's attention bias needs.
+        Its transpose gives the backward direction."""
+        n = len(self.nodes)
+        unreachable = np.iinfo(np.int32).max // 2
+        # row j holds the distances from every source to j; filled in topological order.
+        to = np.full((n, n), unreachable, dtype=np.int32)
+        np.fill_diagonal(to, 0)
+        _, pred = self._adjacency()
+        for j in range(n):
+            for p in pred[j]:
+                if p >= j:
+                    raise GraphError("shortest_paths needs nodes in topological order; call validate()")
+                np.minimum(to[j], to[p] + 1, out=to[j])
+        dist = to.T.copy()
+        dist[dist >= unreachable] = -1
+        return dist
+
+    def to_networkx(self) -> "networkx.DiGraph":
+        """A networkx DiGraph; node i carries op, name, module, params and attrs; graph attrs are meta."""
+        import networkx as nx
+
+        g = nx.DiGraph(**self.meta)
+        for i, node in enumerate(self.nodes):
+            g.add_node(i, op=node.op, name=node.name, module=node.module, params=dict(node.params), attrs=dict(node.attrs))
+        g.add_edges_from(self.edges)
+        return g
+
+    def to_pyg(self) -> "Data":
+        """A torch_geometric ``Data`` for Graphormer-style models.
+
+        Fields: ``x`` (op ids, long [N], see :data:`graphkit.OPS`), ``edge_index`` (long [2, E]),
+        ``in_degree`` / ``out_degree`` (long [N]), ``spd`` (long [N, N], :meth:`shortest_paths`),
+        ``param_shape`` (long [N, 4]: the shape of the node's largest parameter, zero-padded),
+        ``num_nodes`` and ``fingerprint``.
+        """
+        import torch
+        from torch_geometric.data import Data
+
+        n = len(self.nodes)
+        edge_index = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
+        shapes = torch.zeros(n, 4, dtype=torch.long)
+        for i, node in enumerate(self.nodes):
+            if node.params:
+                shape = max(node.params.values(), key=lambda s: (len(s), np.prod(s, dtype=np.int64)))
+                shapes[i, : min(4, len(shape))] = torch.tensor(shape[:4])
+        return Data(
+            x=torch.tensor([op_id(node.op) for node in self.nodes], dtype=torch.long),
+            edge_index=edge_index,
+            in_degree=torch.bincount(edge_index[1], minlength=n),
+            out_degree=torch.bincount(edge_index[0], minlength=n),
+            spd=torch.from_numpy(self.shortest_paths()).long(),
+            param_shape=shapes,
+            num_nodes=n,
+            fingerprint=self.fingerprint(),
+        )
+
+    def summary(self) -> str:
+        """A few readable lines: size, op counts and attention layout."""
+        meta = self.meta
+        head = meta.get("model_class", "model").rsplit(".", 1)[-1]
+        lines = [
+            f"{head} ({meta.get('family', 'custom')}): {self.num_params:,} parameters, "
+            f"{len(self.nodes)} nodes, {len(self.edges)} edges, input {meta.get('input_shapes')}",
+            "ops: " + ", ".join(f"{op} {c}" for op, c in self.op_counts().items()),
+        ]
+        for row in self.attention_layout():
+            extra = [x for x in ("causal" if row["causal"] else "bidirectional",
+                                  f"window {row['window']}" if row["window"] else "",
+                                  "rope" if row["rope"] else "") if x]
+            lines.append(
+                f"attention: {row['layers']} x {row['kind']} heads={row['heads']} kv_heads={row['kv_heads']} "
+                f"head_dim={row['head_dim']} " + " ".join(extra)
+            )
+        return "\n".join(lines)
+
+
+def graph_meta(**meta: Any) -> dict[str, Any]:
+    """Graph metadata with the vocabulary version recorded."""
+    return {"ops_version": OPS_VERSION, **meta}
