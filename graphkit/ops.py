@@ -224,6 +224,16 @@ def aten_name(target: object) -> str:
     return getattr(target, "__name__", str(target))
 
 
+#: ATen ops whose result depends on their input's shape only, never its values.
+SHAPE_DEPENDENT_ATEN: frozenset[str] = frozenset(
+    {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+     "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
+)
+
+
 def is_float(value: object) -> bool:
-    """True for a floating or complex tensor (activations), False for ints, bools and others."""
+    """True for a floating or complex tensor (activations), or a tuple holding one (``topk``);
+    False for ints, bools and others."""
+    if isinstance(value, (tuple, list)):
+        return any(is_float(v) for v in value)
     return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())

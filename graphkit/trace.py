@@ -33,10 +33,14 @@ from __future__ import annotations
 import contextlib
 import heapq
 import inspect
+import io
+import logging
 import re
+import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
@@ -45,7 +49,7 @@ from torch import fx, nn
 from graphkit.errors import TraceError
 from graphkit.graph import ArchGraph, Node, graph_meta
 from graphkit.ops import (
-    ATEN_OPS, MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, aten_name, is_float, module_op,
+    ATEN_OPS, MATMUL_ATEN, SDPA_ATEN, SHAPE_DEPENDENT_ATEN, SHAPE_ONLY_ATEN, aten_name, is_float, module_op,
 )
 
 ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
@@ -175,30 +179,51 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
 # export and its failures
 
 def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
+    # On failure torch logs the failing op and prints the partial graph to stderr by itself; the
+    # exception already carries both, so the terminal gets only the one line the caller prints.
+    # On success whatever the forward wrote to stderr is passed on.
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    captured = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
             warnings.simplefilter("ignore")
-            return torch.export.export(model, args, kwargs, strict=False)
+            program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:  # torch.export raises many types; all become one readable line
         raise TraceError(_describe_failure(e, model)) from e
+    finally:
+        logging.disable(previous)
+    sys.stderr.write(captured.getvalue())
+    return program
 
 
 def _describe_failure(error: BaseException, model: nn.Module) -> str:
+    """One line: what failed, in which module of ``model``, at which line of the user's code."""
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
     paths = {id(m): p for p, m in model.named_modules()}
-    where = None
+    where, line = None, None
+    library = (str(Path(torch.__file__).parent.parent), str(Path(__file__).parent))
     for exc in (error, root):
         tb = exc.__traceback__
         while tb is not None:
             owner = tb.tb_frame.f_locals.get("self")
             if isinstance(owner, nn.Module) and id(owner) in paths:
-                where = paths[id(owner)] or "<root>"
+                where = paths[id(owner)]
+            filename = tb.tb_frame.f_code.co_filename
+            if not filename.startswith(library) and not filename.startswith("<"):
+                line = f"{Path(filename).name}:{tb.tb_lineno}"
             tb = tb.tb_next
     text = " ".join(str(root).strip().split("\n")[0].split())[:300] or type(root).__name__
     name = type(model).__name__
-    at = f" in module '{where}' ({type(model.get_submodule(where if where != '<root>' else '')).__name__})" if where else ""
+    at = ""
+    if where:  # '' is the model itself
+        at = f" in module '{where}' ({type(model.get_submodule(where)).__name__})"
+    elif where is not None:
+        at = f" in {name}.forward"
+    if line:
+        at += f" at {line}"
     kind = type(root).__name__
     if "data-dependent" in str(root) or "DataDependent" in kind:
         return f"cannot export {name}: data-dependent control flow{at}: {text}"
@@ -475,7 +500,7 @@ class _GraphBuilder:
             if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")):
                 self.prod[node], self.param_src[node] = in_prod, in_params
                 continue
-            if not in_prod and not in_params:
+            if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
                 self.prod[node] = frozenset()  # a constant: positions, masks, tables
                 continue
             op = self._single_op(node, name, in_nodes, in_params)
@@ -553,9 +578,10 @@ class _GraphBuilder:
         if heads is None and module is not None:
             heads = _first_attr(module, ("num_heads", "n_head", "num_attention_heads"))
             kv_heads = _first_attr(module, ("num_kv_heads", "num_key_value_heads", "n_kv_head")) or heads
-        causal = causal or bool(getattr(module, "is_causal", False))
         inputs_ops = {self.groups[i].op for i in group.inputs}
         ops_inside = {aten_name(n.target) for n in group.fx}
+        # causal: SDPA's flag, the module's own is_causal (HF), or a tril/triu mask built inside
+        causal = causal or bool(getattr(module, "is_causal", False)) or bool(ops_inside & {"tril", "triu"})
         attrs: dict[str, Any] = {
             "heads": heads,
             "kv_heads": kv_heads,
@@ -603,11 +629,14 @@ class _GraphBuilder:
                 keep[i] = False
         for g in groups:
             g.inputs = {i for i in g.inputs if keep[i]}
-        out_id = len(groups) - 1
-        for i, g in enumerate(groups):
-            if keep[i] and g.op == "linear" and out_id in users[i] and keep[out_id]:
-                g.op = "head"
         order = _topological([i for i in range(len(groups)) if keep[i]], groups)
+        # an output head is a linear layer with no parametric layer after it (DeiT has two)
+        parametric_after: dict[int, bool] = {}
+        for gid in reversed(order):
+            after = [u for u in users[gid] if keep[u]]
+            parametric_after[gid] = any(parametric_after[u] or groups[u].params or groups[u].attrs.get("tied") for u in after)
+            if groups[gid].op == "linear" and not parametric_after[gid]:
+                groups[gid].op = "head"
         index = {gid: k for k, gid in enumerate(order)}
         names: dict[str, int] = {}
         nodes = []

@@ -1,0 +1,150 @@
+"""Shared model builders. Every model is built from a config on the meta device: no hub access,
+no weights allocated."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+warnings.filterwarnings("ignore")
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_FILES = Path(__file__).resolve().parent / "model_files"
+
+
+def meta(build):
+    """Call ``build`` with the meta device as default."""
+    with torch.device("meta"):
+        return build()
+
+
+def timm_vit(name: str, **kwargs) -> nn.Module:
+    import timm
+
+    return meta(lambda: timm.create_model(name, pretrained=False, **kwargs))
+
+
+def gpt2(layers=3, dim=64, heads=4, tied=False, headless=False, **kwargs) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+
+    config = GPT2Config(n_layer=layers, n_embd=dim, n_head=heads, tie_word_embeddings=tied, **kwargs)
+    return meta(lambda: (GPT2Model if headless else GPT2LMHeadModel)(config))
+
+
+def llama(layers=3, dim=64, heads=8, kv_heads=2, **kwargs) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=dim, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=2 * dim, vocab_size=128, **kwargs)
+    return meta(lambda: LlamaForCausalLM(config))
+
+
+def mistral(layers=3, dim=64, heads=4, kv_heads=2, window=16) -> nn.Module:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(num_hidden_layers=layers, hidden_size=dim, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, intermediate_size=2 * dim, vocab_size=128,
+                           sliding_window=window)
+    return meta(lambda: MistralForCausalLM(config))
+
+
+# --- hand-written models that use the rarer ops of the vocabulary ---------------------------
+
+class ALiBi(nn.Module):
+    """ALiBi bias table (Press et al.): -slope_h * distance, added to attention scores."""
+
+    def __init__(self, heads: int):
+        super().__init__()
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)])
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def forward(self, length: int) -> torch.Tensor:
+        pos = torch.arange(length, device=self.slopes.device)
+        distance = (pos[None, :] - pos[:, None]).clamp(max=0).float()
+        return self.slopes[:, None, None] * distance[None]
+
+
+class EagerAttention(nn.Module):
+    """nanoGPT-style attention with an explicit softmax, a causal mask and ALiBi bias."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, bias):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads) + bias
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        y = scores.softmax(dim=-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MoE(nn.Module):
+    """Top-2 mixture of experts with dense dispatch (exportable: no data-dependent shapes)."""
+
+    def __init__(self, dim: int, experts: int = 4, k: int = 2):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(dim, dim) for _ in range(experts))
+
+    def forward(self, x):
+        probs = self.router(x).softmax(dim=-1)
+        top, idx = probs.topk(self.k, dim=-1)
+        gates = torch.zeros_like(probs).scatter(-1, idx, top)
+        return sum(gates[..., e : e + 1] * expert(x) for e, expert in enumerate(self.experts))
+
+
+class ExoticLM(nn.Module):
+    """ALiBi eager attention, an MoE MLP, a mean-pooled side branch, soft-capped logits and one
+    op outside the vocabulary (cumsum)."""
+
+    def __init__(self, vocab=64, dim=32, heads=4, cap=30.0):
+        super().__init__()
+        self.cap = cap
+        self.embed = nn.Embedding(vocab, dim)
+        self.alibi = ALiBi(heads)
+        self.attn = EagerAttention(dim, heads)
+        self.norm = nn.LayerNorm(dim)
+        self.moe = MoE(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        x = x + self.attn(x, self.alibi(ids.shape[1]))
+        x = x + self.moe(self.norm(x))
+        x = x + x.mean(dim=1, keepdim=True)
+        x = torch.cumsum(x, dim=1)
+        return self.cap * torch.tanh(self.head(x) / self.cap)
+
+
+@pytest.fixture(scope="session")
+def exotic_graph():
+    import graphkit
+
+    return graphkit.trace(meta(ExoticLM), (torch.zeros(2, 6, dtype=torch.long, device="meta"),))
+
+
+@pytest.fixture(scope="session")
+def vit_graph():
+    import graphkit
+
+    return graphkit.trace(timm_vit("vit_tiny_patch16_224", depth=3))
+
+
+@pytest.fixture(scope="session")
+def gpt2_graph():
+    import graphkit
+
+    return graphkit.trace(gpt2())

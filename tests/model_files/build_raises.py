@@ -1,0 +1,2 @@
+def build_model():
+    raise ValueError("hidden size must be divisible by heads")

@@ -1,0 +1,4 @@
+import torch
+
+x = 1
+raise RuntimeError("config file not found")

@@ -1,0 +1,3 @@
+import torch
+
+layer = torch.nn.Linear(4, 4)

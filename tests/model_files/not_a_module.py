@@ -1,0 +1,1 @@
+model = "a string, not a module"

@@ -1,0 +1,87 @@
+"""`graphkit trace` and every bad MODEL.py the issue names."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import MODEL_FILES, ROOT
+from typer.testing import CliRunner
+
+from graphkit import ArchGraph
+from graphkit.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_trace_writes_json_and_prints_summary(tmp_path):
+    out = tmp_path / "graphs" / "llama.json"
+    result = run("trace", ROOT / "examples" / "llama_block.py", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "TinyLlama (custom): 949,376 parameters" in result.stdout
+    assert "4 x GQA heads=8 kv_heads=2" in result.stdout
+    graph = ArchGraph.from_json(out.read_text())
+    graph.validate()
+    assert graph.meta["num_params"] == 949_376
+    assert [p.name for p in out.parent.iterdir()] == ["llama.json"]  # no temporary left behind
+
+
+def test_trace_text_format_and_json_to_stdout(tmp_path):
+    out = tmp_path / "g.txt"
+    assert run("trace", ROOT / "examples" / "llama_block.py", "-o", out, "-f", "text").exit_code == 0
+    assert out.read_text().startswith("TinyLlama (custom)")
+    result = run("trace", ROOT / "examples" / "llama_block.py", "--format", "json")
+    assert ArchGraph.from_json(result.stdout).meta["model_class"].endswith("TinyLlama")
+
+
+@pytest.mark.parametrize(
+    "file,message",
+    [
+        ("missing.py", "missing.py: no such file"),
+        ("syntax_error.py", "syntax_error.py:3: syntax error: '(' was never closed"),
+        ("no_model.py", "defines neither `model` (an nn.Module) nor a `build_model()` function"),
+        ("not_a_module.py", "the model must be a torch.nn.Module, got str"),
+        ("build_raises.py", "build_raises.py:2: build_model() raised ValueError: hidden size must be divisible by heads"),
+        ("file_raises.py", "file_raises.py:4: running the file raised RuntimeError: config file not found"),
+        ("forward_raises.py", "Net.forward raised RuntimeError in module 'fc' (Linear) at forward_raises.py:11: a and b must have same reduction dim"),
+        ("data_dependent.py", "cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"),
+        ("unused_param.py", "parameter 'unused.weight' of the model is owned by no node"),
+        ("no_inputs.py", "cannot guess example inputs for Sequential"),
+    ],
+)
+def test_bad_model_files_give_one_line_errors(file, message, tmp_path):
+    out = tmp_path / "graph.json"
+    result = run("trace", MODEL_FILES / file, "--out", out)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+    assert not out.exists()  # nothing half-written
+
+
+def test_debug_shows_the_traceback():
+    result = run("--debug", "trace", MODEL_FILES / "build_raises.py")
+    assert result.exit_code != 0
+    assert result.exception is not None and "hidden size" in str(result.exception)
+
+
+def test_help_is_useful():
+    result = run("trace", "--help")
+    assert result.exit_code == 0
+    for word in ("MODEL.py", "--out", "--format", "--fold", "meta"):
+        assert word in result.stdout
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("graphkit", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    result = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "trace" in result.stdout

@@ -1,0 +1,215 @@
+"""The tracer on every model family the issue names, plus the rarer vocabulary ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ExoticLM, MODEL_FILES, gpt2, llama, meta, mistral, timm_vit
+
+import graphkit
+from graphkit import TraceError
+from graphkit.modelfile import load_model_file
+
+
+def attention_nodes(graph):
+    return [n for n in graph.nodes if n.op == "attention"]
+
+
+def owner(graph, param):
+    return next(n for n in graph.nodes if param in n.params)
+
+
+TIMM_VITS = [
+    ("vit_tiny_patch16_224", {}, 12, 3),
+    ("vit_small_patch16_224", {}, 12, 6),
+    ("vit_base_patch16_224", {}, 12, 12),
+    ("vit_large_patch16_224", {}, 24, 16),
+    ("vit_base_patch32_224", {}, 12, 12),
+    ("vit_small_patch16_224", {"img_size": 32, "patch_size": 2, "num_classes": 10}, 12, 6),
+    ("deit_tiny_patch16_224", {}, 12, 3),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,depth,heads", TIMM_VITS, ids=lambda v: str(v) if isinstance(v, str) else None)
+def test_timm_vit(name, kwargs, depth, heads):
+    model = timm_vit(name, **kwargs)
+    graph = graphkit.trace(model)
+    attn = attention_nodes(graph)
+    assert len(attn) == depth
+    assert {(a.attrs["heads"], a.attrs["kv_heads"], a.attrs["causal"]) for a in attn} == {(heads, heads, False)}
+    # the class token and positional embedding are owned by nodes on the data path
+    assert owner(graph, "cls_token").op == "class_token"
+    assert owner(graph, "pos_embed").op == "pos_embedding"
+    patch = owner(graph, "patch_embed.proj.weight")
+    assert patch.op == "patch_embed" and patch.attrs["kernel"] == patch.attrs["stride"]
+    assert owner(graph, "head.weight").op == "head"
+    assert graph.meta["family"] == "vit"
+    assert graph.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_deit_distilled_has_two_heads_and_both_tokens():
+    graph = graphkit.trace(timm_vit("deit_tiny_distilled_patch16_224"))
+    tokens = owner(graph, "cls_token")
+    assert tokens.op == "class_token" and set(tokens.params) == {"cls_token", "dist_token"}
+    assert {n.name for n in graph.nodes if n.op == "head"} == {"head", "head_dist"}
+
+
+def test_vit_average_pool_head():
+    graph = graphkit.trace(timm_vit("vit_small_patch16_224", global_pool="avg", class_token=False, depth=4))
+    assert "class_token" not in graph.op_counts()
+    pool = [n for n in graph.nodes if n.op == "mean_pool"]
+    assert len(pool) == 1
+    succ = {d for s, d in graph.edges if graph.nodes[s] is pool[0]}
+    assert graph.nodes[min(succ)].op == "layer_norm"  # fc_norm, then the head
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gpt2_lm_head(tied):
+    graph = graphkit.trace(gpt2(tied=tied))
+    head = next(n for n in graph.nodes if n.name == "lm_head")
+    out = next(i for i, n in enumerate(graph.nodes) if n.op == "output")
+    assert head.op == "head"
+    assert (graph.nodes.index(head), out) in graph.edges  # connected, unlike GHN-3's graphs
+    if tied:
+        assert head.params == {} and head.attrs["tied"] == ["transformer.wte.weight"]
+    else:
+        assert head.params == {"lm_head.weight": (50257, 64)}
+    wpe = owner(graph, "transformer.wpe.weight")
+    assert wpe.op == "pos_embedding" and owner(graph, "transformer.wte.weight").op == "embedding"
+    attn = attention_nodes(graph)
+    assert len(attn) == 3 and all(a.attrs["causal"] and a.attrs["heads"] == 4 for a in attn)
+    c_attn = owner(graph, "transformer.h.0.attn.c_attn.weight")
+    assert c_attn.op == "linear" and c_attn.attrs["transposed"] and c_attn.attrs["out_features"] == 192
+
+
+def test_gpt2_model_without_head():
+    graph = graphkit.trace(gpt2(headless=True))
+    assert "head" not in graph.op_counts()
+    assert len(attention_nodes(graph)) == 3
+
+
+@pytest.mark.parametrize("kv_heads,kind", [(8, "MHA"), (2, "GQA"), (1, "MQA")])
+def test_hf_llama_attention_layouts(kv_heads, kind):
+    graph = graphkit.trace(llama(kv_heads=kv_heads))
+    layout = graph.attention_layout()
+    assert layout == [dict(kind=kind, heads=8, kv_heads=kv_heads, head_dim=8, causal=True, window=None, rope=True, layers=3)]
+    ops = graph.op_counts()
+    assert ops["rms_norm"] == 7 and ops["silu"] == 3 and ops["mul"] == 3  # SwiGLU gate
+    assert ops["rotary_embedding"] == 1
+    assert owner(graph, "model.layers.2.self_attn.k_proj.weight").params["model.layers.2.self_attn.k_proj.weight"] == (kv_heads * 8, 64)
+
+
+def test_hf_mistral_sliding_window():
+    graph = graphkit.trace(mistral(window=16))
+    assert {(a.attrs["window"], a.attrs["kv_heads"]) for a in attention_nodes(graph)} == {(16, 2)}
+    assert graph.meta["family"] == "mistral"
+
+
+def test_hand_written_llama_block():
+    loaded = load_model_file(graphkit_root() / "examples" / "llama_block.py")
+    graph = graphkit.trace(loaded.model, loaded.example_inputs)
+    assert graph.attention_layout() == [
+        dict(kind="GQA", heads=8, kv_heads=2, head_dim=16, causal=True, window=None, rope=True, layers=4)
+    ]
+    assert graph.op_counts()["rms_norm"] == 9
+    assert graph.meta["family"] == "custom"
+
+
+def graphkit_root():
+    from conftest import ROOT
+
+    return ROOT
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: gpt2(layers=4), lambda: llama(layers=4), lambda: mistral(layers=4),
+     lambda: timm_vit("vit_tiny_patch16_224", depth=5)],
+    ids=["gpt2", "llama", "mistral", "vit"],
+)
+def test_folding_repeated_blocks_changes_nothing(build):
+    model = build()
+    folded, full = graphkit.trace(model), graphkit.trace(model, fold_repeats=False)
+    assert folded == full
+    assert folded.fingerprint() == full.fingerprint()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "vit"])
+def test_eager_and_sdpa_attention_give_the_same_graph(family):
+    if family == "vit":
+        fused = timm_vit("vit_tiny_patch16_224", depth=3)
+        eager = timm_vit("vit_tiny_patch16_224", depth=3)
+        for block in eager.blocks:
+            block.attn.fused_attn = False
+    else:
+        build = gpt2 if family == "gpt2" else llama
+        fused, eager = build(attn_implementation="sdpa"), build(attn_implementation="eager")
+    assert graphkit.trace(fused).fingerprint() == graphkit.trace(eager).fingerprint()
+
+
+def test_real_weights_and_meta_give_the_same_graph():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16)
+    on_cpu = GPT2LMHeadModel(config)
+    assert graphkit.trace(on_cpu) == graphkit.trace(meta(lambda: GPT2LMHeadModel(config)))
+
+
+def test_exotic_ops(exotic_graph):
+    ops = exotic_graph.op_counts()
+    for op in ("alibi", "attention", "moe_router", "softmax", "mean_pool", "softcap", "head", "other:aten.cumsum"):
+        assert op in ops, op
+    attn = attention_nodes(exotic_graph)[0]
+    assert attn.attrs["alibi"] and attn.attrs["causal"]  # eager softmax with a tril mask
+    assert next(n for n in exotic_graph.nodes if n.op == "softcap").attrs["cap"] == 30.0
+    assert next(n for n in exotic_graph.nodes if n.op == "moe_router").attrs["k"] == 2
+
+
+def test_example_inputs_are_built_for_images_and_token_ids():
+    args, kwargs = graphkit.example_inputs_for(timm_vit("vit_small_patch16_224", img_size=32, patch_size=4))
+    assert args[0].shape == (2, 3, 32, 32) and args[0].device.type == "meta"
+    args, kwargs = graphkit.example_inputs_for(gpt2())
+    assert kwargs["input_ids"].shape[1] >= 2 and kwargs["use_cache"] is False
+
+
+def test_model_without_guessable_inputs():
+    model = load_model_file(MODEL_FILES / "no_inputs.py").model
+    with pytest.raises(TraceError, match="cannot guess example inputs for Sequential"):
+        graphkit.trace(model)
+
+
+def test_forward_that_raises_names_the_module():
+    loaded = load_model_file(MODEL_FILES / "forward_raises.py")
+    with pytest.raises(TraceError, match=r"Net\.forward raised RuntimeError in module 'fc' \(Linear\) at forward_raises.py:11: a and b must have same reduction dim"):
+        graphkit.trace(loaded.model, loaded.example_inputs)
+
+
+def test_data_dependent_control_flow_is_a_clear_error():
+    loaded = load_model_file(MODEL_FILES / "data_dependent.py")
+    with pytest.raises(TraceError, match="cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"):
+        graphkit.trace(loaded.model, loaded.example_inputs)
+
+
+def test_unused_parameter_fails_validation():
+    loaded = load_model_file(MODEL_FILES / "unused_param.py")
+    with pytest.raises(graphkit.GraphError, match="parameter 'unused.weight' of the model is owned by no node"):
+        graphkit.trace(loaded.model, loaded.example_inputs)
+
+
+def test_not_a_module():
+    with pytest.raises(TraceError, match="expected a torch.nn.Module"):
+        graphkit.trace("gpt2")
+
+
+def test_training_mode_is_restored():
+    model = gpt2()
+    model.train()
+    graphkit.trace(model)
+    assert model.training
+
+
+def test_large_configuration_traces_on_meta():
+    graph = graphkit.trace(gpt2(layers=48, dim=1600, heads=25, tied=True))  # GPT-2-XL
+    assert graph.meta["num_params"] == 1_557_611_200
+    assert len(attention_nodes(graph)) == 48
+    assert graph.nodes[-3].name == "transformer.ln_f"
