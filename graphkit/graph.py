@@ -11,7 +11,8 @@ import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -124,7 +125,7 @@ class ArchGraph:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ArchGraph":
+    def from_dict(cls, data: Mapping[str, Any]) -> ArchGraph:
         """Inverse of :meth:`to_dict`; raises GraphError on a malformed mapping."""
         try:
             nodes = [
@@ -147,7 +148,7 @@ class ArchGraph:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_json(cls, text: str) -> "ArchGraph":
+    def from_json(cls, text: str) -> ArchGraph:
         """Inverse of :meth:`to_json`."""
         try:
             data = json.loads(text)
@@ -255,7 +256,7 @@ class ArchGraph:
         dist[dist >= unreachable] = -1
         return dist
 
-    def to_networkx(self) -> "networkx.DiGraph":
+    def to_networkx(self) -> networkx.DiGraph:
         """A networkx DiGraph; node i carries op, name, module, params and attrs; graph attrs are meta."""
         import networkx as nx
 
@@ -265,7 +266,7 @@ class ArchGraph:
         g.add_edges_from(self.edges)
         return g
 
-    def to_pyg(self) -> "Data":
+    def to_pyg(self) -> Data:
         """A torch_geometric ``Data`` for Graphormer-style models.
 
         Fields: ``x`` (op ids, long [N], see :data:`graphkit.OPS`), ``edge_index`` (long [2, E]),

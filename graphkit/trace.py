@@ -21,7 +21,7 @@ The raw ATen graph is turned into an architecture graph in three steps:
    positional embedding looked up by ``arange``) gets an edge from the input, because it
    depends on the input's length. Anything else unknown is kept as ``other:<aten op>``.
 
-Speed: transformer stacks repeat one block. When every block of an ``nn.ModuleList`` has the
+Speed: transformer stacks repeat one block. When every block of an ``nn.ModuleList`` or ``nn.Sequential`` has the
 same structure (module types, parameter shapes, scalar attributes), only its first two blocks
 are exported, the second is checked to be wired to the first exactly like a chain, and it is
 replicated for the rest. ``trace(..., fold_repeats=False)`` exports everything; the tests check
@@ -41,9 +41,11 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
+import torch.fx.config
 from torch import fx, nn
 
 from graphkit.errors import TraceError
@@ -182,8 +184,11 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.Exporte
     # On failure torch logs the failing op and prints the partial graph to stderr by itself; the
     # exception already carries both, so the terminal gets only the one line the caller prints.
     # On success whatever the forward wrote to stderr is passed on.
+    # Per-node source stack traces cost ~15% of an export and graphkit never reads them.
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
+    stack_traces = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
     captured = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
@@ -193,6 +198,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.Exporte
         raise TraceError(_describe_failure(e, model)) from e
     finally:
         logging.disable(previous)
+        torch.fx.config.do_not_emit_stack_traces = stack_traces
     sys.stderr.write(captured.getvalue())
     return program
 
@@ -234,10 +240,10 @@ def _describe_failure(error: BaseException, model: nn.Module) -> str:
 # repeated blocks
 
 def _repeated_blocks(model: nn.Module) -> list[tuple[str, int]]:
-    """ModuleLists of >= 3 structurally identical blocks, outermost only: (path, length)."""
+    """ModuleLists / Sequentials of >= 3 structurally identical blocks, outermost only: (path, length)."""
     found: list[tuple[str, int]] = []
     for path, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) < 3 or not path:
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 3 or not path:
             continue
         if any(path.startswith(p + ".") for p, _ in found):
             continue

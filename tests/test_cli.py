@@ -85,3 +85,11 @@ def test_console_script_is_installed():
     assert exe is not None
     result = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "trace" in result.stdout
+
+
+def test_vocabulary_doc_is_in_sync():
+    result = run("ops", "--markdown")
+    assert result.exit_code == 0
+    assert (ROOT / "docs" / "vocabulary.md").read_text() == result.stdout, "regenerate: graphkit ops --markdown > docs/vocabulary.md"
+    listing = run("ops")
+    assert listing.exit_code == 0 and "rotary_embedding" in listing.stdout and "pos_enc" in listing.stdout

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import ExoticLM, MODEL_FILES, gpt2, llama, meta, mistral, timm_vit
+from conftest import MODEL_FILES, gpt2, llama, meta, mistral, timm_vit
 
 import graphkit
 from graphkit import TraceError

@@ -7,7 +7,8 @@ import functools
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
@@ -101,6 +102,25 @@ def trace(
     if out is not None:
         write_atomic(out, text)
         console.print(f"wrote {out}")
+
+
+@app.command()
+@command
+def ops(
+    markdown: bool = typer.Option(False, "--markdown", help="Print the Markdown table of docs/vocabulary.md."),
+) -> None:
+    """List the op vocabulary: id, op, meaning and GHN-3 primitive."""
+    from graphkit.ops import GHN3_PRIMITIVES, OP_DOCS, OPS, OPS_VERSION, vocabulary_markdown
+
+    if markdown:
+        print(vocabulary_markdown(), end="")
+        return
+    table = Table(title=f"graphkit op vocabulary v{OPS_VERSION}", show_edge=False)
+    for column in ("id", "op", "meaning", "GHN-3"):
+        table.add_column(column)
+    for i, op in enumerate(OPS):
+        table.add_row(str(i), op, OP_DOCS[op], GHN3_PRIMITIVES[op] or "-")
+    console.print(table)
 
 
 def print_graph(graph) -> None:
