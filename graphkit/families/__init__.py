@@ -1,0 +1,98 @@
+"""Config -> nn.Module, one file per family, like timm's model registry.
+
+A config is a flat, JSON-serialisable dict with a ``family`` key; keys shared by families mean
+the same thing everywhere (``num_layers``, ``hidden``, ``heads``, ``mlp``). Datasets store these
+configs, and the compiler and the hypernetwork build models from them, so each family is
+defined here and nowhere else.
+
+    >>> model = build_model({"family": "vit", "num_layers": 3, "hidden": 192, "heads": 3})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphkit.errors import GraphkitError
+
+
+class ConfigError(GraphkitError):
+    """A model config names an unknown family or key, or has inconsistent values."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to build one family: the keys it requires, defaults for the rest, and a builder."""
+
+    name: str
+    build: Callable[[dict[str, Any]], nn.Module]
+    required: tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    check: Callable[[dict[str, Any]], None] | None = None
+    mlp_ratio: float = 4.0  # ``mlp`` defaults to mlp_ratio * hidden
+
+    def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The full config: defaults filled in, every key known, required keys present."""
+        known = {"family", "mlp", *self.required, *self.defaults}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ConfigError(f"{self.name} config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(known))}")
+        missing = [k for k in self.required if k not in config]
+        if missing:
+            raise ConfigError(f"{self.name} config: missing key {missing[0]!r}")
+        full = {"family": self.name, "mlp": None, **self.defaults, **config}
+        if full["mlp"] is None:
+            full["mlp"] = int(self.mlp_ratio * full["hidden"])
+        if full["hidden"] % full["heads"]:
+            raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
+        if self.check is not None:
+            self.check(full)
+        return full
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Add a family to :data:`FAMILIES` (recipes and ``build_model`` find it by name)."""
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    """The family called ``name``; a ConfigError lists the known ones."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown family {name!r}; known families: {', '.join(sorted(FAMILIES))}") from None
+
+
+def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with its family's defaults filled in, after checking every key and value."""
+    if "family" not in config:
+        raise ConfigError(f"config has no 'family' key; known families: {', '.join(sorted(FAMILIES))}")
+    return get_family(config["family"]).resolve(config)
+
+
+def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
+    """Build the model a config describes, in eval mode, on ``device`` (``meta`` allocates no
+    weights; any other device gets the library's own initialisation)."""
+    full = resolve_config(config)
+    with torch.device(device):
+        model = get_family(full["family"]).build(full)
+    return model.eval()
+
+
+def num_params(config: Mapping[str, Any]) -> int:
+    """Parameter count of the model a config describes (built on meta, tied weights once)."""
+    return sum(p.numel() for p in build_model(config, "meta").parameters())
+
+
+from graphkit.families import gpt2, llama, vit  # noqa: E402,F401  (each registers itself)
+
+__all__ = ["FAMILIES", "Family", "ConfigError", "build_model", "resolve_config", "num_params",
+           "register_family", "get_family"]

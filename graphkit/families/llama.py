@@ -1,0 +1,49 @@
+"""LLaMA-style decoders: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention. Hugging Face
+``LlamaForCausalLM``, or ``MistralForCausalLM`` when ``sliding_window`` is set (LLaMA has no
+sliding-window attention)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from graphkit.families import ConfigError, Family, register_family
+
+
+def build(config: dict[str, Any]) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    common = dict(
+        num_hidden_layers=config["num_layers"],
+        hidden_size=config["hidden"],
+        num_attention_heads=config["heads"],
+        num_key_value_heads=config["kv_heads"] or config["heads"],
+        intermediate_size=config["mlp"],
+        vocab_size=config["vocab_size"],
+        max_position_embeddings=config["context"],
+        rms_norm_eps=config["rms_eps"],
+        tie_word_embeddings=config["tied"],
+    )
+    if config["sliding_window"]:
+        return MistralForCausalLM(MistralConfig(sliding_window=config["sliding_window"], **common))
+    return LlamaForCausalLM(LlamaConfig(**common))
+
+
+def _check(config: dict[str, Any]) -> None:
+    kv = config["kv_heads"] or config["heads"]
+    if config["heads"] % kv:
+        raise ConfigError(f"llama config: heads {config['heads']} is not divisible by kv_heads {kv}")
+    if (config["hidden"] // config["heads"]) % 2:
+        raise ConfigError(f"llama config: head size {config['hidden'] // config['heads']} must be even for RoPE")
+
+
+FAMILY = register_family(Family(
+    name="llama",
+    build=build,
+    required=("num_layers", "hidden", "heads"),
+    defaults={"kv_heads": None, "vocab_size": 32000, "context": 2048, "sliding_window": None,
+              "rms_eps": 1e-6, "tied": False},
+    check=_check,
+    mlp_ratio=8 / 3,
+))

@@ -1,0 +1,44 @@
+"""ViT image classifiers: timm's VisionTransformer (class token, learned positions, pre-norm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from graphkit.families import Family, register_family
+
+
+def build(config: dict[str, Any]) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=config["image_size"],
+        patch_size=config["patch_size"],
+        in_chans=config["in_chans"],
+        num_classes=config["num_classes"],
+        global_pool=config["global_pool"],
+        class_token=config["global_pool"] == "token",
+        embed_dim=config["hidden"],
+        depth=config["num_layers"],
+        num_heads=config["heads"],
+        mlp_ratio=config["mlp"] / config["hidden"],
+    )
+
+
+def _check(config: dict[str, Any]) -> None:
+    from graphkit.families import ConfigError
+
+    if config["image_size"] % config["patch_size"]:
+        raise ConfigError(f"vit config: image_size {config['image_size']} is not divisible by patch_size {config['patch_size']}")
+    if config["global_pool"] not in ("token", "avg"):
+        raise ConfigError(f"vit config: global_pool must be 'token' or 'avg', got {config['global_pool']!r}")
+
+
+FAMILY = register_family(Family(
+    name="vit",
+    build=build,
+    required=("num_layers", "hidden", "heads"),
+    defaults={"image_size": 32, "patch_size": 2, "in_chans": 3, "num_classes": 10, "global_pool": "token"},
+    check=_check,
+))

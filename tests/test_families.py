@@ -1,0 +1,81 @@
+"""Config -> model for every family, and the errors for bad configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import graphkit
+from graphkit.families import FAMILIES, ConfigError, build_model, num_params, resolve_config
+
+CONFIGS = {
+    "vit": dict(family="vit", num_layers=4, hidden=256, heads=8),
+    "gpt2": dict(family="gpt2", num_layers=3, hidden=176, heads=8, vocab_size=1000, context=64),
+    "llama": dict(family="llama", num_layers=3, hidden=128, heads=8, kv_heads=2, vocab_size=1000),
+}
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_build_on_meta_and_trace(family):
+    config = CONFIGS[family]
+    model = build_model(config)
+    assert all(p.device.type == "meta" for p in model.parameters()) and not model.training
+    graph = graphkit.trace(model)
+    layout = graph.attention_layout()
+    assert len(layout) == 1 and layout[0]["layers"] == config["num_layers"]
+    assert layout[0]["heads"] == config["heads"] and layout[0]["kv_heads"] == config.get("kv_heads", config["heads"])
+    assert graph.num_params == num_params(config)
+
+
+def test_defaults_and_resolution_are_idempotent():
+    full = resolve_config(CONFIGS["vit"])
+    assert full["mlp"] == 4 * 256 and full["image_size"] == 32 and full["patch_size"] == 2 and full["num_classes"] == 10
+    assert resolve_config(full) == full
+    assert resolve_config(CONFIGS["gpt2"])["tied"] is False  # LoGAH's GPTs keep lm_head untied
+
+
+def test_vit_matches_the_config():
+    model = build_model(dict(family="vit", num_layers=3, hidden=384, heads=6, image_size=64, patch_size=8, num_classes=100))
+    assert len(model.blocks) == 3 and model.head.out_features == 100
+    assert model.pos_embed.shape == (1, 1 + (64 // 8) ** 2, 384)
+    assert model.blocks[0].mlp.fc1.out_features == 4 * 384
+
+
+def test_gpt2_lm_head_is_untied():
+    model = build_model(CONFIGS["gpt2"])
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (176, 4 * 176)
+
+
+def test_llama_with_sliding_window_is_mistral():
+    config = dict(CONFIGS["llama"], sliding_window=16)
+    graph = graphkit.trace(build_model(config))
+    assert {n.attrs["window"] for n in graph.nodes if n.op == "attention"} == {16}
+
+
+def test_real_weights_on_cpu_run():
+    model = build_model(dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=100, context=16), device="cpu")
+    logits = model(torch.randint(0, 100, (1, 8))).logits
+    assert logits.shape == (1, 8, 100) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (dict(num_layers=3), "config has no 'family' key; known families: gpt2, llama, vit"),
+        (dict(family="bert", num_layers=3), "unknown family 'bert'; known families: gpt2, llama, vit"),
+        (dict(family="vit", num_layers=3, hidden=192, heads=3, depth=4), "unknown key 'depth'; accepted keys:"),
+        (dict(family="gpt2", num_layers=3, heads=4), "missing key 'hidden'"),
+        (dict(family="gpt2", num_layers=3, hidden=100, heads=8), "hidden 100 is not divisible by heads 8"),
+        (dict(family="llama", num_layers=3, hidden=64, heads=4, kv_heads=3), "heads 4 is not divisible by kv_heads 3"),
+        (dict(family="vit", num_layers=3, hidden=192, heads=3, image_size=30, patch_size=4), "image_size 30 is not divisible by patch_size 4"),
+        (dict(family="vit", num_layers=3, hidden=192, heads=3, global_pool="max"), "global_pool must be 'token' or 'avg'"),
+    ],
+)
+def test_bad_configs(config, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        build_model(config)
+
+
+def test_registry_lists_the_families():
+    assert set(FAMILIES) == {"vit", "gpt2", "llama"}
