@@ -1,0 +1,156 @@
+"""The Parquet layout of graph datasets: the only code that knows the schema.
+
+One row per architecture. Scalar columns are what users filter on; list columns hold the graph,
+so a row converts back to the exact :class:`~graphkit.ArchGraph` it came from. Nothing is
+pickled: any Parquet reader (pyarrow, DuckDB, pandas, Spark, Hugging Face ``datasets``) sees
+plain strings, integers and lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from graphkit.errors import GraphkitError
+from graphkit.graph import ArchGraph, Node
+
+SCHEMA_VERSION = 1
+
+#: small row groups: fetching one record decodes one group, not the file
+ROW_GROUP_SIZE = 16
+
+SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("family", pa.string()),
+    ("split", pa.string()),
+    ("num_params", pa.int64()),
+    ("num_layers", pa.int32()),
+    ("hidden", pa.int32()),
+    ("heads", pa.int32()),
+    ("kv_heads", pa.int32()),
+    ("attention", pa.string()),
+    ("mlp", pa.int32()),
+    ("num_nodes", pa.int32()),
+    ("num_edges", pa.int32()),
+    ("fingerprint", pa.string()),
+    ("config", pa.string()),                                   # the full config, JSON
+    ("node_op", pa.list_(pa.string())),
+    ("node_name", pa.list_(pa.string())),
+    ("node_module", pa.list_(pa.string())),
+    ("node_param_names", pa.list_(pa.list_(pa.string()))),
+    ("node_param_shapes", pa.list_(pa.list_(pa.list_(pa.int64())))),
+    ("node_attrs", pa.list_(pa.string())),                     # one JSON object per node
+    ("edge_src", pa.list_(pa.int32())),
+    ("edge_dst", pa.list_(pa.int32())),
+    ("graph_meta", pa.string()),                               # JSON
+], metadata={"graphkit_schema_version": str(SCHEMA_VERSION)})
+
+#: columns that hold the graph; metadata queries skip them
+GRAPH_COLUMNS = tuple(name for name in SCHEMA.names if name.startswith(("node_", "edge_")) or name == "graph_meta")
+METADATA_COLUMNS = tuple(name for name in SCHEMA.names if name not in GRAPH_COLUMNS)
+
+
+class StoreError(GraphkitError):
+    """A dataset file is missing, unreadable or of an unknown schema."""
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def graph_to_row(graph: ArchGraph, config: Mapping[str, Any], *, id: str, split: str) -> dict[str, Any]:
+    """One dataset row for ``graph`` built from ``config`` (a resolved family config)."""
+    first = next((n.attrs for n in graph.nodes if n.op == "attention"), {})
+    if not first:
+        kind = "none"
+    else:  # MQA is GQA with one group; the kv_heads column tells them apart
+        kind = "mha" if first.get("kv_heads") == first.get("heads") else "gqa"
+    return {
+        "id": id,
+        "family": config["family"],
+        "split": split,
+        "num_params": graph.num_params,
+        "num_layers": config.get("num_layers"),
+        "hidden": config.get("hidden"),
+        "heads": config.get("heads"),
+        "kv_heads": first.get("kv_heads", config.get("kv_heads") or config.get("heads")),
+        "attention": kind,
+        "mlp": config.get("mlp"),
+        "num_nodes": len(graph.nodes),
+        "num_edges": len(graph.edges),
+        "fingerprint": graph.fingerprint(),
+        "config": _json(dict(config)),
+        "node_op": [n.op for n in graph.nodes],
+        "node_name": [n.name for n in graph.nodes],
+        "node_module": [n.module for n in graph.nodes],
+        "node_param_names": [list(n.params) for n in graph.nodes],
+        "node_param_shapes": [[list(s) for s in n.params.values()] for n in graph.nodes],
+        "node_attrs": [_json(n.attrs) for n in graph.nodes],
+        "edge_src": [s for s, _ in graph.edges],
+        "edge_dst": [d for _, d in graph.edges],
+        "graph_meta": _json(graph.meta),
+    }
+
+
+def row_to_graph(row: Mapping[str, Any]) -> ArchGraph:
+    """The ArchGraph a row holds (inverse of :func:`graph_to_row`)."""
+    nodes = [
+        Node(op=op, name=name, module=module, params=dict(zip(names, map(tuple, shapes), strict=True)),
+             attrs=json.loads(attrs))
+        for op, name, module, names, shapes, attrs in zip(
+            row["node_op"], row["node_name"], row["node_module"], row["node_param_names"],
+            row["node_param_shapes"], row["node_attrs"], strict=True,
+        )
+    ]
+    edges = list(zip(row["edge_src"], row["edge_dst"], strict=True))
+    return ArchGraph(nodes=nodes, edges=edges, meta=json.loads(row["graph_meta"]))
+
+
+def write_shard(rows: Sequence[Mapping[str, Any]], path: str | Path, *, row_group_size: int = ROW_GROUP_SIZE) -> Path:
+    """Write ``rows`` to the Parquet file ``path`` atomically: the file appears complete or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows), schema=SCHEMA)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def open_shard(path: str | Path) -> pq.ParquetFile:
+    """Open one shard, checking that it is a readable graphkit Parquet file of a known schema."""
+    path = Path(path)
+    if not path.is_file():
+        raise StoreError(f"{path}: no such file")
+    try:
+        shard = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise StoreError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())})") from e
+    metadata = shard.schema_arrow.metadata or {}
+    version = metadata.get(b"graphkit_schema_version")
+    if version is None:
+        raise StoreError(f"{path}: not a graphkit dataset shard (no graphkit_schema_version)")
+    if int(version) > SCHEMA_VERSION:
+        raise StoreError(f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit")
+    return shard
+
+
+def read_rows(path: str | Path, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """All rows of one shard as dicts (``columns`` to read fewer); errors name the file."""
+    shard = open_shard(path)
+    try:
+        return shard.read(columns=list(columns) if columns is not None else None).to_pylist()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise StoreError(f"{path}: corrupted Parquet data ({' '.join(str(e).split())})") from e
