@@ -8,6 +8,7 @@ plain strings, integers and lists.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -127,6 +128,54 @@ def write_shard(rows: Sequence[Mapping[str, Any]], path: str | Path, *, row_grou
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    """Hugging Face file naming: ``train-00003-of-00008.parquet``."""
+    return f"{split}-{index:05d}-of-{count:05d}.parquet"
+
+
+def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: str, shard: tuple[int, int] = (0, 1),
+                  info: Mapping[str, Any] | None = None) -> Path:
+    """Write ``rows`` as dataset folder ``out``: ``data/<split>-<i>-of-<k>.parquet`` per split,
+    ``manifest.json`` and a ``README.md`` dataset card whose YAML header declares the splits.
+    ``shard=(i, k)`` names the files of shard i of k, so separately written shards form one
+    dataset; ``info`` (recipe, seed, ...) goes into the manifest."""
+    import graphkit
+    from graphkit.ops import OPS, OPS_VERSION
+
+    import pyarrow.dataset as pads
+
+    out = Path(out)
+    for split in sorted({r["split"] for r in rows}):
+        write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, *shard))
+    # the manifest describes every shard in the folder, however many processes wrote them
+    files = sorted(str(f) for f in (out / "data").glob("*.parquet"))
+    present = pads.dataset(files, schema=SCHEMA, format="parquet").to_table(columns=["id", "fingerprint", "split"]).to_pydict()
+    splits = sorted(set(present["split"]))
+    counts = {split: present["split"].count(split) for split in splits}
+    digest = hashlib.sha256(_json(sorted(zip(present["id"], present["fingerprint"], strict=True))).encode()).hexdigest()
+    manifest = {
+        "name": name, "schema_version": SCHEMA_VERSION, "ops_version": OPS_VERSION, "ops": list(OPS),
+        "graphkit_version": graphkit.__version__, "counts": counts, "content_hash": digest, **(info or {}),
+    }
+    _write_text(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    card_splits = "".join(f"  - split: {s}\n    path: data/{s}-*.parquet\n" for s in splits)
+    _write_text(out / "README.md", (
+        f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
+        f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
+        f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}). Scalar columns describe each architecture;"
+        " `node_*` and `edge_*` list columns hold its graph. Load with `graphkit.datasets.load(path)`, or with any"
+        " Parquet reader.\n"
+    ))
+    return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:

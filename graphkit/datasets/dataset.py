@@ -1,0 +1,167 @@
+"""Browse a graph dataset: load, filter (pushed down to Parquet), metadata, records.
+
+    >>> ds = load("vits-1k")
+    >>> small = ds.filter(split="train", num_layers=3, num_params=(None, 5_000_000))
+    >>> small.metadata()            # pandas DataFrame of the scalar columns, graphs not decoded
+    >>> record = small[0]           # or small["vits-1k-00042"]
+    >>> record.graph, record.config, record.build_model(device="cpu")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, open_shard, row_to_graph
+from graphkit.graph import ArchGraph
+
+Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
+
+
+class Record:
+    """One architecture of a dataset: its scalar columns, config and graph."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self._row = dict(row)
+
+    def __getitem__(self, column: str) -> Any:
+        return self._row[column]
+
+    def __repr__(self) -> str:
+        r = self._row
+        return f"Record({r['id']!r}, {r['family']}, layers={r['num_layers']}, hidden={r['hidden']}, heads={r['heads']}, params={r['num_params']:,})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every column of the row, as stored."""
+        return dict(self._row)
+
+    @property
+    def id(self) -> str:
+        """The record's id."""
+        return self._row["id"]
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """The full family config the architecture was built from."""
+        return json.loads(self._row["config"])
+
+    @cached_property
+    def graph(self) -> ArchGraph:
+        """The stored graph."""
+        return row_to_graph(self._row)
+
+    def to_networkx(self):
+        """The graph as a networkx DiGraph."""
+        return self.graph.to_networkx()
+
+    def to_pyg(self):
+        """The graph as a torch_geometric Data (see ArchGraph.to_pyg)."""
+        return self.graph.to_pyg()
+
+    def build_model(self, device: str = "meta"):
+        """The nn.Module of this architecture, on ``meta`` (no weights) or a real device."""
+        from graphkit.families import build_model
+
+        return build_model(self.config, device=device)
+
+
+class GraphDataset:
+    """A graph dataset on disk, optionally restricted by a filter; rows are read on demand."""
+
+    def __init__(self, root: Path, files: list[Path], expression: pc.Expression | None = None) -> None:
+        self.root = root
+        self.files = files
+        self.expression = expression
+        self._data = pads.dataset([str(f) for f in files], schema=SCHEMA, format="parquet")
+
+    def __repr__(self) -> str:
+        return f"GraphDataset({str(self.root)!r}, {len(self)} records{', filtered' if self.expression is not None else ''})"
+
+    def _table(self, columns: list[str] | None = None, expression: pc.Expression | None = None) -> pa.Table:
+        where = self.expression
+        if expression is not None:
+            where = expression if where is None else where & expression
+        try:
+            return self._data.to_table(columns=columns, filter=where)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise StoreError(f"{self.root}: corrupted Parquet data ({' '.join(str(e).split())})") from e
+
+    @cached_property
+    def ids(self) -> list[str]:
+        """Record ids in storage order."""
+        return self._table(["id"]).column("id").to_pylist()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, key: int | str) -> Record:
+        if isinstance(key, int):
+            key = self.ids[key]
+        rows = self._table(expression=pc.field("id") == key).to_pylist()
+        if not rows:
+            raise KeyError(f"no record {key!r} in {self.root}")
+        return Record(rows[0])
+
+    def __iter__(self) -> Iterator[Record]:
+        scanner = self._data.scanner(filter=self.expression, batch_size=256)
+        for batch in scanner.to_batches():
+            for row in batch.to_pylist():
+                yield Record(row)
+
+    def filter(self, expression: pc.Expression | None = None, **conditions: Condition) -> GraphDataset:
+        """A view with only the matching records, e.g. ``filter(split="train", num_layers=[3, 4],
+        num_params=(None, 5e6))`` or ``filter(pc.field("hidden") >= 256)``; evaluated by Parquet
+        (row-group statistics skip what cannot match)."""
+        parts = [] if expression is None else [expression]
+        for column, condition in conditions.items():
+            if column not in METADATA_COLUMNS:
+                raise ValueError(f"cannot filter on {column!r}; filterable columns: {', '.join(METADATA_COLUMNS)}")
+            field = pc.field(column)
+            if isinstance(condition, tuple):
+                low, high = condition
+                if low is not None:
+                    parts.append(field >= low)
+                if high is not None:
+                    parts.append(field <= high)
+            elif isinstance(condition, (list, set, frozenset)):
+                parts.append(field.isin(sorted(condition)))
+            else:
+                parts.append(field == condition)
+        combined = self.expression
+        for part in parts:
+            combined = part if combined is None else combined & part
+        return GraphDataset(self.root, self.files, combined)
+
+    def metadata(self, format: str = "pandas"):
+        """The scalar columns of every record, graphs not decoded: a pandas DataFrame, or a
+        pyarrow Table with ``format="arrow"``."""
+        table = self._table(list(METADATA_COLUMNS))
+        if format == "arrow":
+            return table
+        if format == "pandas":
+            return table.to_pandas()
+        raise ValueError(f"format must be 'pandas' or 'arrow', got {format!r}")
+
+
+def load(path: str | Path) -> GraphDataset:
+    """Open the dataset folder ``path`` (``data/*.parquet``, as ``graphkit generate`` writes it).
+
+    Every shard's footer is checked, so a missing folder, a folder without shards, a truncated
+    or corrupted file or a newer schema is a one-line StoreError naming the file.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise StoreError(f"{root}: no such dataset folder")
+    files = sorted((root / "data").glob("*.parquet")) if root.is_dir() else []
+    if not files:
+        raise StoreError(f"{root}: not a graphkit dataset (no data/*.parquet files)")
+    for file in files:
+        open_shard(file)
+    return GraphDataset(root, files)
