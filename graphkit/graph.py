@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,12 +29,12 @@ Shape = tuple[int, ...]
 
 def _plain(value: Any) -> Any:
     """Normalise an attribute value to what JSON gives back (tuples become lists)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
     raise TypeError(f"node attribute values must be JSON data, got {type(value).__name__}: {value!r}")
 
 
@@ -270,29 +271,33 @@ class ArchGraph:
         """A torch_geometric ``Data`` for Graphormer-style models.
 
         Fields: ``x`` (op ids, long [N], see :data:`graphkit.OPS`), ``edge_index`` (long [2, E]),
-        ``in_degree`` / ``out_degree`` (long [N]), ``spd`` (long [N, N], :meth:`shortest_paths`),
-        ``param_shape`` (long [N, 4]: the shape of the node's largest parameter, zero-padded),
-        ``num_nodes`` and ``fingerprint``.
+        ``in_degree`` / ``out_degree`` (long [N]), the directed shortest-path matrix of
+        :meth:`shortest_paths` in COO form, ``spd_index`` (long [2, P], every reachable pair i != j)
+        and ``spd_value`` (long [P], its distance), ``param_shape`` (long [N, 4]: the shape of the
+        node's largest parameter, zero-padded) and ``num_nodes``. The COO form
+        batches in PyG's DataLoader like ``edge_index``; ``to_dense_adj(spd_index, batch,
+        spd_value)`` restores the padded [B, N, N] matrix (0 on the diagonal and where unreachable).
         """
         import torch
         from torch_geometric.data import Data
 
         n = len(self.nodes)
         edge_index = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
-        shapes = torch.zeros(n, 4, dtype=torch.long)
-        for i, node in enumerate(self.nodes):
-            if node.params:
-                shape = max(node.params.values(), key=lambda s: (len(s), np.prod(s, dtype=np.int64)))
-                shapes[i, : min(4, len(shape))] = torch.tensor(shape[:4])
+        shapes = []
+        for node in self.nodes:
+            shape = max(node.params.values(), key=lambda s: (len(s), math.prod(s)), default=())[:4]
+            shapes.append(list(shape) + [0] * (4 - len(shape)))
+        dist = torch.from_numpy(self.shortest_paths()).long()
+        spd_index = (dist > 0).nonzero().t().contiguous()
         return Data(
             x=torch.tensor([op_id(node.op) for node in self.nodes], dtype=torch.long),
             edge_index=edge_index,
             in_degree=torch.bincount(edge_index[1], minlength=n),
             out_degree=torch.bincount(edge_index[0], minlength=n),
-            spd=torch.from_numpy(self.shortest_paths()).long(),
-            param_shape=shapes,
+            spd_index=spd_index,
+            spd_value=dist[spd_index[0], spd_index[1]],
+            param_shape=torch.tensor(shapes, dtype=torch.long).reshape(n, 4),
             num_nodes=n,
-            fingerprint=self.fingerprint(),
         )
 
     def summary(self) -> str:

@@ -67,13 +67,19 @@ _INDEX_ATTRS = re.compile(r"^(layer_idx|layer_id|layer_index|layer_number|block_
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
 
 
-def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True) -> ArchGraph:
+def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True,
+          cache: dict | None = None) -> ArchGraph:
     """Trace ``model`` into an :class:`ArchGraph`.
 
     ``model`` may live on any device, ``meta`` included (no weights needed). ``example_inputs``
     is built from the model when omitted (images of its image size, or a short sequence of
     token ids with ``use_cache=False``). Raises :class:`TraceError` with a one-line reason when
     the model cannot be exported, and GraphError if the result fails ``validate()``.
+
+    ``cache`` (a dict the caller keeps) reuses exports between models whose exported part has
+    the same structure: module types, parameter shapes, scalar attributes and input shapes, so
+    with folding, models that differ only in depth export once. It assumes the forward depends on
+    nothing else (true for graphkit's families; a dataset generator uses it).
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -85,12 +91,11 @@ def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeat
         folds = _repeated_blocks(model) if fold_repeats else []
         if folds:
             with _truncated(model, folds):
-                program = _export(model, args, kwargs)
-                graph = _GraphBuilder(model, program).build()
+                graph = _traced(model, args, kwargs, cache, folds)
             for path, length in folds:
                 graph = graph and _unfold(graph, path, length)
         if graph is None:
-            graph = _GraphBuilder(model, _export(model, args, kwargs)).build()
+            graph = _traced(model, args, kwargs, cache, [])
     finally:
         model.train(was_training)
     params = dict(model.named_parameters())
@@ -101,6 +106,20 @@ def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeat
         input_shapes=[list(t.shape) for t in _tensors((args, kwargs))],
     )
     graph.validate({k: tuple(p.shape) for k, p in params.items()})
+    return graph
+
+
+def _traced(model: nn.Module, args: tuple, kwargs: dict, cache: dict | None, folds: list) -> ArchGraph:
+    """Export and build, or take the graph an identical structure gave before."""
+    key = None
+    if cache is not None:
+        shapes = tuple((tuple(t.shape), t.dtype) for t in _tensors((args, kwargs)))
+        key = (type(model), _signature(model), shapes, tuple(p for p, _ in folds))
+        if key in cache:
+            return cache[key]
+    graph = _GraphBuilder(model, _export(model, args, kwargs)).build()
+    if key is not None:
+        cache[key] = graph
     return graph
 
 

@@ -100,3 +100,13 @@ def test_bad_folders(folder, tmp_path):
         load(broken)
     with pytest.raises(KeyError, match="no record 'missing'"):
         load(folder)["missing"]
+
+
+def test_to_pyg_dataset_works_with_the_dataloader(folder):
+    from torch_geometric.loader import DataLoader
+
+    ds = load(folder).filter(split="train")
+    pyg = ds.to_pyg()
+    assert len(pyg) == 4 and sorted(pyg[k].id for k in range(4)) == sorted(ds.ids)
+    batch = next(iter(DataLoader(pyg, batch_size=4)))
+    assert batch.num_graphs == 4 and batch.x.shape[0] == sum(ds.metadata()["num_nodes"])

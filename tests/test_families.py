@@ -77,5 +77,12 @@ def test_bad_configs(config, message):
         build_model(config)
 
 
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_num_params_is_exact(family):
+    for layers in (3, 7):
+        config = dict(CONFIGS[family], num_layers=layers)
+        assert num_params(config) == sum(p.numel() for p in build_model(config).parameters())
+
+
 def test_registry_lists_the_families():
     assert set(FAMILIES) == {"vit", "gpt2", "llama"}

@@ -117,8 +117,11 @@ def test_to_pyg(vit_graph):
     assert data.num_nodes == n and data.x.tolist() == [op_id(node.op) for node in vit_graph.nodes]
     assert data.edge_index.shape == (2, len(vit_graph.edges))
     assert data.in_degree.sum() == data.out_degree.sum() == len(vit_graph.edges)
-    assert data.spd.shape == (n, n) and data.spd[0, n - 1] > 0 and data.spd[n - 1, 0] == -1
-    assert torch.equal(data.spd, torch.from_numpy(vit_graph.shortest_paths()).long())
+    dense = torch.from_numpy(vit_graph.shortest_paths()).long().clamp(min=0)
+    from torch_geometric.utils import to_dense_adj
+
+    assert torch.equal(to_dense_adj(data.spd_index, edge_attr=data.spd_value, max_num_nodes=n)[0], dense)
+    assert data.spd_value.min() >= 1 and (data.spd_index[0] < data.spd_index[1]).all()  # a DAG in topological order
     patch = next(i for i, node in enumerate(vit_graph.nodes) if node.op == "patch_embed")
     assert data.param_shape[patch].tolist() == [192, 3, 16, 16]
 
@@ -133,3 +136,17 @@ def test_vocabulary_ids_and_ghn3_mapping():
     assert {p for p in GHN3_PRIMITIVES.values() if p} <= ghn3
     with pytest.raises(ValueError, match="unknown op 'frob'"):
         op_id("frob")
+
+
+def test_pyg_batches_graphs_of_different_sizes(vit_graph, gpt2_graph, exotic_graph):
+    from torch_geometric.loader import DataLoader
+    from torch_geometric.utils import to_dense_adj
+
+    graphs = [vit_graph, gpt2_graph, exotic_graph]
+    batch = next(iter(DataLoader([g.to_pyg() for g in graphs], batch_size=3)))
+    assert batch.num_graphs == 3 and batch.x.shape[0] == sum(len(g) for g in graphs)
+    dense = to_dense_adj(batch.spd_index, batch.batch, batch.spd_value)
+    for k, graph in enumerate(graphs):
+        n = len(graph)
+        expected = torch.from_numpy(graph.shortest_paths()).long().clamp(min=0)
+        assert torch.equal(dense[k, :n, :n], expected)

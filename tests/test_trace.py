@@ -212,3 +212,14 @@ def test_large_configuration_traces_on_meta():
     assert graph.meta["num_params"] == 1_557_611_200
     assert len(attention_nodes(graph)) == 48
     assert graph.nodes[-3].name == "transformer.ln_f"
+
+
+def test_cache_reuses_exports_between_depths_and_changes_nothing():
+    cache: dict = {}
+    deep, shallow = gpt2(layers=6), gpt2(layers=4)
+    assert graphkit.trace(deep, cache=cache) == graphkit.trace(deep)
+    assert len(cache) == 1
+    assert graphkit.trace(shallow, cache=cache) == graphkit.trace(shallow)
+    assert len(cache) == 1  # same blocks, same export
+    graphkit.trace(gpt2(layers=4, dim=96, heads=4), cache=cache)
+    assert len(cache) == 2  # other widths export again

@@ -62,8 +62,11 @@ class Record:
         return self.graph.to_networkx()
 
     def to_pyg(self):
-        """The graph as a torch_geometric Data (see ArchGraph.to_pyg)."""
-        return self.graph.to_pyg()
+        """The graph as a torch_geometric Data (see ArchGraph.to_pyg), with the record's ``id``
+        and ``fingerprint``."""
+        data = self.graph.to_pyg()
+        data.id, data.fingerprint = self.id, self._row["fingerprint"]
+        return data
 
     def build_model(self, device: str = "meta"):
         """The nn.Module of this architecture, on ``meta`` (no weights) or a real device."""
@@ -138,6 +141,13 @@ class GraphDataset:
         for part in parts:
             combined = part if combined is None else combined & part
         return GraphDataset(self.root, self.files, combined)
+
+    def to_pyg(self):
+        """Every record as a torch_geometric ``InMemoryDataset`` of :meth:`Record.to_pyg` data,
+        ready for ``torch_geometric.loader.DataLoader``."""
+        from graphkit.datasets.pyg import PygGraphDataset
+
+        return PygGraphDataset(record.to_pyg() for record in self)
 
     def metadata(self, format: str = "pandas"):
         """The scalar columns of every record, graphs not decoded: a pandas DataFrame, or a

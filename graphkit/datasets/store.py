@@ -138,18 +138,25 @@ def shard_name(split: str, index: int, count: int) -> str:
 def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: str, shard: tuple[int, int] = (0, 1),
                   info: Mapping[str, Any] | None = None) -> Path:
     """Write ``rows`` as dataset folder ``out``: ``data/<split>-<i>-of-<k>.parquet`` per split,
-    ``manifest.json`` and a ``README.md`` dataset card whose YAML header declares the splits.
-    ``shard=(i, k)`` names the files of shard i of k, so separately written shards form one
-    dataset; ``info`` (recipe, seed, ...) goes into the manifest."""
-    import graphkit
-    from graphkit.ops import OPS, OPS_VERSION
-
-    import pyarrow.dataset as pads
-
+    then :func:`finalize_dataset`. ``shard=(i, k)`` names the files of shard i of k, so
+    separately written shards form one dataset."""
     out = Path(out)
     for split in sorted({r["split"] for r in rows}):
         write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, *shard))
-    # the manifest describes every shard in the folder, however many processes wrote them
+    return finalize_dataset(out, name=name, info=info)
+
+
+def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | None = None) -> Path:
+    """(Re)write ``manifest.json`` and the ``README.md`` card of ``out`` from every shard in it,
+    however many processes wrote them: counts per split, distinct architectures and a content
+    hash of (id, fingerprint) pairs that does not depend on the sharding. ``info`` (recipe,
+    seed, ...) is added to the manifest."""
+    import pyarrow.dataset as pads
+
+    import graphkit
+    from graphkit.ops import OPS, OPS_VERSION
+
+    out = Path(out)
     files = sorted(str(f) for f in (out / "data").glob("*.parquet"))
     present = pads.dataset(files, schema=SCHEMA, format="parquet").to_table(columns=["id", "fingerprint", "split"]).to_pydict()
     splits = sorted(set(present["split"]))
@@ -157,16 +164,18 @@ def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: s
     digest = hashlib.sha256(_json(sorted(zip(present["id"], present["fingerprint"], strict=True))).encode()).hexdigest()
     manifest = {
         "name": name, "schema_version": SCHEMA_VERSION, "ops_version": OPS_VERSION, "ops": list(OPS),
-        "graphkit_version": graphkit.__version__, "counts": counts, "content_hash": digest, **(info or {}),
+        "graphkit_version": graphkit.__version__, "counts": counts,
+        "architectures": len(set(present["fingerprint"])), "content_hash": digest, **(info or {}),
     }
     _write_text(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     card_splits = "".join(f"  - split: {s}\n    path: data/{s}-*.parquet\n" for s in splits)
     _write_text(out / "README.md", (
         f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
         f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
-        f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}). Scalar columns describe each architecture;"
-        " `node_*` and `edge_*` list columns hold its graph. Load with `graphkit.datasets.load(path)`, or with any"
-        " Parquet reader.\n"
+        f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
+        " Scalar columns describe each architecture; `node_*` and `edge_*` list columns hold its graph. Load with"
+        " `graphkit.datasets.load(path)`, or with any Parquet reader. `manifest.json` records the recipe and seed"
+        " that reproduce it.\n"
     ))
     return out
 

@@ -10,6 +10,9 @@ defined here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +29,12 @@ class ConfigError(GraphkitError):
 
 @dataclass(frozen=True)
 class Family:
-    """How to build one family: the keys it requires, defaults for the rest, and a builder."""
+    """How to build one family: the keys it requires, defaults for the rest, and a builder
+    ``build(config, init)``; ``init=False`` (on meta) skips weight initialisation, which has
+    nothing to fill there and costs most of a build."""
 
     name: str
-    build: Callable[[dict[str, Any]], nn.Module]
+    build: Callable[[dict[str, Any], bool], nn.Module]
     required: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
@@ -57,6 +62,15 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
+def hf_init(init: bool) -> contextlib.AbstractContextManager:
+    """Hugging Face's switch for weight initialisation (a no-op context when ``init``)."""
+    if init:
+        return contextlib.nullcontext()
+    from transformers.initialization import no_init_weights
+
+    return no_init_weights()
+
+
 def register_family(family: Family) -> Family:
     """Add a family to :data:`FAMILIES` (recipes and ``build_model`` find it by name)."""
     FAMILIES[family.name] = family
@@ -82,14 +96,28 @@ def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") 
     """Build the model a config describes, in eval mode, on ``device`` (``meta`` allocates no
     weights; any other device gets the library's own initialisation)."""
     full = resolve_config(config)
+    device = torch.device(device)
     with torch.device(device):
-        model = get_family(full["family"]).build(full)
+        model = get_family(full["family"]).build(full, device.type != "meta")
     return model.eval()
 
 
 def num_params(config: Mapping[str, Any]) -> int:
-    """Parameter count of the model a config describes (built on meta, tied weights once)."""
-    return sum(p.numel() for p in build_model(config, "meta").parameters())
+    """Parameter count of the model a config describes (tied weights once).
+
+    Every family stacks identical blocks, so the count is linear in ``num_layers``: it is read
+    off meta builds with one and two layers, which are cached, so sweeping a search space costs
+    two builds per width configuration rather than one per config."""
+    full = resolve_config(config)
+    key = json.dumps({k: v for k, v in full.items() if k != "num_layers"}, sort_keys=True)
+    one, two = _params_at_depth(key, 1), _params_at_depth(key, 2)
+    return one + (full["num_layers"] - 1) * (two - one)
+
+
+@functools.lru_cache(maxsize=4096)
+def _params_at_depth(key: str, layers: int) -> int:
+    model = build_model({**json.loads(key), "num_layers": layers}, "meta")
+    return sum(p.numel() for p in model.parameters())
 
 
 from graphkit.families import gpt2, llama, vit  # noqa: E402,F401  (each registers itself)

@@ -7,21 +7,22 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.families import Family, register_family
+from graphkit.families import Family, hf_init, register_family
 
 
-def build(config: dict[str, Any]) -> nn.Module:
+def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(
-        n_layer=config["num_layers"],
-        n_embd=config["hidden"],
-        n_head=config["heads"],
-        n_inner=config["mlp"],
-        vocab_size=config["vocab_size"],
-        n_positions=config["context"],
-        tie_word_embeddings=config["tied"],
-    ))
+    with hf_init(init):
+        return GPT2LMHeadModel(GPT2Config(
+            n_layer=config["num_layers"],
+            n_embd=config["hidden"],
+            n_head=config["heads"],
+            n_inner=config["mlp"],
+            vocab_size=config["vocab_size"],
+            n_positions=config["context"],
+            tie_word_embeddings=config["tied"],
+        ))
 
 
 FAMILY = register_family(Family(

@@ -8,10 +8,10 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.families import ConfigError, Family, register_family
+from graphkit.families import ConfigError, Family, hf_init, register_family
 
 
-def build(config: dict[str, Any]) -> nn.Module:
+def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     common = dict(
@@ -25,9 +25,10 @@ def build(config: dict[str, Any]) -> nn.Module:
         rms_norm_eps=config["rms_eps"],
         tie_word_embeddings=config["tied"],
     )
-    if config["sliding_window"]:
-        return MistralForCausalLM(MistralConfig(sliding_window=config["sliding_window"], **common))
-    return LlamaForCausalLM(LlamaConfig(**common))
+    with hf_init(init):
+        if config["sliding_window"]:
+            return MistralForCausalLM(MistralConfig(sliding_window=config["sliding_window"], **common))
+        return LlamaForCausalLM(LlamaConfig(**common))
 
 
 def _check(config: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from torch import nn
 from graphkit.families import Family, register_family
 
 
-def build(config: dict[str, Any]) -> nn.Module:
+def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
@@ -23,6 +23,7 @@ def build(config: dict[str, Any]) -> nn.Module:
         depth=config["num_layers"],
         num_heads=config["heads"],
         mlp_ratio=config["mlp"] / config["hidden"],
+        weight_init="" if init else "skip",
     )
 
 
