@@ -93,3 +93,45 @@ def test_vocabulary_doc_is_in_sync():
     assert (ROOT / "docs" / "vocabulary.md").read_text() == result.stdout, "regenerate: graphkit ops --markdown > docs/vocabulary.md"
     listing = run("ops")
     assert listing.exit_code == 0 and "rotary_embedding" in listing.stdout and "pos_enc" in listing.stdout
+
+
+TINY = ROOT / "tests" / "recipes" / "tiny-vits.json"
+
+
+def test_dataset_commands(tmp_path, monkeypatch):
+    out = tmp_path / "tiny"
+    result = run("generate", TINY, "--out", out, "--num", "12", "--seed", "2")
+    assert result.exit_code == 0, result.output
+    assert "wrote 12 records" in result.stdout and str(out) in result.stdout
+    listing = run("ls", out, "--split", "train", "--max-params", "400000", "--limit", "0")
+    assert listing.exit_code == 0 and "matching records" in listing.stdout
+    first = next(line.split()[0] for line in listing.stdout.splitlines() if line.startswith("tiny-vits-"))
+    shown = run("show", out, first)
+    assert shown.exit_code == 0 and '"family": "vit"' in shown.stdout and "attention:" in shown.stdout
+    monkeypatch.chdir(tmp_path)
+    stats = run("stats", out)
+    assert stats.exit_code == 0 and "12 records" in stats.stdout
+    png = tmp_path / "tiny-params.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "vits-2k"], "unknown recipe 'vits-2k'; known recipes: vits-1k, gpts-1k, llamas-1k (or a .json / .yaml recipe file)"),
+        (["ls", "no-such-folder"], "no-such-folder: no such dataset folder"),
+        (["stats", "."], ".: not a graphkit dataset (no data/*.parquet files)"),
+    ],
+)
+def test_dataset_command_errors(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run(*args)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {message}"
+
+
+def test_show_unknown_id(tmp_path):
+    out = tmp_path / "tiny"
+    assert run("generate", TINY, "--out", out, "--num", "3").exit_code == 0
+    result = run("show", out, "tiny-vits-99999")
+    assert result.exit_code == 1 and "no record 'tiny-vits-99999'" in result.stderr

@@ -1,0 +1,139 @@
+"""Dataset commands: generate, ls, show, stats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from graphkit.cli.app import app, command, console, print_graph
+
+
+@app.command()
+@command
+def generate(
+    recipe: str = typer.Argument(..., help="vits-1k, gpts-1k, llamas-1k, or a .json / .yaml recipe file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
+    num: Optional[int] = typer.Option(None, "--num", "-n", help="Records to draw (default: the recipe's, 1000)."),
+    seed: int = typer.Option(0, "--seed", help="Same recipe and seed, same dataset, on any machine and worker count."),
+    workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
+    num_shards: int = typer.Option(1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."),
+    shard_index: int = typer.Option(0, "--shard-index", help="...and make shard i of them; shards fill one folder."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: parts already written are kept."),
+) -> None:
+    """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""
+    from graphkit.datasets.generate import generate as run
+
+    with Progress(TextColumn("tracing architectures"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("trace", total=None)
+        result = run(recipe, out, num=num, seed=seed, workers=workers, num_shards=num_shards,
+                     shard_index=shard_index, resume=resume,
+                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())
+    console.print(
+        f"[bold]{manifest['name']}[/]: wrote {result.records:,} records ({result.architectures:,} architectures traced) "
+        f"in {result.parts_written} parts, {result.parts_skipped} already there, {result.seconds:.1f} s",
+        highlight=False,
+    )
+    console.print(f"dataset now holds {counts}; {manifest['architectures']:,} distinct architectures", highlight=False)
+    console.print(f"{result.path}", highlight=False)
+
+
+@app.command("ls")
+@command
+def list_records(
+    path: Path = typer.Argument(..., help="Dataset folder."),
+    split: Optional[str] = typer.Option(None, "--split", help="train or eval."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Only this many layers."),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Only this hidden size."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Only this many heads."),
+    min_params: Optional[int] = typer.Option(None, "--min-params", help="At least this many parameters."),
+    max_params: Optional[int] = typer.Option(None, "--max-params", help="At most this many parameters."),
+    limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
+) -> None:
+    """List the records of a dataset, filtered."""
+    from graphkit.datasets import load
+
+    conditions = {k: v for k, v in dict(split=split, num_layers=layers, hidden=hidden, heads=heads).items() if v is not None}
+    if min_params is not None or max_params is not None:
+        conditions["num_params"] = (min_params, max_params)
+    frame = load(path).filter(**conditions).metadata()
+    columns = {"id": "id", "family": "family", "split": "split", "num_layers": "layers", "hidden": "hidden",
+               "heads": "heads", "kv_heads": "kv", "attention": "attn", "num_params": "params", "num_nodes": "nodes"}
+    table = Table(show_edge=False, box=None, pad_edge=False)
+    for column, header in columns.items():
+        table.add_column(header, no_wrap=True, justify="left" if column in ("id", "family", "split", "attention") else "right")
+    shown = frame if limit == 0 else frame.head(limit)
+    for row in shown[list(columns)].itertuples(index=False):
+        table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
+    console.print(table)
+    console.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
+
+
+@app.command()
+@command
+def show(
+    path: Path = typer.Argument(..., help="Dataset folder."),
+    record_id: str = typer.Argument(..., metavar="ID", help="Record id, e.g. vits-1k-00042."),
+) -> None:
+    """Show one architecture: its config and graph summary."""
+    from graphkit.datasets import load
+    from graphkit.errors import GraphkitError
+
+    try:
+        record = load(path)[record_id]
+    except KeyError:
+        raise GraphkitError(f"{path}: no record {record_id!r} (see `graphkit ls {path}`)") from None
+    console.print(f"[bold]{record.id}[/] ({record['split']})", highlight=False)
+    console.print_json(json.dumps(record.config))
+    print_graph(record.graph)
+
+
+@app.command()
+@command
+def stats(
+    path: Path = typer.Argument(..., help="Dataset folder."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Figure to write (default: <dataset>-params.png here)."),
+    bins: int = typer.Option(20, "--bins", help="Histogram bins."),
+) -> None:
+    """Counts and the parameter-count histogram, as text and as a PNG (LoGAH's Figure 8)."""
+    import numpy as np
+
+    from graphkit.datasets import load
+
+    frame = load(path).metadata()
+    params = frame["num_params"].to_numpy()
+    console.print(f"[bold]{path}[/]: {len(frame):,} records, {frame['fingerprint'].nunique():,} distinct architectures", highlight=False)
+    for split, group in frame.groupby("split"):
+        console.print(f"  {split}: {len(group):,} records, {group['fingerprint'].nunique():,} architectures", highlight=False)
+    console.print(f"parameters: min {params.min():,}, median {int(np.median(params)):,}, max {params.max():,}", highlight=False)
+    counts, edges = np.histogram(params, bins=bins)
+    widest = max(counts.max(), 1)
+    for count, low, high in zip(counts, edges[:-1], edges[1:], strict=True):
+        console.print(f"{low / 1e6:7.2f}M-{high / 1e6:6.2f}M {'#' * round(40 * count / widest):<40} {count}", highlight=False)
+    png = png or Path(f"{path.resolve().name}-params.png")
+    _plot_params(params, bins, png, title=f"{path.resolve().name}: {len(frame):,} records")
+    console.print(f"wrote {png}", highlight=False)
+
+
+def _plot_params(params, bins: int, png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.hist(params / 1e6, bins=bins, color="#4c72b0", edgecolor="white")
+    ax.set_xlabel("parameters (millions)")
+    ax.set_ylabel("records")
+    ax.set_title(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
