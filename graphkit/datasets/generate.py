@@ -8,8 +8,8 @@ Why it is reproducible and restartable:
   matching ``eval-`` file), each written atomically. A part is the unit of work: ``--num-shards K
   --shard-index i`` makes part j only when j % K == i, so shards written on different machines
   fill one folder without overlap, and ``resume=True`` skips parts already on disk.
-- Each distinct architecture is traced once, and configs that differ only in depth share one
-  export through :func:`graphkit.trace`'s cache.
+- Each distinct architecture is traced once; configs that differ only in depth go to one worker
+  together and share one export through :func:`graphkit.trace`'s cache.
 """
 
 from __future__ import annotations
@@ -52,42 +52,55 @@ def _config_key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
-_worker_cache: dict = {}
+def _width_key(key: str) -> str:
+    """Configs equal but for their depth share one export (folded blocks)."""
+    return _config_key({**json.loads(key), "num_layers": 0})
 
 
-def _trace_config(key: str) -> tuple[str, dict[str, Any]]:
-    """Worker: trace one config (the export cache lives as long as the worker)."""
+def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Worker: trace configs that differ only in depth; the first export serves them all."""
     from graphkit.families import build_model
     from graphkit.trace import trace
 
-    graph = trace(build_model(json.loads(key)), cache=_worker_cache)
-    return key, graph.to_dict()
+    cache: dict = {}
+    return [(key, trace(build_model(json.loads(key)), cache=cache).to_dict()) for key in keys]
 
 
-def _worker_init() -> None:
+def _warm_up() -> None:
+    """One tiny export, so torch.export's one-time set-up happens once, before workers fork."""
+    from graphkit.families import build_model
+    from graphkit.trace import trace
+
+    trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
+
+
+def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) -> Iterator[tuple[str, ArchGraph]]:
+    groups: dict[str, list[str]] = {}
+    for key in sorted(keys):
+        groups.setdefault(_width_key(key), []).append(key)
+    tasks = [groups[k] for k in sorted(groups)]
     import torch
 
-    torch.set_num_threads(1)
-
-
-def _trace_all(keys: list[str], workers: int, advance: Callable[[], None]) -> Iterator[tuple[str, ArchGraph]]:
-    # same widths next to each other, so one worker's export cache serves all their depths
-    keys = sorted(keys, key=lambda k: (_config_key({**json.loads(k), "num_layers": 0}), k))
-    if workers <= 1:
-        _worker_init()
-        results = map(_trace_config, keys)
-        pool = None
-    else:
-        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init)
-        results = pool.map(_trace_config, keys, chunksize=max(1, len(keys) // (workers * 8)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
+    pool = None
     try:
-        for key, graph in results:
-            advance()
-            yield key, ArchGraph.from_dict(graph)
+        if workers <= 1 or len(tasks) <= 1:
+            results: Iterator[list[tuple[str, dict[str, Any]]]] = map(_trace_group, tasks)
+        else:
+            _warm_up()
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+            results = pool.map(_trace_group, tasks)
+        for traced in results:
+            advance(len(traced))
+            for key, graph in traced:
+                yield key, ArchGraph.from_dict(graph)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        torch.set_num_threads(threads)
 
 
 def generate(
@@ -130,7 +143,15 @@ def generate(
     keys = sorted({_config_key(config) for _, config, _ in todo_records})
 
     graphs: dict[str, ArchGraph] = {}
-    for key, graph in _trace_all(keys, workers, lambda: progress and progress(len(graphs) + 1, len(keys))):
+    traced = 0
+
+    def advance(count: int) -> None:
+        nonlocal traced
+        traced += count
+        if progress is not None:
+            progress(traced, len(keys))
+
+    for key, graph in _trace_all(keys, workers, advance):
         graphs[key] = graph
     for j in todo:
         rows = [graph_to_row(graphs[_config_key(config)], config, id=rid, split=split)

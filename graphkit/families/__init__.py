@@ -35,6 +35,7 @@ class Family:
 
     name: str
     build: Callable[[dict[str, Any], bool], nn.Module]
+    blocks: str  # path of the stack of ``num_layers`` identical blocks, e.g. "transformer.h"
     required: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
@@ -105,19 +106,21 @@ def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") 
 def num_params(config: Mapping[str, Any]) -> int:
     """Parameter count of the model a config describes (tied weights once).
 
-    Every family stacks identical blocks, so the count is linear in ``num_layers``: it is read
-    off meta builds with one and two layers, which are cached, so sweeping a search space costs
-    two builds per width configuration rather than one per config."""
+    Every family stacks ``num_layers`` identical blocks, so the count is linear in depth: it is
+    read off one cached meta build with a single block, so sweeping a search space costs one
+    build per width configuration rather than one per config."""
     full = resolve_config(config)
-    key = json.dumps({k: v for k, v in full.items() if k != "num_layers"}, sort_keys=True)
-    one, two = _params_at_depth(key, 1), _params_at_depth(key, 2)
-    return one + (full["num_layers"] - 1) * (two - one)
+    base, block = _base_and_block(json.dumps({k: v for k, v in full.items() if k != "num_layers"}, sort_keys=True))
+    return base + full["num_layers"] * block
 
 
 @functools.lru_cache(maxsize=4096)
-def _params_at_depth(key: str, layers: int) -> int:
-    model = build_model({**json.loads(key), "num_layers": layers}, "meta")
-    return sum(p.numel() for p in model.parameters())
+def _base_and_block(key: str) -> tuple[int, int]:
+    config = {**json.loads(key), "num_layers": 1}
+    model = build_model(config, "meta")
+    total = sum(p.numel() for p in model.parameters())
+    block = sum(p.numel() for p in model.get_submodule(get_family(config["family"]).blocks)[0].parameters())
+    return total - block, block
 
 
 from graphkit.families import gpt2, llama, vit  # noqa: E402,F401  (each registers itself)

@@ -28,6 +28,7 @@ def build(config: dict[str, Any], init: bool = True) -> nn.Module:
 FAMILY = register_family(Family(
     name="gpt2",
     build=build,
+    blocks="transformer.h",
     required=("num_layers", "hidden", "heads"),
     defaults={"vocab_size": 50257, "context": 1024, "tied": False},
 ))

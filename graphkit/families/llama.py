@@ -42,6 +42,7 @@ def _check(config: dict[str, Any]) -> None:
 FAMILY = register_family(Family(
     name="llama",
     build=build,
+    blocks="model.layers",
     required=("num_layers", "hidden", "heads"),
     defaults={"kv_heads": None, "vocab_size": 32000, "context": 2048, "sliding_window": None,
               "rms_eps": 1e-6, "tied": False},

@@ -39,6 +39,7 @@ def _check(config: dict[str, Any]) -> None:
 FAMILY = register_family(Family(
     name="vit",
     build=build,
+    blocks="blocks",
     required=("num_layers", "hidden", "heads"),
     defaults={"image_size": 32, "patch_size": 2, "in_chans": 3, "num_classes": 10, "global_pool": "token"},
     check=_check,
