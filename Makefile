@@ -18,12 +18,17 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/graphkit trace examples/vit_b16.py --out out/vit_b16.json
 	$(BIN)/graphkit trace examples/gpt2.py --out out/gpt2.json
+	rm -rf out/vits-1k
+	$(BIN)/graphkit generate vits-1k --out out/vits-1k --workers 2
+	$(BIN)/graphkit stats out/vits-1k --png out/vits-1k-params.png
+	$(BIN)/graphkit ls out/vits-1k --split eval --limit 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/trace_speed.py
+	$(BIN)/python benchmarks/trace_speed.py --write
+	$(BIN)/python benchmarks/dataset_speed.py --write
 
 clean:
 	rm -rf $(VENV) out

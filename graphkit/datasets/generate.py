@@ -78,7 +78,7 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
     groups: dict[str, list[str]] = {}
     for key in sorted(keys):
         groups.setdefault(_width_key(key), []).append(key)
-    tasks = [groups[k] for k in sorted(groups)]
+    tasks = sorted(groups.values(), key=lambda group: (-len(group), group[0]))  # long tasks first: a short tail
     import torch
 
     threads = torch.get_num_threads()
