@@ -1,4 +1,4 @@
-"""Model -> ArchGraph.
+"""Model -> ArchGraph: the entry point of the tracer.
 
 Why torch.export: it runs the real ``forward`` (so whatever timm, transformers or a user wrote is
 what gets traced), works on fake tensors (a model on the ``meta`` device traces without
@@ -6,65 +6,33 @@ allocating a weight), records the module path of every op (``nn_module_stack``) 
 inputs are parameters (``graph_signature``). The GHN-2/3 way of walking autograd ``grad_fn``s
 needs real weights and a forward pass, and loses ops that have no backward node (SDPA).
 
-The raw ATen graph is turned into an architecture graph in three steps:
-
-1. **Modules become nodes.** Every op inside a call of a module that :func:`graphkit.ops.module_op`
-   names (Linear, HF Conv1D, LayerNorm, any ``*RMSNorm``, GELU variants, rotary tables, ...)
-   is fused into one node that owns the module's parameters.
-2. **Attention becomes one node.** Each SDPA call, or eager ``softmax(q k^T) v`` pattern, is an
-   anchor; the ops feeding it inside the same module scope, up to the projections (rotary
-   application, head reshapes, scaling, masking, GQA K/V repetition), are fused into one
-   ``attention`` node whose attrs say heads, kv_heads, head_dim, causal, window and rope.
-3. **Only data flow that matters stays.** Shape-only ops pass their inputs through; ops on
-   values that depend on neither the input nor a parameter (position ids, causal masks) are
-   constants and vanish; scaling by a constant is folded. A node left with no input (a
-   positional embedding looked up by ``arange``) gets an edge from the input, because it
-   depends on the input's length. Anything else unknown is kept as ``other:<aten op>``.
-
-Speed: transformer stacks repeat one block. When every block of an ``nn.ModuleList`` or ``nn.Sequential`` has the
-same structure (module types, parameter shapes, scalar attributes), only its first two blocks
-are exported, the second is checked to be wired to the first exactly like a chain, and it is
-replicated for the rest. ``trace(..., fold_repeats=False)`` exports everything; the tests check
-both give the same fingerprint.
+:mod:`graphkit.export_graph` turns the exported ATen program into architecture nodes and
+:mod:`graphkit.folding` exports only two blocks of a repeated stack; docs/tracer.md explains the
+rules.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import inspect
 import io
 import logging
-import re
 import sys
 import warnings
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import torch.fx.config
-from torch import fx, nn
+from torch import nn
 
 from graphkit.errors import TraceError
-from graphkit.graph import ArchGraph, Node, graph_meta
-from graphkit.ops import (
-    ATEN_OPS, MATMUL_ATEN, SDPA_ATEN, SHAPE_DEPENDENT_ATEN, SHAPE_ONLY_ATEN, aten_name, is_float, module_op,
-)
+from graphkit.export_graph import graph_from_export
+from graphkit.folding import repeated_blocks, signature, truncated, unfold
+from graphkit.graph import ArchGraph, graph_meta
 
 ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
-
-_NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
-_PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
-_SOFTMAX_ATEN = {"softmax", "_softmax", "_safe_softmax"}
-_SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
-# ops an eager attention passes through between q k^T, softmax and the product with v
-_ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fill", "tanh", "clamp", "_to_copy"}
-# attributes that legitimately differ between otherwise identical blocks
-_INDEX_ATTRS = re.compile(r"^(layer_idx|layer_id|layer_index|layer_number|block_idx|block_id|idx|index)$")
-_LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
 
 
 def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True,
@@ -88,12 +56,12 @@ def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeat
     model.eval()
     try:
         graph = None
-        folds = _repeated_blocks(model) if fold_repeats else []
+        folds = repeated_blocks(model) if fold_repeats else []
         if folds:
-            with _truncated(model, folds):
+            with truncated(model, folds):
                 graph = _traced(model, args, kwargs, cache, folds)
             for path, length in folds:
-                graph = graph and _unfold(graph, path, length)
+                graph = graph and unfold(graph, path, length)
         if graph is None:
             graph = _traced(model, args, kwargs, cache, [])
     finally:
@@ -114,10 +82,10 @@ def _traced(model: nn.Module, args: tuple, kwargs: dict, cache: dict | None, fol
     key = None
     if cache is not None:
         shapes = tuple((tuple(t.shape), t.dtype) for t in _tensors((args, kwargs)))
-        key = (type(model), _signature(model), shapes, tuple(p for p, _ in folds))
+        key = (type(model), signature(model), shapes, tuple(p for p, _ in folds))
         if key in cache:
             return cache[key]
-    graph = _GraphBuilder(model, _export(model, args, kwargs)).build()
+    graph = graph_from_export(model, _export(model, args, kwargs))
     if key is not None:
         cache[key] = graph
     return graph
@@ -253,566 +221,6 @@ def _describe_failure(error: BaseException, model: nn.Module) -> str:
     if "data-dependent" in str(root) or "DataDependent" in kind:
         return f"cannot export {name}: data-dependent control flow{at}: {text}"
     return f"{name}.forward raised {kind}{at}: {text}"
-
-
-# ---------------------------------------------------------------------------------------------
-# repeated blocks
-
-def _repeated_blocks(model: nn.Module) -> list[tuple[str, int]]:
-    """ModuleLists / Sequentials of >= 3 structurally identical blocks, outermost only: (path, length)."""
-    found: list[tuple[str, int]] = []
-    for path, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 3 or not path:
-            continue
-        if any(path.startswith(p + ".") for p, _ in found):
-            continue
-        signatures = [_signature(child) for child in module]
-        if all(s == signatures[0] for s in signatures[1:]):
-            found.append((path, len(module)))
-    return found
-
-
-def _signature(block: nn.Module) -> tuple:
-    simple = (int, float, str, bool, type(None))
-    items = []
-    for name, m in block.named_modules():
-        attrs = tuple(sorted(
-            (k, v) for k, v in vars(m).items()
-            if not k.startswith("_") and not _INDEX_ATTRS.match(k)
-            and (isinstance(v, simple) or (isinstance(v, tuple) and all(isinstance(x, simple) for x in v)))
-        ))
-        params = tuple((n, tuple(p.shape), p.dtype) for n, p in m.named_parameters(recurse=False))
-        buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers(recurse=False))
-        items.append((name, type(m), attrs, params, buffers))
-    return tuple(items)
-
-
-@contextlib.contextmanager
-def _truncated(model: nn.Module, folds: Sequence[tuple[str, int]]) -> Iterator[None]:
-    """Temporarily keep only the first two blocks of each folded ModuleList."""
-    saved = []
-    try:
-        for path, _ in folds:
-            blocks = model.get_submodule(path)
-            saved.append((blocks, blocks._modules))
-            blocks._modules = OrderedDict(list(blocks._modules.items())[:2])
-        yield
-    finally:
-        for blocks, modules in saved:
-            blocks._modules = modules
-
-
-def _unfold(graph: ArchGraph, path: str, length: int) -> ArchGraph | None:
-    """Replicate block ``path.1`` of a graph traced with two blocks into ``length`` blocks.
-
-    Returns None (the caller then traces everything) unless the two traced blocks are
-    identical up to their index and wired as a chain: prefix -> block 0 -> block 1 -> suffix.
-    """
-    nodes, n = graph.nodes, len(graph.nodes)
-    block = [_block_index(node.module, path) for node in nodes]
-    b0 = [i for i in range(n) if block[i] == 0]
-    b1 = [i for i in range(n) if block[i] == 1]
-    if not b0 or len(b0) != len(b1) or max(b0) > min(b1):
-        return None
-    if any(block[i] is None for i in range(min(b0), max(b1) + 1)):
-        return None
-    for i, j in zip(b0, b1):
-        if _renamed(nodes[i], path, 0, 1) != nodes[j]:
-            return None
-    pos0 = {i: k for k, i in enumerate(b0)}
-    pos1 = {j: k for k, j in enumerate(b1)}
-    prefix = list(range(min(b0)))
-    suffix = list(range(max(b1) + 1, n))
-    size = len(b1)
-    # new layout: prefix, block 0, block 1, blocks 2..length-1, suffix
-    base = len(prefix)
-
-    def at(k: int, pos: int) -> int:
-        return base + k * size + pos
-
-    def shift(i: int) -> int:  # prefix and suffix indices in the new layout
-        return i if i < base else i + (length - 2) * size
-
-    new_nodes = [nodes[i] for i in prefix] + [nodes[i] for i in b0] + [nodes[j] for j in b1]
-    for k in range(2, length):
-        new_nodes += [_renamed(nodes[j], path, 1, k) for j in b1]
-    new_nodes += [nodes[i] for i in suffix]
-    edges: set[tuple[int, int]] = set()
-    for s, d in graph.edges:
-        bs, bd = block[s], block[d]
-        if bs is None and bd is None:
-            edges.add((shift(s), shift(d)))
-        elif bs is None and bd == 0:
-            edges.add((s, at(0, pos0[d])))
-        elif bs is None and bd == 1:  # prefix feeds every block after the first alike
-            if s > max(b1):
-                return None
-            edges.update((s, at(k, pos1[d])) for k in range(1, length))
-        elif bs == 0 and bd == 0:
-            edges.add((at(0, pos0[s]), at(0, pos0[d])))
-        elif bs == 0 and bd == 1:  # block k-1 feeds block k
-            edges.update((at(k - 1, pos0[s]), at(k, pos1[d])) for k in range(1, length))
-        elif bs == 1 and bd == 1:
-            edges.update((at(k, pos1[s]), at(k, pos1[d])) for k in range(1, length))
-        elif bs == 1 and bd is None and d > max(b1):
-            edges.add((at(length - 1, pos1[s]), shift(d)))
-        else:  # block 0 feeding the suffix, or anything else that is not a chain
-            return None
-    return ArchGraph(nodes=new_nodes, edges=sorted(edges), meta=graph.meta)
-
-
-def _block_index(module: str, path: str) -> int | None:
-    if module == path or not module.startswith(path + "."):
-        return None
-    head = module[len(path) + 1:].split(".", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
-def _renamed(node: Node, path: str, old: int, new: int) -> Node:
-    pattern = re.compile(rf"^{re.escape(path)}\.{old}(?=$|[._])")
-    sub = lambda s: pattern.sub(f"{path}.{new}", s)  # noqa: E731
-    attrs = dict(node.attrs)
-    if "tied" in attrs:
-        attrs["tied"] = [sub(p) for p in attrs["tied"]]
-    return Node(op=node.op, name=sub(node.name), module=sub(node.module),
-                params={sub(k): v for k, v in node.params.items()}, attrs=attrs)
-
-
-# ---------------------------------------------------------------------------------------------
-# ExportedProgram -> ArchGraph
-
-@dataclass
-class _Group:
-    """What becomes one node: the FX ops fused into it and what it reads and owns."""
-
-    op: str
-    module: str
-    fx: list[fx.Node] = field(default_factory=list)
-    inputs: set[int] = field(default_factory=set)
-    params: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    live: bool = False
-
-    @property
-    def order(self) -> int:
-        return self.fx[-1].meta["_gk_pos"] if self.fx else -1
-
-
-class _GraphBuilder:
-    INPUT = 0
-
-    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram) -> None:
-        self.model = model
-        self.graph = program.graph
-        self.groups: list[_Group] = [_Group("input", "", live=True)]
-        self.prod: dict[fx.Node, frozenset[int]] = {}      # value -> groups it comes from
-        self.param_src: dict[fx.Node, frozenset[str]] = {}  # value -> parameters it is a view of
-        self.owner: dict[str, int] = {}
-        self._module_ops: dict[str, str | None] = {}
-        self.param_names: dict[str, str] = {}
-        self.user_inputs: set[str] = set()
-        # a tied tensor has several names; the graph uses the one named_parameters() reports
-        canonical = {id(p): n for n, p in model.named_parameters()}
-        alias = {n: canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
-        for spec in program.graph_signature.input_specs:
-            kind = spec.kind.name
-            if kind == "PARAMETER":
-                self.param_names[spec.arg.name] = alias.get(spec.target, spec.target)
-            elif kind == "USER_INPUT":
-                self.user_inputs.add(spec.arg.name)
-
-    # -- helpers --------------------------------------------------------------------------------
-    def _module_op(self, path: str) -> str | None:
-        if path not in self._module_ops:
-            try:
-                self._module_ops[path] = module_op(self.model.get_submodule(path))
-            except AttributeError:
-                self._module_ops[path] = None
-        return self._module_ops[path]
-
-    @staticmethod
-    def _stack(node: fx.Node) -> list[str]:
-        return [p.split("@")[0] for p, _ in (node.meta.get("nn_module_stack") or {}).values()]
-
-    def _leaf(self, node: fx.Node) -> tuple[str, str] | None:
-        for path in self._stack(node):
-            op = self._module_op(path)
-            if op is not None:
-                return path, op
-        return None
-
-    def _scope(self, node: fx.Node) -> str:
-        stack = self._stack(node)
-        return stack[-1] if stack else ""
-
-    # -- attention regions ----------------------------------------------------------------------
-    def _attention_regions(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
-        """Map every FX op that belongs to an attention core to its anchor op."""
-        region_of: dict[fx.Node, fx.Node] = {}
-        for node in nodes:
-            if node.op != "call_function" or self._leaf(node) is not None:
-                continue
-            name = aten_name(node.target)
-            if not (name in SDPA_ATEN or (name in MATMUL_ATEN and self._is_eager_attention(node))):
-                continue
-            scope = self._scope(node)
-            region_of[node] = node
-            stack = [a for a in node.all_input_nodes]
-            while stack:
-                u = stack.pop()
-                if u in region_of or u.op != "call_function" or self._leaf(u) is not None:
-                    continue
-                uname = aten_name(u.target)
-                if uname in _PARAM_ATEN or any(a.name in self.param_names for a in u.all_input_nodes):
-                    continue
-                uscope = self._scope(u)
-                if scope and not (uscope == scope or uscope.startswith(scope + ".")):
-                    continue
-                region_of[u] = node
-                stack.extend(u.all_input_nodes)
-        return region_of
-
-    def _is_eager_attention(self, node: fx.Node) -> bool:
-        probs = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        softmax = probs and _find_back(probs, lambda n: aten_name(n.target) in _SOFTMAX_ATEN)
-        if softmax is None:
-            return False
-        scores = _find_back(softmax.args[0], lambda n: aten_name(n.target) in MATMUL_ATEN)
-        return scores is not None
-
-    # -- main pass ------------------------------------------------------------------------------
-    def build(self) -> ArchGraph:
-        nodes = list(self.graph.nodes)
-        for pos, node in enumerate(nodes):
-            node.meta["_gk_pos"] = pos
-        region_of = self._attention_regions(nodes)
-        attention_group: dict[fx.Node, int] = {}
-        open_leaf: tuple[str, int] | None = None
-        output_node = None
-        for node in nodes:
-            if node.op == "placeholder":
-                if node.name in self.param_names:
-                    self.param_src[node] = frozenset({self.param_names[node.name]})
-                    self.prod[node] = frozenset()
-                elif node.name in self.user_inputs:
-                    self.prod[node] = frozenset({self.INPUT})
-                continue
-            if node.op == "output":
-                output_node = node
-                continue
-            if node.op != "call_function":
-                continue
-            in_nodes = node.all_input_nodes
-            in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
-            in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
-            leaf = self._leaf(node)
-            if leaf is not None:
-                path, op = leaf
-                if open_leaf is None or open_leaf[0] != path:
-                    self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
-                    open_leaf = (path, len(self.groups) - 1)
-                self._absorb(open_leaf[1], node, in_prod, in_params)
-                continue
-            open_leaf = None
-            if node in region_of:
-                anchor = region_of[node]
-                if anchor not in attention_group:
-                    self.groups.append(_Group("attention", self._scope(anchor), live=True))
-                    attention_group[anchor] = len(self.groups) - 1
-                self._absorb(attention_group[anchor], node, in_prod, in_params)
-                continue
-            name = aten_name(node.target)
-            if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")):
-                self.prod[node], self.param_src[node] = in_prod, in_params
-                continue
-            if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
-                self.prod[node] = frozenset()  # a constant: positions, masks, tables
-                continue
-            op = self._single_op(node, name, in_nodes, in_params)
-            if op is None:  # arithmetic with constants: folded into its input
-                self.prod[node], self.param_src[node] = in_prod, in_params
-                continue
-            self.groups.append(_Group(op, self._scope(node), live=True))
-            self._absorb(len(self.groups) - 1, node, in_prod, in_params)
-        for anchor, gid in attention_group.items():
-            self.groups[gid].attrs = self._attention_attrs(anchor, self.groups[gid])
-        return self._finish(output_node)
-
-    def _absorb(self, gid: int, node: fx.Node, in_prod: frozenset[int], in_params: frozenset[str]) -> None:
-        group = self.groups[gid]
-        group.fx.append(node)
-        group.inputs |= in_prod - {gid}
-        for p in sorted(in_params):
-            if p not in self.owner:
-                self.owner[p] = gid
-                group.params[p] = tuple(self._param_shape(p))
-            elif self.owner[p] != gid:
-                group.attrs.setdefault("tied", [])
-                if p not in group.attrs["tied"]:
-                    group.attrs["tied"].append(p)
-        group.live = group.live or bool(in_prod - {gid}) or bool(in_params)
-        self.prod[node] = frozenset({gid}) if group.live else frozenset()
-        self.param_src[node] = frozenset()
-
-    def _param_shape(self, name: str) -> torch.Size:
-        return self.model.get_parameter(name).shape
-
-    def _single_op(self, node: fx.Node, name: str, in_nodes: list[fx.Node], in_params: frozenset[str]) -> str | None:
-        live = [a for a in in_nodes if self.prod.get(a)]
-        if name in ("add", "sub") and in_params:
-            return "pos_embedding" if any(len(self._param_shape(p)) >= 2 for p in in_params) else "bias"
-        if name in ("cat", "concat") and in_params:
-            return "class_token"
-        if name == "mul" and in_params:
-            return "scale"
-        if name in _SCALAR_ARITH and len(live) <= 1 and not in_params:
-            return None
-        if name == "add":
-            return "add"
-        if name == "mul":
-            return "mul"
-        if name == "tanh" and _softcap(node) is not None:
-            return "softcap"
-        if name in MATMUL_ATEN and in_params:
-            return "linear"
-        if name in ATEN_OPS and (name != "addmm" or in_params):
-            return ATEN_OPS[name]
-        return f"other:aten.{name}"
-
-    # -- attention attributes -------------------------------------------------------------------
-    def _attention_attrs(self, anchor: fx.Node, group: _Group) -> dict[str, Any]:
-        name = aten_name(anchor.target)
-        sdpa = name in SDPA_ATEN
-        if sdpa:
-            q, v = anchor.args[0], anchor.args[2]
-            heads_t, value = q.meta["val"], v
-            causal = bool(anchor.kwargs.get("is_causal", anchor.args[5] if len(anchor.args) > 5 else False))
-        else:
-            heads_t, value = anchor.args[0].meta["val"], anchor.args[1]
-            causal = False
-        v_val = value.meta["val"]
-        heads = int(heads_t.shape[-3]) if heads_t.dim() >= 4 else None
-        head_dim = int(v_val.shape[-1])
-        kv_heads = heads
-        if v_val.dim() >= 4:
-            kv_heads = round(int(v_val.shape[-3]) * _min_numel_back(value) / v_val.numel())
-        try:
-            module = self.model.get_submodule(group.module)
-        except AttributeError:
-            module = None
-        if heads is None and module is not None:
-            heads = _first_attr(module, ("num_heads", "n_head", "num_attention_heads"))
-            kv_heads = _first_attr(module, ("num_kv_heads", "num_key_value_heads", "n_kv_head")) or heads
-        inputs_ops = {self.groups[i].op for i in group.inputs}
-        ops_inside = {aten_name(n.target) for n in group.fx}
-        # causal: SDPA's flag, the module's own is_causal (HF), or a tril/triu mask built inside
-        causal = causal or bool(getattr(module, "is_causal", False)) or bool(ops_inside & {"tril", "triu"})
-        attrs: dict[str, Any] = {
-            "heads": heads,
-            "kv_heads": kv_heads,
-            "head_dim": head_dim,
-            "causal": causal,
-            "window": _window(module),
-            "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & {"neg", "view_as_complex", "complex"}),
-            "alibi": "alibi" in inputs_ops,
-            "softcap": "tanh" in ops_inside,
-        }
-        if group.attrs.get("tied"):
-            attrs["tied"] = group.attrs["tied"]
-        return attrs
-
-    # -- assemble -------------------------------------------------------------------------------
-    def _finish(self, output_node: fx.Node | None) -> ArchGraph:
-        out = _Group("output", "", live=True)
-        if output_node is not None:
-            for a in output_node.all_input_nodes:
-                out.inputs |= self.prod.get(a, frozenset())
-        out.fx = [output_node] if output_node is not None else []
-        self.groups.append(out)
-        groups = self.groups
-        keep = [g.live for g in groups]
-        keep[0] = True
-        # a node with nothing feeding it is built from the input's shape (positions, tables)
-        for g in groups[1:]:
-            g.inputs = {i for i in g.inputs if keep[i]}
-            if not g.inputs:
-                if g.op == "embedding":  # looked up by positions, not by the input's tokens
-                    g.op = "pos_embedding"
-                g.inputs = {self.INPUT}
-        # drop parameter-free nodes that do not reach the output (dead code in the forward)
-        users: dict[int, set[int]] = {i: set() for i in range(len(groups))}
-        for i, g in enumerate(groups):
-            if keep[i]:
-                for s in g.inputs:
-                    users[s].add(i)
-        reaches = {len(groups) - 1}
-        for i in range(len(groups) - 1, -1, -1):
-            if keep[i] and (users[i] & reaches):
-                reaches.add(i)
-        for i, g in enumerate(groups):
-            if keep[i] and i not in reaches and not g.params and i != self.INPUT:
-                keep[i] = False
-        for g in groups:
-            g.inputs = {i for i in g.inputs if keep[i]}
-        order = _topological([i for i in range(len(groups)) if keep[i]], groups)
-        # an output head is a linear layer with no parametric layer after it (DeiT has two)
-        parametric_after: dict[int, bool] = {}
-        for gid in reversed(order):
-            after = [u for u in users[gid] if keep[u]]
-            parametric_after[gid] = any(parametric_after[u] or groups[u].params or groups[u].attrs.get("tied") for u in after)
-            if groups[gid].op == "linear" and not parametric_after[gid]:
-                groups[gid].op = "head"
-        index = {gid: k for k, gid in enumerate(order)}
-        names: dict[str, int] = {}
-        nodes = []
-        for gid in order:
-            g = groups[gid]
-            nodes.append(Node(op=g.op, name=_unique(self._name(g), names), module=g.module,
-                              params=g.params, attrs=g.attrs if g.op == "attention" else {**self._attrs(g), **g.attrs}))
-        edges = sorted((index[s], index[gid]) for gid in order for s in groups[gid].inputs)
-        return ArchGraph(nodes=nodes, edges=edges)
-
-    def _name(self, g: _Group) -> str:
-        if g.op in ("input", "output"):
-            return g.op
-        if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention",):
-            return g.module
-        return f"{g.module}.{g.op}" if g.module else g.op
-
-    def _attrs(self, g: _Group) -> dict[str, Any]:
-        """Op attributes worth a hypernetwork's or a compiler's attention."""
-        attrs: dict[str, Any] = {}
-        module = None
-        if g.fx and self._leaf(g.fx[0]) is not None:
-            module = self.model.get_submodule(g.module)
-        if g.op in ("linear", "head"):
-            first = next((a for a in g.fx[0].all_input_nodes if is_float(a.meta.get("val")) and a.name not in self.param_names), None)
-            if first is not None:
-                attrs["in_features"] = int(first.meta["val"].shape[-1])
-            attrs["out_features"] = int(g.fx[-1].meta["val"].shape[-1])
-            # HF Conv1D and x @ W store the weight as (in, out), nn.Linear and F.linear as (out, in)
-            if type(module).__name__ == "Conv1D" or (module is None and aten_name(g.fx[0].target) != "linear"):
-                attrs["transposed"] = True
-        elif g.op in ("layer_norm", "rms_norm"):
-            eps = _first_attr(module, ("eps", "variance_epsilon")) if module is not None else None
-            if eps is not None:
-                attrs["eps"] = float(eps)
-        elif g.op in ("conv", "patch_embed") and module is not None:
-            attrs["kernel"] = list(module.kernel_size)
-            attrs["stride"] = list(module.stride)
-        elif g.op == "softcap":
-            attrs["cap"] = _softcap(g.fx[0])
-        elif g.op == "moe_router":
-            k = g.fx[0].args[1] if len(g.fx[0].args) > 1 else g.fx[0].kwargs.get("k")
-            attrs["k"] = int(k) if isinstance(k, int) else None
-        elif g.op == "mean_pool":
-            dim = g.fx[0].args[1] if len(g.fx[0].args) > 1 else None
-            attrs["dim"] = list(dim) if isinstance(dim, (list, tuple)) else dim
-        return attrs
-
-
-def _topological(ids: list[int], groups: list[_Group]) -> list[int]:
-    """Kahn's algorithm, ties broken by position in the exported graph (deterministic)."""
-    alive = set(ids)
-    indeg = {i: len(groups[i].inputs & alive) for i in ids}
-    users: dict[int, list[int]] = {i: [] for i in ids}
-    for i in ids:
-        for s in groups[i].inputs & alive:
-            users[s].append(i)
-    heap = [(groups[i].order if i else -2, i) for i in ids if indeg[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        order.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(heap, (groups[u].order, u))
-    if len(order) != len(ids):
-        raise TraceError("the fused graph has a cycle; trace with fold_repeats=False or report this model")
-    return order
-
-
-def _unique(name: str, seen: dict[str, int]) -> str:
-    count = seen.get(name, 0)
-    seen[name] = count + 1
-    return name if count == 0 else f"{name}_{count}"
-
-
-def _find_back(start: Any, match, depth: int = 8) -> fx.Node | None:
-    """Search upstream from ``start`` through attention pass-through ops for a node that matches."""
-    frontier = [start] if isinstance(start, fx.Node) else []
-    for _ in range(depth):
-        nxt = []
-        for n in frontier:
-            if n.op != "call_function":
-                continue
-            if match(n):
-                return n
-            if aten_name(n.target) in _ATTN_PASS:
-                nxt.extend(a for a in n.all_input_nodes if is_float(a.meta.get("val")))
-        frontier = nxt
-    return None
-
-
-def _min_numel_back(value: fx.Node) -> int:
-    """Smallest tensor on the shape-only path into ``value``: K/V before any repeat for GQA."""
-    best = value.meta["val"].numel()
-    cur = value
-    while cur.op == "call_function" and aten_name(cur.target) in SHAPE_ONLY_ATEN:
-        src = next((a for a in cur.all_input_nodes), None)
-        if src is None:
-            break
-        val = src.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            best = min(best, val.numel())
-        cur = src
-    return best
-
-
-def _softcap(tanh: fx.Node) -> float | None:
-    """c for the pattern c * tanh(x / c), else None."""
-    src = tanh.args[0]
-    if not (isinstance(src, fx.Node) and aten_name(src.target) in ("div", "mul")):
-        return None
-    scalar = src.args[1] if len(src.args) > 1 else None
-    if not isinstance(scalar, (int, float)):
-        return None
-    cap = float(scalar) if aten_name(src.target) == "div" else 1.0 / float(scalar)
-    users = list(tanh.users)
-    if len(users) != 1 or aten_name(users[0].target) != "mul":
-        return None
-    other = [a for a in users[0].args if a is not tanh]
-    if len(other) != 1 or not isinstance(other[0], (int, float)) or abs(float(other[0]) - cap) > 1e-6 * abs(cap):
-        return None
-    return cap
-
-
-def _first_attr(obj: Any, names: Sequence[str]) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def _window(module: nn.Module | None) -> int | None:
-    """Sliding-window size of an attention module, from its own attributes or its HF config."""
-    if module is None:
-        return None
-    own = _first_attr(module, ("sliding_window", "window_size", "window"))
-    if isinstance(own, int) and own > 0:
-        return own
-    config = getattr(module, "config", None)
-    size = getattr(config, "sliding_window", None)
-    if not isinstance(size, int) or size <= 0 or getattr(config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    idx = getattr(module, "layer_idx", None)
-    if layer_types and isinstance(idx, int) and idx < len(layer_types):
-        return size if "sliding" in str(layer_types[idx]) else None
-    return size
 
 
 def _family(model: nn.Module) -> str:
