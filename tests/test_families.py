@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import graphkit
-from graphkit.families import FAMILIES, ConfigError, build_model, num_params, resolve_config
+from graphkit.families import FAMILIES, ConfigError, build_model, config_from_graph, num_params, resolve_config
 
 CONFIGS = {
     "vit": dict(family="vit", num_layers=4, hidden=256, heads=8),
@@ -82,6 +82,33 @@ def test_num_params_is_exact(family):
     for layers in (3, 7):
         config = dict(CONFIGS[family], num_layers=layers)
         assert num_params(config) == sum(p.numel() for p in build_model(config).parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_tied_heads_are_tied_on_meta_too(family):
+    config = dict(CONFIGS[family], tied=True)
+    on_meta, on_cpu = build_model(config), build_model(config, device="cpu")
+    assert on_meta.lm_head.weight is on_meta.get_input_embeddings().weight
+    assert sum(p.numel() for p in on_meta.parameters()) == sum(p.numel() for p in on_cpu.parameters()) == num_params(config)
+
+
+@pytest.mark.parametrize("config", [
+    dict(family="vit", num_layers=3, hidden=192, heads=3),
+    dict(family="vit", num_layers=4, hidden=128, heads=4, global_pool="avg", image_size=64, patch_size=8, num_classes=100),
+    dict(family="gpt2", num_layers=3, hidden=64, heads=4, tied=True, vocab_size=300, context=32),
+    dict(family="llama", num_layers=3, hidden=64, heads=4, kv_heads=2, sliding_window=8, rms_eps=1e-5, vocab_size=300),
+], ids=["vit", "vit-avg", "gpt2-tied", "mistral"])
+def test_config_is_read_back_from_the_graph(config):
+    full = resolve_config(config)
+    assert config_from_graph(graphkit.trace(build_model(full))) == full
+
+
+def test_graph_of_an_unknown_family():
+    from conftest import ExoticLM, meta
+
+    graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
+    with pytest.raises(ConfigError, match="cannot read a config from a graph of family 'custom'; readable families: gpt2, llama, mistral, vit"):
+        config_from_graph(graph)
 
 
 def test_registry_lists_the_families():

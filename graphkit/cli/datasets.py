@@ -1,4 +1,4 @@
-"""Dataset commands: generate, ls, show, stats."""
+"""Dataset commands: generate, ls, show, stats, compile."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def generate(
         highlight=False,
     )
     console.print(f"dataset now holds {counts}; {manifest['architectures']:,} distinct architectures", highlight=False)
-    console.print(f"{result.path}", highlight=False)
+    console.print(f"{result.path}", highlight=False, soft_wrap=True)
 
 
 @app.command("ls")
@@ -119,7 +119,7 @@ def stats(
         console.print(f"{low / 1e6:7.2f}M-{high / 1e6:6.2f}M {'#' * round(40 * count / widest):<40} {count}", highlight=False)
     png = png or Path(f"{path.resolve().name}-params.png")
     _plot_params(params, bins, png, title=f"{path.resolve().name}: {len(frame):,} records")
-    console.print(f"wrote {png}", highlight=False)
+    console.print(f"wrote {png}", highlight=False, soft_wrap=True)
 
 
 def _plot_params(params, bins: int, png: Path, title: str) -> None:
@@ -137,3 +137,30 @@ def _plot_params(params, bins: int, png: Path, title: str) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
     plt.close(fig)
+
+
+@app.command("compile")
+@command
+def compile_record(
+    path: Path = typer.Argument(..., help="Dataset folder."),
+    record_id: str = typer.Argument(..., metavar="ID", help="Record id, e.g. vits-1k-00042."),
+    out: Path = typer.Option(..., "--out", "-o", help="Checkpoint to write (safetensors, config in its metadata)."),
+    params: Optional[Path] = typer.Option(None, "--params", "-p", help="Parameters to load (safetensors); default: the library's initialisation."),
+) -> None:
+    """Build a record's model, check it traces to the stored graph, load parameters, save it."""
+    from graphkit.compile import compile, load_params, save_params
+    from graphkit.datasets import load
+    from graphkit.errors import GraphkitError
+
+    try:
+        record = load(path)[record_id]
+    except KeyError:
+        raise GraphkitError(f"{path}: no record {record_id!r} (see `graphkit ls {path}`)") from None
+    model = compile(record)
+    report = load_params(model, params) if params is not None else None
+    save_params(model, out, config=record.config)
+    total = sum(p.numel() for p in model.parameters())
+    console.print(f"[bold]{record.id}[/]: {type(model).__name__}, {total:,} parameters, "
+                  f"traces to the stored fingerprint {record['fingerprint']}", highlight=False, soft_wrap=True)
+    console.print(str(report) if report else "parameters: the library's initialisation", highlight=False, soft_wrap=True)
+    console.print(f"wrote {out}", highlight=False, soft_wrap=True)

@@ -10,7 +10,6 @@ defined here and nowhere else.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.graph import ArchGraph
 
 
 class ConfigError(GraphkitError):
@@ -40,6 +40,8 @@ class Family:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
     mlp_ratio: float = 4.0  # ``mlp`` defaults to mlp_ratio * hidden
+    from_graph: Callable[[ArchGraph], dict[str, Any]] | None = None  # the config a traced graph came from
+    traced_as: tuple[str, ...] = ()  # graph.meta["family"] values this family's models trace as
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The full config: defaults filled in, every key known, required keys present."""
@@ -63,13 +65,17 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
-def hf_init(init: bool) -> contextlib.AbstractContextManager:
-    """Hugging Face's switch for weight initialisation (a no-op context when ``init``)."""
+def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module:
+    """A Hugging Face model, skipping weight initialisation unless ``init``; transformers'
+    ``no_init_weights`` also skips tying the LM head to the embedding, so ties are redone."""
     if init:
-        return contextlib.nullcontext()
+        return model_class(config)
     from transformers.initialization import no_init_weights
 
-    return no_init_weights()
+    with no_init_weights():
+        model = model_class(config)
+    model.tie_weights()
+    return model
 
 
 def register_family(family: Family) -> Family:
@@ -91,6 +97,20 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if "family" not in config:
         raise ConfigError(f"config has no 'family' key; known families: {', '.join(sorted(FAMILIES))}")
     return get_family(config["family"]).resolve(config)
+
+
+def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
+    """The resolved config of the model a graph was traced from (graphs of graphkit's families);
+    ConfigError if no family reads it."""
+    traced = graph.meta.get("family")
+    for family in FAMILIES.values():
+        if family.from_graph is not None and traced in family.traced_as:
+            try:
+                return resolve_config(family.from_graph(graph))
+            except (KeyError, StopIteration, IndexError) as e:
+                raise ConfigError(f"graph of family {traced!r} lacks what a {family.name} config needs ({e})") from e
+    readable = sorted(t for f in FAMILIES.values() for t in f.traced_as)
+    raise ConfigError(f"cannot read a config from a graph of family {traced!r}; readable families: {', '.join(readable)}")
 
 
 def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
@@ -126,4 +146,4 @@ def _base_and_block(key: str) -> tuple[int, int]:
 from graphkit.families import gpt2, llama, vit  # noqa: E402,F401  (each registers itself)
 
 __all__ = ["FAMILIES", "Family", "ConfigError", "build_model", "resolve_config", "num_params",
-           "register_family", "get_family"]
+           "register_family", "get_family", "config_from_graph"]

@@ -7,22 +7,37 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.families import Family, hf_init, register_family
+from graphkit.families import Family, build_hf, register_family
+from graphkit.graph import ArchGraph
 
 
 def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    with hf_init(init):
-        return GPT2LMHeadModel(GPT2Config(
-            n_layer=config["num_layers"],
-            n_embd=config["hidden"],
-            n_head=config["heads"],
-            n_inner=config["mlp"],
-            vocab_size=config["vocab_size"],
-            n_positions=config["context"],
-            tie_word_embeddings=config["tied"],
-        ))
+    return build_hf(GPT2LMHeadModel, GPT2Config(
+        n_layer=config["num_layers"],
+        n_embd=config["hidden"],
+        n_head=config["heads"],
+        n_inner=config["mlp"],
+        vocab_size=config["vocab_size"],
+        n_positions=config["context"],
+        tie_word_embeddings=config["tied"],
+        bos_token_id=config["vocab_size"] - 1,  # GPT-2's end-of-text is its last token
+        eos_token_id=config["vocab_size"] - 1,
+    ), init)
+
+
+def from_graph(graph: ArchGraph) -> dict[str, Any]:
+    """Read a GPT-2 config back from its graph (parameter shapes and attention attrs)."""
+    shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
+    vocab, hidden = shapes["transformer.wte.weight"]
+    attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    head = next(n for n in graph.nodes if n.name == "lm_head")
+    return {
+        "family": "gpt2", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
+        "mlp": shapes["transformer.h.0.mlp.c_fc.weight"][1], "vocab_size": vocab,
+        "context": shapes["transformer.wpe.weight"][0], "tied": bool(head.attrs.get("tied")),
+    }
 
 
 FAMILY = register_family(Family(
@@ -31,4 +46,6 @@ FAMILY = register_family(Family(
     blocks="transformer.h",
     required=("num_layers", "hidden", "heads"),
     defaults={"vocab_size": 50257, "context": 1024, "tied": False},
+    from_graph=from_graph,
+    traced_as=("gpt2",),
 ))

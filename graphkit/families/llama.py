@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.families import ConfigError, Family, hf_init, register_family
+from graphkit.families import ConfigError, Family, build_hf, register_family
+from graphkit.graph import ArchGraph
 
 
 def build(config: dict[str, Any], init: bool = True) -> nn.Module:
@@ -25,10 +26,9 @@ def build(config: dict[str, Any], init: bool = True) -> nn.Module:
         rms_norm_eps=config["rms_eps"],
         tie_word_embeddings=config["tied"],
     )
-    with hf_init(init):
-        if config["sliding_window"]:
-            return MistralForCausalLM(MistralConfig(sliding_window=config["sliding_window"], **common))
-        return LlamaForCausalLM(LlamaConfig(**common))
+    if config["sliding_window"]:
+        return build_hf(MistralForCausalLM, MistralConfig(sliding_window=config["sliding_window"], **common), init)
+    return build_hf(LlamaForCausalLM, LlamaConfig(**common), init)
 
 
 def _check(config: dict[str, Any]) -> None:
@@ -37,6 +37,22 @@ def _check(config: dict[str, Any]) -> None:
         raise ConfigError(f"llama config: heads {config['heads']} is not divisible by kv_heads {kv}")
     if (config["hidden"] // config["heads"]) % 2:
         raise ConfigError(f"llama config: head size {config['hidden'] // config['heads']} must be even for RoPE")
+
+
+def from_graph(graph: ArchGraph) -> dict[str, Any]:
+    """Read a LLaMA / Mistral config back from its graph. The context length leaves no trace in
+    the graph (RoPE has no parameters), so it keeps the default."""
+    shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
+    vocab, hidden = shapes["model.embed_tokens.weight"]
+    attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    head = next(n for n in graph.nodes if n.name == "lm_head")
+    norm = next(n for n in graph.nodes if n.op == "rms_norm")
+    return {
+        "family": "llama", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
+        "kv_heads": attention[0]["kv_heads"], "mlp": shapes["model.layers.0.mlp.gate_proj.weight"][0],
+        "vocab_size": vocab, "sliding_window": attention[0]["window"], "rms_eps": norm.attrs["eps"],
+        "tied": bool(head.attrs.get("tied")),
+    }
 
 
 FAMILY = register_family(Family(
@@ -48,4 +64,6 @@ FAMILY = register_family(Family(
               "rms_eps": 1e-6, "tied": False},
     check=_check,
     mlp_ratio=8 / 3,
+    from_graph=from_graph,
+    traced_as=("llama", "mistral"),
 ))

@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from graphkit.families import Family, register_family
+from graphkit.graph import ArchGraph
 
 
 def build(config: dict[str, Any], init: bool = True) -> nn.Module:
@@ -36,6 +37,20 @@ def _check(config: dict[str, Any]) -> None:
         raise ConfigError(f"vit config: global_pool must be 'token' or 'avg', got {config['global_pool']!r}")
 
 
+def from_graph(graph: ArchGraph) -> dict[str, Any]:
+    """Read a timm ViT's config back from its graph (parameter shapes and attention attrs)."""
+    shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
+    hidden, in_chans, patch, _ = shapes["patch_embed.proj.weight"]
+    attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    pooled = any(n.op == "mean_pool" for n in graph.nodes)
+    tokens = shapes["pos_embed"][1] - (0 if pooled else 1)
+    return {
+        "family": "vit", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
+        "mlp": shapes["blocks.0.mlp.fc1.weight"][0], "image_size": round(tokens ** 0.5) * patch, "patch_size": patch,
+        "in_chans": in_chans, "num_classes": shapes["head.weight"][0], "global_pool": "avg" if pooled else "token",
+    }
+
+
 FAMILY = register_family(Family(
     name="vit",
     build=build,
@@ -43,4 +58,6 @@ FAMILY = register_family(Family(
     required=("num_layers", "hidden", "heads"),
     defaults={"image_size": 32, "patch_size": 2, "in_chans": 3, "num_classes": 10, "global_pool": "token"},
     check=_check,
+    from_graph=from_graph,
+    traced_as=("vit",),
 ))
