@@ -289,6 +289,9 @@ class _GraphBuilder:
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
+        variant = getattr(module, "attention_variant", None)
+        if isinstance(variant, str):  # graphkit.attention modules: GQA and key-driven variants
+            attrs["variant"] = variant
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         return attrs

@@ -111,7 +111,7 @@ class ArchGraph:
                 continue
             a = node.attrs
             heads, kv = a.get("heads"), a.get("kv_heads")
-            kind = "MHA" if kv == heads else "MQA" if kv == 1 else "GQA"
+            kind = a.get("variant", "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
             rows[(kind, heads, kv, a.get("head_dim"), bool(a.get("causal")), a.get("window"), bool(a.get("rope")))] += 1
         keys = ("kind", "heads", "kv_heads", "head_dim", "causal", "window", "rope")
         return [dict(zip(keys, k), layers=count) for k, count in rows.items()]

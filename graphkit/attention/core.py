@@ -1,0 +1,106 @@
+"""The attention core of GQA and its key-driven variants, as one module.
+
+``GroupedQueryAttention(heads, kv_heads, variant)`` maps queries (batch, heads, L, d) and keys
+and values (batch, kv_heads, S, d) to (batch, heads, L, d):
+
+- ``gqa``: uniform groups, one SDPA call with ``enable_gqa=True`` (K/V are not repeated).
+- ``kdgqa``: query heads allocated to groups in proportion to the current keys' norms
+  (:mod:`graphkit.attention.allocation`), every forward, in training and inference.
+- ``dgqa``: the allocation is recomputed every ``window`` training forwards from the evolution
+  of the key norms, ``evolution="ema"`` (eq. 7, ``alpha``) or ``"difference"`` (eqs. 4-6). The
+  allocation, the cached norms and the step counter are buffers: saved in the state dict, and
+  frozen in eval mode, so a checkpoint reproduces its predictions exactly.
+- ``pgqa``: uniform groups; in training (or with ``perturb_in_eval``) a Gaussian matrix matched
+  to each group's output mean and standard deviation, with its diagonal zeroed, is subtracted
+  from the output (eq. 9).
+
+Non-uniform groups gather K/V once by a head index built with ``repeat_interleave`` and make one
+SDPA call: no Python loop over heads or groups.
+
+Choices the paper leaves open: DGQA's ``window`` counts training forward passes of the module
+(it cannot see optimizer steps; with gradient accumulation over m micro-batches use window * m);
+the EMA cache starts at the first window's norms rather than at zero. PGQA's statistics are
+taken over each group's whole output (batch, heads, positions, channels); the "diagonal" of a
+head's L x d output is its entries (i, i); the noise is detached, so it perturbs the output
+without adding a gradient path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graphkit.attention.allocation import allocate_queries, key_norms, query_groups
+
+VARIANTS = ("gqa", "kdgqa", "dgqa", "pgqa")
+
+
+class GroupedQueryAttention(nn.Module):
+    """Scaled dot-product attention with ``heads`` query heads over ``kv_heads`` K/V heads."""
+
+    def __init__(self, heads: int, kv_heads: int, variant: str = "gqa", *, window: int = 300,
+                 evolution: str = "ema", alpha: float = 0.5, allow_empty: bool = False,
+                 perturb_in_eval: bool = False) -> None:
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+        if kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"kv_heads must divide heads ({heads}), got {kv_heads}")
+        if evolution not in ("ema", "difference"):
+            raise ValueError(f"evolution must be 'ema' or 'difference', got {evolution!r}")
+        self.heads, self.kv_heads, self.variant = heads, kv_heads, variant
+        self.update_every, self.evolution, self.alpha = window, evolution, alpha
+        self.allow_empty, self.perturb_in_eval = allow_empty, perturb_in_eval
+        if variant == "dgqa":
+            self.register_buffer("counts", torch.full((kv_heads,), heads // kv_heads, dtype=torch.long))
+            self.register_buffer("cached_norms", torch.zeros(kv_heads))
+            self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    @property
+    def attention_variant(self) -> str:
+        """What the tracer records in the attention node's ``variant`` attribute."""
+        return self.variant
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, kv_heads={self.kv_heads}, variant={self.variant}"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+        if self.variant in ("kdgqa", "dgqa"):
+            counts = self._dgqa_counts(k) if self.variant == "dgqa" else allocate_queries(
+                key_norms(k), self.heads, allow_empty=self.allow_empty)
+            index = query_groups(counts, self.heads)
+            k, v = k.index_select(1, index), v.index_select(1, index)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        if self.variant == "pgqa" and (self.training or self.perturb_in_eval):
+            out = out - self._perturbation(out)
+        return out
+
+    def _dgqa_counts(self, k: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return self.counts
+        norms = key_norms(k)
+        first = self.step == 0
+        if self.evolution == "ema":
+            cache = torch.where(first, norms, self.alpha * norms + (1 - self.alpha) * self.cached_norms)
+            importance = cache
+        else:
+            cache, importance = norms, (norms - self.cached_norms).abs()
+        update = self.step % self.update_every == 0
+        with torch.no_grad():
+            self.counts.copy_(torch.where(update, allocate_queries(importance, self.heads, allow_empty=self.allow_empty), self.counts))
+            self.cached_norms.copy_(torch.where(update, cache, self.cached_norms))
+            self.step.add_(1)
+        return self.counts
+
+    def _perturbation(self, out: torch.Tensor) -> torch.Tensor:
+        b, h, length, d = out.shape
+        grouped = out.detach().reshape(b, self.kv_heads, h // self.kv_heads, length, d)
+        dims = (0, 2, 3, 4)
+        noise = torch.randn_like(grouped)
+        noise = (noise - noise.mean(dims, keepdim=True)) / noise.std(dims, keepdim=True).clamp_min(1e-6)
+        noise = noise * grouped.std(dims, keepdim=True) + grouped.mean(dims, keepdim=True)
+        diagonal = torch.eye(length, d, dtype=torch.bool, device=out.device)
+        return noise.masked_fill(diagonal, 0.0).reshape(b, h, length, d)

@@ -1,0 +1,130 @@
+"""GQA and the key-driven variants: allocation, DGQA state, PGQA noise, conversion, graphs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import graphkit
+from graphkit.attention import (
+    ConvertError, GroupedQueryAttention, allocate_queries, convert, mean_pool_heads, query_groups,
+)
+from graphkit.families import build_model
+
+
+@pytest.mark.parametrize("groups,queries", [(4, 12), (6, 12), (3, 24), (1, 12), (12, 12)])
+@pytest.mark.parametrize("allow_empty", [False, True])
+def test_allocation_always_sums_to_the_query_heads(groups, queries, allow_empty):
+    generator = torch.Generator().manual_seed(groups * queries)
+    for importance in [torch.rand(groups, generator=generator) * 10, torch.ones(groups), torch.zeros(groups)]:
+        counts = allocate_queries(importance, queries, allow_empty=allow_empty)
+        assert counts.sum() == queries and (counts >= (0 if allow_empty else 1)).all()
+        assert not torch.isnan(importance).any()
+        assert query_groups(counts, queries).tolist() == sorted(query_groups(counts, queries).tolist())  # left to right
+
+
+def test_allocation_follows_the_norms():
+    assert allocate_queries(torch.tensor([1.0, 2.0, 3.0, 4.0]), 12, allow_empty=True).tolist() == [0, 2, 4, 6]
+    assert allocate_queries(torch.tensor([1.0, 2.0, 3.0, 4.0]), 12).tolist() == [1, 2, 4, 5]
+    assert allocate_queries(torch.ones(4), 12).tolist() == [3, 3, 3, 3]  # all equal: uniform, no NaN
+    with pytest.raises(ValueError, match="cannot give each of 4 groups one"):
+        allocate_queries(torch.ones(4), 3)
+
+
+def test_mean_pool_matches_a_hand_computation():
+    weight = torch.arange(4 * 2 * 3, dtype=torch.float).reshape(4 * 2, 3)  # 4 heads of 2 rows
+    pooled = mean_pool_heads(weight, heads=4, kv_heads=2)
+    assert torch.equal(pooled[:2], (weight[0:2] + weight[2:4]) / 2)
+    assert torch.equal(pooled[2:], (weight[4:6] + weight[6:8]) / 2)
+
+
+def qkv(groups=4, heads=12):
+    torch.manual_seed(0)
+    return (torch.randn(2, heads, 5, 8, requires_grad=True), torch.randn(2, groups, 5, 8, requires_grad=True),
+            torch.randn(2, groups, 5, 8, requires_grad=True))
+
+
+def test_gqa_equals_materialised_repeat():
+    q, k, v = qkv()
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True)
+    assert torch.allclose(GroupedQueryAttention(12, 4)(q, k, v, is_causal=True), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["gqa", "kdgqa", "dgqa", "pgqa"])
+def test_gradients_flow_through_every_variant(variant):
+    q, k, v = qkv()
+    GroupedQueryAttention(12, 4, variant).train()(q, k, v).square().sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+def test_dgqa_updates_only_at_window_boundaries_and_never_in_eval():
+    layer = GroupedQueryAttention(12, 4, "dgqa", window=3).train()
+    seen = []
+    for step in range(7):
+        q, k, v = qkv()
+        k = k * torch.tensor([1.0, 2.0, 3.0, 4.0 + step]).view(1, 4, 1, 1)
+        layer(q, k, v)
+        seen.append(layer.counts.tolist())
+    assert seen[0] == seen[1] == seen[2] and seen[3] == seen[4] == seen[5]
+    assert seen[0] != [3, 3, 3, 3] and sum(seen[6]) == 12
+    layer.eval()
+    frozen = layer.counts.clone()
+    q, k, v = qkv()
+    layer(q, k * 100, v)
+    assert torch.equal(layer.counts, frozen) and layer.step == 7
+
+
+@pytest.mark.parametrize("evolution", ["ema", "difference"])
+def test_dgqa_state_dict_reproduces_predictions(evolution):
+    layer = GroupedQueryAttention(12, 4, "dgqa", window=2, evolution=evolution).train()
+    for scale in (1.0, 3.0, 0.5):
+        q, k, v = qkv()
+        layer(q, k * torch.tensor([scale, 1.0, 2.0, 0.1]).view(1, 4, 1, 1), v)
+    restored = GroupedQueryAttention(12, 4, "dgqa", window=2, evolution=evolution)
+    restored.load_state_dict(layer.state_dict())
+    q, k, v = qkv()
+    assert torch.equal(restored.eval()(q, k, v), layer.eval()(q, k, v))
+
+
+def test_pgqa_perturbs_only_in_training():
+    q, k, v = qkv()
+    layer = GroupedQueryAttention(12, 4, "pgqa")
+    plain = GroupedQueryAttention(12, 4, "gqa")(q, k, v)
+    assert torch.equal(layer.eval()(q, k, v), plain)
+    assert not torch.allclose(layer.train()(q, k, v), plain)
+    assert not torch.allclose(GroupedQueryAttention(12, 4, "pgqa", perturb_in_eval=True).eval()(q, k, v), plain)
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return build_model(dict(family="vit", num_layers=3, hidden=96, heads=6), device="cpu")
+
+
+def test_conversion_at_full_kv_heads_reproduces_the_model(vit):
+    x = torch.randn(2, 3, 32, 32)
+    assert (convert(copy.deepcopy(vit), "gqa")(x) - vit(x)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("variant", ["gqa", "kdgqa", "dgqa", "pgqa"])
+def test_graphs_see_the_variant(vit, variant):
+    model = convert(copy.deepcopy(vit), variant, kv_heads=2)
+    graph = graphkit.trace(model)
+    attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    assert {(a["variant"], a["kv_heads"], a["heads"], a["window"]) for a in attention} == {(variant, 2, 6, None)}
+    qkv_shape = next(n.params["blocks.0.attn.qkv.weight"] for n in graph.nodes if "blocks.0.attn.qkv.weight" in n.params)
+    assert qkv_shape == ((6 + 2 * 2) * 16, 96)
+    assert graph.fingerprint() != graphkit.trace(vit).fingerprint()
+
+
+def test_conversion_errors(vit):
+    with pytest.raises(ConvertError, match="unknown attention variant 'mqa'; accepted: gqa, kdgqa, dgqa, pgqa"):
+        convert(copy.deepcopy(vit), "mqa")
+    with pytest.raises(ConvertError, match="kv_heads 4 does not divide the 6 heads of module 'blocks.0.attn'"):
+        convert(copy.deepcopy(vit), "gqa", kv_heads=4)
+    gpt2 = build_model(dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=50, context=8))
+    with pytest.raises(ConvertError, match="module 'transformer.h.0.attn' .*GPT2Attention.* cannot convert yet"):
+        convert(gpt2, "gqa", kv_heads=1)
