@@ -117,6 +117,17 @@ class _GraphBuilder:
         stack = self._stack(node)
         return stack[-1] if stack else ""
 
+    def _attention_scope(self, anchor: fx.Node) -> str:
+        """The module an attention anchor belongs to. A graphkit attention core (which has an
+        ``attention_variant``) is part of the attention module around it: rotary application and
+        head reshapes live there, and so do ``is_causal`` and the sliding window."""
+        scope = self._scope(anchor)
+        try:
+            module = self.model.get_submodule(scope)
+        except AttributeError:
+            return scope
+        return scope.rpartition(".")[0] if hasattr(module, "attention_variant") else scope
+
     # -- attention regions ----------------------------------------------------------------------
     def _attention_regions(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
         """Map every FX op that belongs to an attention core to its anchor op."""
@@ -127,7 +138,7 @@ class _GraphBuilder:
             name = aten_name(node.target)
             if not (name in SDPA_ATEN or (name in MATMUL_ATEN and self._is_eager_attention(node))):
                 continue
-            scope = self._scope(node)
+            scope = self._attention_scope(node)
             region_of[node] = node
             stack = [a for a in node.all_input_nodes]
             while stack:
@@ -189,7 +200,7 @@ class _GraphBuilder:
             if node in region_of:
                 anchor = region_of[node]
                 if anchor not in attention_group:
-                    self.groups.append(_Group("attention", self._scope(anchor), live=True))
+                    self.groups.append(_Group("attention", self._attention_scope(anchor), live=True))
                     attention_group[anchor] = len(self.groups) - 1
                 self._absorb(attention_group[anchor], node, in_prod, in_params)
                 continue
@@ -289,9 +300,9 @@ class _GraphBuilder:
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
-        variant = getattr(module, "attention_variant", None)
-        if isinstance(variant, str):  # graphkit.attention modules: GQA and key-driven variants
-            attrs["variant"] = variant
+        core = next((m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None)
+        if core is not None:  # graphkit.attention: GQA and the key-driven variants
+            attrs["variant"] = core.attention_variant
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         return attrs

@@ -49,7 +49,9 @@ def load_model_file(path: str | Path) -> ModelFile:
     finally:
         sys.path.remove(str(path.resolve().parent))
     namespace = module.__dict__
-    if "build_model" in namespace and callable(namespace["build_model"]):
+    if isinstance(namespace.get("model"), nn.Module):  # a defined model wins over any build_model in scope
+        model = namespace["model"]
+    elif callable(namespace.get("build_model")):
         model = _call(namespace["build_model"], path, "build_model()")
     elif "model" in namespace:
         model = namespace["model"]

@@ -186,7 +186,7 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
         "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "narrow", "getitem",
         "to", "_to_copy", "type_as", "dropout", "feature_dropout", "alpha_dropout", "lift_fresh_copy",
         "_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "copy",
-        "repeat", "repeat_interleave", "index_select", "movedim", "as_strided", "identity",
+        "repeat", "repeat_interleave", "index_select", "index", "movedim", "as_strided", "identity",
     }
 )
 

@@ -98,33 +98,69 @@ def test_pgqa_perturbs_only_in_training():
     assert not torch.allclose(GroupedQueryAttention(12, 4, "pgqa", perturb_in_eval=True).eval()(q, k, v), plain)
 
 
-@pytest.fixture(scope="module")
-def vit():
+FAMILIES = {
+    "vit": dict(family="vit", num_layers=3, hidden=48, heads=6),
+    "gpt2": dict(family="gpt2", num_layers=3, hidden=48, heads=6, vocab_size=50, context=16),
+    "llama": dict(family="llama", num_layers=3, hidden=48, heads=6, vocab_size=50, context=16),
+    "mistral": dict(family="llama", num_layers=3, hidden=48, heads=6, vocab_size=50, context=16, sliding_window=3),
+}
+
+
+def run(model, family):
+    torch.manual_seed(3)
+    if family == "vit":
+        return model(torch.randn(2, 3, 32, 32))
+    return model(torch.randint(0, 50, (2, 7)), use_cache=False).logits
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
     torch.manual_seed(0)
-    return build_model(dict(family="vit", num_layers=3, hidden=96, heads=6), device="cpu")
+    return request.param, build_model(FAMILIES[request.param], device="cpu")
 
 
-def test_conversion_at_full_kv_heads_reproduces_the_model(vit):
-    x = torch.randn(2, 3, 32, 32)
-    assert (convert(copy.deepcopy(vit), "gqa")(x) - vit(x)).abs().max() < 1e-5
+def test_conversion_at_full_kv_heads_reproduces_the_model(family):
+    name, model = family
+    converted = convert(copy.deepcopy(model), "gqa")
+    assert (run(converted, name) - run(model, name)).abs().max() < 1e-5
+    assert not converted.training  # modes are kept
 
 
 @pytest.mark.parametrize("variant", ["gqa", "kdgqa", "dgqa", "pgqa"])
-def test_graphs_see_the_variant(vit, variant):
-    model = convert(copy.deepcopy(vit), variant, kv_heads=2)
-    graph = graphkit.trace(model)
+def test_graphs_see_the_variant(family, variant):
+    name, model = family
+    original = graphkit.trace(model)
+    graph = graphkit.trace(convert(copy.deepcopy(model), variant, kv_heads=2))
+    before = next(n.attrs for n in original.nodes if n.op == "attention")
     attention = [n.attrs for n in graph.nodes if n.op == "attention"]
-    assert {(a["variant"], a["kv_heads"], a["heads"], a["window"]) for a in attention} == {(variant, 2, 6, None)}
-    qkv_shape = next(n.params["blocks.0.attn.qkv.weight"] for n in graph.nodes if "blocks.0.attn.qkv.weight" in n.params)
-    assert qkv_shape == ((6 + 2 * 2) * 16, 96)
-    assert graph.fingerprint() != graphkit.trace(vit).fingerprint()
+    assert len(attention) == 3 and all(a == {**before, "kv_heads": 2, "variant": variant} for a in attention)
+    assert graph.op_counts() == original.op_counts()  # rotary, projections and residuals where they were
+    assert graph.num_params < original.num_params  # K/V projections shrank
 
 
-def test_conversion_errors(vit):
+def test_converted_dgqa_checkpoint_reproduces_predictions(family):
+    name, model = family
+    trained = convert(copy.deepcopy(model), "dgqa", kv_heads=2, window=2).train()
+    for _ in range(3):
+        run(trained, name)
+    restored = convert(copy.deepcopy(model), "dgqa", kv_heads=2, window=2)
+    restored.load_state_dict(trained.state_dict())
+    assert torch.equal(run(restored.eval(), name), run(trained.eval(), name))
+
+
+def test_conversion_errors(family):
+    name, model = family
     with pytest.raises(ConvertError, match="unknown attention variant 'mqa'; accepted: gqa, kdgqa, dgqa, pgqa"):
-        convert(copy.deepcopy(vit), "mqa")
-    with pytest.raises(ConvertError, match="kv_heads 4 does not divide the 6 heads of module 'blocks.0.attn'"):
-        convert(copy.deepcopy(vit), "gqa", kv_heads=4)
-    gpt2 = build_model(dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=50, context=8))
-    with pytest.raises(ConvertError, match="module 'transformer.h.0.attn' .*GPT2Attention.* cannot convert yet"):
-        convert(gpt2, "gqa", kv_heads=1)
+        convert(copy.deepcopy(model), "mqa")
+    untouched = copy.deepcopy(model)
+    with pytest.raises(ConvertError, match=r"kv_heads 4 does not divide the 6 heads of module '.*\.0\..*'"):
+        convert(untouched, "gqa", kv_heads=4)
+    assert graphkit.trace(untouched) == graphkit.trace(model)  # checked before anything changed
+
+
+def test_unknown_attention_modules_are_named():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.MultiheadAttention(8, 2))
+    with pytest.raises(ConvertError, match=r"module '1' \(torch.nn.modules.activation.MultiheadAttention\) is an attention graphkit cannot convert yet"):
+        convert(model, "gqa", kv_heads=1)
+    with pytest.raises(ConvertError, match="Linear has no attention module"):
+        convert(torch.nn.Linear(2, 2))

@@ -135,3 +135,38 @@ def test_show_unknown_id(tmp_path):
     assert run("generate", TINY, "--out", out, "--num", "3").exit_code == 0
     result = run("show", out, "tiny-vits-99999")
     assert result.exit_code == 1 and "no record 'tiny-vits-99999'" in result.stderr
+
+
+def test_convert_command(tmp_path):
+    from graphkit.attention import convert
+    from graphkit.compile import load_params, read_params
+    from graphkit.modelfile import load_model_file
+
+    out = tmp_path / "dgqa.safetensors"
+    result = run("convert", ROOT / "examples" / "vit_tiny_cifar.py", "--attention", "dgqa", "--kv-heads", "2",
+                 "--window", "10", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "4 x DGQA heads=6 kv_heads=2" in result.stdout
+    tensors, metadata = read_params(out)
+    assert metadata["graphkit_attention"] == "dgqa" and "blocks.0.attn.core.counts" in tensors
+    fresh = convert(load_model_file(ROOT / "examples" / "vit_tiny_cifar.py").model, "dgqa", 2, window=10)
+    assert load_params(fresh, out).coverage == 1.0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--attention", "mqa", "--out", "x.safetensors"], "'mqa' is not one of"),
+        (["--attention", "gqa", "--kv-heads", "4", "--out", "x.safetensors"], "kv_heads 4 does not divide the 6 heads of module 'blocks.0.attn'"),
+    ],
+)
+def test_convert_errors(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("convert", ROOT / "examples" / "vit_tiny_cifar.py", *args)
+    assert result.exit_code != 0 and message in result.output
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_convert_needs_weights():
+    result = run("convert", ROOT / "examples" / "gpt2.py", "--attention", "gqa", "--out", "x.safetensors")
+    assert result.exit_code == 1 and "is on the meta device; convert needs its weights" in result.stderr

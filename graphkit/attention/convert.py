@@ -4,8 +4,11 @@ K and V heads are mean-pooled over contiguous groups of ``heads / kv_heads`` (Ai
 2023), weights and biases alike; Q and the output projection are copied. With ``kv_heads ==
 heads`` and ``variant="gqa"`` the converted model computes what the original did.
 
-Adapters exist for timm's ViT ``Attention`` (fused ``qkv``); any other attention module is an
-error that names it, so nothing is silently left unconverted.
+Adapters exist for timm's ViT ``Attention`` (fused ``qkv``), Hugging Face GPT-2 (``Conv1D``
+``c_attn``, whose weight is stored (in, out)) and LLaMA-style models (separate q/k/v projections;
+HF computes GQA natively, so only K/V shrink and attention is routed through a registered
+"graphkit" implementation that holds the variant). Any other attention module is an error that
+names it, so nothing is silently left unconverted.
 """
 
 from __future__ import annotations
@@ -69,41 +72,173 @@ class ViTGroupedAttention(nn.Module):
         return new
 
 
-def _timm_adapter(path: str, module: nn.Module, kv_heads: int, variant: str, options: dict) -> nn.Module | None:
-    if type(module).__name__ != "Attention" or not type(module).__module__.startswith("timm."):
-        return None
+def _is_timm(module: nn.Module) -> bool:
+    return type(module).__name__ == "Attention" and type(module).__module__.startswith("timm.")
+
+
+def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
     plain = all(isinstance(getattr(module, n, None), (nn.Identity, type(None))) for n in ("q_norm", "k_norm", "norm"))
     if not plain or getattr(module, "gate", None) is not None:
         raise ConvertError(f"module '{path}' (timm Attention) uses qk-norm, a scale norm or gating, which convert() does not handle yet")
-    return ViTGroupedAttention.from_timm(module, kv_heads, variant, **options)
+    _check_kv(path, module.num_heads, kv_heads)
 
 
-ADAPTERS = (_timm_adapter,)
-_ATTENTION_NAMES = ("attention", "attn")
+def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
+    return ViTGroupedAttention.from_timm(module, _check_kv(path, module.num_heads, kv_heads), variant, **options)
+
+
+class GPT2GroupedAttention(nn.Module):
+    """Hugging Face GPT-2 attention with ``kv_heads`` K/V heads: ``c_attn`` (a Conv1D, weight
+    stored (in, out)) projects to (heads + 2 kv_heads) * head_dim; a :class:`GroupedQueryAttention`
+    core; ``c_proj``. Same call and return as ``GPT2Attention`` (KV cache included)."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, variant: str = "gqa", *, layer_idx: int | None = None,
+                 resid_pdrop: float = 0.0, **variant_options: Any) -> None:
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.layer_idx = heads, kv_heads, dim // heads, layer_idx
+        self.is_causal = True  # as GPT2Attention: the tracer and HF masks read it
+        self.c_attn = Conv1D((heads + 2 * kv_heads) * self.head_dim, dim)
+        self.core = GroupedQueryAttention(heads, kv_heads, variant, **variant_options)
+        self.c_proj = Conv1D(dim, dim)
+        self.resid_dropout = nn.Dropout(resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        b, n, _ = hidden_states.shape
+        q, k, v = self.c_attn(hidden_states).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                                    self.kv_heads * self.head_dim], dim=2)
+        q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        y = self.core(q, k, v, attn_mask=attention_mask, is_causal=attention_mask is None and n > 1)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, -1))), None
+
+    @classmethod
+    def from_hf(cls, attn: nn.Module, kv_heads: int, variant: str, **variant_options: Any) -> GPT2GroupedAttention:
+        """Convert a ``GPT2Attention`` by mean-pooling its K/V heads (columns of the Conv1D weight)."""
+        heads, dim = attn.num_heads, attn.embed_dim
+        new = cls(dim, heads, kv_heads, variant, layer_idx=attn.layer_idx, resid_pdrop=attn.resid_dropout.p,
+                  **variant_options).to(attn.c_attn.weight.device, attn.c_attn.weight.dtype)
+        with torch.no_grad():
+            q, k, v = attn.c_attn.weight.t().chunk(3, dim=0)
+            pooled = [q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]
+            new.c_attn.weight.copy_(torch.cat(pooled).t())
+            q, k, v = attn.c_attn.bias.chunk(3)
+            new.c_attn.bias.copy_(torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]))
+            new.c_proj.load_state_dict(attn.c_proj.state_dict())
+        return new
+
+
+def _is_gpt2(module: nn.Module) -> bool:
+    return type(module).__name__ == "GPT2Attention"
+
+
+def _check_gpt2(path: str, module: nn.Module, kv_heads: int | None) -> None:
+    if module.is_cross_attention:
+        raise ConvertError(f"module '{path}' (GPT2Attention) is cross-attention, which convert() does not handle")
+    _check_kv(path, module.num_heads, kv_heads)
+
+
+def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
+    return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, **options)
+
+
+def _graphkit_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                        **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Hugging Face attention function "graphkit": the module's variant core on un-repeated K/V."""
+    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    out = module.graphkit_core(query, key, value, attn_mask=attention_mask, is_causal=causal, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_hf_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("graphkit", _graphkit_attention)
+    AttentionMaskInterface.register("graphkit", sdpa_mask)  # masks (causal, sliding window) as for SDPA
+
+
+def _is_llama(module: nn.Module) -> bool:
+    return all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"))
+
+
+def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
+    heads = module.config.num_attention_heads
+    current = module.k_proj.out_features // module.head_dim
+    kv = _check_kv(path, heads, kv_heads)
+    if current not in (heads, kv):
+        raise ConvertError(f"module '{path}' already has {current} K/V heads; convert() starts from MHA ({heads}) or keeps {current}")
+
+
+def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
+    heads = module.config.num_attention_heads
+    current = module.k_proj.out_features // module.head_dim
+    kv = _check_kv(path, heads, kv_heads)
+    with torch.no_grad():
+        for name in ("k_proj", "v_proj"):
+            old = getattr(module, name)
+            new = nn.Linear(old.in_features, kv * module.head_dim, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+            new.weight.copy_(mean_pool_heads(old.weight, current, kv))
+            if old.bias is not None:
+                new.bias.copy_(mean_pool_heads(old.bias, current, kv))
+            setattr(module, name, new)
+    module.num_key_value_groups = heads // kv
+    module.graphkit_core = GroupedQueryAttention(heads, kv, variant, **options)
+    module.config.num_key_value_heads = kv
+    _register_hf_attention()
+    module.config._attn_implementation = "graphkit"
+    return module
+
+
+def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
+    kv = heads if kv_heads is None else kv_heads
+    if kv < 1 or heads % kv:
+        raise ConvertError(f"kv_heads {kv} does not divide the {heads} heads of module '{path}'")
+    return kv
+
+
+# (claims the module, checks it before anything changes, converts it)
+ADAPTERS = (
+    (_is_timm, _check_timm, _convert_timm),
+    (_is_gpt2, _check_gpt2, _convert_gpt2),
+    (_is_llama, _check_llama, _convert_llama),
+)
+_CONVERTED = (ViTGroupedAttention, GPT2GroupedAttention, GroupedQueryAttention)
 
 
 def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None, **variant_options: Any) -> nn.Module:
     """Replace every attention module of ``model`` (in place) by ``variant`` with ``kv_heads``
-    K/V heads, mean-pooling K/V; returns the model. ``variant_options`` go to
-    :class:`GroupedQueryAttention` (window, evolution, alpha, allow_empty, perturb_in_eval)."""
+    K/V heads (default: as many as query heads), mean-pooling K/V; returns the model.
+    ``variant_options`` go to :class:`GroupedQueryAttention` (window, evolution, alpha,
+    allow_empty, perturb_in_eval). Every attention module is checked before any is changed: an
+    unknown one, or a head count that does not divide, is a ConvertError naming the module and
+    the model is left as it was."""
     if variant not in VARIANTS:
         raise ConvertError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    replaced = 0
-    for path, module in list(model.named_modules()):
-        heads = getattr(module, "num_heads", None)
-        if heads is None:
-            if any(n in type(module).__name__.lower() for n in _ATTENTION_NAMES) and not isinstance(module, (GroupedQueryAttention, ViTGroupedAttention)):
+    plan = []
+    for path, module in model.named_modules():
+        if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
+            continue
+        adapter = next((a for a in ADAPTERS if a[0](module)), None)
+        if adapter is None:
+            if "attention" in type(module).__name__.lower():
                 raise ConvertError(f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet")
             continue
-        kv = heads if kv_heads is None else kv_heads
-        if kv < 1 or heads % kv:
-            raise ConvertError(f"kv_heads {kv} does not divide the {heads} heads of module '{path}'")
-        new = next((a(path, module, kv, variant, variant_options) for a in ADAPTERS), None)
-        if new is None:
-            raise ConvertError(f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet")
-        parent, _, name = path.rpartition(".")
-        setattr(model.get_submodule(parent), name, new)
-        replaced += 1
-    if not replaced:
+        adapter[1](path, module, kv_heads)
+        plan.append((path, module, adapter[2]))
+    if not plan:
         raise ConvertError(f"{type(model).__name__} has no attention module graphkit knows how to convert")
+    for path, module, convert_one in plan:
+        new = convert_one(path, module, kv_heads, variant, variant_options).train(module.training)
+        if new is not module:
+            parent, _, name = path.rpartition(".")
+            setattr(model.get_submodule(parent), name, new)
     return model

@@ -104,6 +104,42 @@ def trace(
         console.print(f"wrote {out}")
 
 
+class Variant(str, enum.Enum):
+    gqa = "gqa"
+    kdgqa = "kdgqa"
+    dgqa = "dgqa"
+    pgqa = "pgqa"
+
+
+@app.command()
+@command
+def convert(
+    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (with weights)."),
+    attention: Variant = typer.Option(..., "--attention", "-a", help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated every --window steps) or pgqa (Gaussian perturbation)."),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Converted parameters and buffers (safetensors)."),
+    window: int = typer.Option(300, "--window", help="DGQA: training steps between allocation updates."),
+    evolution: str = typer.Option("ema", "--evolution", help="DGQA: 'ema' or 'difference'."),
+    alpha: float = typer.Option(0.5, "--alpha", help="DGQA with ema: weight of the current norms."),
+) -> None:
+    """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled) and save it."""
+    from graphkit.attention import convert as convert_model
+    from graphkit.compile import save_params
+    from graphkit.errors import GraphkitError
+    from graphkit.modelfile import load_model_file
+    from graphkit.trace import trace as trace_model
+
+    loaded = load_model_file(model_file)
+    if any(p.is_meta for p in loaded.model.parameters()):
+        raise GraphkitError(f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)")
+    options = {"window": window, "evolution": evolution, "alpha": alpha} if attention is Variant.dgqa else {}
+    model = convert_model(loaded.model, attention.value, kv_heads, **options)
+    graph = trace_model(model, loaded.example_inputs)
+    save_params(model, out, metadata={"graphkit_attention": attention.value, "graphkit_kv_heads": str(kv_heads or "")})
+    print_graph(graph)
+    console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 @command
 def ops(

@@ -68,22 +68,31 @@ def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         raise CompileError(f"{path}: not a safetensors file ({' '.join(str(e).split())})") from e
 
 
-def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[str, Any] | None = None) -> Path:
+def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers saved in the state dict (DGQA's allocation state, for one); non-persistent ones
+    (rotary tables) are rebuilt by the model itself."""
+    names = set(model.state_dict(keep_vars=True))
+    return {name: b for name, b in model.named_buffers() if name in names}
+
+
+def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[str, Any] | None = None,
+                metadata: Mapping[str, str] | None = None) -> Path:
     """Write a model's parameters (tied ones once, under the name ``named_parameters`` gives)
-    to a safetensors file, atomically; ``config`` goes into its metadata as ``graphkit_config``."""
+    and persistent buffers to a safetensors file, atomically. ``config`` goes into its metadata
+    as ``graphkit_config``, ``metadata`` as given."""
     from safetensors.torch import save_file
 
     path = Path(path)
-    tensors = dict(model.named_parameters()) if isinstance(model, nn.Module) else dict(model)
+    tensors = {**dict(model.named_parameters()), **_persistent_buffers(model)} if isinstance(model, nn.Module) else dict(model)
     if any(t.is_meta for t in tensors.values()):
         raise CompileError(f"{path}: the model is on the meta device and has no values to save")
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    metadata = {"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else None
+    metadata = {**(metadata or {}), **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        save_file(tensors, tmp, metadata=metadata or None)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -94,10 +103,10 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
 def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool = True) -> LoadReport:
     """Load ``params`` (a mapping or a safetensors file) into ``model``.
 
-    Every name must be a parameter of the model (tied aliases such as GPT-2's ``lm_head.weight``
-    included) with the same shape, and with ``strict`` every parameter must be given. All of it
-    is checked before any value is written. Values are cast to each parameter's dtype; a model on
-    the meta device gets real tensors.
+    Every name must be a parameter (tied aliases such as GPT-2's ``lm_head.weight`` included) or
+    a persistent buffer of the model, with the same shape; with ``strict`` every parameter must be
+    given (buffers are optional). All of it is checked before any value is written. Values are
+    cast to each parameter's dtype; a model on the meta device gets real tensors.
     """
     source = ""
     if isinstance(params, (str, Path)):
@@ -106,8 +115,15 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     canonical = dict(model.named_parameters())
     name_of = {id(p): name for name, p in canonical.items()}
     alias = {name: name_of[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
+    buffers = _persistent_buffers(model)
     resolved: dict[str, torch.Tensor] = {}
+    buffer_values: dict[str, torch.Tensor] = {}
     for name, tensor in params.items():
+        if name in buffers:
+            if tuple(tensor.shape) != tuple(buffers[name].shape):
+                raise CompileError(f"{source}buffer {name!r} has shape {list(tensor.shape)} but the model expects {list(buffers[name].shape)}")
+            buffer_values[name] = tensor
+            continue
         target = alias.get(name)
         if target is None:
             near = difflib.get_close_matches(name, list(alias), n=1)
@@ -134,6 +150,11 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
                 setattr(modules[owner], attr, new)
             else:
                 param.copy_(tensor.to(dtype=param.dtype, device=param.device))
+        for name, tensor in buffer_values.items():
+            owner, _, attr = name.rpartition(".")
+            buffer = buffers[name]
+            value = tensor.to(buffer.dtype) if buffer.is_meta else tensor.to(dtype=buffer.dtype, device=buffer.device)
+            modules[owner].register_buffer(attr, value)
     return LoadReport(
         loaded=len(resolved), total=len(canonical),
         loaded_elements=sum(canonical[n].numel() for n in resolved),

@@ -1,0 +1,107 @@
+"""Forward latency of MHA, GQA and the key-driven variants on ViT-B/16 geometry, in one run.
+
+    .venv/bin/python benchmarks/attention_speed.py            # print the table
+    .venv/bin/python benchmarks/attention_speed.py --write    # also update BENCHMARKS.md
+
+One ViT-B attention layer (dim 768, 12 heads, 6 K/V heads where grouped, batch 32, 197
+tokens): qkv projection, attention core, output projection, in inference mode, on CPU (and on
+CUDA when there is one). The reference approaches are MHA (12 K/V heads) and GQA that
+materialises repeated K/V (``repeat_interleave``, then SDPA), the way many implementations do.
+KDGQA and DGQA run as at inference (DGQA's allocation frozen, KDGQA's recomputed every call);
+PGQA is measured with its noise on (training behaviour), since in eval it is exactly GQA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_speed import _cores, write_section  # noqa: E402
+
+from graphkit.attention import ViTGroupedAttention  # noqa: E402
+
+DIM, HEADS, KV, BATCH, TOKENS = 768, 12, 6, 32, 197
+
+
+class RepeatKV(torch.nn.Module):
+    """The reference GQA core: repeat K/V to every query head, then one SDPA call."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, q, k, v, **kwargs):
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(self.groups, 1), v.repeat_interleave(self.groups, 1))
+
+
+def layers(device: str) -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    out = {
+        "MHA": ViTGroupedAttention(DIM, HEADS, HEADS, "gqa"),
+        "GQA (enable_gqa)": ViTGroupedAttention(DIM, HEADS, KV, "gqa"),
+        "GQA (repeat_kv)": ViTGroupedAttention(DIM, HEADS, KV, "gqa"),
+        "KDGQA": ViTGroupedAttention(DIM, HEADS, KV, "kdgqa"),
+        "DGQA": ViTGroupedAttention(DIM, HEADS, KV, "dgqa"),
+        "PGQA (noise on)": ViTGroupedAttention(DIM, HEADS, KV, "pgqa", perturb_in_eval=True),
+    }
+    out["GQA (repeat_kv)"].core = RepeatKV(HEADS // KV)
+    return {name: layer.to(device).eval() for name, layer in out.items()}
+
+
+def timing(layer: torch.nn.Module, x: torch.Tensor, repeat: int) -> float:
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    with torch.inference_mode():
+        for _ in range(2):
+            layer(x)
+        times = []
+        for _ in range(repeat):
+            sync()
+            start = time.perf_counter()
+            layer(x)
+            sync()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def table(repeat: int) -> str:
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = ["| device | variant | median forward | vs GQA (enable_gqa) |", "|---|---|---|---|"]
+    for device in devices:
+        x = torch.randn(BATCH, TOKENS, DIM, device=device)
+        # interleave the variants over rounds, so drift on a noisy machine hits them alike
+        results: dict[str, list[float]] = {}
+        built = layers(device)
+        for _ in range(3):
+            for name, layer in built.items():
+                results.setdefault(name, []).append(timing(layer, x, repeat))
+        medians = {name: statistics.median(t) for name, t in results.items()}
+        base = medians["GQA (enable_gqa)"]
+        for name, seconds in medians.items():
+            rows.append(f"| {device} | {name} | {seconds * 1000:.1f} ms | {seconds / base:.3f} |")
+            print(rows[-1], flush=True)
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {_cores()} CPU cores, torch {torch.__version__}; one ViT-B "
+            f"attention layer (dim {DIM}, {HEADS} heads, {KV} K/V heads where grouped, batch {BATCH}, {TOKENS} tokens), "
+            f"inference mode, median of 3 interleaved rounds of {repeat}. Command: "
+            "`.venv/bin/python benchmarks/attention_speed.py --write`.")
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    args = parser.parse_args()
+    text = table(args.repeat)
+    if args.write:
+        write_section(text, key="attention_speed")
+
+
+if __name__ == "__main__":
+    main()
