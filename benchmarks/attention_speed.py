@@ -13,7 +13,6 @@ PGQA is measured with its noise on (training behaviour), since in eval it is exa
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trace_speed import _cores, write_section  # noqa: E402
+import common  # noqa: E402
 
 from graphkit.attention import ViTGroupedAttention  # noqa: E402
 
@@ -86,7 +85,7 @@ def table(repeat: int) -> str:
         for name, seconds in medians.items():
             rows.append(f"| {device} | {name} | {seconds * 1000:.1f} ms | {seconds / base:.3f} |")
             print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {_cores()} CPU cores, torch {torch.__version__}; one ViT-B "
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}; one ViT-B "
             f"attention layer (dim {DIM}, {HEADS} heads, {KV} K/V heads where grouped, batch {BATCH}, {TOKENS} tokens), "
             f"inference mode, median of 3 interleaved rounds of {repeat}. Command: "
             "`.venv/bin/python benchmarks/attention_speed.py --write`.")
@@ -94,13 +93,8 @@ def table(repeat: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    args = parser.parse_args()
-    text = table(args.repeat)
-    if args.write:
-        write_section(text, key="attention_speed")
+    common.main(__doc__, "attention_speed", lambda args: table(args.repeat),
+                lambda parser: parser.add_argument("--repeat", type=int, default=5))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ whole model with its weights: the same figures are measured on --pickles sampled
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trace_speed import _cores, write_section  # noqa: E402
+import common  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -99,20 +98,15 @@ def table(pickles: int) -> str:
             rows.append(f"| {recipe} | pickled models (original release), {pickles} measured, scaled to 1,000 | - | "
                         f"{ref['size_mb_per_1k']:,.0f} MB | {ref['load_all_s']:.0f} s (unpickling alone) | {ref['fetch_ms']:.0f} ms |")
             print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {_cores()} cores, torch {torch.__version__}. Command: "
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores, torch {torch.__version__}. Command: "
             "`.venv/bin/python benchmarks/dataset_speed.py --write`. Generation is the CLI's wall time, imports "
             "included; loading and fetching run in a fresh process, imports excluded.")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pickles", type=int, default=10, help="records measured in the pickle format")
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    args = parser.parse_args()
-    text = table(args.pickles)
-    if args.write:
-        write_section(text, key="dataset_speed")
+    common.main(__doc__, "dataset_speed", lambda args: table(args.pickles),
+                lambda parser: parser.add_argument("--pickles", type=int, default=10, help="records measured in the pickle format"))
 
 
 if __name__ == "__main__":

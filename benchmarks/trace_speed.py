@@ -11,17 +11,16 @@ described in ghn3_way() below.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 MODELS = {
     "gpt2-xl": "GPT-2-XL (1.56B)",
@@ -152,7 +151,7 @@ def table(repeat: int) -> str:
     import torch
 
     head = (
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {_cores()} cores, Python "
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {common.cores()} cores, Python "
         f"{platform.python_version()}, torch {torch.__version__}. Each method runs in a fresh process: "
         f"'cold' is its first call (torch.export initialises lazily), 'warm' the median of the next {repeat}. "
         "Times include building the model from its config (on meta for graphkit, with real weights for "
@@ -161,36 +160,14 @@ def table(repeat: int) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
-
-
-def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md", key: str = "trace_speed") -> None:
-    """Replace the marked section ``key`` of BENCHMARKS.md (or append it)."""
-    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
-    body = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{start}\n{text}{end}"
-    if start in body:
-        body = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, body, flags=re.S)
-    else:
-        body = body.rstrip() + "\n\n" + block + "\n"
-    path.write_text(body)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--one", nargs=2, metavar=("MODEL", "METHOD"), help=argparse.SUPPRESS)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(one(*args.one, args.repeat)))
+    if "--one" in sys.argv:  # a measurement in a fresh process, started by measure()
+        i = sys.argv.index("--one")
+        repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
+        print(json.dumps(one(sys.argv[i + 1], sys.argv[i + 2], repeat)))
         return
-    text = table(args.repeat)
-    if args.write:
-        write_section(text)
+    common.main(__doc__, "trace_speed", lambda args: table(args.repeat),
+                lambda parser: parser.add_argument("--repeat", type=int, default=3))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""What the benchmark scripts share: machine facts, the BENCHMARKS.md sections, the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    return len(os.sched_getaffinity(0))
+
+
+def write_section(text: str, key: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
+    """Replace the marked section ``key`` of BENCHMARKS.md (or append it)."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    body = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{start}\n{text}{end}"
+    if start in body:
+        body = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, body, flags=re.S)
+    else:
+        body = body.rstrip() + "\n\n" + block + "\n"
+    path.write_text(body)
+
+
+def main(doc: str, key: str, table: Callable[[argparse.Namespace], str],
+         options: Callable[[argparse.ArgumentParser], None] = lambda parser: None) -> None:
+    """Parse ``--write`` and the script's own ``options``, print the table, update BENCHMARKS.md."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    options(parser)
+    args = parser.parse_args()
+    text = table(args)
+    if args.write:
+        write_section(text, key)
