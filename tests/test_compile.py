@@ -142,3 +142,23 @@ def test_compile_command(dataset, tmp_path):
     assert result.exit_code == 1 and result.stderr.startswith("error: ") and "bad.safetensors: not a safetensors file" in result.stderr
     assert not (tmp_path / "x.safetensors").exists()
     assert Path(out).exists()
+
+
+@pytest.mark.parametrize("config", [VIT, dict(GPT, tied=False), LLAMA], ids=["vit", "gpt2", "llama"])
+@pytest.mark.parametrize("variant", ["gqa", "dgqa"])
+def test_graphs_of_converted_models_compile_back(config, variant):
+    from graphkit.attention import convert
+
+    converted = convert(build_model(config, device="cpu"), variant, kv_heads=1)
+    graph = graphkit.trace(converted)
+    rebuilt = compile(graph)
+    assert graphkit.trace(rebuilt).fingerprint() == graph.fingerprint()
+    load_params(rebuilt, converted.state_dict(), strict=True)
+    assert torch.equal(logits(rebuilt.eval(), config["family"]), logits(converted.eval(), config["family"]))
+
+
+def test_compile_a_record_with_another_attention(dataset):
+    record = load(dataset)[0]
+    model = compile(record, attention="kdgqa", kv_heads=1)
+    attrs = next(n.attrs for n in graphkit.trace(model).nodes if n.op == "attention")
+    assert (attrs["variant"], attrs["kv_heads"]) == ("kdgqa", 1)

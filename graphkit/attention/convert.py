@@ -174,8 +174,8 @@ def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
     heads = module.config.num_attention_heads
     current = module.k_proj.out_features // module.head_dim
     kv = _check_kv(path, heads, kv_heads)
-    if current not in (heads, kv):
-        raise ConvertError(f"module '{path}' already has {current} K/V heads; convert() starts from MHA ({heads}) or keeps {current}")
+    if current % kv:
+        raise ConvertError(f"kv_heads {kv} does not divide the {current} K/V heads module '{path}' already has")
 
 
 def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:

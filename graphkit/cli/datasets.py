@@ -146,8 +146,11 @@ def compile_record(
     record_id: str = typer.Argument(..., metavar="ID", help="Record id, e.g. vits-1k-00042."),
     out: Path = typer.Option(..., "--out", "-o", help="Checkpoint to write (safetensors, config in its metadata)."),
     params: Optional[Path] = typer.Option(None, "--params", "-p", help="Parameters to load (safetensors); default: the library's initialisation."),
+    attention: Optional[str] = typer.Option(None, "--attention", "-a", help="Convert the attention: gqa, kdgqa, dgqa or pgqa."),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", "-k", help="K/V heads for --attention (default: the record's)."),
 ) -> None:
-    """Build a record's model, check it traces to the stored graph, load parameters, save it."""
+    """Build a record's model, check it traces to the stored graph, convert its attention if asked,
+    load parameters, save it."""
     from graphkit.compile import compile, load_params, save_params
     from graphkit.datasets import load
     from graphkit.errors import GraphkitError
@@ -156,11 +159,12 @@ def compile_record(
         record = load(path)[record_id]
     except KeyError:
         raise GraphkitError(f"{path}: no record {record_id!r} (see `graphkit ls {path}`)") from None
-    model = compile(record)
+    model = compile(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
     save_params(model, out, config=record.config)
     total = sum(p.numel() for p in model.parameters())
+    converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
     console.print(f"[bold]{record.id}[/]: {type(model).__name__}, {total:,} parameters, "
-                  f"traces to the stored fingerprint {record['fingerprint']}", highlight=False, soft_wrap=True)
+                  f"traces to the stored fingerprint {record['fingerprint']}{converted}", highlight=False, soft_wrap=True)
     console.print(str(report) if report else "parameters: the library's initialisation", highlight=False, soft_wrap=True)
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)

@@ -162,13 +162,15 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     )
 
 
-def compile(source: Any, params: Params | str | Path | None = None, *, device: str | torch.device = "cpu",
-            strict: bool = True) -> nn.Module:
+def compile(source: Any, params: Params | str | Path | None = None, *, attention: str | None = None,
+            kv_heads: int | None = None, device: str | torch.device = "cpu", strict: bool = True) -> nn.Module:
     """A runnable model from a dataset record, an ArchGraph or a family config, on ``device``
-    (with the library's initialisation), with ``params`` loaded when given.
+    (with the library's initialisation), converted to ``attention`` with ``kv_heads`` K/V heads
+    when given (a graph of a converted model brings its own), with ``params`` loaded when given.
 
     A record or graph must trace back to its own fingerprint; a CompileError says so otherwise.
     """
+    from graphkit.attention import convert
     from graphkit.datasets.dataset import Record
     from graphkit.trace import trace
 
@@ -176,15 +178,27 @@ def compile(source: Any, params: Params | str | Path | None = None, *, device: s
         config, expected = source.config, source["fingerprint"]
     elif isinstance(source, ArchGraph):
         config, expected = config_from_graph(source), source.fingerprint()
+        first = next((n.attrs for n in source.nodes if n.op == "attention"), {})
+        if attention is None and first.get("variant"):
+            attention, kv_heads = first["variant"], first["kv_heads"]
     elif isinstance(source, Mapping):
         config, expected = resolve_config(source), None
     else:
         raise CompileError(f"compile takes a dataset record, an ArchGraph or a config, got {type(source).__name__}")
+    if attention is not None and kv_heads is None:
+        kv_heads = config.get("kv_heads") or config["heads"]
+
+    def make(where: str | torch.device) -> nn.Module:
+        model = build_model(config, device=where)
+        return convert(model, attention, kv_heads) if attention is not None else model
+
     if expected is not None:
-        got = trace(build_model(config)).fingerprint()
+        # a record stores the graph of its unconverted model; a graph is of the model as it was
+        checked = make("meta") if isinstance(source, ArchGraph) else build_model(config)
+        got = trace(checked).fingerprint()
         if got != expected:
             raise CompileError(f"the model built from {config} traces to fingerprint {got}, not {expected}")
-    model = build_model(config, device=device)
+    model = make(device)
     if params is not None:
         load_params(model, params, strict=strict)
     return model
