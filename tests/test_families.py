@@ -70,6 +70,9 @@ def test_real_weights_on_cpu_run():
         (dict(family="llama", num_layers=3, hidden=64, heads=4, kv_heads=3), "heads 4 is not divisible by kv_heads 3"),
         (dict(family="vit", num_layers=3, hidden=192, heads=3, image_size=30, patch_size=4), "image_size 30 is not divisible by patch_size 4"),
         (dict(family="vit", num_layers=3, hidden=192, heads=3, global_pool="max"), "global_pool must be 'token' or 'avg'"),
+        (dict(family="vit", num_layers=3, hidden=192, heads=3, kv_heads=1), "kv_heads needs an attention variant"),
+        (dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="mqa"), "unknown attention 'mqa'; accepted: none"),
+        (dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="gqa", kv_heads=3), "heads 4 is not divisible by kv_heads 3"),
     ],
 )
 def test_bad_configs(config, message):
@@ -109,6 +112,15 @@ def test_graph_of_an_unknown_family():
     graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
     with pytest.raises(ConfigError, match="cannot read a config from a graph of family 'custom'; readable families: gpt2, llama, mistral, vit"):
         config_from_graph(graph)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_attention_is_part_of_the_config(family):
+    config = dict(CONFIGS[family], attention="dgqa", kv_heads=2)
+    graph = graphkit.trace(build_model(config))
+    attrs = {(n.attrs["variant"], n.attrs["kv_heads"]) for n in graph.nodes if n.op == "attention"}
+    assert attrs == {("dgqa", 2)} and graph.num_params == num_params(config) < num_params(CONFIGS[family] | {"kv_heads": None})
+    assert config_from_graph(graph) == resolve_config(config)
 
 
 def test_registry_lists_the_families():

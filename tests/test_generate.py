@@ -85,3 +85,17 @@ def test_bad_options(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(GenerateError, match="exists and is not a folder"):
         generate(TINY, tmp_path / "file")
+
+
+def test_attention_variant_datasets(tmp_path):
+    out = tmp_path / "kdgqa"
+    generate(TINY, out, num=8, seed=0, attention="kdgqa")
+    ds = load(out)
+    frame = ds.metadata()
+    assert set(frame["attention"]) == {"kdgqa"} and frame["kv_heads"].nunique() > 1
+    assert manifest(out)["name"] == "tiny-vits-kdgqa"
+    for record in ds:
+        assert record.config["attention"] == "kdgqa"
+        assert graphkit.trace(record.build_model()).fingerprint() == record["fingerprint"]
+    with pytest.raises(GenerateError, match="unknown attention 'mqa'; accepted: mha, gqa, kdgqa, dgqa, pgqa"):
+        generate(TINY, tmp_path / "bad", attention="mqa")

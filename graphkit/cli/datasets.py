@@ -24,6 +24,7 @@ def generate(
     num_shards: int = typer.Option(1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."),
     shard_index: int = typer.Option(0, "--shard-index", help="...and make shard i of them; shards fill one folder."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: parts already written are kept."),
+    attention: Optional[str] = typer.Option(None, "--attention", "-a", help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads."),
 ) -> None:
     """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""
     from graphkit.datasets.generate import generate as run
@@ -32,7 +33,7 @@ def generate(
                   console=console, transient=True) as bar:
         task = bar.add_task("trace", total=None)
         result = run(recipe, out, num=num, seed=seed, workers=workers, num_shards=num_shards,
-                     shard_index=shard_index, resume=resume,
+                     shard_index=shard_index, resume=resume, attention=attention,
                      progress=lambda done, total: bar.update(task, completed=done, total=total))
     manifest = json.loads((result.path / "manifest.json").read_text())
     counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())

@@ -170,35 +170,25 @@ def compile(source: Any, params: Params | str | Path | None = None, *, attention
 
     A record or graph must trace back to its own fingerprint; a CompileError says so otherwise.
     """
-    from graphkit.attention import convert
     from graphkit.datasets.dataset import Record
     from graphkit.trace import trace
 
     if isinstance(source, Record):
         config, expected = source.config, source["fingerprint"]
     elif isinstance(source, ArchGraph):
-        config, expected = config_from_graph(source), source.fingerprint()
-        first = next((n.attrs for n in source.nodes if n.op == "attention"), {})
-        if attention is None and first.get("variant"):
-            attention, kv_heads = first["variant"], first["kv_heads"]
+        config, expected = config_from_graph(source), source.fingerprint()  # a variant comes with the graph
     elif isinstance(source, Mapping):
         config, expected = resolve_config(source), None
     else:
         raise CompileError(f"compile takes a dataset record, an ArchGraph or a config, got {type(source).__name__}")
-    if attention is not None and kv_heads is None:
-        kv_heads = config.get("kv_heads") or config["heads"]
-
-    def make(where: str | torch.device) -> nn.Module:
-        model = build_model(config, device=where)
-        return convert(model, attention, kv_heads) if attention is not None else model
-
     if expected is not None:
-        # a record stores the graph of its unconverted model; a graph is of the model as it was
-        checked = make("meta") if isinstance(source, ArchGraph) else build_model(config)
-        got = trace(checked).fingerprint()
+        got = trace(build_model(config)).fingerprint()
         if got != expected:
             raise CompileError(f"the model built from {config} traces to fingerprint {got}, not {expected}")
-    model = make(device)
+    if attention is not None:
+        config = resolve_config({**config, "attention": attention,
+                                 "kv_heads": kv_heads if kv_heads is not None else config["kv_heads"]})
+    model = build_model(config, device=device)
     if params is not None:
         load_params(model, params, strict=strict)
     return model

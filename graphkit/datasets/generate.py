@@ -114,13 +114,22 @@ def generate(
     shard_index: int = 0,
     resume: bool = False,
     part_size: int = 100,
+    attention: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> GenerateResult:
     """Generate ``num`` records of ``recipe`` (a built-in name or a .json / .yaml file) into the
-    dataset folder ``out`` (default: the recipe's name). ``progress(done, total)`` is called
-    after each traced architecture. Returns what was written."""
+    dataset folder ``out`` (default: the recipe's name). ``attention`` (mha, gqa, kdgqa, dgqa,
+    pgqa) converts every model to that variant with K/V heads drawn from the divisors of its head
+    count (:meth:`Recipe.with_attention`). ``progress(done, total)`` is called after each traced
+    architecture. Returns what was written."""
     start = time.perf_counter()
     recipe = get_recipe(recipe)
+    if attention is not None:
+        from graphkit.attention import VARIANTS
+
+        if attention not in ("mha", *VARIANTS):
+            raise GenerateError(f"unknown attention {attention!r}; accepted: mha, {', '.join(VARIANTS)}")
+        recipe = recipe.with_attention(attention)
     out = Path(out if out is not None else recipe.name)
     if num_shards < 1 or not 0 <= shard_index < num_shards:
         raise GenerateError(f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}")

@@ -20,7 +20,7 @@ import json
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ class Recipe:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     kv_heads: str | None = None  # "divisors": every divisor of the head count (MHA, GQA, MQA)
     sliding_window: tuple[int | None, ...] = (None,)
+    attention: tuple[str | None, ...] = (None,)  # None: the family's own; or gqa, kdgqa, dgqa, pgqa
     eval_fraction: float = 0.1
     num: int = 1000
     description: str = ""
@@ -79,8 +80,9 @@ class Recipe:
                          hidden=tuple(h.get("hidden", ())), min_head_dim=h.get("min_head_dim", 1))
                 for h in fields["heads"]
             )
-            if "sliding_window" in fields:
-                fields["sliding_window"] = tuple(fields["sliding_window"])
+            for key in ("sliding_window", "attention"):
+                if key in fields:
+                    fields[key] = tuple(fields[key])
             recipe = cls(**fields)
         except (KeyError, TypeError, ValueError) as e:
             raise RecipeError(f"recipe {data.get('name', '?')!r}: malformed ({type(e).__name__}: {e})") from e
@@ -106,6 +108,14 @@ class Recipe:
             raise RecipeError(f"{path}: a recipe must be a mapping of keys to values")
         return cls.from_dict(data)
 
+    def with_attention(self, variant: str) -> Recipe:
+        """This search space with every model converted to ``variant`` (gqa, kdgqa, dgqa, pgqa),
+        its K/V heads drawn from the divisors of the head count; "mha" leaves it as it is."""
+        if variant == "mha":
+            return self
+        return replace(self, name=f"{self.name}-{variant}", attention=(variant,), kv_heads="divisors",
+                       description=f"{self.description} ({variant} attention)")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data, the inverse of :meth:`from_dict` (stored in each dataset's manifest)."""
         return json.loads(json.dumps(asdict(self)))
@@ -121,6 +131,11 @@ class Recipe:
             counts = list(rule.choices)
         return [h for h in counts if hidden % h == 0 and hidden // h >= rule.min_head_dim]
 
+    def _kv_choices(self, heads: int, attention: str | None) -> list[int | None]:
+        if self.kv_heads == "divisors" and (attention is not None or get_family(self.family).grouped):
+            return [k for k in range(1, heads + 1) if heads % k == 0]
+        return [None]
+
     @cached_property
     def space(self) -> list[dict[str, Any]]:
         """Every architecture of the recipe under its parameter cap, as resolved family configs,
@@ -131,20 +146,19 @@ class Recipe:
             for layers in range(b.layers[0], b.layers[1] + 1):
                 for hidden in range(low, high + 1, step):
                     for heads in self._head_choices(hidden):
-                        kv_choices = [k for k in range(1, heads + 1) if heads % k == 0] if self.kv_heads == "divisors" else [None]
-                        for kv in kv_choices:
-                            for window in self.sliding_window:
-                                config = {"family": self.family, "num_layers": layers, "hidden": hidden, "heads": heads, **self.fixed}
-                                if kv is not None:
-                                    config["kv_heads"] = kv
-                                if window is not None:
-                                    config["sliding_window"] = window
-                                try:
-                                    full = resolve_config(config)
-                                except ConfigError as e:
-                                    raise RecipeError(f"recipe {self.name!r}: {e}") from e
-                                if num_params(full) <= self.max_params:
-                                    configs.append(full)
+                        for attention in self.attention:
+                            for kv in self._kv_choices(heads, attention):
+                                for window in self.sliding_window:
+                                    config = {"family": self.family, "num_layers": layers, "hidden": hidden,
+                                              "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed}
+                                    if window is not None:
+                                        config["sliding_window"] = window
+                                    try:
+                                        full = resolve_config(config)
+                                    except ConfigError as e:
+                                        raise RecipeError(f"recipe {self.name!r}: {e}") from e
+                                    if num_params(full) <= self.max_params:
+                                        configs.append(full)
         if not configs:
             raise RecipeError(f"recipe {self.name!r}: no architecture fits its bins, heads and max_params {self.max_params:,}")
         return configs

@@ -71,8 +71,8 @@ def graph_to_row(graph: ArchGraph, config: Mapping[str, Any], *, id: str, split:
     first = next((n.attrs for n in graph.nodes if n.op == "attention"), {})
     if not first:
         kind = "none"
-    else:  # MQA is GQA with one group; the kv_heads column tells them apart
-        kind = "mha" if first.get("kv_heads") == first.get("heads") else "gqa"
+    else:  # a graphkit variant by name; MQA is GQA with one group (the kv_heads column tells)
+        kind = first.get("variant") or ("mha" if first.get("kv_heads") == first.get("heads") else "gqa")
     return {
         "id": id,
         "family": config["family"],

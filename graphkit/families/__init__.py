@@ -42,21 +42,30 @@ class Family:
     mlp_ratio: float = 4.0  # ``mlp`` defaults to mlp_ratio * hidden
     from_graph: Callable[[ArchGraph], dict[str, Any]] | None = None  # the config a traced graph came from
     traced_as: tuple[str, ...] = ()  # graph.meta["family"] values this family's models trace as
+    grouped: bool = False  # the family computes GQA from kv_heads itself (without ``attention``)
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The full config: defaults filled in, every key known, required keys present."""
-        known = {"family", "mlp", *self.required, *self.defaults}
+        known = {"family", "mlp", "attention", "kv_heads", *self.required, *self.defaults}
         unknown = sorted(set(config) - known)
         if unknown:
             raise ConfigError(f"{self.name} config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(known))}")
         missing = [k for k in self.required if k not in config]
         if missing:
             raise ConfigError(f"{self.name} config: missing key {missing[0]!r}")
-        full = {"family": self.name, "mlp": None, **self.defaults, **config}
+        full = {"family": self.name, "mlp": None, "attention": None, "kv_heads": None, **self.defaults, **config}
         if full["mlp"] is None:
             full["mlp"] = int(self.mlp_ratio * full["hidden"])
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
+        from graphkit.attention.core import VARIANTS
+
+        if full["attention"] is not None and full["attention"] not in VARIANTS:
+            raise ConfigError(f"{self.name} config: unknown attention {full['attention']!r}; accepted: none (the family's own), {', '.join(VARIANTS)}")
+        if full["kv_heads"] is not None and full["attention"] is None and not self.grouped:
+            raise ConfigError(f"{self.name} config: kv_heads needs an attention variant ({', '.join(VARIANTS)}); {self.name} models are MHA")
+        if full["kv_heads"] is not None and full["heads"] % full["kv_heads"]:
+            raise ConfigError(f"{self.name} config: heads {full['heads']} is not divisible by kv_heads {full['kv_heads']}")
         if self.check is not None:
             self.check(full)
         return full
@@ -115,11 +124,16 @@ def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
 
 def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
     """Build the model a config describes, in eval mode, on ``device`` (``meta`` allocates no
-    weights; any other device gets the library's own initialisation)."""
+    weights; any other device gets the library's own initialisation). ``attention`` (gqa,
+    kdgqa, dgqa, pgqa) converts the attention to that variant with ``kv_heads`` K/V heads."""
     full = resolve_config(config)
     device = torch.device(device)
     with torch.device(device):
         model = get_family(full["family"]).build(full, device.type != "meta")
+        if full["attention"] is not None:  # GQA or a key-driven variant, K/V mean-pooled
+            from graphkit.attention import convert
+
+            convert(model, full["attention"], full["kv_heads"] or full["heads"])
     return model.eval()
 
 

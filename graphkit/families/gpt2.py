@@ -32,9 +32,11 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
     vocab, hidden = shapes["transformer.wte.weight"]
     attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    variant = attention[0].get("variant")
     head = next(n for n in graph.nodes if n.name == "lm_head")
     return {
         "family": "gpt2", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
+        "attention": variant, "kv_heads": attention[0]["kv_heads"] if variant else None,
         "mlp": shapes["transformer.h.0.mlp.c_fc.weight"][1], "vocab_size": vocab,
         "context": shapes["transformer.wpe.weight"][0], "tied": bool(head.attrs.get("tied")),
     }

@@ -49,7 +49,7 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     norm = next(n for n in graph.nodes if n.op == "rms_norm")
     return {
         "family": "llama", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
-        "kv_heads": attention[0]["kv_heads"], "mlp": shapes["model.layers.0.mlp.gate_proj.weight"][0],
+        "kv_heads": attention[0]["kv_heads"], "attention": attention[0].get("variant"), "mlp": shapes["model.layers.0.mlp.gate_proj.weight"][0],
         "vocab_size": vocab, "sliding_window": attention[0]["window"], "rms_eps": norm.attrs["eps"],
         "tied": bool(head.attrs.get("tied")),
     }
@@ -60,10 +60,11 @@ FAMILY = register_family(Family(
     build=build,
     blocks="model.layers",
     required=("num_layers", "hidden", "heads"),
-    defaults={"kv_heads": None, "vocab_size": 32000, "context": 2048, "sliding_window": None,
+    defaults={"vocab_size": 32000, "context": 2048, "sliding_window": None,
               "rms_eps": 1e-6, "tied": False},
     check=_check,
     mlp_ratio=8 / 3,
     from_graph=from_graph,
     traced_as=("llama", "mistral"),
+    grouped=True,
 ))

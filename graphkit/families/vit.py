@@ -42,10 +42,12 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
     hidden, in_chans, patch, _ = shapes["patch_embed.proj.weight"]
     attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    variant = attention[0].get("variant")
     pooled = any(n.op == "mean_pool" for n in graph.nodes)
     tokens = shapes["pos_embed"][1] - (0 if pooled else 1)
     return {
         "family": "vit", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
+        "attention": variant, "kv_heads": attention[0]["kv_heads"] if variant else None,
         "mlp": shapes["blocks.0.mlp.fc1.weight"][0], "image_size": round(tokens ** 0.5) * patch, "patch_size": patch,
         "in_chans": in_chans, "num_classes": shapes["head.weight"][0], "global_pool": "avg" if pooled else "token",
     }
