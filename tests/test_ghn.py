@@ -1,0 +1,99 @@
+"""LoGAH model: Table 1 sizes, full-shape prediction for every family, no tiling, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+import graphkit
+from graphkit.families import build_model
+from graphkit.ghn.model import VARIANTS, LoGAH, LoGAHConfig
+
+TABLE_1 = {"tiny": 2.54e6, "small": 21.41e6, "base": 78.23e6, "large": 289.42e6}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_1))
+def test_variant_sizes_match_the_paper(name):
+    with torch.device("meta"):
+        ghn = LoGAH.from_variant(name)
+    count = sum(p.numel() for p in ghn.parameters())
+    assert abs(count / TABLE_1[name] - 1) < 0.05, count
+
+
+def test_unknown_variant():
+    with pytest.raises(ValueError, match="unknown LoGAH variant 'huge'; known: tiny, small, base, large"):
+        LoGAH.from_variant("huge")
+    assert set(VARIANTS) == set(TABLE_1)
+
+
+@pytest.fixture(scope="module")
+def ghn():
+    torch.manual_seed(0)
+    return LoGAH.from_variant("tiny").eval()
+
+
+@pytest.mark.parametrize("config", [
+    dict(family="vit", num_layers=3, hidden=192, heads=3),
+    dict(family="gpt2", num_layers=2, hidden=64, heads=4),
+    dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=1000),
+], ids=["vit", "gpt2", "llama"])
+def test_every_parameter_is_predicted_at_full_shape(ghn, config):
+    model = build_model(config)
+    with torch.no_grad():
+        params = ghn.predict(graphkit.trace(model))
+    assert {n: tuple(t.shape) for n, t in params.items()} == {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert all(torch.isfinite(t).all() for t in params.values())
+    for name, tensor in params.items():
+        if name.endswith("bias"):
+            assert tensor.abs().max() < 1  # tanh(p / 5)
+    norms = [t for n, t in params.items() if ("ln" in n or "norm" in n) and n.endswith("weight")]
+    assert norms and all(((t > 0) & (t < 2)).all() for t in norms)  # 2 sigmoid(p / 2)
+
+
+def test_wide_embeddings_are_not_tiled():
+    torch.manual_seed(0)
+    ghn = LoGAH(LoGAHConfig(max_mask=4096))  # a small K, so GPT-2's 50,257 rows span 13 chunks
+    model = build_model(dict(family="gpt2", num_layers=1, hidden=32, heads=2))
+    with torch.no_grad():
+        wte = ghn.predict(graphkit.trace(model))["transformer.wte.weight"]
+    assert wte.shape == (50257, 32)
+    blocks = wte[: 24 * 2048].reshape(24, 2048, 32)
+    for i in range(24):
+        for j in range(i + 1, 24):
+            assert not torch.allclose(blocks[i], blocks[j]), (i, j)
+
+
+def test_gradients_reach_the_hypernetwork_through_the_model():
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny")
+    model = build_model(dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4), device="cpu")
+    params = ghn.predict(graphkit.trace(model))
+    logits = functional_call(model, params, (torch.randn(4, 3, 8, 8),))
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    assert ghn.decoder[0].weight.grad.abs().sum() > 0 and ghn.op_embed.weight.grad.abs().sum() > 0
+    assert ghn.layers[0].qkv.weight.grad.abs().sum() > 0
+
+
+def test_predict_loads_into_a_meta_model_that_then_runs(ghn):
+    from graphkit.ghn import predict
+
+    model = build_model(dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4))
+    params = predict(model, ghn)
+    assert not any(p.is_meta for p in model.parameters())
+    assert all(torch.equal(p, params[n]) for n, p in model.named_parameters())
+    assert torch.isfinite(model(torch.randn(2, 3, 8, 8))).all()
+
+
+def test_predict_refuses_nan(ghn):
+    import copy
+
+    from graphkit.ghn import PredictError, predict
+
+    broken = copy.deepcopy(ghn)
+    with torch.no_grad():
+        broken.low_rank.bias.fill_(float("nan"))
+    model = build_model(dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4))
+    with pytest.raises(PredictError, match="predicted NaN or Inf for '.*'; the model was left unchanged"):
+        predict(model, broken)
+    assert all(p.is_meta for p in model.parameters())
