@@ -29,6 +29,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trace_speed.py --write
 	$(BIN)/python benchmarks/dataset_speed.py --write
+	$(BIN)/python benchmarks/attention_speed.py --write
+	$(BIN)/python benchmarks/predict_speed.py --write
 
 clean:
 	rm -rf $(VENV) out

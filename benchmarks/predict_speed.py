@@ -1,0 +1,74 @@
+"""Parameter prediction with LoGAH-tiny: time and peak memory for ViT-B/16 and GPT-2-Large.
+
+    .venv/bin/python benchmarks/predict_speed.py            # print the table
+    .venv/bin/python benchmarks/predict_speed.py --write    # also update BENCHMARKS.md
+
+Each model is built on the meta device, traced, and every parameter predicted by an (untrained)
+LoGAH-tiny and loaded, in a fresh process; imports are not timed. Peak RSS is compared with the
+model's fp32 size. The reference is the original LoGAH code, which the issue reports at about
+14 s for GPT-2-Large on a 2-core machine (it tiles the embedding); it is not run here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+MODELS = {
+    "vit-b16": ("ViT-B/16", {"family": "vit", "num_layers": 12, "hidden": 768, "heads": 12, "image_size": 224,
+                             "patch_size": 16, "num_classes": 1000}),
+    "gpt2-large": ("GPT-2-Large", {"family": "gpt2", "num_layers": 36, "hidden": 1280, "heads": 20, "tied": True}),
+}
+
+
+def one(key: str) -> dict:
+    import resource
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from graphkit.families import build_model
+    from graphkit.ghn import LoGAH, predict
+
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny").eval()
+    start = time.perf_counter()
+    model = build_model(MODELS[key][1])
+    predict(model, ghn)
+    seconds = time.perf_counter() - start
+    size = sum(p.numel() for p in model.parameters()) * 4
+    return {"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "model_mb": size / 1e6, "params": sum(p.numel() for p in model.parameters())}
+
+
+def table(_args) -> str:
+    rows = ["| model | parameters | predict + load (LoGAH-tiny) | peak RSS | model fp32 size | peak / size |",
+            "|---|---|---|---|---|---|"]
+    for key, (label, _) in MODELS.items():
+        out = subprocess.run([sys.executable, __file__, "--one", key], check=True, capture_output=True, text=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(f"| {label} | {r['params'] / 1e6:.0f}M | {r['seconds']:.1f} s | {r['peak_rss_mb']:,.0f} MB | "
+                    f"{r['model_mb']:,.0f} MB | {r['peak_rss_mb'] / r['model_mb']:.2f} |")
+        print(rows[-1], flush=True)
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores; build on meta, trace, predict and "
+            "load, in a fresh process (imports not timed; peak RSS includes them). Command: "
+            "`.venv/bin/python benchmarks/predict_speed.py --write`.")
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    if "--one" in sys.argv:
+        print(json.dumps(one(sys.argv[sys.argv.index("--one") + 1])))
+        return
+    common.main(__doc__, "predict_speed", table)
+
+
+if __name__ == "__main__":
+    main()
