@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def cores() -> int:
     """CPU cores this process may use."""
     return len(os.sched_getaffinity(0))
+
+
+def run_fresh(script: str, *args: str) -> dict:
+    """Run ``script --one ARGS`` in a fresh Python process; its last stdout line is a JSON result."""
+    out = subprocess.run([sys.executable, script, "--one", *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def write_section(text: str, key: str, path: Path = ROOT / "BENCHMARKS.md") -> None:

@@ -12,7 +12,6 @@ model's fp32 size. The reference is the original LoGAH code, which the issue rep
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,8 +51,7 @@ def table(_args) -> str:
     rows = ["| model | parameters | predict + load (LoGAH-tiny) | peak RSS | model fp32 size | peak / size |",
             "|---|---|---|---|---|---|"]
     for key, (label, _) in MODELS.items():
-        out = subprocess.run([sys.executable, __file__, "--one", key], check=True, capture_output=True, text=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r = common.run_fresh(__file__, key)
         rows.append(f"| {label} | {r['params'] / 1e6:.0f}M | {r['seconds']:.1f} s | {r['peak_rss_mb']:,.0f} MB | "
                     f"{r['model_mb']:,.0f} MB | {r['peak_rss_mb'] / r['model_mb']:.2f} |")
         print(rows[-1], flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,9 +127,7 @@ def one(name: str, method: str, repeat: int) -> dict:
 
 
 def measure(name: str, method: str, repeat: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one", name, method, "--repeat", str(repeat)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return common.run_fresh(__file__, name, method, "--repeat", str(repeat))
 
 
 def table(repeat: int) -> str:

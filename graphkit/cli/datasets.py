@@ -85,12 +85,8 @@ def show(
 ) -> None:
     """Show one architecture: its config and graph summary."""
     from graphkit.datasets import load
-    from graphkit.errors import GraphkitError
 
-    try:
-        record = load(path)[record_id]
-    except KeyError:
-        raise GraphkitError(f"{path}: no record {record_id!r} (see `graphkit ls {path}`)") from None
+    record = load(path)[record_id]
     console.print(f"[bold]{record.id}[/] ({record['split']})", highlight=False)
     console.print_json(json.dumps(record.config))
     print_graph(record.graph)
@@ -154,12 +150,8 @@ def compile_record(
     load parameters, save it."""
     from graphkit.compile import compile, load_params, save_params
     from graphkit.datasets import load
-    from graphkit.errors import GraphkitError
 
-    try:
-        record = load(path)[record_id]
-    except KeyError:
-        raise GraphkitError(f"{path}: no record {record_id!r} (see `graphkit ls {path}`)") from None
+    record = load(path)[record_id]
     model = compile(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
     save_params(model, out, config=record.config)

@@ -137,17 +137,17 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     if strict and missing:
         raise CompileError(f"{source}{len(missing)} of {len(canonical)} parameters are missing, the first is {missing[0]!r}")
     modules = dict(model.named_modules())
+    names_of: dict[str, list[str]] = {}
+    for alias_name, target in alias.items():
+        names_of.setdefault(target, []).append(alias_name)
     with torch.no_grad():
         for name, tensor in resolved.items():
             param = canonical[name]
-            if param.is_meta:  # nothing to copy into: swap in a real parameter, keeping ties
-                owner, _, attr = name.rpartition(".")
+            if param.is_meta:  # nothing to copy into: swap in a real parameter under every tied name
                 new = nn.Parameter(tensor.to(param.dtype), requires_grad=param.requires_grad)
-                for alias_name, target in alias.items():
-                    if target == name:
-                        alias_owner, _, alias_attr = alias_name.rpartition(".")
-                        setattr(modules[alias_owner], alias_attr, new)
-                setattr(modules[owner], attr, new)
+                for alias_name in names_of[name]:
+                    owner, _, attr = alias_name.rpartition(".")
+                    setattr(modules[owner], attr, new)
             else:
                 param.copy_(tensor.to(dtype=param.dtype, device=param.device))
         for name, tensor in buffer_values.items():

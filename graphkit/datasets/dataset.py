@@ -25,6 +25,13 @@ from graphkit.graph import ArchGraph
 Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
 
 
+class RecordNotFound(StoreError, KeyError):
+    """No record has that id: a KeyError for Python code, a one-line error for the CLI."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 class Record:
     """One architecture of a dataset: its scalar columns, config and graph."""
 
@@ -109,7 +116,7 @@ class GraphDataset:
             key = self.ids[key]
         rows = self._table(expression=pc.field("id") == key).to_pylist()
         if not rows:
-            raise KeyError(f"no record {key!r} in {self.root}")
+            raise RecordNotFound(f"{self.root}: no record {key!r} (see `graphkit ls {self.root}`)")
         return Record(rows[0])
 
     def __iter__(self) -> Iterator[Record]:
