@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench bundled eval-bundled clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,7 @@ run: $(STAMP)
 	$(BIN)/graphkit generate vits-1k --out out/vits-1k --workers 2
 	$(BIN)/graphkit stats out/vits-1k --png out/vits-1k-params.png
 	$(BIN)/graphkit ls out/vits-1k --split eval --limit 5
+	$(BIN)/graphkit predict examples/vit_b16.py --out out/vit_b16-predicted.safetensors
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -31,6 +32,21 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dataset_speed.py --write
 	$(BIN)/python benchmarks/attention_speed.py --write
 	$(BIN)/python benchmarks/predict_speed.py --write
+	$(BIN)/python benchmarks/train_speed.py --write
+
+# The two bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
+# the bundled data (about 25 minutes on 2 cores), then their held-out evaluation.
+BUNDLED := graphkit/ghn/pretrained
+bundled: $(STAMP)
+	test -d out/vits-digits || $(BIN)/graphkit generate vits-digits --out out/vits-digits --workers 2
+	test -d out/gpts-1k || $(BIN)/graphkit generate gpts-1k --out out/gpts-1k --workers 2
+	rm -rf runs/logah-tiny-vits runs/logah-tiny-gpts
+	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits --steps 600 --meta-batch 4 --batch-size 32
+	$(BIN)/graphkit train-ghn --dataset out/gpts-1k --out runs/logah-tiny-gpts --steps 400 --meta-batch 2 --batch-size 8 --seq-len 64 --lr 1e-3
+	for name in logah-tiny-vits logah-tiny-gpts; do mkdir -p $(BUNDLED)/$$name && cp runs/$$name/model.safetensors runs/$$name/config.json $(BUNDLED)/$$name/; done
+
+eval-bundled: $(STAMP)
+	$(BIN)/python benchmarks/ghn_eval.py --write
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out runs

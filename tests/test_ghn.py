@@ -27,10 +27,10 @@ def test_unknown_variant():
     assert set(VARIANTS) == set(TABLE_1)
 
 
-@pytest.fixture(scope="module")
-def ghn():
+@pytest.fixture(scope="module", params=["low_rank", "ghn3"])
+def ghn(request):
     torch.manual_seed(0)
-    return LoGAH.from_variant("tiny").eval()
+    return LoGAH.from_variant("tiny", decoder=request.param).eval()
 
 
 @pytest.mark.parametrize("config", [
@@ -71,8 +71,8 @@ def test_gradients_reach_the_hypernetwork_through_the_model():
     params = ghn.predict(graphkit.trace(model))
     logits = functional_call(model, params, (torch.randn(4, 3, 8, 8),))
     torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
-    assert ghn.decoder[0].weight.grad.abs().sum() > 0 and ghn.op_embed.weight.grad.abs().sum() > 0
-    assert ghn.layers[0].qkv.weight.grad.abs().sum() > 0
+    assert ghn.decoder.mlp[0].weight.grad.abs().sum() > 0 and ghn.encoder.op_embed.weight.grad.abs().sum() > 0
+    assert ghn.encoder.layers[0].qkv.weight.grad.abs().sum() > 0
 
 
 def test_predict_loads_into_a_meta_model_that_then_runs(ghn):
@@ -92,8 +92,47 @@ def test_predict_refuses_nan(ghn):
 
     broken = copy.deepcopy(ghn)
     with torch.no_grad():
-        broken.low_rank.bias.fill_(float("nan"))
+        broken.encoder.norm.bias.fill_(float("nan"))
     model = build_model(dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4))
     with pytest.raises(PredictError, match="predicted NaN or Inf for '.*'; the model was left unchanged"):
         predict(model, broken)
     assert all(p.is_meta for p in model.parameters())
+
+
+def test_ghn3_decoder_matches_equation_2_and_tiles():
+    d = 64
+    decoder = LoGAH.from_variant("tiny", decoder="ghn3").decoder
+    count = sum(p.numel() for n, p in decoder.named_parameters() if not n.startswith("slot"))
+    assert abs(count / (4 * d * d * 16 * 16 + 32 * d * d + 8 * d ** 3) - 1) < 0.015, count  # eq. 2 omits biases
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny", decoder="ghn3").eval()
+    with torch.no_grad():
+        params = ghn.predict(graphkit.trace(build_model(dict(family="gpt2", num_layers=1, hidden=32, heads=2))))
+    wte = params["transformer.wte.weight"]
+    assert wte.shape == (50257, 32) and torch.equal(wte[:d], wte[d:2 * d])  # the repetition LoGAH removes
+    assert not torch.equal(wte[:d, :16], wte[:d, 16:])
+
+
+def test_one_batched_pass_equals_one_graph_at_a_time():
+    from graphkit.ghn.model import targets
+
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny").eval()
+    graphs = [graphkit.trace(build_model(c)) for c in (dict(family="gpt2", num_layers=1, hidden=32, heads=2),
+                                                         dict(family="vit", num_layers=3, hidden=64, heads=2))]
+    with torch.no_grad():
+        together = ghn([g.to_pyg() for g in graphs], [targets(g) for g in graphs])
+        for graph, batched in zip(graphs, together):
+            alone = ghn.predict(graph)
+            assert all(torch.allclose(alone[n], batched[n], atol=1e-5) for n in alone)
+
+
+def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
+    from graphkit.ghn.predict import first_non_finite
+
+    fine = {"a": torch.ones(3, 4), "huge": torch.full((8,), 3e38)}  # finite values whose sum overflows
+    assert first_non_finite(fine) is None
+    for value in (float("nan"), float("inf"), float("-inf")):
+        broken = torch.ones(1000)
+        broken[537] = value
+        assert first_non_finite({**fine, "w": broken}) == "w"

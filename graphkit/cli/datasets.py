@@ -16,7 +16,7 @@ from graphkit.cli.app import app, command, console, print_graph
 @app.command()
 @command
 def generate(
-    recipe: str = typer.Argument(..., help="vits-1k, gpts-1k, llamas-1k, or a .json / .yaml recipe file."),
+    recipe: str = typer.Argument(..., help="vits-1k, gpts-1k, llamas-1k, vits-digits, or a .json / .yaml recipe file."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
     num: Optional[int] = typer.Option(None, "--num", "-n", help="Records to draw (default: the recipe's, 1000)."),
     seed: int = typer.Option(0, "--seed", help="Same recipe and seed, same dataset, on any machine and worker count."),

@@ -217,6 +217,11 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+RECIPES["vits-digits"] = replace(
+    RECIPES["vits-1k"], name="vits-digits", fixed={"image_size": 8, "patch_size": 2, "num_classes": 10},
+    description="ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork trains",
+)
+
 def get_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     """A built-in recipe by name, or one read from a .json / .yaml file; errors list the known names."""
     if isinstance(name_or_path, Recipe):

@@ -122,14 +122,15 @@ def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
     raise ConfigError(f"cannot read a config from a graph of family {traced!r}; readable families: {', '.join(readable)}")
 
 
-def build_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
+def build_model(config: Mapping[str, Any], device: str | torch.device = "meta", init: bool | None = None) -> nn.Module:
     """Build the model a config describes, in eval mode, on ``device`` (``meta`` allocates no
-    weights; any other device gets the library's own initialisation). ``attention`` (gqa,
-    kdgqa, dgqa, pgqa) converts the attention to that variant with ``kv_heads`` K/V heads."""
+    weights; any other device gets the library's own initialisation unless ``init=False``, which
+    leaves parameters uninitialised for a caller that fills them). ``attention`` (gqa, kdgqa,
+    dgqa, pgqa) converts the attention to that variant with ``kv_heads`` K/V heads."""
     full = resolve_config(config)
     device = torch.device(device)
     with torch.device(device):
-        model = get_family(full["family"]).build(full, device.type != "meta")
+        model = get_family(full["family"]).build(full, device.type != "meta" if init is None else init)
         if full["attention"] is not None:  # GQA or a key-driven variant, K/V mean-pooled
             from graphkit.attention import convert
 

@@ -1,11 +1,18 @@
 """Graph hypernetworks: LoGAH (arXiv 2405.16287) reads an ArchGraph and predicts every parameter.
 
-``model`` holds the network (encoder, low-rank decoder, the Table 1 variants), ``predict``
-loads its predictions into a model. Training, evaluation and bundled checkpoints are the rest
-of issue #5.
+``model`` holds the network (encoder, low-rank and GHN-3 decoders, the Table 1 variants),
+``data`` the image and text sources it trains on, ``train`` the training loop (DDP under
+torchrun), ``checkpoint`` the safetensors + JSON checkpoints (two ship with graphkit),
+``predict`` loads predictions into a model and ``evaluate`` compares them with random and
+orthogonal initialisation.
 """
 
-from graphkit.ghn.model import VARIANTS, LoGAH, LoGAHConfig
+from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, load_checkpoint, save_checkpoint
+from graphkit.ghn.data import DataError, load_source
+from graphkit.ghn.model import VARIANTS, LoGAH, LoGAHConfig, targets
 from graphkit.ghn.predict import PredictError, predict
+from graphkit.ghn.training import TrainConfig, TrainError, train
 
-__all__ = ["LoGAH", "LoGAHConfig", "VARIANTS", "predict", "PredictError"]
+__all__ = ["LoGAH", "LoGAHConfig", "VARIANTS", "targets", "predict", "PredictError", "load_checkpoint",
+           "save_checkpoint", "CheckpointError", "BUNDLED", "load_source", "DataError", "train", "TrainConfig",
+           "TrainError"]

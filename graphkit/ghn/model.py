@@ -1,15 +1,18 @@
 """LoGAH: a Graphormer over an architecture's graph and a low-rank decoder that predicts every
-parameter at full shape (arXiv 2405.16287). One file, top to bottom: config, encoder, decoder.
+parameter at full shape (arXiv 2405.16287). One file, top to bottom: config, targets, encoder,
+decoders, the hypernetwork.
 
 Encoder (as GHN-3): each node starts as its op embedding plus an encoding of its parameter shape
 (log-scale buckets per dimension, so 3 and 50,257 both have a place) plus in- and out-degree
-embeddings; pre-LayerNorm transformer layers attend over all nodes of a graph with a learned
-bias per head for the shortest-path distance in the forward and in the backward direction.
+embeddings; pre-LayerNorm transformer layers attend over the nodes of each graph (a batch of
+graphs is padded and masked) with a learned bias per head for the shortest-path distance in the
+forward and in the backward direction.
 
 Decoder (section 3.1, eq. 5): an MLP d -> 4d -> 8d -> 2 r^2 gives two r x r matrices per query;
 one linear map r -> K (K = 2048 * 16) turns them into A and B^T (K x r), and a parameter of
 shape (Cout, Cin, h, w) is A[:Cout h] B[:, :Cin w], reshaped. Only the rows a parameter needs
-are computed (``weight[:rows] @ M``), never the full K.
+are computed (``weight[:rows] @ M``), never the full K, and every query of every graph goes
+through the MLP in one call.
 
 Choices beyond the paper:
 - **Wider than K.** A dimension larger than K (a 50,257-row embedding) is cut into chunks of K;
@@ -17,23 +20,34 @@ Choices beyond the paper:
   instead of repeating (GHN-3 tiles a 2,048-row block).
 - **Several parameters per node** (weight and bias) are told apart by a slot embedding added to
   the node embedding; a 1-D parameter of size C is the column A[:C] B[:, :1].
-- **Output scaling** as GHN-3: weights scaled by 1/sqrt(fan-in), norm weights 2 sigmoid(p / 2),
-  biases tanh(p / 5).
+- **Output scaling** as GHN-3: weights scaled by 1/sqrt(fan-in) (folded into A, so no pass over
+  the full matrix), norm weights 2 sigmoid(p / 2), biases tanh(p / 5).
+
+``LoGAHConfig(decoder="ghn3")`` swaps in GHN-3's decoder (eq. 2: a d x d x 16 x 16 block,
+cropped and tiled to the target shape) as the baseline the paper compares against.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch_geometric.data import Data
 
+from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
+DECODERS = ("low_rank", "ghn3")
+
+
+class VariantError(GraphkitError, ValueError):
+    """An unknown LoGAH variant or decoder."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,12 @@ class LoGAHConfig:
     max_distance: int = 32
     max_chunks: int = 64     # rows or columns up to max_chunks * K
     max_slots: int = 8       # parameters per node
+    decoder: str = "low_rank"  # or "ghn3", the tiling baseline
+    spatial: int = 16        # the ghn3 decoder's block is d x d x spatial x spatial
+
+    def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise VariantError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
 
 
 #: the variants of the paper's Table 1 (d, layers, heads, r)
@@ -60,6 +80,60 @@ VARIANTS: dict[str, LoGAHConfig] = {
 }
 
 
+# -- what to predict ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """One parameter to predict: its state-dict name, the node (index) and slot it hangs off, its
+    shape, and how its values are scaled."""
+
+    name: str
+    node: int
+    slot: int
+    shape: tuple[int, ...]
+    kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
+    fan_in: int
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        """The 2-D shape the decoder produces: (C, 1) for 1-D, (Cout h, Cin w) for 4-D."""
+        s = self.shape
+        if len(s) == 1:
+            return s[0], 1
+        if len(s) == 4:
+            return s[0] * s[2], s[1] * s[3]
+        return math.prod(s[:-1]), s[-1]
+
+    def finish(self, matrix: torch.Tensor) -> torch.Tensor:
+        """The decoded matrix at the parameter's shape, with the 1-D output functions applied."""
+        if self.kind == "norm":
+            return 2 * torch.sigmoid(matrix[:, 0] / 2)
+        if self.kind == "bias":
+            return torch.tanh(matrix[:, 0] / 5)
+        if len(self.shape) == 4:
+            cout, cin, h, w = self.shape
+            return matrix.view(cout, h, cin, w).permute(0, 2, 1, 3).contiguous()
+        return matrix.reshape(self.shape)
+
+
+def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
+    """Every parameter of ``graph`` as a :class:`Target`, in node order."""
+    out = []
+    for i, node in enumerate(graph.nodes):
+        for slot, (name, shape) in enumerate(node.params.items()):
+            shape = tuple(shape)
+            if len(shape) == 1:
+                kind = "norm" if node.op in ("layer_norm", "rms_norm") and name.endswith("weight") else "bias"
+            else:
+                kind = "weight"
+            if len(shape) == 4:
+                fan_in = shape[1] * shape[2] * shape[3]
+            else:
+                fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
+            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in))
+    return out
+
+
+# -- encoder -----------------------------------------------------------------------------------
 class GraphormerLayer(nn.Module):
     """Pre-LayerNorm self-attention with an additive per-head bias, then a 4x MLP."""
 
@@ -78,13 +152,12 @@ class GraphormerLayer(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class LoGAH(nn.Module):
-    """Graph hypernetwork: graph -> node embeddings -> every parameter of the model."""
+class GraphEncoder(nn.Module):
+    """Node embeddings of a batch of graphs (GHN-3's Graphormer)."""
 
-    def __init__(self, config: LoGAHConfig = LoGAHConfig()) -> None:
+    def __init__(self, c: LoGAHConfig) -> None:
         super().__init__()
-        self.config = c = config
-        d = c.hidden
+        d, self.config = c.hidden, c
         self.op_embed = nn.Embedding(len(OPS), d)
         self.shape_embed = nn.Embedding(4 * SHAPE_BUCKETS, d)
         self.in_degree_embed = nn.Embedding(c.max_degree + 1, d)
@@ -94,90 +167,138 @@ class LoGAH(nn.Module):
         self.backward_distance = nn.Embedding(c.max_distance + 2, c.heads)
         self.layers = nn.ModuleList(GraphormerLayer(d, c.heads) for _ in range(c.layers))
         self.norm = nn.LayerNorm(d)
+
+    def forward(self, graphs: Sequence[Data]) -> list[torch.Tensor]:
+        """(N_i, d) node embeddings for each graph (``ArchGraph.to_pyg()`` data)."""
+        c, device = self.config, self.op_embed.weight.device
+        n = max(g.num_nodes for g in graphs)
+        x = torch.zeros(len(graphs), n, c.hidden, device=device)
+        dist = torch.full((len(graphs), n, n), c.max_distance + 1, dtype=torch.long, device=device)  # unreachable
+        for b, g in enumerate(graphs):
+            x[b, :g.num_nodes] = self._node_features(g)
+            i, j = g.spd_index.to(device)
+            dist[b, i, j] = g.spd_value.to(device).clamp(max=c.max_distance)
+        dist[:, torch.arange(n), torch.arange(n)] = 0
+        bias = (self.forward_distance(dist) + self.backward_distance(dist.transpose(1, 2))).permute(0, 3, 1, 2)
+        pad = torch.ones(len(graphs), n, dtype=torch.bool, device=device)
+        for b, g in enumerate(graphs):
+            pad[b, :g.num_nodes] = False
+        bias = bias.masked_fill(pad[:, None, None, :], float("-inf"))
+        for layer in self.layers:
+            x = layer(x, bias)
+        x = self.norm(x)
+        return [x[b, :g.num_nodes] for b, g in enumerate(graphs)]
+
+    def _node_features(self, g: Data) -> torch.Tensor:
+        c, device = self.config, self.op_embed.weight.device
+        shape = g.param_shape.to(device).float()
+        buckets = torch.where(shape > 0, (torch.log2(shape + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
+        return (self.op_embed(g.x.to(device))
+                + self.shape_embed(buckets + torch.arange(4, device=device) * SHAPE_BUCKETS).sum(1)
+                + self.in_degree_embed(g.in_degree.to(device).clamp(max=c.max_degree))
+                + self.out_degree_embed(g.out_degree.to(device).clamp(max=c.max_degree)))
+
+
+# -- decoders ----------------------------------------------------------------------------------
+class LowRankDecoder(nn.Module):
+    """LoGAH's decoder: per query two r x r matrices, mapped to A and B^T by one r -> K linear."""
+
+    def __init__(self, c: LoGAHConfig) -> None:
+        super().__init__()
+        d, self.config = c.hidden, c
         self.slot_embed = nn.Embedding(c.max_slots, d)
         self.row_chunk_embed = nn.Embedding(c.max_chunks, d)
         self.col_chunk_embed = nn.Embedding(c.max_chunks, d)
-        self.decoder = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, 8 * d), nn.GELU(),
-                                     nn.Linear(8 * d, 2 * c.rank * c.rank))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, 8 * d), nn.GELU(),
+                                 nn.Linear(8 * d, 2 * c.rank * c.rank))
         self.low_rank = nn.Linear(c.rank, c.max_mask)  # r -> K, shared by A and B^T
 
+    def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
+        """Every target's values from the node embeddings ``nodes`` (N, d)."""
+        k, r = self.config.max_mask, self.config.rank
+        queries = [(t.node, t.slot, i, j) for t in plan
+                   for i in range(math.ceil(t.matrix_shape[0] / k)) for j in range(math.ceil(t.matrix_shape[1] / k))]
+        if max(max(q[2], q[3]) for q in queries) >= self.config.max_chunks:
+            raise ValueError(f"a parameter is wider than max_chunks * K = {self.config.max_chunks * k:,}")
+        node, slot, row, col = torch.tensor(queries, device=nodes.device).t()
+        query = nodes[node] + self.slot_embed(slot) + self.row_chunk_embed(row) + self.col_chunk_embed(col)
+        factors = self.mlp(query).view(-1, 2, r, r)
+        w, b = self.low_rank.weight, self.low_rank.bias
+        out, q = {}, 0
+        for t in plan:
+            rows, cols = t.matrix_shape
+            scale = 1 / math.sqrt(t.fan_in) if t.kind == "weight" else 1.0
+            blocks = []
+            for i in range(0, rows, k):
+                h, line = min(k, rows - i), []
+                for j in range(0, cols, k):
+                    width = min(k, cols - j)
+                    a = (w[:h] @ factors[q, 0] + b[:h, None]) * scale   # A[:h], (h, r)
+                    bt = w[:width] @ factors[q, 1] + b[:width, None]     # B^T[:width], (width, r)
+                    line.append(a @ bt.t())
+                    q += 1
+                blocks.append(line[0] if len(line) == 1 else torch.cat(line, 1))
+            out[t.name] = t.finish(blocks[0] if len(blocks) == 1 else torch.cat(blocks, 0))
+        return out
+
+
+class TiledDecoder(nn.Module):
+    """GHN-3's decoder (eq. 2), the baseline: d -> 4d x s x s, cropped to the target's spatial
+    size, 1x1 convolutions 4d -> 8d -> d^2, giving a d x d x h x w block that is tiled (repeated)
+    along both channel dimensions; 1-D parameters take the block's first column."""
+
+    def __init__(self, c: LoGAHConfig) -> None:
+        super().__init__()
+        d, self.config = c.hidden, c
+        self.slot_embed = nn.Embedding(c.max_slots, d)
+        self.fc = nn.Linear(d, 4 * d * c.spatial ** 2)
+        self.conv = nn.Sequential(nn.Conv2d(4 * d, 8 * d, 1), nn.ReLU(), nn.Conv2d(8 * d, d * d, 1))
+
+    def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
+        """Every target's values from the node embeddings ``nodes`` (N, d)."""
+        d, s = self.config.hidden, self.config.spatial
+        node, slot = torch.tensor([(t.node, t.slot) for t in plan], device=nodes.device).t()
+        hidden = self.fc(nodes[node] + self.slot_embed(slot)).view(len(plan), 4 * d, s, s)
+        out = {}
+        for q, t in enumerate(plan):
+            h, w = (min(t.shape[2], s), min(t.shape[3], s)) if len(t.shape) == 4 else (1, 1)
+            block = self.conv(hidden[q:q + 1, :, :h, :w]).view(d, d, h, w)
+            if len(t.shape) == 4:
+                cout, cin, kh, kw = t.shape
+                value = block.repeat(-(-cout // d), -(-cin // d), -(-kh // h), -(-kw // w))[:cout, :cin, :kh, :kw]
+            else:
+                rows, cols = t.matrix_shape
+                value = t.finish(block[:, :, 0, 0].repeat(-(-rows // d), -(-cols // d))[:rows, :cols])
+            out[t.name] = value / math.sqrt(t.fan_in) if t.kind == "weight" else value
+        return out
+
+
+# -- the hypernetwork --------------------------------------------------------------------------
+class LoGAH(nn.Module):
+    """Graph hypernetwork: graphs -> node embeddings -> every parameter of each model."""
+
+    def __init__(self, config: LoGAHConfig = LoGAHConfig()) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = GraphEncoder(config)
+        self.decoder = LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
+
     @classmethod
-    def from_variant(cls, name: str) -> LoGAH:
-        """LoGAH-tiny, -small, -base or -large (Table 1)."""
+    def from_variant(cls, name: str, decoder: str = "low_rank") -> LoGAH:
+        """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline."""
         if name not in VARIANTS:
-            raise ValueError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
-        return cls(VARIANTS[name])
+            raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
+        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder}))
 
     def config_dict(self) -> dict:
         """The config as plain data (saved beside checkpoints)."""
         return asdict(self.config)
 
-    # -- encoder -------------------------------------------------------------------------------
-    def encode(self, graph: ArchGraph) -> torch.Tensor:
-        """Node embeddings (N, d) of one graph."""
-        c, device = self.config, self.low_rank.weight.device
-        data = graph.to_pyg()
-        n = data.num_nodes
-        shape = data.param_shape.to(device).float()
-        buckets = torch.where(shape > 0, (torch.log2(shape + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
-        x = (self.op_embed(data.x.to(device))
-             + self.shape_embed(buckets + torch.arange(4, device=device) * SHAPE_BUCKETS).sum(1)
-             + self.in_degree_embed(data.in_degree.to(device).clamp(max=c.max_degree))
-             + self.out_degree_embed(data.out_degree.to(device).clamp(max=c.max_degree)))
-        dist = torch.full((n, n), c.max_distance + 1, dtype=torch.long, device=device)  # unreachable
-        dist[data.spd_index[0], data.spd_index[1]] = data.spd_value.to(device).clamp(max=c.max_distance)
-        dist.fill_diagonal_(0)
-        bias = (self.forward_distance(dist) + self.backward_distance(dist.t())).permute(2, 0, 1).unsqueeze(0)
-        x = x.unsqueeze(0)
-        for layer in self.layers:
-            x = layer(x, bias)
-        return self.norm(x)[0]
-
-    # -- decoder -------------------------------------------------------------------------------
-    def _factors(self, query: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-        r = self.config.rank
-        m = self.decoder(query).view(2, r, r)
-        w, b = self.low_rank.weight, self.low_rank.bias
-        a = w[:rows] @ m[0] + b[:rows, None]      # A[:rows], (rows, r)
-        bt = w[:cols] @ m[1] + b[:cols, None]     # B^T[:cols], (cols, r)
-        return a, bt
-
-    def _matrix(self, node: torch.Tensor, slot: int, rows: int, cols: int) -> torch.Tensor:
-        """A (rows x cols) matrix, in chunks of at most K rows and columns."""
-        k = self.config.max_mask
-        row_blocks = []
-        for i in range(math.ceil(rows / k)):
-            h = min(k, rows - i * k)
-            col_blocks = []
-            for j in range(math.ceil(cols / k)):
-                w = min(k, cols - j * k)
-                query = node + self.slot_embed.weight[slot] + self.row_chunk_embed.weight[i] + self.col_chunk_embed.weight[j]
-                a, bt = self._factors(query, h, w)
-                col_blocks.append(a @ bt.t())
-            row_blocks.append(torch.cat(col_blocks, dim=1))
-        return torch.cat(row_blocks, dim=0)
+    def forward(self, graphs: Sequence[Data], plans: Sequence[Sequence[Target]]) -> list[dict[str, torch.Tensor]]:
+        """The parameters of several models at once: one encoder pass over the padded batch of
+        graphs, then each model's targets (see :func:`targets`)."""
+        return [self.decoder(nodes, plan) for nodes, plan in zip(self.encoder(graphs), plans)]
 
     def predict(self, graph: ArchGraph) -> dict[str, torch.Tensor]:
         """Every parameter of the graph's model, by state-dict name, at full shape."""
-        embeddings = self.encode(graph)
-        out: dict[str, torch.Tensor] = {}
-        for i, node in enumerate(graph.nodes):
-            for slot, (name, shape) in enumerate(node.params.items()):
-                out[name] = self._decode(embeddings[i], min(slot, self.config.max_slots - 1), name, shape, node)
-        return out
-
-    def _decode(self, node_embedding: torch.Tensor, slot: int, name: str, shape: tuple[int, ...], node) -> torch.Tensor:
-        if len(shape) == 1:
-            p = self._matrix(node_embedding, slot, shape[0], 1)[:, 0]
-            if node.op in ("layer_norm", "rms_norm") and name.endswith("weight"):
-                return 2 * torch.sigmoid(p / 2)
-            return torch.tanh(p / 5)
-        if len(shape) == 4:  # (Cout, Cin, h, w) as (Cout h) x (Cin w)
-            cout, cin, h, w = shape
-            matrix = self._matrix(node_embedding, slot, cout * h, cin * w).view(cout, h, cin, w).permute(0, 2, 1, 3)
-            fan_in = cin * h * w
-        else:  # (out, in); 3-D tokens and positions (1, N, D) as (N, D)
-            rows, cols = math.prod(shape[:-1]), shape[-1]
-            matrix = self._matrix(node_embedding, slot, rows, cols).reshape(shape)
-            fan_in = shape[0] if node.attrs.get("transposed") else cols
-        return matrix / math.sqrt(fan_in)
+        return self([graph.to_pyg()], [targets(graph, self.config.max_slots)])[0]

@@ -1,0 +1,121 @@
+"""Hypernetwork commands: train-ghn, predict, eval-ghn."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from graphkit.cli.app import app, command, console
+
+
+@app.command("train-ghn")
+@command
+def train_ghn(
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Graph dataset folder (from `graphkit generate`); trains on its train split."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run folder: final hypernetwork, checkpoint/, metrics.jsonl."),
+    data: Optional[str] = typer.Option(None, "--data", help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs)."),
+    variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
+    decoder: str = typer.Option("low_rank", "--decoder", help="low_rank (LoGAH) or ghn3 (GHN-3's tiling decoder, the baseline)."),
+    meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
+    steps: int = typer.Option(1000, "--steps", help="Optimisation steps."),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (cosine schedule to 0)."),
+    weight_decay: float = typer.Option(1e-2, "--weight-decay"),
+    gamma: float = typer.Option(3e-5, "--gamma", help="Weight of the predicted-parameter norm penalty."),
+    clip: float = typer.Option(5.0, "--clip", help="Gradient-norm clipping."),
+    amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", help="bf16 autocast (default: on with a GPU)."),
+    seed: int = typer.Option(0, "--seed"),
+    checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
+    log_every: int = typer.Option(10, "--log-every", help="Steps between metrics.jsonl lines."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the local GPU, else cpu)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
+) -> None:
+    """Train a LoGAH hypernetwork on a graph dataset.
+
+    Run under `torchrun --nproc-per-node N` for several GPUs or nodes (DDP).
+    """
+    from graphkit.ghn.training import TrainConfig, train
+
+    config = TrainConfig(dataset=str(dataset), out=str(out), data=data, variant=variant, decoder=decoder,
+                         meta_batch=meta_batch, batch_size=batch_size, seq_len=seq_len, steps=steps, lr=lr,
+                         weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
+                         checkpoint_every=checkpoint_every, log_every=log_every, device=device)
+    last = train(config, resume=resume)
+    if last:
+        console.print(f"step {last['step']}: loss {last['loss']:.4f}, accuracy {last['metric']:.3f}, "
+                      f"{last['archs_per_s']:.2f} architectures/s; wrote {out}", highlight=False)
+
+
+@app.command()
+@command
+def predict(
+    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (build it on meta: no weights needed)."),
+    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs or GPT-2s)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
+) -> None:
+    """Predict every parameter of a model with a graph hypernetwork."""
+    from graphkit.compile import save_params
+    from graphkit.ghn import load_checkpoint
+    from graphkit.ghn import predict as predict_params
+    from graphkit.modelfile import load_model_file
+
+    loaded = load_model_file(model_file)
+    hypernet = load_checkpoint(ghn) if ghn is not None else None
+    start = time.perf_counter()
+    params = predict_params(loaded.model, hypernet, loaded.example_inputs)
+    seconds = time.perf_counter() - start
+    total = sum(p.numel() for p in loaded.model.parameters())
+    predicted = sum(t.numel() for t in params.values())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    console.print(f"{type(loaded.model).__name__}: predicted {predicted:,} of {total:,} parameters ({100 * predicted / total:.1f}%) in {seconds:.2f} s; "
+                  f"peak memory {peak:,.0f} MB", highlight=False)
+    if out is not None:
+        save_params(loaded.model, out, metadata={"graphkit_ghn": ghn or "bundled"})
+        console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+
+
+@app.command("eval-ghn")
+@command
+def eval_ghn(
+    dataset: Path = typer.Option(..., "--dataset", "-d", help="Graph dataset folder; its architectures of --split are evaluated."),
+    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled one for the dataset's family)."),
+    out: Path = typer.Option(Path("eval-ghn"), "--out", "-o", help="Folder for eval.json (every row and the summary) and eval.png."),
+    split: str = typer.Option("eval", "--split", help="Dataset split: eval (held-out architectures) or train."),
+    data: Optional[str] = typer.Option(None, "--data", help="Data source, as for train-ghn (default: the family's bundled data)."),
+    archs: int = typer.Option(16, "--archs", help="At most this many distinct architectures."),
+    steps: int = typer.Option(50, "--steps", help="Fine-tuning steps after initialisation."),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    seq_len: int = typer.Option(64, "--seq-len"),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
+    import json
+
+    from rich.table import Table
+
+    from graphkit.cli.app import write_atomic
+    from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
+
+    config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
+                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed)
+    rows = evaluate(config)
+    summary = summarize(rows)
+    table = Table(title=f"{dataset.name}: {summary['archs']} {split} architectures, {steps} fine-tuning steps", show_edge=False)
+    for column in ("init", "loss @0", "accuracy @0", f"loss @{steps}", f"accuracy @{steps}"):
+        table.add_column(column, justify="right")
+    for init in INITS:
+        s = summary[init]
+        table.add_row(init, f"{s['loss_0']:.3f}", f"{s['accuracy_0']:.3f}", f"{s['loss']:.3f}", f"{s['accuracy']:.3f}")
+    console.print(table)
+    console.print(f"predicted beats random after {steps} steps on {100 * summary['predicted_beats_random']:.0f}% "
+                  f"of {summary['archs']} architectures", highlight=False)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
+    plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
+    console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)

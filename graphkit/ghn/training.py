@@ -1,0 +1,248 @@
+"""Train a LoGAH on a graph dataset (LoGAH section 4, GHN-3's recipe).
+
+Each step samples ``meta_batch`` architectures of the train split, predicts all their
+parameters in one hypernetwork pass, runs every model on a data batch with the predicted
+parameters (``torch.func.functional_call``: models are built once, their own weights are never
+allocated) and backpropagates the mean cross-entropy plus ``gamma`` times the mean over models
+of the summed L2 norms of the predicted parameters. AdamW, cosine schedule, gradient clipping,
+bf16 autocast on GPU, atomic checkpoints every ``checkpoint_every`` steps, ``resume``, a metrics
+log (``metrics.jsonl``) and a progress bar.
+
+Under ``torchrun`` every process samples its own architectures and data (seeded by step and
+rank, so a resumed run draws the same ones) and DDP averages the gradients.
+
+    >>> train(TrainConfig(dataset="out/vits-1k", out="runs/tiny", steps=1000))
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.func import functional_call
+
+from graphkit.errors import GraphkitError
+from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, save_checkpoint
+from graphkit.ghn.model import LoGAH, targets
+
+
+class TrainError(GraphkitError):
+    """Training cannot start or continue (bad dataset, data, resume folder or loss)."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on; saved in every checkpoint."""
+
+    dataset: str
+    out: str
+    data: str | None = None      # a data source spec; None: the family's bundled default
+    variant: str = "tiny"
+    decoder: str = "low_rank"    # or "ghn3", the tiling baseline
+    meta_batch: int = 4          # architectures per step (per process)
+    batch_size: int = 32         # images or sequences per architecture
+    seq_len: int = 64
+    steps: int = 1000
+    lr: float = 3e-4
+    weight_decay: float = 1e-2
+    gamma: float = 3e-5          # predicted-parameter norm penalty
+    clip: float = 5.0
+    amp: bool | None = None      # bf16 autocast; None: on when training on a GPU
+    seed: int = 0
+    checkpoint_every: int = 100
+    log_every: int = 10
+    split: str = "train"
+    device: str | None = None    # None: cuda:LOCAL_RANK if available, else cpu
+
+
+class ArchPool:
+    """The distinct architectures of a dataset split, each with its PyG graph, its targets and a
+    parameter-less model for ``functional_call``, built on first use."""
+
+    def __init__(self, dataset: str | Path, split: str = "train", device: str | torch.device = "cpu",
+                 max_slots: int = 8) -> None:
+        from graphkit.datasets import load
+
+        distinct: dict[str, Any] = {}
+        for record in load(dataset).filter(split=split):
+            distinct.setdefault(record["fingerprint"], record)
+        self.records = list(distinct.values())
+        if not self.records:
+            raise TrainError(f"{dataset}: no records in split {split!r}")
+        families = {r.config["family"] for r in self.records}
+        if len(families) > 1:
+            raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
+        self.family = families.pop()
+        self.device, self.max_slots = torch.device(device), max_slots
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @functools.cache
+    def graph(self, index: int):
+        """(PyG data, targets) of architecture ``index``."""
+        graph = self.records[index].graph
+        return graph.to_pyg(), targets(graph, self.max_slots)
+
+    @functools.lru_cache(maxsize=256)
+    def model(self, index: int) -> nn.Module:
+        """Architecture ``index`` with real buffers and parameters on meta (functional_call
+        supplies them), so a cached model costs no weight memory."""
+        return functional_model(self.records[index].config, self.device)
+
+    def ops(self) -> list[str]:
+        """Every op the pool's graphs use."""
+        return sorted({node.op for r in self.records for node in r.graph.nodes})
+
+
+def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:
+    """The model of ``config`` on ``device`` with its parameters on meta (ties kept): a shell for
+    ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks)."""
+    from graphkit.families import build_model
+
+    model = build_model(config, device, init=False)
+    metas: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                if id(param) not in metas:
+                    metas[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
+                module._parameters[name] = metas[id(param)]
+    return model
+
+
+def norm_penalty(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """GHN-3's predicted-parameter regulariser: the sum of the parameters' L2 norms."""
+    return sum(p.float().norm() for p in params.values())
+
+
+def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[str, torch.Tensor]], source,
+               config: TrainConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean loss and mean metric (accuracy) of the models ``indices`` with ``predicted``
+    parameters, each on its own data batch."""
+    from graphkit.ghn.data import output_loss
+
+    losses, metrics = [], []
+    for index, params in zip(indices, predicted):
+        model = pool.model(index).train()
+        inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
+        output = functional_call(model, params, (inputs.to(pool.device),))
+        loss, metric = output_loss(source.task, output, labels.to(pool.device))
+        losses.append(loss)
+        metrics.append(metric)
+    return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
+
+
+def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
+    """Train (or, with ``resume``, continue training) a LoGAH as ``config`` says; writes
+    ``config.out/checkpoint`` every ``checkpoint_every`` steps and the final hypernetwork to
+    ``config.out``; returns the last logged metrics."""
+    from graphkit.ghn.data import default_source, load_source
+
+    rank, world, device = _distributed(config.device)
+    out = Path(config.out)
+    pool = ArchPool(config.dataset, config.split, device)
+    data = config.data or default_source(pool.family)
+    source = load_source(data, seq_len=config.seq_len)
+    for record in pool.records[:1]:
+        source.check(record.config)
+    torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
+    ghn = LoGAH.from_variant(config.variant, config.decoder).to(device)
+    optimizer = torch.optim.AdamW(ghn.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
+    cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine, last_epoch=start - 1)  # resumed: the lr of ``start``
+    model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
+    amp = device.type == "cuda" if config.amp is None else config.amp
+    info = {"variant": config.variant, "family": pool.family, "trained_ops": pool.ops(), "data": data,
+            "train": asdict(config), "dataset": str(config.dataset)}
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    metrics_file = out / "metrics.jsonl"
+    if resume and rank == 0 and metrics_file.exists():  # lines logged after the checkpoint will be logged again
+        kept = [line for line in metrics_file.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= start]
+        metrics_file.write_text("".join(kept))
+    last: dict[str, float] = {}
+    columns = (TextColumn("train-ghn"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+               TimeRemainingColumn())
+    with Progress(*columns, disable=not (progress and rank == 0)) as bar:
+        task = bar.add_task("train", total=config.steps, completed=start, loss="-")
+        tic = time.perf_counter()
+        for step in range(start, config.steps):
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 4099 + rank)
+            indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
+            graphs, plans = zip(*(pool.graph(i) for i in indices))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                predicted = model(list(graphs), list(plans))
+                ce, metric = run_models(pool, indices, predicted, source, config, generator)
+                penalty = torch.stack([norm_penalty(p) for p in predicted]).mean()
+                loss = ce + config.gamma * penalty
+            if not torch.isfinite(loss):
+                raise TrainError(f"step {step}: the loss is {loss.item()}; resume from {out / 'checkpoint'} with a lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
+            optimizer.step()
+            schedule.step()
+            done = step + 1
+            if done % config.log_every == 0 or done == config.steps:
+                values = torch.stack([loss.detach(), ce.detach(), metric.detach(), penalty.detach()])
+                if world > 1:
+                    dist.all_reduce(values)
+                    values /= world
+                elapsed = time.perf_counter() - tic
+                last = {"step": done, "loss": values[0].item(), "ce": values[1].item(), "metric": values[2].item(),
+                        "norm": values[3].item(), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm.item(),
+                        "archs_per_s": config.meta_batch * world * (done - start) / elapsed, "world_size": world}
+                if rank == 0:
+                    with metrics_file.open("a") as f:
+                        f.write(json.dumps(last) + "\n")
+            bar.update(task, completed=done, loss=f"{loss.item():.3f}")
+            if done % config.checkpoint_every == 0 or done == config.steps:
+                if rank == 0:
+                    save_checkpoint(out / "checkpoint", ghn, info, optimizer=optimizer,
+                                    state={"step": done, "config": asdict(config)})
+                if world > 1:
+                    dist.barrier()
+    if rank == 0:
+        save_checkpoint(out, ghn, {**info, "steps": config.steps, "metrics": last})
+    if world > 1:
+        dist.destroy_process_group()
+    return last
+
+
+def _resume(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
+    if not (folder / "trainer_state.json").is_file():
+        raise TrainError(f"{folder}: nothing to resume (no training checkpoint there)")
+    saved = load_checkpoint(folder)
+    if saved.config != ghn.config:
+        raise TrainError(f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant")
+    ghn.load_state_dict(saved.state_dict())
+    state = load_optimizer_state(folder, optimizer)
+    return int(state["step"])
+
+
+def _distributed(device: str | None) -> tuple[int, int, torch.device]:
+    """(rank, world size, device); joins the process group torchrun describes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return (dist.get_rank() if world > 1 else 0), world, device
+

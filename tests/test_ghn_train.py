@@ -1,0 +1,223 @@
+"""Hypernetwork training, checkpoints, DDP, prediction CLI, evaluation and their bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import graphkit
+from graphkit.cli import app
+from graphkit.datasets.generate import generate
+from graphkit.families import build_model
+from graphkit.ghn import (BUNDLED, CheckpointError, LoGAH, LoGAHConfig, PredictError, TrainConfig, TrainError,
+                          load_checkpoint, predict, save_checkpoint, train)
+from graphkit.ghn.training import ArchPool, run_models
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def vits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ghn") / "tiny-vits"
+    generate(str(ROOT / "tests" / "recipes" / "tiny-vits.json"), out, num=12)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ghn") / "tiny-gpts"
+    generate(str(ROOT / "tests" / "recipes" / "tiny-gpts.json"), out)
+    return out
+
+
+def quick(dataset, out, **overrides) -> TrainConfig:
+    return replace(TrainConfig(dataset=str(dataset), out=str(out), meta_batch=2, batch_size=8, seq_len=16, steps=4,
+                               checkpoint_every=2, log_every=1), **overrides)
+
+
+@pytest.mark.parametrize("which", ["vits", "gpts"])
+def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
+    from graphkit.ghn.data import load_source
+
+    pool = ArchPool(request.getfixturevalue(which))
+    source = load_source("digits" if which == "vits" else "stdlib-text", seq_len=16)
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny")
+    optimizer = torch.optim.AdamW(ghn.parameters(), lr=1e-3)
+    indices = [0, 1]
+    graphs, plans = zip(*(pool.graph(i) for i in indices))
+    config = quick("-", "-")
+    losses = []
+    for _ in range(8):
+        loss, _ = run_models(pool, indices, ghn(list(graphs), list(plans)), source, config, torch.Generator().manual_seed(0))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, tmp_path):
+    last = train(quick(vits, tmp_path / "run"), progress=False)
+    run_dir = tmp_path / "run"
+    assert sorted(os.listdir(run_dir / "checkpoint")) == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
+    assert json.loads((run_dir / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4] and last == lines[-1]
+    assert all(m["archs_per_s"] > 0 and m["lr"] >= 0 for m in lines)
+    ghn = load_checkpoint(run_dir)
+    assert ghn.info["family"] == "vit" and "attention" in ghn.info["trained_ops"] and ghn.info["data"] == "digits"
+    model = build_model(ArchPool(vits, "eval").records[0].config)
+    params = predict(model, ghn)
+    assert sum(t.numel() for t in params.values()) == sum(p.numel() for p in model.parameters())
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(vits, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    train(quick(vits, straight, steps=6), progress=False)
+
+    import graphkit.ghn.training as train_module
+
+    calls = {"n": 0}
+    original = train_module.run_models
+
+    def crash_on_fifth_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    interrupted = tmp_path / "interrupted"
+    monkeypatch.setattr(train_module, "run_models", crash_on_fifth_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(quick(vits, interrupted, steps=6), progress=False)
+    monkeypatch.setattr(train_module, "run_models", original)
+    assert json.loads((interrupted / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
+    train(quick(vits, interrupted, steps=6), resume=True, progress=False)
+    a, b = load_file(straight / "model.safetensors"), load_file(interrupted / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    steps = [json.loads(line)["step"] for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_two_process_ddp_on_cpu(gpts, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "-m", "graphkit", "train-ghn", "--dataset", str(gpts), "--out", str(out),
+               "--steps", "3", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--log-every", "1", "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3] and all(m["world_size"] == 2 for m in lines)
+    assert load_checkpoint(out).info["family"] == "gpt2"
+
+
+def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
+    out = tmp_path / "cli"
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "2", "--meta-batch", "1", "--batch-size", "2",
+                 "--seq-len", "8")
+    assert result.exit_code == 0, result.output
+    assert "step 2: loss" in result.stdout and (out / "model.safetensors").is_file()
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--variant", "small", "--resume")
+    assert result.exit_code == 1 and "holds a LoGAH tiny with another config; resume with the same --variant" in result.stderr
+    bad = {
+        ("--data", "digits"): "digits is image data but a gpt2 model takes text",
+        ("--data", "cifar10:/nowhere"): "/nowhere",
+        ("--data", "mnist"): "accepted",
+        ("--variant", "huge"): "unknown LoGAH variant 'huge'; known: tiny, small, base, large",
+        ("--decoder", "dense"): "unknown decoder 'dense'; accepted: low_rank, ghn3",
+        ("--resume",): "nothing to resume",
+    }
+    for extra, message in bad.items():
+        result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "bad", "--steps", "1", *extra)
+        assert result.exit_code == 1 and message in result.stderr, (extra, result.output)
+    result = run("train-ghn", "--dataset", tmp_path / "missing", "--out", tmp_path / "bad")
+    assert result.exit_code == 1 and "missing" in result.stderr
+
+
+def test_checkpoint_errors(tmp_path):
+    ghn = LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096))
+    folder = save_checkpoint(tmp_path / "ckpt", ghn, {"variant": "custom"})
+    assert torch.equal(load_checkpoint(folder).decoder.low_rank.weight, ghn.decoder.low_rank.weight)
+    with pytest.raises(CheckpointError, match="holds LoGAH custom .* not tiny"):
+        load_checkpoint(folder, variant="tiny")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "ops_version": 0}))
+    with pytest.raises(CheckpointError, match="trained with op vocabulary v0, but this graphkit uses v1"):
+        load_checkpoint(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "logah": {**config["logah"], "hidden": 64}}))
+    with pytest.raises(CheckpointError, match="model.safetensors: does not match its config.json"):
+        load_checkpoint(folder)
+    with pytest.raises(CheckpointError, match="no hypernetwork checkpoint there"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_an_op_the_hypernetwork_never_saw_is_refused(exotic_graph):
+    ghn = load_checkpoint(BUNDLED["gpt2"])
+    model = build_model(dict(family="llama", num_layers=1, hidden=64, heads=4, vocab_size=1000))
+    with pytest.raises(CheckpointError, match="has op 'rms_norm', which this hypernetwork was not trained on"):
+        predict(model, ghn)
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_a_model_too_large_for_memory_is_refused_before_allocating():
+    model = build_model(dict(family="gpt2", num_layers=2, hidden=64, heads=4))
+    with pytest.raises(PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0.03 GB but 0.00 GB are available"):
+        predict(model, LoGAH(), memory_limit=1000)
+
+
+@pytest.mark.parametrize("family", sorted(BUNDLED))
+def test_bundled_checkpoints(family):
+    ghn = load_checkpoint(BUNDLED[family])
+    assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
+    assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in LoGAH.from_variant("tiny").parameters())
+
+
+@pytest.mark.parametrize("example", ["vit_tiny_cifar.py", "gpt2.py"])
+def test_predict_cli_covers_every_parameter(example, tmp_path):
+    out = tmp_path / "predicted.safetensors"
+    result = run("predict", ROOT / "examples" / example, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "(100.0%)" in result.stdout and "peak memory" in result.stdout
+    tensors = load_file(out)
+    assert all(torch.isfinite(t).all() for t in tensors.values())
+
+
+def test_predict_cli_bad_inputs(tmp_path):
+    result = run("predict", ROOT / "examples" / "llama_block.py")
+    assert result.exit_code == 1 and "no bundled hypernetwork for custom models" in result.stderr
+    result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
+    assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr
+
+
+def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
+    train(quick(vits, tmp_path / "run", steps=2), progress=False)
+    out = tmp_path / "eval"
+    result = run("eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3",
+                 "--batch-size", "4")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval.json").read_text())
+    assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal"}
+    assert len(report["rows"]) == 3 * report["summary"]["archs"] and all(len(r["curve"]) == 3 for r in report["rows"])
+    assert 0 <= report["summary"]["predicted_beats_random"] <= 1
+    assert (out / "eval.png").stat().st_size > 1000
+    assert "predicted beats random after 3 steps" in result.stdout
