@@ -136,3 +136,25 @@ def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
         broken = torch.ones(1000)
         broken[537] = value
         assert first_non_finite({**fine, "w": broken}) == "w"
+
+
+@pytest.mark.parametrize("config", [dict(family="vit", num_layers=2, hidden=128, heads=4, image_size=8, patch_size=2),
+                                    dict(family="gpt2", num_layers=2, hidden=96, heads=4, vocab_size=300, context=32)])
+def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
+    """An untrained LoGAH must start where a model can learn: weights near INIT_GAIN / sqrt(fan-in)
+    (a bias in the r -> K map, or PyTorch's default init of it, breaks this) and no matrix
+    collapsed onto one direction (the bias made 97% of every matrix's energy one rank-1 term)."""
+    from graphkit.ghn.model import INIT_GAIN, targets
+
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny").eval()
+    graph = graphkit.trace(build_model(config))
+    with torch.no_grad():
+        params = ghn.predict(graph)
+    for t in targets(graph):
+        if t.kind != "weight" or min(t.matrix_shape) < 8:
+            continue
+        value = params[t.name].reshape(t.matrix_shape)
+        assert 0.5 < value.std().item() * t.fan_in ** 0.5 / INIT_GAIN < 2, t.name
+        energy = torch.linalg.svdvals(value) ** 2
+        assert energy[0] / energy.sum() < 0.5, t.name

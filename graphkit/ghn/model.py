@@ -44,6 +44,8 @@ from graphkit.ops import OPS
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 DECODERS = ("low_rank", "ghn3")
+MLP_OUTPUT_STD = 0.16  # std of the decoder MLP's output at init (see LowRankDecoder)
+INIT_GAIN = 0.3  # predicted weights start at std INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
 
 
 class VariantError(GraphkitError, ValueError):
@@ -211,7 +213,16 @@ class LowRankDecoder(nn.Module):
         self.col_chunk_embed = nn.Embedding(c.max_chunks, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, 8 * d), nn.GELU(),
                                  nn.Linear(8 * d, 2 * c.rank * c.rank))
-        self.low_rank = nn.Linear(c.rank, c.max_mask)  # r -> K, shared by A and B^T
+        # r -> K, shared by A and B^T, without bias as in eq. 5 (r x K parameters): a bias adds the
+        # same column to every A and B^T, and their product is then one rank-1 term r b b^T that
+        # swamps the rest (every predicted matrix at init had 97% of its energy in one direction)
+        self.low_rank = nn.Linear(c.rank, c.max_mask, bias=False)
+        # A B^T entries have std r^1.5 sigma^2 s^2, with s ~ 0.16 the MLP's output std at PyTorch's
+        # default init (for any d). This sigma sets it to INIT_GAIN, so predicted weights start at
+        # std INIT_GAIN / sqrt(fan-in) after the fan-in scaling: PyTorch's default sigma starts them
+        # 20x smaller, where the input signal (and the gradient) dies before the output; LeCun's
+        # 1 / sqrt(fan-in) gives logits of std 4 through a residual stack
+        nn.init.normal_(self.low_rank.weight, std=INIT_GAIN ** 0.5 / (c.rank ** 0.75 * MLP_OUTPUT_STD))
 
     def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         """Every target's values from the node embeddings ``nodes`` (N, d)."""
@@ -223,7 +234,7 @@ class LowRankDecoder(nn.Module):
         node, slot, row, col = torch.tensor(queries, device=nodes.device).t()
         query = nodes[node] + self.slot_embed(slot) + self.row_chunk_embed(row) + self.col_chunk_embed(col)
         factors = self.mlp(query).view(-1, 2, r, r)
-        w, b = self.low_rank.weight, self.low_rank.bias
+        w = self.low_rank.weight
         out, q = {}, 0
         for t in plan:
             rows, cols = t.matrix_shape
@@ -233,8 +244,8 @@ class LowRankDecoder(nn.Module):
                 h, line = min(k, rows - i), []
                 for j in range(0, cols, k):
                     width = min(k, cols - j)
-                    a = (w[:h] @ factors[q, 0] + b[:h, None]) * scale   # A[:h], (h, r)
-                    bt = w[:width] @ factors[q, 1] + b[:width, None]     # B^T[:width], (width, r)
+                    a = (w[:h] @ factors[q, 0]) * scale   # A[:h], (h, r)
+                    bt = w[:width] @ factors[q, 1]         # B^T[:width], (width, r)
                     line.append(a @ bt.t())
                     q += 1
                 blocks.append(line[0] if len(line) == 1 else torch.cat(line, 1))
