@@ -141,9 +141,9 @@ def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
 @pytest.mark.parametrize("config", [dict(family="vit", num_layers=2, hidden=128, heads=4, image_size=8, patch_size=2),
                                     dict(family="gpt2", num_layers=2, hidden=96, heads=4, vocab_size=300, context=32)])
 def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
-    """An untrained LoGAH must start where a model can learn: weights near INIT_GAIN / sqrt(fan-in)
-    (a bias in the r -> K map, or PyTorch's default init of it, breaks this) and no matrix
-    collapsed onto one direction (the bias made 97% of every matrix's energy one rank-1 term)."""
+    """An untrained LoGAH must start where a model can learn: weights at RMS INIT_GAIN / sqrt(fan-in)
+    and no matrix collapsed onto one direction (a bias in the r -> K map made 97% of every
+    matrix's energy one rank-1 term)."""
     from graphkit.ghn.model import INIT_GAIN, targets
 
     torch.manual_seed(0)
@@ -158,3 +158,20 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
         assert 0.5 < value.std().item() * t.fan_in ** 0.5 / INIT_GAIN < 2, t.name
         energy = torch.linalg.svdvals(value) ** 2
         assert energy[0] / energy.sum() < 0.5, t.name
+
+
+def test_weight_scale_stays_bounded_whatever_the_gain_head_says():
+    """The predicted scale can neither blow up nor reach zero: RMS in (0, 2 INIT_GAIN / sqrt(fan-in))."""
+    from graphkit.ghn.model import INIT_GAIN, targets
+
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny").eval()
+    graph = graphkit.trace(build_model(dict(family="vit", num_layers=1, hidden=64, heads=2, image_size=8, patch_size=2)))
+    for bias, bound in ((50.0, lambda r: 1.99 < r < 2.001), (-20.0, lambda r: 0 < r < 1e-3)):
+        with torch.no_grad():
+            ghn.decoder.gain.bias.fill_(bias)
+            params = ghn.predict(graph)
+        for t in targets(graph):
+            if t.kind == "weight":
+                ratio = params[t.name].pow(2).mean().sqrt().item() * t.fan_in ** 0.5 / INIT_GAIN
+                assert bound(ratio), (t.name, ratio)

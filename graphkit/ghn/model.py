@@ -20,8 +20,12 @@ Choices beyond the paper:
   instead of repeating (GHN-3 tiles a 2,048-row block).
 - **Several parameters per node** (weight and bias) are told apart by a slot embedding added to
   the node embedding; a 1-D parameter of size C is the column A[:C] B[:, :1].
-- **Output scaling** as GHN-3: weights scaled by 1/sqrt(fan-in) (folded into A, so no pass over
-  the full matrix), norm weights 2 sigmoid(p / 2), biases tanh(p / 5).
+- **Output scaling.** Each weight is normalised to RMS g 2 sigmoid(s / 2) / sqrt(fan-in), with
+  g = INIT_GAIN and s a scalar the decoder predicts per parameter (0 at init): the scale stays
+  bounded, so the early training steps can neither blow it up nor collapse it to zero, a dead
+  state where gradients vanish (GHN-3's plain 1/sqrt(fan-in) factor did both here). The RMS comes
+  from r x r Gram matrices and is folded into A, so no pass over the full matrix is needed.
+  Norm weights 2 sigmoid(p / 2) and biases tanh(p / 5), as GHN-3.
 
 ``LoGAHConfig(decoder="ghn3")`` swaps in GHN-3's decoder (eq. 2: a d x d x 16 x 16 block,
 cropped and tiled to the target shape) as the baseline the paper compares against.
@@ -44,8 +48,7 @@ from graphkit.ops import OPS
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 DECODERS = ("low_rank", "ghn3")
-MLP_OUTPUT_STD = 0.16  # std of the decoder MLP's output at init (see LowRankDecoder)
-INIT_GAIN = 0.3  # predicted weights start at std INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
+INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
 
 
 class VariantError(GraphkitError, ValueError):
@@ -217,12 +220,10 @@ class LowRankDecoder(nn.Module):
         # same column to every A and B^T, and their product is then one rank-1 term r b b^T that
         # swamps the rest (every predicted matrix at init had 97% of its energy in one direction)
         self.low_rank = nn.Linear(c.rank, c.max_mask, bias=False)
-        # A B^T entries have std r^1.5 sigma^2 s^2, with s ~ 0.16 the MLP's output std at PyTorch's
-        # default init (for any d). This sigma sets it to INIT_GAIN, so predicted weights start at
-        # std INIT_GAIN / sqrt(fan-in) after the fan-in scaling: PyTorch's default sigma starts them
-        # 20x smaller, where the input signal (and the gradient) dies before the output; LeCun's
-        # 1 / sqrt(fan-in) gives logits of std 4 through a residual stack
-        nn.init.normal_(self.low_rank.weight, std=INIT_GAIN ** 0.5 / (c.rank ** 0.75 * MLP_OUTPUT_STD))
+        # one scalar per parameter for its scale (see forward); zero: every weight starts at INIT_GAIN
+        self.gain = nn.Linear(d, 1)
+        nn.init.zeros_(self.gain.weight)
+        nn.init.zeros_(self.gain.bias)
 
     def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         """Every target's values from the node embeddings ``nodes`` (N, d)."""
@@ -234,21 +235,25 @@ class LowRankDecoder(nn.Module):
         node, slot, row, col = torch.tensor(queries, device=nodes.device).t()
         query = nodes[node] + self.slot_embed(slot) + self.row_chunk_embed(row) + self.col_chunk_embed(col)
         factors = self.mlp(query).view(-1, 2, r, r)
+        gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         w = self.low_rank.weight
         out, q = {}, 0
         for t in plan:
             rows, cols = t.matrix_shape
-            scale = 1 / math.sqrt(t.fan_in) if t.kind == "weight" else 1.0
-            blocks = []
+            first = q
+            chunks = []  # (A[:h], B^T[:width]) per chunk, row-major
             for i in range(0, rows, k):
-                h, line = min(k, rows - i), []
                 for j in range(0, cols, k):
-                    width = min(k, cols - j)
-                    a = (w[:h] @ factors[q, 0]) * scale   # A[:h], (h, r)
-                    bt = w[:width] @ factors[q, 1]         # B^T[:width], (width, r)
-                    line.append(a @ bt.t())
+                    chunks.append((w[:min(k, rows - i)] @ factors[q, 0], w[:min(k, cols - j)] @ factors[q, 1]))
                     q += 1
-                blocks.append(line[0] if len(line) == 1 else torch.cat(line, 1))
+            if t.kind == "weight":  # RMS from r x r Grams (|A B^T|^2 = sum(A^T A * B B^T)), folded into A
+                square = sum(((a.t() @ a) * (bt.t() @ bt)).sum() for a, bt in chunks)
+                rms = torch.sqrt(square / (rows * cols) + 1e-12)
+                scale = INIT_GAIN * gains[first] / (math.sqrt(t.fan_in) * rms)
+                chunks = [(a * scale, bt) for a, bt in chunks]
+            per_row = math.ceil(cols / k)
+            lines = [[a @ bt.t() for a, bt in chunks[i:i + per_row]] for i in range(0, len(chunks), per_row)]
+            blocks = [line[0] if len(line) == 1 else torch.cat(line, 1) for line in lines]
             out[t.name] = t.finish(blocks[0] if len(blocks) == 1 else torch.cat(blocks, 0))
         return out
 
