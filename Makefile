@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/train_speed.py --write
 
 # The two bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
-# the bundled data (about 25 minutes on 2 cores), then their held-out evaluation.
+# the bundled data (about 35 minutes on 2 cores), then their held-out evaluation.
 BUNDLED := graphkit/ghn/pretrained
 bundled: $(STAMP)
 	test -d out/vits-digits || $(BIN)/graphkit generate vits-digits --out out/vits-digits --workers 2
