@@ -155,8 +155,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
     source = load_source(data, seq_len=config.seq_len)
-    for record in pool.records[:1]:
-        source.check(record.config)
+    source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
     ghn = LoGAH.from_variant(config.variant, config.decoder).to(device)
     optimizer = torch.optim.AdamW(ghn.parameters(), lr=config.lr, weight_decay=config.weight_decay)
