@@ -97,11 +97,11 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
     return ghn.to(device).eval()
 
 
-def bundled_checkpoint(family: str) -> Path:
+def bundled_checkpoint(family: str | None) -> Path:
     """The folder of the checkpoint that ships for ``family`` (vit or gpt2)."""
     if family not in BUNDLED:
-        raise CheckpointError(f"no bundled hypernetwork for family {family!r}; bundled: "
-                              f"{', '.join(f'{f} ({n})' for f, n in BUNDLED.items())}; pass --ghn")
+        raise CheckpointError(f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
+                              "train one with `graphkit train-ghn` and pass --ghn")
     return _locate(BUNDLED[family])
 
 

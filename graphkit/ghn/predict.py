@@ -50,12 +50,12 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     hypernetwork was not trained on, or predicted parameters larger than ``memory_limit`` bytes
     (default: the memory available on the hypernetwork's device)."""
     from graphkit.compile import load_params
-    from graphkit.ghn.checkpoint import check_graph
+    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.trace import trace
 
     graph = trace(model, example_inputs)
     if ghn is None:
-        ghn = bundled_ghn(graph.meta.get("family"))
+        ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
     check_graph(ghn, graph)
     device = next(ghn.parameters()).device
     needed = graph.num_params * 4
@@ -71,12 +71,3 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     load_params(model, params)
     return params
 
-
-def bundled_ghn(model_family: str | None) -> LoGAH:
-    """The bundled LoGAH-tiny for a model family (vit or gpt2); PredictError for others."""
-    from graphkit.ghn.checkpoint import BUNDLED, bundled_checkpoint, load_checkpoint
-
-    if model_family not in BUNDLED:
-        raise PredictError(f"no bundled hypernetwork for {model_family or 'this'} models (bundled: "
-                           f"{', '.join(BUNDLED)}); train one with `graphkit train-ghn` and pass --ghn")
-    return load_checkpoint(bundled_checkpoint(model_family))
