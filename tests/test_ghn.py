@@ -121,7 +121,7 @@ def test_one_batched_pass_equals_one_graph_at_a_time():
     graphs = [graphkit.trace(build_model(c)) for c in (dict(family="gpt2", num_layers=1, hidden=32, heads=2),
                                                          dict(family="vit", num_layers=3, hidden=64, heads=2))]
     with torch.no_grad():
-        together = ghn([g.to_pyg() for g in graphs], [targets(g) for g in graphs])
+        together = ghn([ghn.encode(g) for g in graphs])
         for graph, batched in zip(graphs, together):
             alone = ghn.predict(graph)
             assert all(torch.allclose(alone[n], batched[n], atol=1e-5) for n in alone)

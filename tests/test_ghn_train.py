@@ -61,11 +61,11 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
     ghn = LoGAH.from_variant("tiny")
     optimizer = torch.optim.AdamW(ghn.parameters(), lr=1e-3)
     indices = [0, 1]
-    graphs, plans = zip(*(pool.graph(i) for i in indices))
+    graphs = [pool.encoded(i, ghn.config) for i in indices]
     config = quick("-", "-")
     losses = []
     for _ in range(8):
-        loss, _ = run_models(pool, indices, ghn(list(graphs), list(plans)), source, config, torch.Generator().manual_seed(0))
+        loss, _ = run_models(pool, indices, ghn(graphs), source, config, torch.Generator().manual_seed(0))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -221,6 +221,19 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     report = json.loads((out / "eval.json").read_text())
     assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal"}
     assert len(report["rows"]) == 3 * report["summary"]["archs"] and all(len(r["curve"]) == 3 for r in report["rows"])
-    assert 0 <= report["summary"]["predicted_beats_random"] <= 1
+    summary = report["summary"]
+    assert summary["horizons"] == [0, 3] and set(summary["wins"]) == {"0", "3"}
+    assert summary["predicted_beats_random"] == summary["wins"]["3"]["random"]
+    assert summary["predicted_beats_orthogonal"] == summary["wins"]["3"]["orthogonal"]
+    row = report["rows"][0]
+    assert row["loss"] == row["loss_3"] and row["loss_0"] != row["loss_3"]
     assert (out / "eval.png").stat().st_size > 1000
     assert "predicted beats random after 3 steps" in result.stdout
+    assert "predicted beats orthogonal after 3 steps" in result.stdout
+
+
+def test_eval_horizons_are_0_100_and_the_final_step():
+    from graphkit.ghn.evaluate import EvalConfig, horizons
+
+    assert EvalConfig(dataset="-").steps >= 300
+    assert horizons(300) == [0, 100, 300] and horizons(50) == [0, 50] and horizons(100) == [0, 100]

@@ -88,11 +88,12 @@ def eval_ghn(
     split: str = typer.Option("eval", "--split", help="Dataset split: eval (held-out architectures) or train."),
     data: Optional[str] = typer.Option(None, "--data", help="Data source, as for train-ghn (default: the family's bundled data)."),
     archs: int = typer.Option(16, "--archs", help="At most this many distinct architectures."),
-    steps: int = typer.Option(50, "--steps", help="Fine-tuning steps after initialisation."),
+    steps: int = typer.Option(300, "--steps", help="Fine-tuning steps after initialisation; scored at 0, 100 and this step, verdicts at this step."),
     batch_size: int = typer.Option(32, "--batch-size", "-b"),
     seq_len: int = typer.Option(64, "--seq-len"),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
     seed: int = typer.Option(0, "--seed"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the GPU if there is one, else cpu)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
     import json
@@ -103,18 +104,25 @@ def eval_ghn(
     from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
 
     config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
-                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed)
+                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device)
     rows = evaluate(config)
     summary = summarize(rows)
-    table = Table(title=f"{dataset.name}: {summary['archs']} {split} architectures, {steps} fine-tuning steps", show_edge=False)
-    for column in ("init", "loss @0", "accuracy @0", f"loss @{steps}", f"accuracy @{steps}"):
-        table.add_column(column, justify="right")
+    at = summary["horizons"]
+    table = Table(title=f"{dataset.name}: {summary['archs']} {split} architectures, held-out loss / accuracy after N fine-tuning steps",
+                  show_edge=False)
+    table.add_column("init")
+    for h in at:
+        table.add_column(f"@{h}", justify="right")
     for init in INITS:
         s = summary[init]
-        table.add_row(init, f"{s['loss_0']:.3f}", f"{s['accuracy_0']:.3f}", f"{s['loss']:.3f}", f"{s['accuracy']:.3f}")
+        table.add_row(init, *(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at))
+    table.add_row("predicted wins", *(f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
+                                      for h in at))
     console.print(table)
-    console.print(f"predicted beats random after {steps} steps on {100 * summary['predicted_beats_random']:.0f}% "
-                  f"of {summary['archs']} architectures", highlight=False)
+    console.print("(predicted wins: architectures where predicted has a lower held-out loss than random / than orthogonal)", highlight=False)
+    for other in ("random", "orthogonal"):
+        console.print(f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
+                      f"of {summary['archs']} architectures", highlight=False)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
     plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")

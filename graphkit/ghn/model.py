@@ -40,13 +40,12 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.data import Data
 
 from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
+from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode, targets
 from graphkit.ops import OPS
 
-SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 DECODERS = ("low_rank", "ghn3")
 INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
 
@@ -85,59 +84,6 @@ VARIANTS: dict[str, LoGAHConfig] = {
 }
 
 
-# -- what to predict ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Target:
-    """One parameter to predict: its state-dict name, the node (index) and slot it hangs off, its
-    shape, and how its values are scaled."""
-
-    name: str
-    node: int
-    slot: int
-    shape: tuple[int, ...]
-    kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
-    fan_in: int
-
-    @property
-    def matrix_shape(self) -> tuple[int, int]:
-        """The 2-D shape the decoder produces: (C, 1) for 1-D, (Cout h, Cin w) for 4-D."""
-        s = self.shape
-        if len(s) == 1:
-            return s[0], 1
-        if len(s) == 4:
-            return s[0] * s[2], s[1] * s[3]
-        return math.prod(s[:-1]), s[-1]
-
-    def finish(self, matrix: torch.Tensor) -> torch.Tensor:
-        """The decoded matrix at the parameter's shape, with the 1-D output functions applied."""
-        if self.kind == "norm":
-            return 2 * torch.sigmoid(matrix[:, 0] / 2)
-        if self.kind == "bias":
-            return torch.tanh(matrix[:, 0] / 5)
-        if len(self.shape) == 4:
-            cout, cin, h, w = self.shape
-            return matrix.view(cout, h, cin, w).permute(0, 2, 1, 3).contiguous()
-        return matrix.reshape(self.shape)
-
-
-def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
-    """Every parameter of ``graph`` as a :class:`Target`, in node order."""
-    out = []
-    for i, node in enumerate(graph.nodes):
-        for slot, (name, shape) in enumerate(node.params.items()):
-            shape = tuple(shape)
-            if len(shape) == 1:
-                kind = "norm" if node.op in ("layer_norm", "rms_norm") and name.endswith("weight") else "bias"
-            else:
-                kind = "weight"
-            if len(shape) == 4:
-                fan_in = shape[1] * shape[2] * shape[3]
-            else:
-                fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
-            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in))
-    return out
-
-
 # -- encoder -----------------------------------------------------------------------------------
 class GraphormerLayer(nn.Module):
     """Pre-LayerNorm self-attention with an additive per-head bias, then a 4x MLP."""
@@ -173,35 +119,29 @@ class GraphEncoder(nn.Module):
         self.layers = nn.ModuleList(GraphormerLayer(d, c.heads) for _ in range(c.layers))
         self.norm = nn.LayerNorm(d)
 
-    def forward(self, graphs: Sequence[Data]) -> list[torch.Tensor]:
-        """(N_i, d) node embeddings for each graph (``ArchGraph.to_pyg()`` data)."""
+    def forward(self, graphs: Sequence[EncodedGraph]) -> torch.Tensor:
+        """Node embeddings of every graph, concatenated in graph order: (sum of N_i, d). The
+        graphs are padded to a batch on the CPU and moved with one copy per tensor."""
         c, device = self.config, self.op_embed.weight.device
-        n = max(g.num_nodes for g in graphs)
-        x = torch.zeros(len(graphs), n, c.hidden, device=device)
-        dist = torch.full((len(graphs), n, n), c.max_distance + 1, dtype=torch.long, device=device)  # unreachable
-        for b, g in enumerate(graphs):
-            x[b, :g.num_nodes] = self._node_features(g)
-            i, j = g.spd_index.to(device)
-            dist[b, i, j] = g.spd_value.to(device).clamp(max=c.max_distance)
-        dist[:, torch.arange(n), torch.arange(n)] = 0
+        sizes = [g.num_nodes for g in graphs]
+        b, n = len(graphs), max(sizes)
+        dist = torch.full((b, n, n), c.max_distance + 1, dtype=torch.long)  # padding: unreachable
+        for i, g in enumerate(graphs):
+            dist[i, :sizes[i], :sizes[i]] = g.distance
+        slots = torch.cat([i * n + torch.arange(size) for i, size in enumerate(sizes)])  # real nodes in the padded batch
+        pad = torch.ones(b * n, dtype=torch.bool)
+        pad[slots] = False
+        ops, shapes, in_degree, out_degree, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
+            torch.cat([g.ops for g in graphs]), torch.cat([g.shapes for g in graphs]),
+            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]), dist, slots, pad))
+        features = (self.op_embed(ops) + self.shape_embed(shapes).sum(1)
+                    + self.in_degree_embed(in_degree) + self.out_degree_embed(out_degree))
+        x = features.new_zeros(b * n, c.hidden).index_copy(0, slots, features).view(b, n, c.hidden)
         bias = (self.forward_distance(dist) + self.backward_distance(dist.transpose(1, 2))).permute(0, 3, 1, 2)
-        pad = torch.ones(len(graphs), n, dtype=torch.bool, device=device)
-        for b, g in enumerate(graphs):
-            pad[b, :g.num_nodes] = False
-        bias = bias.masked_fill(pad[:, None, None, :], float("-inf"))
+        bias = bias.masked_fill(pad.view(b, 1, 1, n), float("-inf"))
         for layer in self.layers:
             x = layer(x, bias)
-        x = self.norm(x)
-        return [x[b, :g.num_nodes] for b, g in enumerate(graphs)]
-
-    def _node_features(self, g: Data) -> torch.Tensor:
-        c, device = self.config, self.op_embed.weight.device
-        shape = g.param_shape.to(device).float()
-        buckets = torch.where(shape > 0, (torch.log2(shape + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
-        return (self.op_embed(g.x.to(device))
-                + self.shape_embed(buckets + torch.arange(4, device=device) * SHAPE_BUCKETS).sum(1)
-                + self.in_degree_embed(g.in_degree.to(device).clamp(max=c.max_degree))
-                + self.out_degree_embed(g.out_degree.to(device).clamp(max=c.max_degree)))
+        return self.norm(x).view(b * n, c.hidden).index_select(0, slots)
 
 
 # -- decoders ----------------------------------------------------------------------------------
@@ -225,37 +165,104 @@ class LowRankDecoder(nn.Module):
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
 
-    def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
-        """Every target's values from the node embeddings ``nodes`` (N, d)."""
-        k, r = self.config.max_mask, self.config.rank
-        queries = [(t.node, t.slot, i, j) for t in plan
-                   for i in range(math.ceil(t.matrix_shape[0] / k)) for j in range(math.ceil(t.matrix_shape[1] / k))]
-        if max(max(q[2], q[3]) for q in queries) >= self.config.max_chunks:
-            raise ValueError(f"a parameter is wider than max_chunks * K = {self.config.max_chunks * k:,}")
-        node, slot, row, col = torch.tensor(queries, device=nodes.device).t()
-        query = nodes[node] + self.slot_embed(slot) + self.row_chunk_embed(row) + self.col_chunk_embed(col)
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
+        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d).
+
+        All queries of all graphs go through the MLP at once; then each group of blocks of one
+        ``(kind, rows, cols)`` is decoded with batched matmuls, ``W[:rows] (F_A F_B^T) W[:cols]^T``.
+        A weight's RMS needs no pass over its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with
+        ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``, one r x r Gram matrix per distinct size."""
+        r, device = self.config.rank, nodes.device
+        batch = _DecodeBatch(graphs)
+        query = self.queries(nodes, batch.queries)
         factors = self.mlp(query).view(-1, 2, r, r)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         w = self.low_rank.weight
-        out, q = {}, 0
-        for t in plan:
-            rows, cols = t.matrix_shape
-            first = q
-            chunks = []  # (A[:h], B^T[:width]) per chunk, row-major
-            for i in range(0, rows, k):
-                for j in range(0, cols, k):
-                    chunks.append((w[:min(k, rows - i)] @ factors[q, 0], w[:min(k, cols - j)] @ factors[q, 1]))
-                    q += 1
-            if t.kind == "weight":  # RMS from r x r Grams (|A B^T|^2 = sum(A^T A * B B^T)), folded into A
-                square = sum(((a.t() @ a) * (bt.t() @ bt)).sum() for a, bt in chunks)
-                rms = torch.sqrt(square / (rows * cols) + 1e-12)
-                scale = INIT_GAIN * gains[first] / (math.sqrt(t.fan_in) * rms)
-                chunks = [(a * scale, bt) for a, bt in chunks]
-            per_row = math.ceil(cols / k)
-            lines = [[a @ bt.t() for a, bt in chunks[i:i + per_row]] for i in range(0, len(chunks), per_row)]
-            blocks = [line[0] if len(line) == 1 else torch.cat(line, 1) for line in lines]
-            out[t.name] = t.finish(blocks[0] if len(blocks) == 1 else torch.cat(blocks, 0))
+        grams: dict[int, torch.Tensor] = {}
+
+        def gram(size: int) -> torch.Tensor:
+            if size not in grams:
+                grams[size] = w[:size].t() @ w[:size]
+            return grams[size]
+
+        indices = [i.to(device, non_blocking=True) for i in batch.group_queries]
+        scale = None
+        if batch.weight_groups:  # squared norms per target, summed over its chunks, then each target's scale
+            squares = []
+            for g in batch.weight_groups:
+                _, rows, cols = batch.group_keys[g]
+                fa, fb = factors[indices[g]].unbind(1)
+                squares.append(((fa.mT @ gram(rows) @ fa) * (fb.mT @ gram(cols) @ fb)).sum((1, 2)))
+            owner, fan_in, size, first = (t.to(device, non_blocking=True) for t in batch.weight_targets)
+            square = torch.zeros(len(batch.targets), device=device, dtype=squares[0].dtype).index_add(0, owner, torch.cat(squares))
+            scale = INIT_GAIN * gains[first] / (fan_in * torch.sqrt(square / size + 1e-12))
+        blocks: list[torch.Tensor] = [None] * len(batch.query_owner)  # type: ignore[list-item]
+        for g, (kind, rows, cols) in enumerate(batch.group_keys):
+            fa, fb = factors[indices[g]].unbind(1)
+            if kind == "weight":
+                fa = fa * scale[batch.group_owners[g].to(device, non_blocking=True)].view(-1, 1, 1)
+            values = activate(kind, w[:rows] @ (fa @ fb.mT) @ w[:cols].t())
+            for q, block in zip(batch.group_queries_list[g], values.unbind(0)):
+                blocks[q] = block
+        out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
+        for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
+            if nr * nc == 1:
+                matrix = blocks[q]
+            else:
+                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], 1) for i in range(nr)], 0)
+            out[graph][t.name] = t.reshape(matrix)
         return out
+
+
+    def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
+        plus the slot's and the chunks'."""
+        node, slot, row, col = queries.to(nodes.device, non_blocking=True).t()
+        return nodes[node] + self.slot_embed(slot) + self.row_chunk_embed(row) + self.col_chunk_embed(col)
+
+    @torch.no_grad()
+    def factor_similarity(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> float:
+        """Mean pairwise cosine between the factor vectors of different queries: near 1, every
+        parameter gets nearly the same factors (the collapse this decoder once fell into)."""
+        factors = F.normalize(self.mlp(self.queries(nodes, torch.cat([g.queries for g in graphs]))), dim=1)
+        n = len(factors)
+        return ((factors.sum(0).square().sum() - n) / max(n * (n - 1), 1)).item()
+
+
+class _DecodeBatch:
+    """The queries of several encoded graphs as one batch: node indices offset into the
+    concatenated node embeddings, queries grouped by block (kind, rows, cols) across graphs, and
+    per target its owner graph, first query and chunk grid. Built on the CPU from the graphs'
+    cached encodings (Python over groups and targets, no tensor work per parameter)."""
+
+    def __init__(self, graphs: Sequence[EncodedGraph]) -> None:
+        queries, groups = [], {}
+        self.targets, self.first_query, self.grid = [], [], []
+        query_owner: list[int] = []
+        nodes = 0
+        for index, g in enumerate(graphs):
+            offset = sum(len(q) for q in queries)
+            queries.append(g.queries + torch.tensor([nodes, 0, 0, 0]))
+            for key, members in g.groups.items():
+                groups.setdefault(key, []).extend(offset + m for m in members)
+            for t, first, (nr, nc) in zip(g.targets, g.first_query, g.grid):
+                query_owner.extend([len(self.targets)] * (nr * nc))
+                self.targets.append((index, t))
+                self.first_query.append(offset + first)
+                self.grid.append((nr, nc))
+            nodes += g.num_nodes
+        self.queries = torch.cat(queries)
+        self.query_owner = query_owner
+        self.group_keys = list(groups)
+        self.group_queries_list = [groups[key] for key in self.group_keys]
+        self.group_queries = [torch.tensor(groups[key]) for key in self.group_keys]
+        self.group_owners = [torch.tensor([query_owner[q] for q in groups[key]]) for key in self.group_keys]
+        self.weight_groups = [i for i, key in enumerate(self.group_keys) if key[0] == "weight"]
+        weight_queries = [q for i in self.weight_groups for q in groups[self.group_keys[i]]]
+        owner = torch.tensor([query_owner[q] for q in weight_queries], dtype=torch.long)
+        fan_in = torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets])
+        size = torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets])
+        self.weight_targets = (owner, fan_in, size, torch.tensor(self.first_query))
 
 
 class TiledDecoder(nn.Module):
@@ -270,8 +277,16 @@ class TiledDecoder(nn.Module):
         self.fc = nn.Linear(d, 4 * d * c.spatial ** 2)
         self.conv = nn.Sequential(nn.Conv2d(4 * d, 8 * d, 1), nn.ReLU(), nn.Conv2d(8 * d, d * d, 1))
 
-    def forward(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
-        """Every target's values from the node embeddings ``nodes`` (N, d)."""
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
+        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), one
+        parameter at a time (the baseline's own cost)."""
+        out, start = [], 0
+        for g in graphs:
+            out.append(self._decode(nodes[start:start + g.num_nodes], g.targets))
+            start += g.num_nodes
+        return out
+
+    def _decode(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         d, s = self.config.hidden, self.config.spatial
         node, slot = torch.tensor([(t.node, t.slot) for t in plan], device=nodes.device).t()
         hidden = self.fc(nodes[node] + self.slot_embed(slot)).view(len(plan), 4 * d, s, s)
@@ -310,11 +325,15 @@ class LoGAH(nn.Module):
         """The config as plain data (saved beside checkpoints)."""
         return asdict(self.config)
 
-    def forward(self, graphs: Sequence[Data], plans: Sequence[Sequence[Target]]) -> list[dict[str, torch.Tensor]]:
-        """The parameters of several models at once: one encoder pass over the padded batch of
-        graphs, then each model's targets (see :func:`targets`)."""
-        return [self.decoder(nodes, plan) for nodes, plan in zip(self.encoder(graphs), plans)]
+    def forward(self, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
+        """The parameters of several models at once (each graph from :meth:`encode`): one
+        encoder pass over the padded batch of graphs, one decoder pass over all their targets."""
+        return self.decoder(self.encoder(graphs), graphs)
+
+    def encode(self, graph: ArchGraph) -> EncodedGraph:
+        """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""
+        return encode(graph, self.config)
 
     def predict(self, graph: ArchGraph) -> dict[str, torch.Tensor]:
         """Every parameter of the graph's model, by state-dict name, at full shape."""
-        return self([graph.to_pyg()], [targets(graph, self.config.max_slots)])[0]
+        return self([self.encode(graph)])[0]

@@ -34,7 +34,14 @@ from torch.func import functional_call
 
 from graphkit.errors import GraphkitError
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, save_checkpoint
-from graphkit.ghn.model import LoGAH, targets
+from graphkit.ghn.encoding import EncodedGraph, encode
+from graphkit.ghn.model import LoGAH, LoGAHConfig
+
+
+#: every nn.Linear weight of the hypernetwork trains at lr * min(1, LR_FAN_IN / fan-in); see parameter_groups
+LR_FAN_IN = 32
+#: the per-parameter gain head trains at GAIN_LR times the base lr; see parameter_groups
+GAIN_LR = 0.1
 
 
 class TrainError(GraphkitError):
@@ -67,11 +74,10 @@ class TrainConfig:
 
 
 class ArchPool:
-    """The distinct architectures of a dataset split, each with its PyG graph, its targets and a
-    parameter-less model for ``functional_call``, built on first use."""
+    """The distinct architectures of a dataset split, each with its encoding for the hypernetwork
+    and a parameter-less model for ``functional_call``, built on first use."""
 
-    def __init__(self, dataset: str | Path, split: str = "train", device: str | torch.device = "cpu",
-                 max_slots: int = 8) -> None:
+    def __init__(self, dataset: str | Path, split: str = "train", device: str | torch.device = "cpu") -> None:
         from graphkit.datasets import load
 
         distinct: dict[str, Any] = {}
@@ -84,16 +90,15 @@ class ArchPool:
         if len(families) > 1:
             raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
         self.family = families.pop()
-        self.device, self.max_slots = torch.device(device), max_slots
+        self.device = torch.device(device)
 
     def __len__(self) -> int:
         return len(self.records)
 
     @functools.cache
-    def graph(self, index: int):
-        """(PyG data, targets) of architecture ``index``."""
-        graph = self.records[index].graph
-        return graph.to_pyg(), targets(graph, self.max_slots)
+    def encoded(self, index: int, config: LoGAHConfig) -> EncodedGraph:
+        """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool)."""
+        return encode(self.records[index].graph, config)
 
     @functools.lru_cache(maxsize=256)
     def model(self, index: int) -> nn.Module:
@@ -120,6 +125,48 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
                     metas[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
                 module._parameters[name] = metas[id(param)]
     return model
+
+
+def parameter_groups(ghn: LoGAH, lr: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: every ``nn.Linear`` weight at ``lr * min(1, LR_FAN_IN / fan_in)``,
+    the decoder's gain head at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at
+    ``lr``.
+
+    Why (docs/hypernetwork.md has the measurements): Adam moves every weight by about ``lr`` a step
+    whatever its gradient's size, so when the updates of a Linear layer agree, its output moves by
+    about ``lr * fan_in`` times its input. A hypernetwork's shared layers produce every parameter
+    of the target model at once, so at the paper's lr one step replaced every predicted weight
+    (93% of its size) and training fell into a dead state, uniform output and vanishing gradients,
+    that it never left. Scaling each Linear weight's lr by 1 / fan-in (muP's rule for Adam) keeps
+    the change of every predicted weight near what direct training makes (a few percent). The gain
+    head sets the scale of every predicted weight through one shared readout, so it moves slower
+    still."""
+    gain = getattr(ghn.decoder, "gain", None)
+    groups: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for module in ghn.modules():
+        if isinstance(module, nn.Linear):
+            factor = GAIN_LR if module is gain else min(1.0, LR_FAN_IN / module.in_features)
+            groups.append({"params": [module.weight], "lr": lr * factor})
+            seen.add(id(module.weight))
+            if module is gain and module.bias is not None:
+                groups.append({"params": [module.bias], "lr": lr * GAIN_LR})
+                seen.add(id(module.bias))
+    rest = [p for p in ghn.parameters() if id(p) not in seen]
+    return groups + [{"params": rest, "lr": lr}]
+
+
+def gradient_norms(ghn: LoGAH) -> dict[str, float]:
+    """The gradient norm of each part of the hypernetwork (encoder, decoder MLP, low-rank map,
+    gain head, decoder embeddings), for metrics.jsonl: a part whose norm collapses or explodes
+    shows where training goes wrong."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for name, param in ghn.named_parameters():
+        if param.grad is not None:
+            top, _, rest = name.partition(".")
+            part = top if top == "encoder" else rest.split(".")[0]
+            parts.setdefault("embed" if part.endswith("_embed") else part, []).append(param.grad.detach().float().norm())
+    return {part: torch.stack(norms).norm().item() for part, norms in parts.items()}
 
 
 def norm_penalty(params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -158,7 +205,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
     ghn = LoGAH.from_variant(config.variant, config.decoder).to(device)
-    optimizer = torch.optim.AdamW(ghn.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(ghn, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine, last_epoch=start - 1)  # resumed: the lr of ``start``
@@ -181,9 +228,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         for step in range(start, config.steps):
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 4099 + rank)
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
-            graphs, plans = zip(*(pool.graph(i) for i in indices))
+            graphs = [pool.encoded(i, ghn.config) for i in indices]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                predicted = model(list(graphs), list(plans))
+                predicted = model(graphs)
                 ce, metric = run_models(pool, indices, predicted, source, config, generator)
                 penalty = torch.stack([norm_penalty(p) for p in predicted]).mean()
                 loss = ce + config.gamma * penalty
@@ -191,19 +238,22 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 raise TrainError(f"step {step}: the loss is {loss.item()}; resume from {out / 'checkpoint'} with a lower --lr")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            logging = (step + 1) % config.log_every == 0 or step + 1 == config.steps
+            norms = gradient_norms(ghn) if logging else {}
             grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
             optimizer.step()
             schedule.step()
             done = step + 1
-            if done % config.log_every == 0 or done == config.steps:
+            if logging:
                 values = torch.stack([loss.detach(), ce.detach(), metric.detach(), penalty.detach()])
                 if world > 1:
                     dist.all_reduce(values)
                     values /= world
                 elapsed = time.perf_counter() - tic
                 last = {"step": done, "loss": values[0].item(), "ce": values[1].item(), "metric": values[2].item(),
-                        "norm": values[3].item(), "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm.item(),
-                        "archs_per_s": config.meta_batch * world * (done - start) / elapsed, "world_size": world}
+                        "norm": values[3].item(), "lr": optimizer.param_groups[-1]["lr"], "grad_norm": grad_norm.item(),
+                        "archs_per_s": config.meta_batch * world * (done - start) / elapsed, "world_size": world,
+                        "grad_norms": norms, **_factor_similarity(ghn, graphs)}
                 if rank == 0:
                     with metrics_file.open("a") as f:
                         f.write(json.dumps(last) + "\n")
@@ -219,6 +269,13 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if world > 1:
         dist.destroy_process_group()
     return last
+
+
+def _factor_similarity(ghn: LoGAH, graphs: Sequence[EncodedGraph]) -> dict[str, float]:
+    if not hasattr(ghn.decoder, "factor_similarity"):  # the GHN-3 baseline has no factors
+        return {}
+    with torch.no_grad():
+        return {"factor_similarity": ghn.decoder.factor_similarity(ghn.encoder(graphs), graphs)}
 
 
 def _resume(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:

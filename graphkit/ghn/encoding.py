@@ -1,0 +1,162 @@
+"""What the hypernetwork reads: an architecture encoded once, then reused every time it is sampled.
+
+An :class:`EncodedGraph` holds everything LoGAH needs about one architecture as small CPU
+tensors and Python tuples: node op ids, shape buckets, clamped degrees, the dense directed
+shortest-path matrix, the parameters to predict (:class:`Target`) and the decoder's queries, one
+per parameter and chunk, already grouped by the ``(kind, rows, cols)`` of the block they decode
+to. A training step only concatenates and pads these; nothing is traced, walked or sorted again.
+``ArchGraph.to_pyg()`` stays the export for PyG users; it is not the hypernetwork's input.
+
+    >>> encoded = encode(graph, ghn.config)
+    >>> params = ghn([encoded])[0]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from graphkit.errors import GraphkitError
+from graphkit.graph import ArchGraph
+from graphkit.ops import op_id
+
+if TYPE_CHECKING:
+    from graphkit.ghn.model import LoGAHConfig
+
+SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
+
+
+class EncodingError(GraphkitError, ValueError):
+    """An architecture the hypernetwork's config cannot encode (a parameter too wide)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One parameter to predict: its state-dict name, the node (index) and slot it hangs off, its
+    shape, and how its values are scaled."""
+
+    name: str
+    node: int
+    slot: int
+    shape: tuple[int, ...]
+    kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
+    fan_in: int
+
+    @property
+    def matrix_shape(self) -> tuple[int, int]:
+        """The 2-D shape the decoder produces: (C, 1) for 1-D, (Cout h, Cin w) for 4-D."""
+        s = self.shape
+        if len(s) == 1:
+            return s[0], 1
+        if len(s) == 4:
+            return s[0] * s[2], s[1] * s[3]
+        return math.prod(s[:-1]), s[-1]
+
+    def finish(self, matrix: Tensor) -> Tensor:
+        """The decoded matrix at the parameter's shape, with the 1-D output functions applied."""
+        return self.reshape(activate(self.kind, matrix))
+
+    def reshape(self, matrix: Tensor) -> Tensor:
+        """The decoded (activated) matrix at the parameter's shape."""
+        if len(self.shape) == 1:
+            return matrix[:, 0]
+        if len(self.shape) == 4:
+            cout, cin, h, w = self.shape
+            return matrix.view(cout, h, cin, w).permute(0, 2, 1, 3).contiguous()
+        return matrix.reshape(self.shape)
+
+
+def activate(kind: str, values: Tensor) -> Tensor:
+    """GHN-3's output functions: norm scales 2 sigmoid(x / 2) (1 at x = 0), biases tanh(x / 5);
+    weights are scaled by the decoder itself."""
+    if kind == "norm":
+        return 2 * torch.sigmoid(values / 2)
+    if kind == "bias":
+        return torch.tanh(values / 5)
+    return values
+
+
+def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
+    """Every parameter of ``graph`` as a :class:`Target`, in node order."""
+    out = []
+    for i, node in enumerate(graph.nodes):
+        for slot, (name, shape) in enumerate(node.params.items()):
+            shape = tuple(shape)
+            if len(shape) == 1:
+                kind = "norm" if node.op in ("layer_norm", "rms_norm") and name.endswith("weight") else "bias"
+            else:
+                kind = "weight"
+            if len(shape) == 4:
+                fan_in = shape[1] * shape[2] * shape[3]
+            else:
+                fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
+            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in))
+    return out
+
+
+@dataclass(frozen=True)
+class EncodedGraph:
+    """One architecture as LoGAH reads it (see the module docstring). Tensors live on the CPU;
+    the model batches and moves them."""
+
+    ops: Tensor        # (N,) op ids
+    shapes: Tensor     # (N, 4) shape-bucket ids, dimension j offset by j * SHAPE_BUCKETS
+    in_degree: Tensor  # (N,) clamped to max_degree
+    out_degree: Tensor
+    distance: Tensor   # (N, N) directed shortest paths clamped to max_distance; max_distance + 1: unreachable
+    targets: tuple[Target, ...]
+    queries: Tensor    # (Q, 4): node, slot, row chunk, column chunk of each decoder query
+    first_query: tuple[int, ...]  # per target, its first query; its chunks follow row-major
+    grid: tuple[tuple[int, int], ...]  # per target, (row chunks, column chunks)
+    groups: dict[tuple[str, int, int], tuple[int, ...]]  # (kind, rows, cols) -> its queries
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the architecture's graph."""
+        return len(self.ops)
+
+
+def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
+    """Encode ``graph`` for a LoGAH of ``config``; EncodingError if a parameter is wider than
+    ``max_chunks * max_mask``."""
+    n = len(graph.nodes)
+    edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
+    shapes = []
+    for node in graph.nodes:
+        shape = max(node.params.values(), key=lambda s: (len(s), math.prod(s)), default=())[:4]
+        shapes.append(list(shape) + [0] * (4 - len(shape)))
+    size = torch.tensor(shapes, dtype=torch.long).reshape(n, 4).float()
+    buckets = torch.where(size > 0, (torch.log2(size + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
+    dist = torch.from_numpy(graph.shortest_paths()).long()
+    dist = torch.where(dist < 0, config.max_distance + 1, dist.clamp(max=config.max_distance))
+
+    k = config.max_mask
+    plan = targets(graph, config.max_slots)
+    queries, first, grid, groups = [], [], [], {}
+    for t in plan:
+        rows, cols = t.matrix_shape
+        grid.append((math.ceil(rows / k), math.ceil(cols / k)))
+        if max(grid[-1]) > config.max_chunks:
+            raise EncodingError(f"parameter {t.name!r} {t.shape} is wider than max_chunks * K = {config.max_chunks * k:,}")
+        first.append(len(queries))
+        for i in range(0, rows, k):
+            for j in range(0, cols, k):
+                groups.setdefault((t.kind, min(k, rows - i), min(k, cols - j)), []).append(len(queries))
+                queries.append((t.node, t.slot, i // k, j // k))
+    return EncodedGraph(
+        ops=torch.tensor([op_id(node.op) for node in graph.nodes], dtype=torch.long),
+        shapes=buckets + torch.arange(4) * SHAPE_BUCKETS,
+        in_degree=torch.from_numpy(np.bincount(edges[:, 1], minlength=n)).clamp(max=config.max_degree),
+        out_degree=torch.from_numpy(np.bincount(edges[:, 0], minlength=n)).clamp(max=config.max_degree),
+        distance=dist,
+        targets=tuple(plan),
+        queries=torch.tensor(queries, dtype=torch.long).reshape(-1, 4),
+        first_query=tuple(first),
+        grid=tuple(grid),
+        groups={key: tuple(v) for key, v in groups.items()},
+    )
