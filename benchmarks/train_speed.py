@@ -1,18 +1,27 @@
-"""Hypernetwork training throughput: architectures per second for LoGAH-tiny, LoGAH-small and the
-GHN-3 decoder (the reference, same encoder as LoGAH-tiny), on ViTs (vits-digits, digits data)
-and GPT-2s (gpts-1k, stdlib text).
+"""Hypernetwork training throughput, and kernel launches per step, against the code before the
+vectorised decoder in the same run.
 
     .venv/bin/python benchmarks/train_speed.py            # print the table
     .venv/bin/python benchmarks/train_speed.py --write    # also update BENCHMARKS.md
 
-Each row trains for ``--steps`` steps (meta-batch 4 ViTs x 32 images, or 2 GPT-2s x 8 sequences
-of 64 bytes) in a fresh process on a 40-record dataset generated on the spot; the first 2 steps
-(model building, caches) are not timed: times come from the run's metrics.jsonl.
+Rows: LoGAH-tiny as it is now; LoGAH-tiny as of ``--baseline`` (default 3096027, the last commit
+with the per-parameter decoder; its ``graphkit/`` is extracted with ``git archive`` into a
+temporary folder and imported from there); GHN-3's tiling decoder (same encoder) as it is now.
+Each row trains for ``--steps`` steps in a fresh process on a 40-record dataset generated on the
+spot (meta-batch 4 ViTs x 32 images on vits-digits, or 2 GPT-2s x 8 sequences of 64 bytes on
+gpts-1k); the first 2 steps (model building, caches) are not timed.
+
+Kernel launches: one meta-batch-8 training step on vits-digits (forward, backward, optimiser),
+after two warm-up steps on the same architectures, counted with ``torch.profiler`` on the CPU as
+the ATen operators that do work (leaf operators, without views, reshapes and allocations, which
+launch no kernel on a GPU).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +34,12 @@ RUNS = {
     "vit": ("vits-digits", dict(meta_batch=4, batch_size=32)),
     "gpt2": ("gpts-1k", dict(meta_batch=2, batch_size=8, seq_len=64)),
 }
-HYPERNETS = {"LoGAH-tiny": ("tiny", "low_rank"), "LoGAH-small": ("small", "low_rank"), "GHN-3-tiny (tiling)": ("tiny", "ghn3")}
+HYPERNETS = {"LoGAH-tiny": ("tiny", "low_rank"), "GHN-3-tiny (tiling)": ("tiny", "ghn3")}
+NO_KERNEL = {"view", "_unsafe_view", "as_strided", "t", "transpose", "expand", "unsqueeze", "squeeze", "select", "slice",
+             "permute", "detach", "alias", "empty", "empty_strided", "resize_", "reshape", "_reshape_alias", "unbind",
+             "split", "chunk", "narrow", "lift_fresh", "numpy_T", "view_as", "expand_as", "split_with_sizes", "contiguous",
+             "to", "_to_copy", "result_type", "is_nonzero", "item", "_local_scalar_dense", "empty_like", "set_",
+             "resolve_conj", "resolve_neg", "detach_"}
 
 
 def one(family: str, hypernet: str, steps: str) -> dict:
@@ -48,17 +62,84 @@ def one(family: str, hypernet: str, steps: str) -> dict:
     return {"archs_per_s": options["meta_batch"] * int(steps) / seconds}
 
 
+def launches(meta_batch: str) -> dict:
+    """Leaf ATen operators of one training step (see the module docstring)."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from graphkit.datasets.generate import generate
+    from graphkit.ghn import LoGAH
+    from graphkit.ghn.training import ArchPool, TrainConfig, run_models
+
+    with tempfile.TemporaryDirectory() as tmp:
+        generate("vits-digits", Path(tmp) / "data", num=40)
+        pool = ArchPool(Path(tmp) / "data")
+        torch.manual_seed(0)
+        ghn = LoGAH.from_variant("tiny")
+        optimizer = torch.optim.AdamW(ghn.parameters(), lr=3e-4)
+        from graphkit.ghn.data import load_source
+
+        source, config = load_source("digits"), TrainConfig(dataset="-", out="-", batch_size=32)
+        indices = list(range(int(meta_batch)))
+        if hasattr(pool, "encoded"):  # this code: one encoded input per architecture
+            inputs = ([pool.encoded(i, ghn.config) for i in indices],)
+        else:  # the baseline: PyG data plus a parallel list of targets
+            inputs = tuple(map(list, zip(*(pool.graph(i) for i in indices))))
+
+        def step() -> None:
+            loss, _ = run_models(pool, indices, ghn(*inputs), source, config, torch.Generator().manual_seed(0))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        step(), step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+    leaves = [e for e in prof.events() if e.name.startswith("aten::")
+              and not any(c.name.startswith("aten::") for c in e.cpu_children)
+              and e.name.removeprefix("aten::") not in NO_KERNEL]
+    return {"launches": len(leaves)}
+
+
+def baseline_tree(rev: str, into: str) -> str:
+    """``graphkit/`` as of ``rev``, extracted under ``into``; returns the folder to put on PYTHONPATH."""
+    archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", rev, "graphkit"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
+    return into
+
+
+def fresh(pythonpath: str | None, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
+    out = subprocess.run([sys.executable, __file__, "--one", *args], capture_output=True, text=True, check=True,
+                         env=env, cwd=pythonpath or None)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def table(args) -> str:
-    rows = ["| hypernetwork | ViTs (vits-digits), architectures/s | GPT-2s (gpts-1k), architectures/s |", "|---|---|---|"]
+    rows = ["| code | hypernetwork | ViTs (vits-digits), architectures/s | GPT-2s (gpts-1k), architectures/s | "
+            "kernel launches, one meta-batch-8 ViT step |", "|---|---|---|---|---|"]
     results = {}
-    for hypernet in HYPERNETS:
-        results[hypernet] = {f: common.run_fresh(__file__, f, hypernet, str(args.steps))["archs_per_s"] for f in RUNS}
-        rows.append(f"| {hypernet} | {results[hypernet]['vit']:.2f} | {results[hypernet]['gpt2']:.2f} |")
-        print(rows[-1], flush=True)
-    ref = results["GHN-3-tiny (tiling)"]
-    ratio = " and ".join(f"{results['LoGAH-tiny'][f] / ref[f]:.2f}x on {label}" for f, label in (("vit", "ViTs"), ("gpt2", "GPT-2s")))
+    with tempfile.TemporaryDirectory() as tmp:
+        old = baseline_tree(args.baseline, tmp)
+        for label, path, hypernet in (("now", None, "LoGAH-tiny"), (args.baseline, old, "LoGAH-tiny"),
+                                      ("now", None, "GHN-3-tiny (tiling)")):
+            speed = {f: fresh(path, "speed", f, hypernet, str(args.steps))["archs_per_s"] for f in RUNS}
+            count = fresh(path, "launches", "8")["launches"] if hypernet == "LoGAH-tiny" else None
+            results[label, hypernet] = speed
+            if count is not None:
+                results[label, "launches"] = count
+            rows.append(f"| {label} | {hypernet} | {speed['vit']:.2f} | {speed['gpt2']:.2f} | "
+                        f"{count if count is not None else '-'} |")
+            print(rows[-1], flush=True)
+    now, before = results["now", "LoGAH-tiny"], results[args.baseline, "LoGAH-tiny"]
+    ratio = " and ".join(f"{now[f] / before[f]:.2f}x on {label}" for f, label in (("vit", "ViTs"), ("gpt2", "GPT-2s")))
+    cut = results[args.baseline, "launches"] / results["now", "launches"]
     head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (CPU), {args.steps} timed steps per row, "
-            f"each row a fresh process. LoGAH-tiny against GHN-3's decoder: {ratio}. Command: "
+            f"each row a fresh process. LoGAH-tiny now against {args.baseline} (the per-parameter decoder): {ratio} "
+            f"the architectures/s, {cut:.1f}x fewer kernel launches per step. Command: "
             "`.venv/bin/python benchmarks/train_speed.py --write`.")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
@@ -66,9 +147,11 @@ def table(args) -> str:
 def main() -> None:
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
-        print(json.dumps(one(*sys.argv[i + 1:i + 4])))
+        kind, rest = sys.argv[i + 1], sys.argv[i + 2:]
+        print(json.dumps(one(*rest) if kind == "speed" else launches(*rest)))
         return
-    common.main(__doc__, "train_speed", table, lambda p: p.add_argument("--steps", type=int, default=10))
+    common.main(__doc__, "train_speed", table, lambda p: (p.add_argument("--steps", type=int, default=10),
+                                                         p.add_argument("--baseline", default="3096027")))
 
 
 if __name__ == "__main__":

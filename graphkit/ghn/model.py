@@ -202,6 +202,8 @@ class LowRankDecoder(nn.Module):
             if kind == "weight":
                 fa = fa * scale[batch.group_owners[g].to(device, non_blocking=True)].view(-1, 1, 1)
             values = activate(kind, w[:rows] @ (fa @ fb.mT) @ w[:cols].t())
+            if kind != "weight":  # 1-D parameters: (n, C) once per group, not a column select per parameter
+                values = values.squeeze(-1)
             for q, block in zip(batch.group_queries_list[g], values.unbind(0)):
                 blocks[q] = block
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
@@ -209,8 +211,8 @@ class LowRankDecoder(nn.Module):
             if nr * nc == 1:
                 matrix = blocks[q]
             else:
-                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], 1) for i in range(nr)], 0)
-            out[graph][t.name] = t.reshape(matrix)
+                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
+            out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
         return out
 
 
