@@ -216,7 +216,7 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     train(quick(vits, tmp_path / "run", steps=2), progress=False)
     out = tmp_path / "eval"
     result = run("eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3",
-                 "--batch-size", "4")
+                 "--batch-size", "4", "--record")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
     assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal"}
@@ -230,6 +230,28 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert (out / "eval.png").stat().st_size > 1000
     assert "predicted beats random after 3 steps" in result.stdout
     assert "predicted beats orthogonal after 3 steps" in result.stdout
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["evaluation"]
+    assert recorded["steps"] == 3 and recorded["archs"] == summary["archs"] and recorded["data"] == "digits"
+    assert recorded["predicted_beats_orthogonal"] == summary["predicted_beats_orthogonal"]
+    assert recorded["predicted_alone"]["accuracy"] == summary["predicted"]["accuracy_0"]
+    assert load_checkpoint(tmp_path / "run").info["evaluation"] == recorded  # the weights are untouched, still loadable
+
+
+def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect(vits, tmp_path):
+    from graphkit.ghn.checkpoint import describe, record_evaluation
+
+    train(quick(vits, tmp_path / "run", steps=1), progress=False)
+    line = describe(load_checkpoint(tmp_path / "run"))
+    assert line.startswith("LoGAH-tiny trained on tiny-vits with digits (1 steps)") and "no held-out evaluation recorded" in line
+    summary = {"horizons": [0, 300], "archs": 8, "wins": {"0": {"random": 1.0, "orthogonal": 0.5}, "300": {"random": 0.875, "orthogonal": 0.5}},
+               "predicted_beats_random": 0.875, "predicted_beats_orthogonal": 0.5,
+               **{init: {"loss_0": 1.2, "accuracy_0": 0.61, "loss": 0.3, "accuracy": 0.9} for init in ("predicted", "random", "orthogonal")}}
+    record_evaluation(tmp_path / "run", summary, dataset="out/vits-digits", split="eval", data="digits")
+    line = describe(load_checkpoint(tmp_path / "run"))
+    assert ("held out: 8 vits-digits architectures, the predicted parameters alone 0.61 accuracy (loss 1.20); after 300 "
+            "fine-tuning steps they beat random on 88% and orthogonal on 50%") in line
+    result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "run")
+    assert result.exit_code == 0 and result.stdout.startswith(line[:40]), result.output
 
 
 def test_eval_horizons_are_0_100_and_the_final_step():

@@ -62,12 +62,16 @@ def predict(
     from graphkit.compile import save_params
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
+    from graphkit.ghn.checkpoint import bundled_checkpoint, describe
+    from graphkit.trace import trace
     from graphkit.modelfile import load_model_file
 
     loaded = load_model_file(model_file)
-    hypernet = load_checkpoint(ghn) if ghn is not None else None
     start = time.perf_counter()
-    params = predict_params(loaded.model, hypernet, loaded.example_inputs)
+    graph = trace(loaded.model, loaded.example_inputs)
+    hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
+    console.print(describe(hypernet), highlight=False, soft_wrap=True)
+    params = predict_params(loaded.model, hypernet, graph=graph)
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
     predicted = sum(t.numel() for t in params.values())
@@ -94,6 +98,7 @@ def eval_ghn(
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
     seed: int = typer.Option(0, "--seed"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the GPU if there is one, else cpu)."),
+    record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
     import json
@@ -123,6 +128,16 @@ def eval_ghn(
     for other in ("random", "orthogonal"):
         console.print(f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
                       f"of {summary['archs']} architectures", highlight=False)
+    if record:
+        from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
+        from graphkit.ghn.data import default_source
+        from graphkit.ghn.training import ArchPool
+
+        family = ArchPool(dataset, split).family
+        recorded = record_evaluation(ghn or bundled_checkpoint(family), summary, dataset=str(dataset), split=split,
+                                     data=data or default_source(family))
+        console.print(f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
+                      f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)", highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
     plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")

@@ -7,6 +7,7 @@ from torch import nn
 
 from graphkit.errors import GraphkitError
 from graphkit.ghn.model import LoGAH
+from graphkit.graph import ArchGraph
 
 
 class PredictError(GraphkitError):
@@ -41,19 +42,20 @@ def first_non_finite(params: dict[str, torch.Tensor]) -> str | None:
 
 
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
-            memory_limit: int | None = None) -> dict[str, torch.Tensor]:
+            memory_limit: int | None = None, graph: ArchGraph | None = None) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family), check them (no NaN or Inf) and load them into ``model`` (a meta
     model gets real tensors). Returns the predicted parameters by state-dict name.
 
     Refused with a PredictError, before anything is allocated: a graph with an op the
     hypernetwork was not trained on, or predicted parameters larger than ``memory_limit`` bytes
-    (default: the memory available on the hypernetwork's device)."""
+    (default: the memory available on the hypernetwork's device). ``graph`` skips the trace when
+    the caller already holds the model's graph."""
     from graphkit.compile import load_params
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.trace import trace
 
-    graph = trace(model, example_inputs)
+    graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
     check_graph(ghn, graph)
