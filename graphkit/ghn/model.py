@@ -177,34 +177,43 @@ class LowRankDecoder(nn.Module):
         query = self.queries(nodes, batch.queries)
         factors = self.mlp(query).view(-1, 2, r, r)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
-        w = self.low_rank.weight
+        # every use below slices these once-made tensors, never the K-row map or all factors again:
+        # each slice or gather of a large tensor costs a full-size zero gradient in the backward
+        w = self.low_rank.weight[:batch.max_size]
+        grouped = factors[batch.order.to(device, non_blocking=True)].split(batch.sizes)  # split's backward: one cat
+        rows_of: dict[int, torch.Tensor] = {}
         grams: dict[int, torch.Tensor] = {}
+
+        def head(size: int) -> torch.Tensor:  # W[:size], one slice per distinct size
+            if size not in rows_of:
+                rows_of[size] = w[:size]
+            return rows_of[size]
 
         def gram(size: int) -> torch.Tensor:
             if size not in grams:
-                grams[size] = w[:size].t() @ w[:size]
+                grams[size] = head(size).t() @ head(size)
             return grams[size]
 
-        indices = [i.to(device, non_blocking=True) for i in batch.group_queries]
-        scale = None
+        scales: Sequence[torch.Tensor] = ()
         if batch.weight_groups:  # squared norms per target, summed over its chunks, then each target's scale
             squares = []
             for g in batch.weight_groups:
                 _, rows, cols = batch.group_keys[g]
-                fa, fb = factors[indices[g]].unbind(1)
+                fa, fb = grouped[g].unbind(1)
                 squares.append(((fa.mT @ gram(rows) @ fa) * (fb.mT @ gram(cols) @ fb)).sum((1, 2)))
-            owner, fan_in, size, first = (t.to(device, non_blocking=True) for t in batch.weight_targets)
+            owner, fan_in, size, first, order_owner = (t.to(device, non_blocking=True) for t in batch.weight_targets)
             square = torch.zeros(len(batch.targets), device=device, dtype=squares[0].dtype).index_add(0, owner, torch.cat(squares))
             scale = INIT_GAIN * gains[first] / (fan_in * torch.sqrt(square / size + 1e-12))
+            scales = scale[order_owner].split(batch.sizes)
         blocks: list[torch.Tensor] = [None] * len(batch.query_owner)  # type: ignore[list-item]
         for g, (kind, rows, cols) in enumerate(batch.group_keys):
-            fa, fb = factors[indices[g]].unbind(1)
+            fa, fb = grouped[g].unbind(1)
             if kind == "weight":
-                fa = fa * scale[batch.group_owners[g].to(device, non_blocking=True)].view(-1, 1, 1)
-            values = activate(kind, w[:rows] @ (fa @ fb.mT) @ w[:cols].t())
+                fa = fa * scales[g].view(-1, 1, 1)
+            values = activate(kind, head(rows) @ (fa @ fb.mT) @ head(cols).t())
             if kind != "weight":  # 1-D parameters: (n, C) once per group, not a column select per parameter
                 values = values.squeeze(-1)
-            for q, block in zip(batch.group_queries_list[g], values.unbind(0)):
+            for q, block in zip(batch.group_queries[g], values.unbind(0)):
                 blocks[q] = block
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
         for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
@@ -214,7 +223,6 @@ class LowRankDecoder(nn.Module):
                 matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
         return out
-
 
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
@@ -256,15 +264,17 @@ class _DecodeBatch:
         self.queries = torch.cat(queries)
         self.query_owner = query_owner
         self.group_keys = list(groups)
-        self.group_queries_list = [groups[key] for key in self.group_keys]
-        self.group_queries = [torch.tensor(groups[key]) for key in self.group_keys]
-        self.group_owners = [torch.tensor([query_owner[q] for q in groups[key]]) for key in self.group_keys]
+        self.group_queries = [groups[key] for key in self.group_keys]
+        self.sizes = [len(q) for q in self.group_queries]
+        self.order = torch.tensor([q for members in self.group_queries for q in members], dtype=torch.long)
+        self.max_size = max(max(rows, cols) for _, rows, cols in self.group_keys)
         self.weight_groups = [i for i, key in enumerate(self.group_keys) if key[0] == "weight"]
-        weight_queries = [q for i in self.weight_groups for q in groups[self.group_keys[i]]]
+        weight_queries = [q for i in self.weight_groups for q in self.group_queries[i]]
         owner = torch.tensor([query_owner[q] for q in weight_queries], dtype=torch.long)
         fan_in = torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets])
         size = torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets])
-        self.weight_targets = (owner, fan_in, size, torch.tensor(self.first_query))
+        order_owner = torch.tensor([query_owner[q] for q in self.order.tolist()], dtype=torch.long)
+        self.weight_targets = (owner, fan_in, size, torch.tensor(self.first_query), order_owner)
 
 
 class TiledDecoder(nn.Module):
