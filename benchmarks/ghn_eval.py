@@ -4,7 +4,8 @@ orthogonal initialisation, held-out loss and accuracy at steps 0, 100 and 300 of
 verdicts are taken at step 300, where random initialisation has learned.
 
     .venv/bin/python benchmarks/ghn_eval.py                     # print the tables
-    .venv/bin/python benchmarks/ghn_eval.py --write             # also update BENCHMARKS.md and docs/img/
+    .venv/bin/python benchmarks/ghn_eval.py --write             # also update BENCHMARKS.md, docs/img/ and the
+                                                                # evaluation recorded in each bundled config.json
     .venv/bin/python benchmarks/ghn_eval.py --family vit --write   # one family (its own section)
 
 The datasets are generated first if out/ lacks them (same recipe and seed: the same records).
@@ -60,6 +61,11 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     lines.append("| predicted wins vs random / orthogonal | " + " | ".join(
         f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%" for h in at) + " |")
     if write:
+        from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
+        from graphkit.ghn.data import default_source
+
+        record_evaluation(bundled_checkpoint(family), summary, dataset=f"out/{run['recipe']}", split="eval",
+                          data=default_source(family))
         png = Path("docs/img") / f"eval-{family}.png"
         (common.ROOT / png).parent.mkdir(parents=True, exist_ok=True)
         plot(rows, str(common.ROOT / png), run["label"])
