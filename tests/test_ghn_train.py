@@ -81,6 +81,8 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4] and last == lines[-1]
     assert all(m["archs_per_s"] > 0 and m["lr"] >= 0 for m in lines)
+    assert all(0 < m["factor_similarity"] < 1 and m["grad_norms"]["mlp"] > 0 for m in lines)
+    assert (run_dir / "metrics.png").stat().st_size > 10_000
     ghn = load_checkpoint(run_dir)
     assert ghn.info["family"] == "vit" and "attention" in ghn.info["trained_ops"] and ghn.info["data"] == "digits"
     model = build_model(ArchPool(vits, "eval").records[0].config)

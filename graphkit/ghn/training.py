@@ -266,9 +266,39 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     dist.barrier()
     if rank == 0:
         save_checkpoint(out, ghn, {**info, "steps": config.steps, "metrics": last})
+        if metrics_file.exists():
+            plot_metrics(metrics_file, out / "metrics.png")
     if world > 1:
         dist.destroy_process_group()
     return last
+
+
+def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
+    """The run's curves as a PNG: training loss and accuracy, the gradient norm of each part of the
+    hypernetwork (log scale) and the factor similarity, by step. A collapse shows as gradient norms
+    falling by orders of magnitude while the similarity climbs towards 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [json.loads(line) for line in Path(metrics_file).read_text().splitlines()]
+    steps = [m["step"] for m in lines]
+    fig, (loss_ax, grad_ax, sim_ax) = plt.subplots(1, 3, figsize=(13, 3.6))
+    loss_ax.plot(steps, [m["ce"] for m in lines], label="cross-entropy")
+    loss_ax.set(xlabel="step", ylabel="training cross-entropy", title="loss")
+    accuracy_ax = loss_ax.twinx()
+    accuracy_ax.plot(steps, [m["metric"] for m in lines], color="tab:orange", alpha=0.6)
+    accuracy_ax.set_ylabel("accuracy (orange)")
+    for part in sorted({p for m in lines for p in m.get("grad_norms", {})}):
+        grad_ax.plot(steps, [m.get("grad_norms", {}).get(part, float("nan")) for m in lines], label=part)
+    grad_ax.set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log", title="gradients per part")
+    grad_ax.legend(fontsize=7)
+    sim_ax.plot(steps, [m.get("factor_similarity", float("nan")) for m in lines])
+    sim_ax.set(xlabel="step", ylabel="mean cosine of factors", ylim=(0, 1), title="factor similarity")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def _factor_similarity(ghn: LoGAH, graphs: Sequence[EncodedGraph]) -> dict[str, float]:
