@@ -262,6 +262,20 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     assert result.exit_code == 0 and result.stdout.startswith(line[:40]), result.output
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--steps", "0", "steps must be an integer >= 1; got 0"),
+    ("--steps", "-2", "steps must be an integer >= 1; got -2"),
+    ("--archs", "0", "archs must be an integer >= 1; got 0"),
+    ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
+    ("--lr", "nan", "lr must be a positive number; got nan"),
+    ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
+] + ([("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")] if not torch.cuda.is_available() else []))
+def test_eval_ghn_refuses_bad_options_before_any_work(vits, tmp_path, option, value, message):
+    result = run("eval-ghn", "--dataset", vits, "--out", tmp_path / "eval", option, value)
+    assert result.exit_code == 1 and result.stderr.strip() == f"error: {message}", result.output
+    assert not (tmp_path / "eval").exists()
+
+
 def test_eval_horizons_are_0_100_and_the_final_step():
     from graphkit.ghn.evaluate import EvalConfig, horizons
 

@@ -22,9 +22,14 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from graphkit.errors import GraphkitError
 from graphkit.ghn.model import LoGAH
 
 INITS = ("predicted", "random", "orthogonal")
+
+
+class EvalError(GraphkitError, ValueError):
+    """An evaluation option out of range (steps, architectures, batch sizes, lr, device)."""
 
 
 @dataclass
@@ -43,6 +48,21 @@ class EvalConfig:
     eval_batches: int = 4
     seed: int = 0
     device: str | None = None  # None: cuda if available, else cpu
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "archs", "batch_size", "seq_len", "eval_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise EvalError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise EvalError(f"lr must be a positive number; got {self.lr!r}")
+        if self.device is not None:
+            try:
+                device = torch.device(self.device)
+            except RuntimeError:
+                raise EvalError(f"unknown device {self.device!r}; accepted: cpu, cuda, cuda:N") from None
+            if device.type == "cuda" and not torch.cuda.is_available():
+                raise EvalError(f"device {self.device!r}: no CUDA GPU is available here; use --device cpu")
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
