@@ -201,11 +201,13 @@ class LowRankDecoder(nn.Module):
                 _, rows, cols = batch.group_keys[g]
                 fa, fb = grouped[g].unbind(1)
                 squares.append(((fa.mT @ gram(rows) @ fa) * (fb.mT @ gram(cols) @ fb)).sum((1, 2)))
-            owner, fan_in, size, first, order_owner = (t.to(device, non_blocking=True) for t in batch.weight_targets)
+            fan_in, size, first, order_owner = (t.to(device, non_blocking=True) for t in batch.weight_targets)
+            owners = order_owner.split(batch.sizes)
+            owner = torch.cat([owners[g] for g in batch.weight_groups])
             square = torch.zeros(len(batch.targets), device=device, dtype=squares[0].dtype).index_add(0, owner, torch.cat(squares))
             scale = INIT_GAIN * gains[first] / (fan_in * torch.sqrt(square / size + 1e-12))
             scales = scale[order_owner].split(batch.sizes)
-        blocks: list[torch.Tensor] = [None] * len(batch.query_owner)  # type: ignore[list-item]
+        blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
         for g, (kind, rows, cols) in enumerate(batch.group_keys):
             fa, fb = grouped[g].unbind(1)
             if kind == "weight":
@@ -262,19 +264,17 @@ class _DecodeBatch:
                 self.grid.append((nr, nc))
             nodes += g.num_nodes
         self.queries = torch.cat(queries)
-        self.query_owner = query_owner
         self.group_keys = list(groups)
         self.group_queries = [groups[key] for key in self.group_keys]
         self.sizes = [len(q) for q in self.group_queries]
-        self.order = torch.tensor([q for members in self.group_queries for q in members], dtype=torch.long)
+        order = [q for members in self.group_queries for q in members]
+        self.order = torch.tensor(order, dtype=torch.long)
         self.max_size = max(max(rows, cols) for _, rows, cols in self.group_keys)
         self.weight_groups = [i for i, key in enumerate(self.group_keys) if key[0] == "weight"]
-        weight_queries = [q for i in self.weight_groups for q in self.group_queries[i]]
-        owner = torch.tensor([query_owner[q] for q in weight_queries], dtype=torch.long)
         fan_in = torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets])
         size = torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets])
-        order_owner = torch.tensor([query_owner[q] for q in self.order.tolist()], dtype=torch.long)
-        self.weight_targets = (owner, fan_in, size, torch.tensor(self.first_query), order_owner)
+        order_owner = torch.tensor([query_owner[q] for q in order], dtype=torch.long)
+        self.weight_targets = (fan_in, size, torch.tensor(self.first_query), order_owner)
 
 
 class TiledDecoder(nn.Module):
