@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import functools
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from graphkit.errors import GraphkitError
+from graphkit.fileio import write_text_atomic
 
 app = typer.Typer(
     name="graphkit",
@@ -57,19 +57,6 @@ def command(fn: Callable) -> Callable:
     return wrapper
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that the file appears only when complete."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class GraphFormat(str, enum.Enum):
     json = "json"
     text = "text"
@@ -100,7 +87,7 @@ def trace(
         return
     print_graph(graph)
     if out is not None:
-        write_atomic(out, text)
+        write_text_atomic(out, text)
         console.print(f"wrote {out}")
 
 

@@ -105,7 +105,7 @@ def eval_ghn(
 
     from rich.table import Table
 
-    from graphkit.cli.app import write_atomic
+    from graphkit.fileio import write_text_atomic
     from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
 
     config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
@@ -139,6 +139,6 @@ def eval_ghn(
         console.print(f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
                       f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)", highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
+    write_text_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
     plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
     console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.fileio import atomic_path
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.graph import ArchGraph
 
@@ -88,15 +87,8 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
         raise CompileError(f"{path}: the model is on the meta device and has no values to save")
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     metadata = {**(metadata or {}), **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata or None)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata or None)
     return path
 
 

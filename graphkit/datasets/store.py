@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from graphkit.errors import GraphkitError
+from graphkit.fileio import atomic_path, write_text_atomic
 from graphkit.graph import ArchGraph, Node
 
 SCHEMA_VERSION = 1
@@ -119,14 +118,8 @@ def write_shard(rows: Sequence[Mapping[str, Any]], path: str | Path, *, row_grou
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(list(rows), schema=SCHEMA)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 
@@ -167,9 +160,9 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
         "graphkit_version": graphkit.__version__, "counts": counts,
         "architectures": len(set(present["fingerprint"])), "content_hash": digest, **(info or {}),
     }
-    _write_text(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     card_splits = "".join(f"  - split: {s}\n    path: data/{s}-*.parquet\n" for s in splits)
-    _write_text(out / "README.md", (
+    write_text_atomic(out / "README.md", (
         f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
         f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
         f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
@@ -178,13 +171,6 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
         " that reproduce it.\n"
     ))
     return out
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
