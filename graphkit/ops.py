@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphkit.compat import aten_name  # noqa: F401  (graphkit.ops.aten_name stays importable)
+
 OPS_VERSION = 1
 
 #: op name -> one-line meaning. The order is the op id and is append-only.
@@ -231,15 +233,6 @@ SDPA_ATEN: frozenset[str] = frozenset(
     }
 )
 MATMUL_ATEN: frozenset[str] = frozenset({"matmul", "bmm", "mm", "einsum", "baddbmm"})
-
-
-def aten_name(target: object) -> str:
-    """Short ATen name of an FX call target: ``aten.view.default`` -> ``view``."""
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1]
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.split("::")[-1]
-    return getattr(target, "__name__", str(target))
 
 
 #: ATen ops whose result depends on their input's shape only, never its values.

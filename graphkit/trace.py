@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.fx.config
 from torch import nn
 
+from graphkit.compat import fx_flag
 from graphkit.errors import TraceError
 from graphkit.export_graph import graph_from_export
 from graphkit.folding import repeated_blocks, signature, truncated, unfold
@@ -174,18 +174,16 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.Exporte
     # Per-node source stack traces cost ~15% of an export and graphkit never reads them.
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
-    stack_traces = torch.fx.config.do_not_emit_stack_traces
-    torch.fx.config.do_not_emit_stack_traces = True
+    # The flag is private: where this torch lacks it, fx_flag skips it and export is just slower.
     captured = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(captured):
+        with fx_flag("do_not_emit_stack_traces", True), warnings.catch_warnings(), contextlib.redirect_stderr(captured):
             warnings.simplefilter("ignore")
             program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:  # torch.export raises many types; all become one readable line
         raise TraceError(_describe_failure(e, model)) from e
     finally:
         logging.disable(previous)
-        torch.fx.config.do_not_emit_stack_traces = stack_traces
     sys.stderr.write(captured.getvalue())
     return program
 

@@ -79,9 +79,9 @@ def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module
     ``no_init_weights`` also skips tying the LM head to the embedding, so ties are redone."""
     if init:
         return model_class(config)
-    from transformers.initialization import no_init_weights
+    from graphkit.compat import skip_weight_init
 
-    with no_init_weights():
+    with skip_weight_init():
         model = model_class(config)
     model.tie_weights()
     return model

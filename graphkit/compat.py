@@ -1,0 +1,71 @@
+"""Every private torch or transformers API graphkit touches, guarded in one place.
+
+Private flags and helpers move between releases (``torch.fx.config.do_not_emit_stack_traces``
+does not exist on torch 2.11, for one). Each guard here degrades instead of crashing: a missing
+speed-up flag is skipped, a missing helper falls back to the public, slower path. Tests remove
+each of them and check that tracing and model building still work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+
+def _fx_config() -> Any:
+    """``torch.fx.config``, or None where this torch has no such module."""
+    try:
+        return importlib.import_module("torch.fx.config")
+    except ImportError:
+        return None
+
+
+@contextlib.contextmanager
+def fx_flag(name: str, value: Any) -> Iterator[bool]:
+    """Set ``torch.fx.config.<name>`` to ``value`` for the block and restore it afterwards.
+    Yields whether the flag exists; when this torch lacks it nothing is set."""
+    config = _fx_config()
+    if config is None or not hasattr(config, name):
+        yield False
+        return
+    previous = getattr(config, name)
+    setattr(config, name, value)
+    try:
+        yield True
+    finally:
+        setattr(config, name, previous)
+
+
+def aten_name(target: object) -> str:
+    """Short ATen name of an FX call target: ``aten.view.default`` -> ``view``.
+
+    Reads the op's schema where the OpOverload exposes it (``_schema``, private), else parses
+    the public ``str()`` form ``aten.view.default``; plain Python callables give their name."""
+    schema = getattr(target, "_schema", None)
+    name = getattr(schema, "name", None)
+    if isinstance(name, str):
+        return name.split("::")[-1]
+    qualified = getattr(target, "_qualified_op_name", None)  # an OpOverloadPacket
+    if isinstance(qualified, str):
+        return qualified.split("::")[-1]
+    text = str(target)
+    if text.startswith(("aten.", "prims.")) and text.count(".") >= 1:
+        return text.split(".")[1]
+    return getattr(target, "__name__", text)
+
+
+def skip_weight_init() -> contextlib.AbstractContextManager:
+    """transformers' ``no_init_weights`` (``transformers.initialization`` since v5,
+    ``transformers.modeling_utils`` before): models are built without running their weight
+    initialisation. Where neither exists, a no-op: weights are initialised (slower, same model)."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return importlib.import_module(module).no_init_weights()
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext()
+
+
+__all__ = ["fx_flag", "aten_name", "skip_weight_init"]

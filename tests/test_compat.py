@@ -1,0 +1,67 @@
+"""Private torch / transformers APIs are guarded: removing each one degrades, never crashes."""
+
+import importlib
+import types
+
+import pytest
+import torch
+
+import graphkit
+from graphkit import compat
+from graphkit.compat import aten_name, fx_flag, skip_weight_init
+from graphkit.families import build_model
+from tests.conftest import gpt2, llama, meta, timm_vit
+
+
+@pytest.mark.parametrize("build", [lambda: timm_vit("vit_tiny_patch16_224", img_size=32, patch_size=8),
+                                   lambda: gpt2(layers=2), lambda: llama(layers=2)], ids=["vit", "gpt2", "llama"])
+def test_trace_without_the_private_fx_flag(monkeypatch, build):
+    """torch 2.11 has no torch.fx.config.do_not_emit_stack_traces; tracing must not need it.
+    (This torch reads the flag itself, so it stays in torch; graphkit's view of it is removed.)"""
+    model = meta(build)
+    expected = graphkit.trace(model).fingerprint()
+    without = types.SimpleNamespace(**{k: v for k, v in vars(importlib.import_module("torch.fx.config")).items()
+                                       if k != "do_not_emit_stack_traces"})
+    monkeypatch.setattr(compat, "_fx_config", lambda: without)
+    with compat.fx_flag("do_not_emit_stack_traces", True) as present:
+        assert not present
+    assert graphkit.trace(model).fingerprint() == expected
+    monkeypatch.setattr(compat, "_fx_config", lambda: None)  # no torch.fx.config at all
+    assert graphkit.trace(model).fingerprint() == expected
+
+
+def test_fx_flag_restores_and_skips():
+    config = importlib.import_module("torch.fx.config")
+    with fx_flag("no_such_flag_in_any_torch", 1) as present:
+        assert present is False
+    assert not hasattr(config, "no_such_flag_in_any_torch")
+    if hasattr(config, "do_not_emit_stack_traces"):
+        before = config.do_not_emit_stack_traces
+        with fx_flag("do_not_emit_stack_traces", not before) as present:
+            assert present and config.do_not_emit_stack_traces is (not before)
+        assert config.do_not_emit_stack_traces is before
+
+
+class _PublicOnly:
+    """An op target as a future torch might expose it: no private _schema, only its str()."""
+
+    def __str__(self) -> str:
+        return "aten.scaled_dot_product_attention.default"
+
+
+def test_aten_name_without_private_attributes():
+    assert aten_name(torch.ops.aten.view.default) == "view"
+    assert aten_name(torch.ops.aten.view) == "view"
+    assert aten_name(_PublicOnly()) == "scaled_dot_product_attention"
+    assert aten_name(len) == "len"
+
+
+def test_hf_models_build_without_no_init_weights(monkeypatch):
+    """Without transformers' private no_init_weights a model is still built (initialised)."""
+    for name in ("transformers.initialization", "transformers.modeling_utils"):
+        module = importlib.import_module(name)
+        if hasattr(module, "no_init_weights"):
+            monkeypatch.delattr(module, "no_init_weights")
+    assert type(skip_weight_init()).__name__ == "nullcontext"
+    model = build_model({"family": "gpt2", "num_layers": 1, "hidden": 16, "heads": 2, "context": 8}, device="cpu")
+    assert torch.isfinite(model.transformer.wte.weight).all() and model.transformer.wte.weight.std() > 0
