@@ -53,6 +53,33 @@ def test_gqa_equals_materialised_repeat():
     assert torch.allclose(GroupedQueryAttention(12, 4)(q, k, v, is_causal=True), ref, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["enable_gqa", "repeat"])
+def test_both_gqa_paths_agree(path):
+    q, k, v = qkv()
+    mask = torch.rand(5, 5) > 0.3
+    mask[:, 0] = True
+    expected = GroupedQueryAttention(12, 4, path="enable_gqa")(q, k, v, attn_mask=mask)
+    assert torch.allclose(GroupedQueryAttention(12, 4, path=path)(q, k, v, attn_mask=mask), expected, atol=1e-6)
+
+
+def test_fastest_gqa_path_measures_once_per_shape():
+    from graphkit.attention import core
+
+    q, k, v = (t.detach() for t in qkv())
+    core._FASTEST.clear()
+    first = core.fastest_gqa_path(q, k, v, is_causal=True, repeats=2)
+    assert first in ("enable_gqa", "repeat") and len(core._FASTEST) == 1
+    assert core.fastest_gqa_path(q, k, v, is_causal=True) == first and len(core._FASTEST) == 1
+    core.fastest_gqa_path(q[:, :, :3], k[:, :, :3], v[:, :, :3], is_causal=True, repeats=2)
+    assert len(core._FASTEST) == 2
+    core._FASTEST.clear()
+    # auto keeps enable_gqa on CPU (measured faster there) and never times CPU tensors
+    GroupedQueryAttention(12, 4)(q, k, v)
+    assert core._FASTEST == {}
+    with pytest.raises(ValueError, match="path must be one of auto, enable_gqa, repeat, got 'fast'"):
+        GroupedQueryAttention(12, 4, path="fast")
+
+
 @pytest.mark.parametrize("variant", ["gqa", "kdgqa", "dgqa", "pgqa"])
 def test_gradients_flow_through_every_variant(variant):
     q, k, v = qkv()
