@@ -118,7 +118,7 @@ def test_dataset_commands(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["generate", "vits-2k"], "unknown recipe 'vits-2k'; known recipes: vits-1k, gpts-1k, llamas-1k, vits-digits (or a .json / .yaml recipe file)"),
+        (["generate", "vits-2k"], "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits (or a .json / .yaml recipe file)"),
         (["ls", "no-such-folder"], "no-such-folder: no such dataset folder"),
         (["stats", "."], ".: not a graphkit dataset (no data/*.parquet files)"),
     ],

@@ -270,7 +270,7 @@ def test_bad_specs_name_what_is_accepted(tmp_path):
 
 def test_defaults():
     assert default_source("vit") == "digits" and default_source("llama") == DEFAULT_SOURCES["gpt2"] == "stdlib-text"
-    with pytest.raises(DataError, match="'bert'.*vit, gpt2, llama"):
+    with pytest.raises(DataError, match="'bert'.*gpt2, llama, vit"):
         default_source("bert")
 
 

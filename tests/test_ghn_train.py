@@ -215,7 +215,7 @@ def test_predict_cli_bad_inputs(tmp_path):
                      "model = build_model({'family': 'llama', 'num_layers': 1, 'hidden': 32, 'heads': 2, 'vocab_size': 300, 'context': 32})\n")
     result = run("predict", llama)
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: no bundled hypernetwork for llama models (bundled: vit, gpt2); train one with `graphkit train-ghn` and pass --ghn")
+        "error: no bundled hypernetwork for llama models (bundled: gpt2, vit); train one with `graphkit train-ghn` and pass --ghn")
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr
 

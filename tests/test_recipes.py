@@ -63,7 +63,7 @@ def test_eval_architectures_are_never_trained_on():
 def test_recipe_files_and_errors(tmp_path):
     assert get_recipe(str(HERE / "recipes" / "tiny-llamas.yaml")).space
     assert Recipe.from_dict(RECIPES["vits-1k"].to_dict()) == RECIPES["vits-1k"]
-    with pytest.raises(RecipeError, match="unknown recipe 'vits-2k'; known recipes: vits-1k, gpts-1k, llamas-1k, vits-digits"):
+    with pytest.raises(RecipeError, match="unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits"):
         get_recipe("vits-2k")
     with pytest.raises(RecipeError, match="nope.json: no such recipe file"):
         get_recipe(str(tmp_path / "nope.json"))

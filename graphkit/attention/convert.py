@@ -13,6 +13,8 @@ names it, so nothing is silently left unconverted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -205,12 +207,30 @@ def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
     return kv
 
 
-# (claims the module, checks it before anything changes, converts it)
-ADAPTERS = (
-    (_is_timm, _check_timm, _convert_timm),
-    (_is_gpt2, _check_gpt2, _convert_gpt2),
-    (_is_llama, _check_llama, _convert_llama),
-)
+@dataclass(frozen=True)
+class AttentionAdapter:
+    """How :func:`convert` handles one kind of attention module, declared by the family whose
+    models hold it (``Family.attention_adapter``): ``claims(module)`` recognises it,
+    ``check(path, module, kv_heads)`` refuses a conversion before anything changes, and
+    ``convert(path, module, kv_heads, variant, options)`` returns the converted module."""
+
+    claims: Callable[[nn.Module], bool]
+    check: Callable[[str, nn.Module, int | None], None]
+    convert: Callable[[str, nn.Module, int | None, str, dict], nn.Module]
+
+
+TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm)
+GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2)
+LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama)
+
+
+def adapters() -> list[AttentionAdapter]:
+    """The attention adapters of every registered family."""
+    from graphkit.families import FAMILIES
+
+    return [f.attention_adapter for f in FAMILIES.values() if f.attention_adapter is not None]
+
+
 _CONVERTED = (ViTGroupedAttention, GPT2GroupedAttention, GroupedQueryAttention)
 
 
@@ -227,13 +247,13 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
             continue
-        adapter = next((a for a in ADAPTERS if a[0](module)), None)
+        adapter = next((a for a in adapters() if a.claims(module)), None)
         if adapter is None:
             if "attention" in type(module).__name__.lower():
                 raise ConvertError(f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet")
             continue
-        adapter[1](path, module, kv_heads)
-        plan.append((path, module, adapter[2]))
+        adapter.check(path, module, kv_heads)
+        plan.append((path, module, adapter.convert))
     if not plan:
         raise ConvertError(f"{type(model).__name__} has no attention module graphkit knows how to convert")
     for path, module, convert_one in plan:

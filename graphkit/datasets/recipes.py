@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from graphkit.errors import GraphkitError
-from graphkit.families import ConfigError, get_family, num_params, resolve_config
+from graphkit.families import ConfigError, LiveTable, get_family, num_params, resolve_config
 
 
 class RecipeError(GraphkitError):
@@ -184,43 +184,27 @@ class Recipe:
                 for i, a in enumerate(order[:num])]
 
 
-RECIPES: dict[str, Recipe] = {
-    "vits-1k": Recipe(
-        name="vits-1k",
-        family="vit",
-        description="LoGAH's ViTs-1K: ViT classifiers, deeper means narrower, under 10M parameters",
-        bins=(Bin((6, 9), (128, 256, 32)), Bin((4, 5), (256, 384, 32)), Bin((3, 3), (384, 512, 32))),
-        heads=(HeadRule(choices=(3, 6, 12), hidden=(192, 288, 384, 480)), HeadRule(choices=(4, 8))),
-        max_params=10_000_000,
-        fixed={"image_size": 32, "patch_size": 2, "num_classes": 10},
-    ),
-    "gpts-1k": Recipe(
-        name="gpts-1k",
-        family="gpt2",
-        description="LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters",
-        bins=(Bin((6, 9), (72, 176, 8)), Bin((4, 5), (128, 176, 8)), Bin((3, 3), (176, 256, 8))),
-        heads=(HeadRule(choices="divisors"),),
-        max_params=30_000_000,
-        fixed={"vocab_size": 50257, "context": 1024, "tied": False},
-    ),
-    "llamas-1k": Recipe(
-        name="llamas-1k",
-        family="llama",
-        description="LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower",
-        bins=(Bin((6, 9), (128, 256, 32)), Bin((4, 5), (256, 384, 32)), Bin((3, 3), (384, 512, 32))),
-        heads=(HeadRule(choices=(4, 8), min_head_dim=16),),
-        kv_heads="divisors",
-        sliding_window=(None, 256),
-        max_params=50_000_000,
-        fixed={"vocab_size": 32000, "context": 2048},
-    ),
-}
+class RecipeTable(LiveTable):
+    """The built-in recipes by name: those every registered family declares
+    (``Family.recipes``), read live, each built once."""
+
+    def __init__(self) -> None:
+        self._built: dict[int, Recipe] = {}
+
+    def _items(self) -> dict[str, Recipe]:
+        from graphkit.families import FAMILIES
+
+        recipes = {}
+        for family in FAMILIES.values():
+            for data in family.recipes:
+                if id(data) not in self._built:
+                    self._built[id(data)] = Recipe.from_dict(data)
+                recipes[self._built[id(data)].name] = self._built[id(data)]
+        return recipes
 
 
-RECIPES["vits-digits"] = replace(
-    RECIPES["vits-1k"], name="vits-digits", fixed={"image_size": 8, "patch_size": 2, "num_classes": 10},
-    description="ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork trains",
-)
+RECIPES = RecipeTable()
+
 
 def get_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     """A built-in recipe by name, or one read from a .json / .yaml file; errors list the known names."""
@@ -234,4 +218,4 @@ def get_recipe(name_or_path: str | Path | Recipe) -> Recipe:
     raise RecipeError(f"unknown recipe {text!r}; known recipes: {', '.join(RECIPES)} (or a .json / .yaml recipe file)")
 
 
-__all__ = ["Recipe", "Bin", "HeadRule", "RECIPES", "get_recipe", "RecipeError"]
+__all__ = ["Recipe", "Bin", "HeadRule", "RECIPES", "RecipeTable", "get_recipe", "RecipeError"]

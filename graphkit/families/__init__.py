@@ -5,6 +5,12 @@ the same thing everywhere (``num_layers``, ``hidden``, ``heads``, ``mlp``). Data
 configs, and the compiler and the hypernetwork build models from them, so each family is
 defined here and nowhere else.
 
+The :class:`Family` a file registers is everything graphkit knows about it, in one place: the
+builder and its config checks, the dataset recipes over it, the hypernetwork's default data
+source, the bundled hypernetwork checkpoint and the adapter that converts its attention. The
+tables other modules read (``RECIPES``, ``DEFAULT_SOURCES``, ``BUNDLED``) are live views of
+:data:`FAMILIES` (:class:`FamilyTable`), so adding a family is adding one file.
+
     >>> model = build_model({"family": "vit", "num_layers": 3, "hidden": 192, "heads": 3})
 """
 
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +49,10 @@ class Family:
     from_graph: Callable[[ArchGraph], dict[str, Any]] | None = None  # the config a traced graph came from
     traced_as: tuple[str, ...] = ()  # graph.meta["family"] values this family's models trace as
     grouped: bool = False  # the family computes GQA from kv_heads itself (without ``attention``)
+    recipes: tuple[Mapping[str, Any], ...] = ()  # dataset recipes over it, as data (graphkit.datasets.recipes)
+    data: str | None = None  # the hypernetwork's default data source for it (graphkit.ghn.data)
+    bundled_ghn: str | None = None  # the bundled hypernetwork checkpoint (graphkit/ghn/pretrained/<name>)
+    attention_adapter: Any = None  # graphkit.attention.convert.AttentionAdapter for its attention modules
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The full config: defaults filled in, every key known, required keys present."""
@@ -88,9 +98,41 @@ def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module
 
 
 def register_family(family: Family) -> Family:
-    """Add a family to :data:`FAMILIES` (recipes and ``build_model`` find it by name)."""
+    """Add a family to :data:`FAMILIES` (``build_model``, recipes, the hypernetwork and
+    ``convert`` find it there)."""
     FAMILIES[family.name] = family
     return family
+
+
+class LiveTable(Mapping[str, Any]):
+    """A read-only mapping recomputed from :data:`FAMILIES` at every access (subclasses say
+    how), so a family registered later appears in it at once."""
+
+    def _items(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._items()!r})"
+
+
+class FamilyTable(LiveTable):
+    """One field of every registered family that sets it, by family name (``BUNDLED``,
+    ``DEFAULT_SOURCES``)."""
+
+    def __init__(self, field_name: str) -> None:
+        self.field_name = field_name
+
+    def _items(self) -> dict[str, Any]:
+        return {name: value for name, f in FAMILIES.items() if (value := getattr(f, self.field_name)) is not None}
 
 
 def get_family(name: str) -> Family:
@@ -160,5 +202,5 @@ def _base_and_block(key: str) -> tuple[int, int]:
 
 from graphkit.families import gpt2, llama, vit  # noqa: E402,F401  (each registers itself)
 
-__all__ = ["FAMILIES", "Family", "ConfigError", "build_model", "resolve_config", "num_params",
+__all__ = ["FAMILIES", "Family", "FamilyTable", "LiveTable", "ConfigError", "build_model", "resolve_config", "num_params",
            "register_family", "get_family", "config_from_graph"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from graphkit.attention.convert import GPT2_ATTENTION
 from graphkit.families import Family, build_hf, register_family
 from graphkit.graph import ArchGraph
 
@@ -50,4 +51,16 @@ FAMILY = register_family(Family(
     defaults={"vocab_size": 50257, "context": 1024, "tied": False},
     from_graph=from_graph,
     traced_as=("gpt2",),
+    recipes=({
+        "name": "gpts-1k", "family": "gpt2",
+        "description": "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters",
+        "bins": [{"layers": [6, 9], "hidden": [72, 176, 8]}, {"layers": [4, 5], "hidden": [128, 176, 8]},
+                 {"layers": [3, 3], "hidden": [176, 256, 8]}],
+        "heads": [{"choices": "divisors"}],
+        "max_params": 30_000_000,
+        "fixed": {"vocab_size": 50257, "context": 1024, "tied": False},
+    },),
+    data="stdlib-text",
+    bundled_ghn="logah-tiny-gpts",
+    attention_adapter=GPT2_ATTENTION,
 ))

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from graphkit.attention.convert import LLAMA_ATTENTION
 from graphkit.families import ConfigError, Family, build_hf, register_family
 from graphkit.graph import ArchGraph
 
@@ -67,4 +68,17 @@ FAMILY = register_family(Family(
     from_graph=from_graph,
     traced_as=("llama", "mistral"),
     grouped=True,
+    recipes=({
+        "name": "llamas-1k", "family": "llama",
+        "description": "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower",
+        "bins": [{"layers": [6, 9], "hidden": [128, 256, 32]}, {"layers": [4, 5], "hidden": [256, 384, 32]},
+                 {"layers": [3, 3], "hidden": [384, 512, 32]}],
+        "heads": [{"choices": [4, 8], "min_head_dim": 16}],
+        "kv_heads": "divisors",
+        "sliding_window": [None, 256],
+        "max_params": 50_000_000,
+        "fixed": {"vocab_size": 32000, "context": 2048},
+    },),
+    data="stdlib-text",
+    attention_adapter=LLAMA_ATTENTION,
 ))

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from graphkit.attention.convert import TIMM_ATTENTION
 from graphkit.families import Family, register_family
 from graphkit.graph import ArchGraph
 
@@ -53,6 +54,17 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     }
 
 
+#: LoGAH's ViTs-1K: deeper means narrower, heads by width, under 10M parameters (CIFAR resolution)
+VITS_1K = {
+    "name": "vits-1k", "family": "vit",
+    "description": "LoGAH's ViTs-1K: ViT classifiers, deeper means narrower, under 10M parameters",
+    "bins": [{"layers": [6, 9], "hidden": [128, 256, 32]}, {"layers": [4, 5], "hidden": [256, 384, 32]},
+             {"layers": [3, 3], "hidden": [384, 512, 32]}],
+    "heads": [{"choices": [3, 6, 12], "hidden": [192, 288, 384, 480]}, {"choices": [4, 8]}],
+    "max_params": 10_000_000,
+    "fixed": {"image_size": 32, "patch_size": 2, "num_classes": 10},
+}
+
 FAMILY = register_family(Family(
     name="vit",
     build=build,
@@ -62,4 +74,11 @@ FAMILY = register_family(Family(
     check=_check,
     from_graph=from_graph,
     traced_as=("vit",),
+    recipes=(VITS_1K, {
+        **VITS_1K, "name": "vits-digits", "fixed": {"image_size": 8, "patch_size": 2, "num_classes": 10},
+        "description": "ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork trains",
+    }),
+    data="digits",
+    bundled_ghn="logah-tiny-vits",
+    attention_adapter=TIMM_ATTENTION,
 ))

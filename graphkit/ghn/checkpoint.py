@@ -21,12 +21,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from graphkit.errors import GraphkitError
+from graphkit.families import FamilyTable
 from graphkit.ghn.model import LoGAH, LoGAHConfig
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION
 
-#: the checkpoints that ship with graphkit, by the family they predict
-BUNDLED = {"vit": "logah-tiny-vits", "gpt2": "logah-tiny-gpts"}
+#: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
+#: a live view of the family registry
+BUNDLED = FamilyTable("bundled_ghn")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
 
 

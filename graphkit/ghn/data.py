@@ -23,9 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from graphkit.errors import GraphkitError
+from graphkit.families import FamilyTable
 
 SPLITS = ("train", "eval")
-DEFAULT_SOURCES: dict[str, str] = {"vit": "digits", "gpt2": "stdlib-text", "llama": "stdlib-text"}
+#: each family's default data source (``Family.data``), a live view of the family registry
+DEFAULT_SOURCES = FamilyTable("data")
 TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".md")
 WIKITEXT_FILES = (("wiki.train.tokens", "wiki.valid.tokens"), ("wiki.train.raw", "wiki.valid.raw"))
 
