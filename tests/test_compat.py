@@ -65,3 +65,17 @@ def test_hf_models_build_without_no_init_weights(monkeypatch):
     assert type(skip_weight_init()).__name__ == "nullcontext"
     model = build_model({"family": "gpt2", "num_layers": 1, "hidden": 16, "heads": 2, "context": 8}, device="cpu")
     assert torch.isfinite(model.transformer.wte.weight).all() and model.transformer.wte.weight.std() > 0
+
+
+def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatch):
+    """transformers without masking_utils (before 4.53): a one-line ConvertError, nothing converted."""
+    import sys
+
+    from graphkit.attention import ConvertError, convert
+
+    model = llama(layers=1)
+    before = {n: p.shape for n, p in model.named_parameters()}
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)
+    with pytest.raises(ConvertError, match=r"module 'model.layers.0.self_attn': converting LLaMA-style attention needs .*4.53 or newer"):
+        convert(model, "gqa", 1)
+    assert {n: p.shape for n, p in model.named_parameters()} == before

@@ -160,10 +160,17 @@ def _graphkit_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register_hf_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+def _register_hf_attention(path: str) -> None:
+    """Register graphkit's attention with transformers' attention and mask interfaces (public
+    since transformers 4.48 and 4.53); an older transformers gets a ConvertError, not a crash."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as e:
+        import transformers
 
+        raise ConvertError(f"module '{path}': converting LLaMA-style attention needs transformers' AttentionInterface "
+                           f"and masking_utils (4.53 or newer); installed: {transformers.__version__} ({e})") from e
     AttentionInterface.register("graphkit", _graphkit_attention)
     AttentionMaskInterface.register("graphkit", sdpa_mask)  # masks (causal, sliding window) as for SDPA
 
@@ -178,6 +185,7 @@ def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
     kv = _check_kv(path, heads, kv_heads)
     if current % kv:
         raise ConvertError(f"kv_heads {kv} does not divide the {current} K/V heads module '{path}' already has")
+    _register_hf_attention(path)  # before anything changes: an old transformers is refused here
 
 
 def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
@@ -195,7 +203,6 @@ def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: 
     module.num_key_value_groups = heads // kv
     module.graphkit_core = GroupedQueryAttention(heads, kv, variant, **options)
     module.config.num_key_value_heads = kv
-    _register_hf_attention()
     module.config._attn_implementation = "graphkit"
     return module
 
