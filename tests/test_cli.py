@@ -170,3 +170,11 @@ def test_convert_errors(args, message, tmp_path, monkeypatch):
 def test_convert_needs_weights():
     result = run("convert", ROOT / "examples" / "gpt2.py", "--attention", "gqa", "--out", "x.safetensors")
     assert result.exit_code == 1 and "is on the meta device; convert needs its weights" in result.stderr
+
+
+def test_error_text_is_printed_verbatim(tmp_path):
+    """A message holding [brackets] (a path, a recipe range) is not eaten as rich markup."""
+    missing = tmp_path / "run[bold]" / "model.py"
+    result = run("trace", str(missing))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {missing}: no such file"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from graphkit.errors import GraphkitError
@@ -51,7 +52,7 @@ def command(fn: Callable) -> Callable:
                 raise
             known = isinstance(e, GraphkitError)
             text = str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
-            errors.print(f"[bold red]error:[/] {text}", markup=True, highlight=False, soft_wrap=True)
+            errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
