@@ -4,13 +4,18 @@ and an interrupted or damaged dataset resumes to exactly what an uninterrupted r
 
 from __future__ import annotations
 
+import fcntl
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from graphkit.cli import app
+from graphkit.datasets import load
+from graphkit.datasets.generate import GenerateError, generate
 
 runner = CliRunner()
 
@@ -89,3 +94,187 @@ def test_bad_recipe_fields_are_named(changes, message, tmp_path, monkeypatch):
     recipe = recipe_file(tmp_path, **changes)
     refused(["generate", recipe], f"recipe 'mini': {message}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.json"]
+
+
+# -- generate: options, folders, locks, identity, repair -------------------------------------
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory) -> Path:
+    return recipe_file(tmp_path_factory.mktemp("recipe"))
+
+
+@pytest.fixture(scope="module")
+def reference(recipe, tmp_path_factory) -> Path:
+    """An uninterrupted run: 6 records in 3 parts of 2."""
+    out = tmp_path_factory.mktemp("reference") / "mini"
+    result = generate(recipe, out, part_size=2)
+    assert (result.records, result.parts_written) == (6, 3)
+    return out
+
+
+def dataset_rows(path: Path) -> list[dict]:
+    return sorted((r.to_dict() for r in load(path)), key=lambda r: r["id"])
+
+
+def content_hash(path: Path) -> str:
+    return json.loads((path / "manifest.json").read_text())["content_hash"]
+
+
+def copy_of(reference: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(reference, out)
+    return out
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--workers", 0, "--workers must be an integer of at least 1, got 0"),
+    ("--num", -5, "--num must be an integer of at least 1 and at most 1,000,000, got -5"),
+    ("--num", 2_000_000, "--num must be an integer of at least 1 and at most 1,000,000, got 2000000"),
+    ("--num-shards", 0, "--num-shards must be an integer of at least 1, got 0"),
+    ("--shard-index", -1, "--shard-index must be in 0..0 for --num-shards 1, got -1"),
+])
+def test_bad_generate_options(option, value, message, recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    refused(["generate", recipe, option, value], message)
+    assert not any(tmp_path.iterdir())
+
+
+def test_workers_are_capped_at_the_tasks(recipe, tmp_path, monkeypatch):
+    import graphkit.datasets.generate as module
+
+    pools = []
+
+    class Pool:  # records the size asked for; traces in this process
+        def __init__(self, max_workers, mp_context):
+            pools.append(max_workers)
+
+        map = staticmethod(map)
+
+        def shutdown(self, cancel_futures):
+            pass
+
+    monkeypatch.setattr(module, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(module, "_warm_up", lambda: None)
+    generate(recipe, tmp_path / "out", workers=1000)
+    assert pools == [2]  # 4 architectures in 2 depth groups: 2 tasks, not 1,000 processes
+
+
+@pytest.mark.parametrize("where", ["named", "cwd"])
+def test_a_folder_that_is_not_a_dataset_is_never_written(where, recipe, tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# my project\n")
+    (project / "manifest.json").write_text('{"mine": true}\n')
+    before = listing(project)
+    monkeypatch.chdir(project if where == "cwd" else tmp_path)
+    out = "." if where == "cwd" else "project"
+    refused(["generate", recipe, "--out", out], f"--out {out}: is not empty and holds no graphkit dataset "
+            "(no .graphkit-run.json or manifest.json); choose a new or empty folder")
+    assert listing(project) == before
+
+
+def test_out_under_a_file_is_refused(recipe, tmp_path):
+    (tmp_path / "file").write_text("x")
+    refused(["generate", recipe, "--out", tmp_path / "file" / "ds"],
+            f"--out {tmp_path / 'file' / 'ds'}: {tmp_path / 'file'} is a file, not a folder")
+
+
+def test_a_second_run_into_a_locked_folder_is_refused(reference, recipe, tmp_path):
+    out = copy_of(reference, tmp_path)
+    (out / "data" / "train-00001-of-00003.parquet").unlink()  # work the second run would do
+    before = listing(out)
+    with open(out / ".graphkit.lock", "a") as held:  # the first run, still writing
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused(["generate", recipe, "--out", out, "--resume"],
+                f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out")
+        refused(["generate", recipe, "--out", out, "--num-shards", 3, "--shard-index", 1],
+                f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out")
+        assert listing(out) == before
+    with open(out / ".graphkit-shard-1-of-3.lock", "a") as held:  # shard 1 of 3, still running
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = listing(out)
+        with pytest.raises(GenerateError, match=f"^{out}: another graphkit generate is making shard 1 of 3 here"):
+            generate(recipe, out, part_size=2, num_shards=3, shard_index=1)
+        assert listing(out) == before
+    # the lock dies with its holder: the same run now finishes the dataset
+    assert generate(recipe, out, part_size=2, resume=True).parts_written == 1
+    assert content_hash(out) == content_hash(reference)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--num", 8], "made with --num 6; this run asks for --num 8"),
+    (["--seed", 7], "made with --seed 0; this run asks for --seed 7"),
+    (["--attention", "gqa"], "made with recipe mini; this run asks for recipe mini-gqa"),
+    (["--num-shards", 2, "--num", 5], "made with --num 6; this run asks for --num 5"),
+])
+def test_resume_and_shards_must_match_the_recorded_run(args, message, reference, recipe, tmp_path):
+    out = copy_of(reference, tmp_path)
+    before = listing(out)
+    refused(["generate", recipe, "--out", out, "--resume", *args],
+            f"{out} holds a dataset {message}. Rerun with the same options to finish it, or choose another --out")
+    with pytest.raises(GenerateError, match="made with part_size 2; this run asks for part_size 3"):
+        generate(recipe, out, part_size=3, resume=True)
+    assert listing(out) == before
+
+
+def test_another_recipe_is_refused_even_as_a_shard(reference, tmp_path):
+    out = copy_of(reference, tmp_path)
+    before = listing(out)
+    with pytest.raises(GenerateError, match=f"^{out} holds a dataset made with recipe mini; this run asks for recipe tiny-vits"):
+        generate(str(ROOT / "tests" / "recipes" / "tiny-vits.json"), out, part_size=2, num_shards=2, shard_index=1)
+    with pytest.raises(GenerateError, match=f"^{out} holds a dataset made with recipe 'mini' with max_params 3000000; "
+                                            "this run asks for recipe 'mini' with max_params 2000000"):
+        generate(recipe_file(tmp_path, max_params=2_000_000), out, part_size=2, resume=True)
+    assert listing(out) == before
+
+
+def test_an_interrupted_first_run_records_what_it_makes(reference, recipe, tmp_path):
+    out = tmp_path / "interrupted"
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate(recipe, out, part_size=2, progress=interrupt)
+    assert not (out / "manifest.json").exists() and (out / ".graphkit-run.json").is_file()
+    with pytest.raises(GenerateError, match="made with --seed 0; this run asks for --seed 3"):
+        generate(recipe, out, part_size=2, seed=3, resume=True)
+    generate(recipe, out, part_size=2, resume=True)
+    assert dataset_rows(out) == dataset_rows(reference) and content_hash(out) == content_hash(reference)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100:400] = bytes(300)  # inside the column data, the footer intact
+    path.write_bytes(bytes(data))
+
+
+def swap_in_another_part(path: Path) -> None:
+    shutil.copy(path.with_name("train-00000-of-00003.parquet"), path)
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda p: p.unlink(), None),  # killed before the part was written: redone quietly
+    (truncate, "not a readable Parquet file"),
+    (corrupt, "corrupted Parquet data"),
+    (swap_in_another_part, "holds other rows than this part's (1 found, 2 expected)"),
+])
+def test_resume_redoes_damaged_parts_to_the_uninterrupted_result(damage, reason, reference, recipe, tmp_path):
+    out = copy_of(reference, tmp_path)
+    (out / "manifest.json").unlink()  # the run was interrupted before its end
+    part = out / "data" / "train-00001-of-00003.parquet"
+    damage(part)
+    result = run("generate", recipe, "--out", out, "--resume")
+    assert result.exit_code == 0, result.output
+    warnings = result.stderr.strip().splitlines()
+    if reason is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith(f"warning: redoing part 1: {part}: ") and reason in warnings[0]
+    assert "wrote 2 records" in result.stdout and "1 parts, 2 already there" in result.stdout
+    assert dataset_rows(out) == dataset_rows(reference) and content_hash(out) == content_hash(reference)
+    assert sorted(p.name for p in (out / "data").iterdir()) == sorted(p.name for p in (reference / "data").iterdir())

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from graphkit.cli.app import app, command, console, print_graph
+from graphkit.cli.app import app, command, console, errors, print_graph
 
 
 @app.command()
@@ -35,6 +35,8 @@ def generate(
         result = run(recipe, out, num=num, seed=seed, workers=workers, num_shards=num_shards,
                      shard_index=shard_index, resume=resume, attention=attention,
                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for line in result.repaired:
+        errors.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     manifest = json.loads((result.path / "manifest.json").read_text())
     counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())
     console.print(

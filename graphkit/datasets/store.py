@@ -174,27 +174,43 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
-    """Open one shard, checking that it is a readable graphkit Parquet file of a known schema."""
+    """Open one shard, checking that it is a readable graphkit Parquet file of a known schema
+    holding every column of :data:`SCHEMA` with its type."""
     path = Path(path)
     if not path.is_file():
         raise StoreError(f"{path}: no such file")
     try:
         shard = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise StoreError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())})") from e
-    metadata = shard.schema_arrow.metadata or {}
-    version = metadata.get(b"graphkit_schema_version")
+    schema = shard.schema_arrow
+    version = (schema.metadata or {}).get(b"graphkit_schema_version")
     if version is None:
         raise StoreError(f"{path}: not a graphkit dataset shard (no graphkit_schema_version)")
+    if not version.isdigit():
+        raise StoreError(f"{path}: unreadable graphkit_schema_version {version.decode(errors='replace')!r}; expected an integer")
     if int(version) > SCHEMA_VERSION:
         raise StoreError(f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit")
+    missing = [name for name in SCHEMA.names if name not in schema.names]
+    if missing:
+        raise StoreError(f"{path}: not a complete graphkit dataset shard: missing columns {', '.join(missing)}")
+    for expected in SCHEMA:
+        found = schema.field(expected.name).type
+        if found != expected.type:
+            raise StoreError(f"{path}: column {expected.name!r} holds {found}, expected {expected.type}")
     return shard
+
+
+def read_table(path: str | Path, columns: Iterable[str] | None = None) -> pa.Table:
+    """One shard as an Arrow table (``columns`` to read fewer), every page decoded, so a
+    truncated or corrupted file is a StoreError naming it."""
+    shard = open_shard(path)
+    try:
+        return shard.read(columns=list(columns) if columns is not None else None)
+    except (pa.ArrowException, OSError) as e:
+        raise StoreError(f"{path}: corrupted Parquet data ({' '.join(str(e).split())})") from e
 
 
 def read_rows(path: str | Path, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """All rows of one shard as dicts (``columns`` to read fewer); errors name the file."""
-    shard = open_shard(path)
-    try:
-        return shard.read(columns=list(columns) if columns is not None else None).to_pylist()
-    except (pa.ArrowInvalid, OSError) as e:
-        raise StoreError(f"{path}: corrupted Parquet data ({' '.join(str(e).split())})") from e
+    return read_table(path, columns).to_pylist()
