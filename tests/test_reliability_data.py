@@ -278,3 +278,78 @@ def test_resume_redoes_damaged_parts_to_the_uninterrupted_result(damage, reason,
     assert "wrote 2 records" in result.stdout and "1 parts, 2 already there" in result.stdout
     assert dataset_rows(out) == dataset_rows(reference) and content_hash(out) == content_hash(reference)
     assert sorted(p.name for p in (out / "data").iterdir()) == sorted(p.name for p in (reference / "data").iterdir())
+
+
+# -- ls, stats, shards ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,message", [
+    (["ls", "{ds}", "--limit", -1], "--limit must be at least 0, got -1"),
+    (["ls", "{ds}", "--layers", 0], "--layers must be at least 1, got 0"),
+    (["ls", "{ds}", "--heads", -2], "--heads must be at least 1, got -2"),
+    (["ls", "{ds}", "--min-params", -1], "--min-params must be at least 0, got -1"),
+    (["ls", "{ds}", "--min-params", 5, "--max-params", 4], "--min-params 5 is above --max-params 4"),
+    (["ls", "{ds}", "--split", "bogus"], "--split bogus: {ds} has no such split; its splits: eval, train"),
+    (["stats", "{ds}", "--bins", 0], "--bins must be in 1..1000, got 0"),
+    (["stats", "{ds}", "--bins", 10**9], "--bins must be in 1..1000, got 1000000000"),
+    (["stats", "{ds}", "--png", "existdir"], "--png existdir: is a folder; give a file name"),
+    (["stats", "{ds}", "--png", "out.xyz"], "--png out.xyz: unsupported extension '.xyz'; accepted: .png, .svg, .pdf"),
+    (["stats", "{ds}", "--png", "note.txt/fig.png"], "--png note.txt/fig.png: {tmp}/note.txt is a file, not a folder"),
+])
+def test_ls_and_stats_options(args, message, reference, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existdir").mkdir()
+    (tmp_path / "note.txt").write_text("x")
+    before = listing(tmp_path)
+    refused([str(a).format(ds=reference) for a in args], message.format(ds=reference, tmp=tmp_path))
+    assert listing(tmp_path) == before
+
+
+def test_stats_writes_the_figure_format_asked_for(reference, tmp_path):
+    result = run("stats", reference, "--png", tmp_path / "fig.svg")
+    assert result.exit_code == 0 and result.stderr == ""
+    assert (tmp_path / "fig.svg").read_text().lstrip().startswith("<?xml") and not list(tmp_path.glob(".*"))
+
+
+def test_ls_and_stats_warn_about_an_interrupted_dataset(reference, recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = copy_of(reference, tmp_path)
+    complete = run("ls", out)
+    assert complete.exit_code == 0 and complete.stderr == ""
+    (out / "manifest.json").unlink()
+    (out / "data" / "train-00002-of-00003.parquet").unlink()
+    (out / "data" / "eval-00002-of-00003.parquet").unlink()
+    warning = (f"warning: {out} is incomplete (4 of 6 records, no manifest.json): its graphkit generate was "
+               f"interrupted; finish it with `graphkit generate RECIPE_FILE --out {out} --num 6 --seed 0 --resume`")
+    for args in (["ls", out], ["stats", out, "--png", "fig.png"]):
+        result = run(*args)
+        assert result.exit_code == 0 and result.stderr.strip() == warning
+    assert "4 of 4 matching records" in run("ls", out).stdout
+
+
+def test_the_warning_names_a_built_in_recipe(tmp_path):
+    out = tmp_path / "ds"
+    generate("vits-digits", out, num=1, part_size=1, attention="gqa")
+    (out / "manifest.json").unlink()
+    from graphkit.datasets.generate import incomplete
+
+    assert incomplete(out, 1) == (f"{out} is incomplete (no manifest.json): its graphkit generate was interrupted; "
+                                  f"finish it with `graphkit generate vits-digits --out {out} --num 1 --seed 0 --attention gqa --resume`")
+
+
+def test_a_shard_missing_columns_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard = tmp_path / "ds" / "data" / "train-00000-of-00001.parquet"
+    shard.parent.mkdir(parents=True)
+    table = pa.table({"id": ["a"]}).replace_schema_metadata({"graphkit_schema_version": "1"})
+    pq.write_table(table, shard)
+    refused(["ls", tmp_path / "ds"], f"{shard}: not a complete graphkit dataset shard: missing columns family, split, "
+            "num_params, num_layers, hidden, heads, kv_heads, attention, mlp, num_nodes, num_edges, fingerprint, config, "
+            "node_op, node_name, node_module, node_param_names, node_param_shapes, node_attrs, edge_src, edge_dst, graph_meta")
+    table = pa.table({"id": [1]}).replace_schema_metadata({"graphkit_schema_version": "1"})
+    pq.write_table(table, shard)
+    from graphkit.datasets.store import StoreError, open_shard
+
+    with pytest.raises(StoreError, match="missing columns family"):
+        open_shard(shard)

@@ -260,6 +260,19 @@ def resume_hint(out: str | Path) -> str:
     return " ".join(["graphkit generate", base if built_in else "RECIPE_FILE", "--out", str(out), *filter(None, options), "--resume"])
 
 
+def incomplete(path: str | Path, records: int) -> str | None:
+    """Why the dataset folder ``path`` holding ``records`` records is unfinished (no manifest,
+    or fewer records than its run draws) and how to finish it; None when it is complete."""
+    path = Path(path)
+    expected = (recorded_run(path) or {}).get("num")
+    problems = [f"{records:,} of {expected:,} records" if isinstance(expected, int) and records != expected else "",
+                "no manifest.json" if not (path / "manifest.json").is_file() else ""]
+    if not any(problems):
+        return None
+    return (f"{path} is incomplete ({', '.join(filter(None, problems))}): its graphkit generate was interrupted; "
+            f"finish it with `{resume_hint(path)}`")
+
+
 def generate(
     recipe: str | Path | Recipe,
     out: str | Path | None = None,
@@ -336,4 +349,4 @@ def generate(
                           parts_skipped=len(mine) - len(todo), seconds=time.perf_counter() - start, repaired=repaired)
 
 
-__all__ = ["generate", "GenerateResult", "GenerateError", "recorded_run", "resume_hint"]
+__all__ = ["generate", "GenerateResult", "GenerateError", "recorded_run", "resume_hint", "incomplete"]
