@@ -353,3 +353,10 @@ def test_a_shard_missing_columns_is_named(tmp_path):
 
     with pytest.raises(StoreError, match="missing columns family"):
         open_shard(shard)
+
+
+def test_an_empty_selection_to_pyg_is_a_clear_error(reference):
+    from graphkit.datasets.store import StoreError
+
+    with pytest.raises(StoreError, match=r"^no records to convert to torch_geometric \(the dataset or its filter is empty\)$"):
+        load(reference).filter(num_layers=99).to_pyg()
