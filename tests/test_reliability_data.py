@@ -243,6 +243,14 @@ def test_an_interrupted_first_run_records_what_it_makes(reference, recipe, tmp_p
     assert dataset_rows(out) == dataset_rows(reference) and content_hash(out) == content_hash(reference)
 
 
+def test_resume_continues_the_recorded_num_and_part_size(recipe, tmp_path):
+    out = tmp_path / "four"
+    generate(recipe, out, num=4, part_size=2)  # the recipe draws 6 records, the part size is 100 by default
+    (out / "data" / "eval-00001-of-00002.parquet").unlink()
+    result = generate(recipe, out, resume=True)  # neither given: the recorded run's
+    assert (result.parts_written, result.parts_skipped) == (1, 1) and len(load(out)) == 4
+
+
 def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 

@@ -290,8 +290,8 @@ def generate(
     """Generate ``num`` records of ``recipe`` (a built-in name or a .json / .yaml file) into the
     dataset folder ``out`` (default: the recipe's name). ``attention`` (mha, gqa, kdgqa, dgqa,
     pgqa) converts every model to that variant with K/V heads drawn from the divisors of its head
-    count (:meth:`Recipe.with_attention`). ``part_size`` (records per part) defaults to that of
-    the run that made ``out``, or 100. ``progress(done, total)`` is called after each traced
+    count (:meth:`Recipe.with_attention`). ``num`` and ``part_size`` (records per part) default
+    to those of the run that made ``out``, else the recipe's and 100. ``progress(done, total)`` is called after each traced
     architecture. Every option, the recipe and the folder are checked before anything is written;
     the folder is locked while the run writes it. Returns what was written."""
     start = time.perf_counter()
@@ -304,8 +304,10 @@ def generate(
         recipe = recipe.with_attention(attention)
     out = Path(out if out is not None else recipe.name)
     _check_folder(out)
-    if part_size is None:  # a resume or shard continues the recorded parts; the identity check confirms it
-        part_size = (recorded_run(out) or {}).get("part_size", DEFAULT_PART_SIZE) if out.is_dir() else DEFAULT_PART_SIZE
+    recorded = (recorded_run(out) if out.is_dir() else None) or {}
+    # a resume or shard continues the recorded run; the identity check under the lock confirms it
+    num = recorded.get("num") if num is None else num
+    part_size = recorded.get("part_size", DEFAULT_PART_SIZE) if part_size is None else part_size
     _check_options(num, workers, num_shards, shard_index, part_size)
     records = recipe.sample(num, seed)  # before the folder is touched: a bad recipe leaves nothing behind
     identity = {"recipe": recipe.to_dict(), "seed": seed, "num": len(records), "part_size": part_size,
