@@ -368,3 +368,14 @@ def test_an_empty_selection_to_pyg_is_a_clear_error(reference):
 
     with pytest.raises(StoreError, match=r"^no records to convert to torch_geometric \(the dataset or its filter is empty\)$"):
         load(reference).filter(num_layers=99).to_pyg()
+
+
+def test_write_dataset_never_overwrites_a_project(tmp_path):
+    from graphkit.datasets import write_dataset
+    from graphkit.datasets.store import StoreError
+
+    (tmp_path / "README.md").write_text("# my project\n")
+    before = listing(tmp_path)
+    with pytest.raises(StoreError, match=f"^dataset folder {tmp_path}: is not empty and holds no graphkit dataset"):
+        write_dataset([], tmp_path, name="demo")
+    assert listing(tmp_path) == before

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,14 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, get_recipe
-from graphkit.datasets.store import StoreError, finalize_dataset, graph_to_row, read_table, shard_name, write_shard
+from graphkit.datasets.store import (
+    RUN_FILE, StoreError, check_dataset_folder, finalize_dataset, graph_to_row, read_manifest, read_table, shard_name,
+    write_shard,
+)
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 
 SPLITS = ("train", "eval")
-#: what a run makes, written into its folder when it starts
-RUN_FILE = ".graphkit-run.json"
 #: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
 LOCK_FILE = ".graphkit.lock"
 #: held (flock, exclusively) while the run file, manifest and card are checked or written
@@ -139,26 +139,19 @@ def _check_options(num: int | None, workers: int, num_shards: int, shard_index: 
         raise GenerateError(f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}")
 
 
-def _read_json(path: Path) -> Any:
-    """A JSON file's content, or None when it is missing or not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def recorded_run(out: str | Path) -> dict[str, Any] | None:
     """The identity of the run that made the dataset folder ``out``: from the run file its
     ``generate`` wrote when it started, else (datasets made before there was one) from its
     manifest; None when the folder holds neither, i.e. it is not a graphkit dataset."""
     out = Path(out)
-    run = _read_json(out / RUN_FILE)
+    try:
+        run = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        run = None
     if isinstance(run, dict):
         return run
-    manifest = _read_json(out / "manifest.json")
-    if isinstance(manifest, dict) and {"schema_version", "content_hash"} <= set(manifest):
-        return {key: manifest[key] for key in IDENTITY if key in manifest}
-    return None
+    manifest = read_manifest(out)
+    return None if manifest is None else {key: manifest[key] for key in IDENTITY if key in manifest}
 
 
 def _check_folder(out: Path) -> None:
@@ -167,10 +160,7 @@ def _check_folder(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise GenerateError(f"{out} exists and is not a folder")
     check_output_dir(out)
-    ours = {p for p in out.glob(".graphkit*.lock")} if out.is_dir() else set()
-    if out.is_dir() and any(p not in ours for p in out.iterdir()) and recorded_run(out) is None:
-        raise GenerateError(f"--out {out}: is not empty and holds no graphkit dataset (no {RUN_FILE} or manifest.json); "
-                            "choose a new or empty folder")
+    check_dataset_folder(out)
 
 
 def _check_identity(out: Path, recorded: Mapping[str, Any], identity: Mapping[str, Any]) -> None:

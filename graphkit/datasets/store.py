@@ -57,8 +57,34 @@ GRAPH_COLUMNS = tuple(name for name in SCHEMA.names if name.startswith(("node_",
 METADATA_COLUMNS = tuple(name for name in SCHEMA.names if name not in GRAPH_COLUMNS)
 
 
+#: what made a dataset, written by ``graphkit generate`` when it starts (see datasets.generate)
+RUN_FILE = ".graphkit-run.json"
+
+
 class StoreError(GraphkitError):
     """A dataset file is missing, unreadable or of an unknown schema."""
+
+
+def read_manifest(out: str | Path) -> dict[str, Any] | None:
+    """The ``manifest.json`` graphkit wrote in the dataset folder ``out``; None when there is
+    none, or the file there is not graphkit's."""
+    try:
+        manifest = json.loads((Path(out) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and {"schema_version", "content_hash"} <= set(manifest) else None
+
+
+def check_dataset_folder(out: str | Path, what: str = "--out") -> None:
+    """Refuse to write a dataset into a non-empty folder that is not a graphkit dataset (no run
+    file, no graphkit manifest): its README.md and manifest.json are the user's, never ours to
+    overwrite (``--out .`` in a project would replace the project's README)."""
+    out = Path(out)
+    if not out.is_dir() or (out / RUN_FILE).is_file() or read_manifest(out) is not None:
+        return
+    if any(not entry.name.startswith(".graphkit") for entry in out.iterdir()):
+        raise StoreError(f"{what} {out}: is not empty and holds no graphkit dataset (no {RUN_FILE} or manifest.json); "
+                         "choose a new or empty folder")
 
 
 def _json(value: Any) -> str:
@@ -132,8 +158,10 @@ def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: s
                   info: Mapping[str, Any] | None = None) -> Path:
     """Write ``rows`` as dataset folder ``out``: ``data/<split>-<i>-of-<k>.parquet`` per split,
     then :func:`finalize_dataset`. ``shard=(i, k)`` names the files of shard i of k, so
-    separately written shards form one dataset."""
+    separately written shards form one dataset; a non-empty folder that is not a graphkit
+    dataset is refused."""
     out = Path(out)
+    check_dataset_folder(out, "dataset folder")
     for split in sorted({r["split"] for r in rows}):
         write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, *shard))
     return finalize_dataset(out, name=name, info=info)
