@@ -379,3 +379,13 @@ def test_write_dataset_never_overwrites_a_project(tmp_path):
     with pytest.raises(StoreError, match=f"^dataset folder {tmp_path}: is not empty and holds no graphkit dataset"):
         write_dataset([], tmp_path, name="demo")
     assert listing(tmp_path) == before
+
+
+def test_a_hand_edited_run_file_does_not_break_the_warning(reference, tmp_path):
+    from graphkit.datasets.generate import incomplete
+
+    out = copy_of(reference, tmp_path)
+    (out / "manifest.json").unlink()
+    (out / ".graphkit-run.json").write_text(json.dumps({"recipe": {"name": "vits-1k"}, "attention": "zzz", "num": "many"}))
+    assert incomplete(out, 6) == (f"{out} is incomplete (no manifest.json): its graphkit generate was interrupted; "
+                                  f"finish it with `graphkit generate RECIPE_FILE --out {out} --num many --attention zzz --resume`")

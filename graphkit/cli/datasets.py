@@ -49,7 +49,7 @@ def generate(
     workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
     num_shards: int = typer.Option(1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."),
     shard_index: int = typer.Option(0, "--shard-index", help="...and make shard i of them; shards fill one folder."),
-    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: parts already written are kept."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run with the same options: intact parts are kept, missing or damaged ones made."),
     attention: Optional[str] = typer.Option(None, "--attention", "-a", help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads."),
 ) -> None:
     """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""

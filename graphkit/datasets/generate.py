@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, get_recipe
+from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
 from graphkit.datasets.store import (
     RUN_FILE, StoreError, check_dataset_folder, finalize_dataset, graph_to_row, read_manifest, read_table, shard_name,
     write_shard,
@@ -244,7 +244,10 @@ def resume_hint(out: str | Path) -> str:
     base = str(recipe.get("name", "RECIPE"))
     if attention != "mha" and base.endswith(f"-{attention}"):
         base = base[: -len(attention) - 1]
-    built_in = base in RECIPES and RECIPES[base].with_attention(attention).to_dict() == recipe
+    try:
+        built_in = base in RECIPES and RECIPES[base].with_attention(attention).to_dict() == recipe
+    except RecipeError:  # a run file edited by hand: name no recipe rather than fail a warning
+        built_in = False
     options = [f"--num {run['num']}" if "num" in run else "", f"--seed {run['seed']}" if "seed" in run else "",
                f"--attention {attention}" if attention != "mha" else ""]
     return " ".join(["graphkit generate", base if built_in else "RECIPE_FILE", "--out", str(out), *filter(None, options), "--resume"])
