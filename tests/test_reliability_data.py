@@ -389,3 +389,9 @@ def test_a_hand_edited_run_file_does_not_break_the_warning(reference, tmp_path):
     (out / ".graphkit-run.json").write_text(json.dumps({"recipe": {"name": "vits-1k"}, "attention": "zzz", "num": "many"}))
     assert incomplete(out, 6) == (f"{out} is incomplete (no manifest.json): its graphkit generate was interrupted; "
                                   f"finish it with `graphkit generate RECIPE_FILE --out {out} --num many --attention zzz --resume`")
+
+
+def test_a_shard_with_no_parts_says_so(recipe, tmp_path):
+    result = run("generate", recipe, "--out", tmp_path / "ds", "--num-shards", 2, "--shard-index", 1)
+    assert result.exit_code == 0, result.output
+    assert "wrote 0 records" in result.stdout and "dataset now holds no records yet (other shards to come)" in result.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,6 +13,9 @@ from rich.table import Table
 from graphkit.cli.app import app, command, console, errors, print_graph
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, check_output_file
+
+if TYPE_CHECKING:
+    from graphkit.datasets.dataset import GraphDataset
 
 #: figure formats ``stats --png`` writes (matplotlib picks the format from the extension)
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -27,7 +30,7 @@ def _check_at_least(low: int, **options: int | None) -> None:
             raise GraphkitError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
 
 
-def _load_warning_if_incomplete(path: Path):
+def _load_warning_if_incomplete(path: Path) -> GraphDataset:
     """The dataset at ``path``; warns on stderr (one line) when an interrupted generate left it unfinished."""
     from graphkit.datasets import load
     from graphkit.datasets.generate import incomplete
@@ -64,7 +67,7 @@ def generate(
     for line in result.repaired:
         errors.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     manifest = json.loads((result.path / "manifest.json").read_text())
-    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())
+    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items()) or "no records yet (other shards to come)"
     console.print(
         f"[bold]{manifest['name']}[/]: wrote {result.records:,} records ({result.architectures:,} architectures traced) "
         f"in {result.parts_written} parts, {result.parts_skipped} already there, {result.seconds:.1f} s",
