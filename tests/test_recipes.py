@@ -69,7 +69,7 @@ def test_recipe_files_and_errors(tmp_path):
         get_recipe(str(tmp_path / "nope.json"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "bad", "family": "vit"}')
-    with pytest.raises(RecipeError, match="recipe 'bad': malformed"):
+    with pytest.raises(RecipeError, match="recipe 'bad': missing field 'bins'"):
         get_recipe(str(bad))
     empty = Recipe.from_dict({**RECIPES["vits-1k"].to_dict(), "name": "empty", "max_params": 10})
     with pytest.raises(RecipeError, match="recipe 'empty': no architecture fits"):

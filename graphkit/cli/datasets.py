@@ -4,13 +4,42 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from graphkit.cli.app import app, command, console, print_graph
+from graphkit.cli.app import app, command, console, errors, print_graph
+from graphkit.errors import GraphkitError
+from graphkit.fileio import atomic_path, check_output_file
+
+if TYPE_CHECKING:
+    from graphkit.datasets.dataset import GraphDataset
+
+#: figure formats ``stats --png`` writes (matplotlib picks the format from the extension)
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+#: more histogram bins than this are unreadable as text and a typo
+MAX_BINS = 1000
+
+
+def _check_at_least(low: int, **options: int | None) -> None:
+    """Refuse an option below ``low`` in one line naming it (``min_params`` is --min-params)."""
+    for name, value in options.items():
+        if value is not None and value < low:
+            raise GraphkitError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+
+
+def _load_warning_if_incomplete(path: Path) -> GraphDataset:
+    """The dataset at ``path``; warns on stderr (one line) when an interrupted generate left it unfinished."""
+    from graphkit.datasets import load
+    from graphkit.datasets.generate import incomplete
+
+    dataset = load(path)
+    warning = incomplete(path, len(dataset))
+    if warning:
+        errors.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    return dataset
 
 
 @app.command()
@@ -23,7 +52,7 @@ def generate(
     workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
     num_shards: int = typer.Option(1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."),
     shard_index: int = typer.Option(0, "--shard-index", help="...and make shard i of them; shards fill one folder."),
-    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: parts already written are kept."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run with the same options: intact parts are kept, missing or damaged ones made."),
     attention: Optional[str] = typer.Option(None, "--attention", "-a", help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads."),
 ) -> None:
     """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""
@@ -35,8 +64,10 @@ def generate(
         result = run(recipe, out, num=num, seed=seed, workers=workers, num_shards=num_shards,
                      shard_index=shard_index, resume=resume, attention=attention,
                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for line in result.repaired:
+        errors.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     manifest = json.loads((result.path / "manifest.json").read_text())
-    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())
+    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items()) or "no records yet (other shards to come)"
     console.print(
         f"[bold]{manifest['name']}[/]: wrote {result.records:,} records ({result.architectures:,} architectures traced) "
         f"in {result.parts_written} parts, {result.parts_skipped} already there, {result.seconds:.1f} s",
@@ -59,12 +90,17 @@ def list_records(
     limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
 ) -> None:
     """List the records of a dataset, filtered."""
-    from graphkit.datasets import load
-
+    _check_at_least(0, limit=limit, min_params=min_params, max_params=max_params)
+    _check_at_least(1, layers=layers, hidden=hidden, heads=heads)
+    if min_params is not None and max_params is not None and min_params > max_params:
+        raise GraphkitError(f"--min-params {min_params:,} is above --max-params {max_params:,}")
+    dataset = _load_warning_if_incomplete(path)
+    if split is not None and split not in dataset.splits:
+        raise GraphkitError(f"--split {split}: {path} has no such split; its splits: {', '.join(dataset.splits)}")
     conditions = {k: v for k, v in dict(split=split, num_layers=layers, hidden=hidden, heads=heads).items() if v is not None}
     if min_params is not None or max_params is not None:
         conditions["num_params"] = (min_params, max_params)
-    frame = load(path).filter(**conditions).metadata()
+    frame = dataset.filter(**conditions).metadata()
     columns = {"id": "id", "family": "family", "split": "split", "num_layers": "layers", "hidden": "hidden",
                "heads": "heads", "kv_heads": "kv", "attention": "attn", "num_params": "params", "num_nodes": "nodes"}
     table = Table(show_edge=False, box=None, pad_edge=False)
@@ -96,15 +132,18 @@ def show(
 @command
 def stats(
     path: Path = typer.Argument(..., help="Dataset folder."),
-    png: Optional[Path] = typer.Option(None, "--png", help="Figure to write (default: <dataset>-params.png here)."),
-    bins: int = typer.Option(20, "--bins", help="Histogram bins."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Figure to write: .png, .svg or .pdf (default: <dataset>-params.png here)."),
+    bins: int = typer.Option(20, "--bins", help=f"Histogram bins (1 to {MAX_BINS})."),
 ) -> None:
     """Counts and the parameter-count histogram, as text and as a PNG (LoGAH's Figure 8)."""
     import numpy as np
 
-    from graphkit.datasets import load
-
-    frame = load(path).metadata()
+    if not 1 <= bins <= MAX_BINS:
+        raise GraphkitError(f"--bins must be in 1..{MAX_BINS}, got {bins}")
+    png = check_output_file(png or Path(f"{path.resolve().name}-params.png"), "--png", FIGURE_SUFFIXES)
+    frame = _load_warning_if_incomplete(path).metadata()
+    if frame.empty:
+        raise GraphkitError(f"{path}: holds no records")
     params = frame["num_params"].to_numpy()
     console.print(f"[bold]{path}[/]: {len(frame):,} records, {frame['fingerprint'].nunique():,} distinct architectures", highlight=False)
     for split, group in frame.groupby("split"):
@@ -114,7 +153,6 @@ def stats(
     widest = max(counts.max(), 1)
     for count, low, high in zip(counts, edges[:-1], edges[1:], strict=True):
         console.print(f"{low / 1e6:7.2f}M-{high / 1e6:6.2f}M {'#' * round(40 * count / widest):<40} {count}", highlight=False)
-    png = png or Path(f"{path.resolve().name}-params.png")
     _plot_params(params, bins, png, title=f"{path.resolve().name}: {len(frame):,} records")
     console.print(f"wrote {png}", highlight=False, soft_wrap=True)
 
@@ -131,9 +169,11 @@ def _plot_params(params, bins: int, png: Path, title: str) -> None:
     ax.set_ylabel("records")
     ax.set_title(title)
     fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png)
-    plt.close(fig)
+    try:
+        with atomic_path(png) as tmp:
+            fig.savefig(tmp, format=png.suffix[1:].lower())
+    finally:
+        plt.close(fig)
 
 
 @app.command("compile")

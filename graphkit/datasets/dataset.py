@@ -111,6 +111,11 @@ class GraphDataset:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @cached_property
+    def splits(self) -> list[str]:
+        """The splits the records belong to (e.g. eval, train), sorted."""
+        return sorted(pc.unique(self._table(["split"]).column("split")).to_pylist())
+
     def __getitem__(self, key: int | str) -> Record:
         if isinstance(key, int):
             key = self.ids[key]

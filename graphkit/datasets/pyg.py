@@ -6,11 +6,16 @@ from collections.abc import Iterable
 
 from torch_geometric.data import Data, InMemoryDataset
 
+from graphkit.datasets.store import StoreError
+
 
 class PygGraphDataset(InMemoryDataset):
     """Records converted with ``Record.to_pyg()`` (each ``Data`` carries its record ``id`` and
     ``fingerprint``); use it with ``torch_geometric.loader.DataLoader``."""
 
     def __init__(self, data_list: Iterable[Data]) -> None:
+        data_list = list(data_list)
+        if not data_list:  # torch_geometric's collate fails on an empty list with an IndexError
+            raise StoreError("no records to convert to torch_geometric (the dataset or its filter is empty)")
         super().__init__(root=None)
-        self.data, self.slices = self.collate(list(data_list))
+        self.data, self.slices = self.collate(data_list)

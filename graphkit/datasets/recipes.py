@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from graphkit.errors import GraphkitError
 from graphkit.families import ConfigError, LiveTable, get_family, num_params, resolve_config
@@ -33,12 +34,90 @@ class RecipeError(GraphkitError):
     """A recipe is unknown, malformed or describes an empty space."""
 
 
+#: a name becomes the default output folder, so it is an identifier, never a path
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: hidden sizes above this are typos (GPT-3 uses 12,288); it bounds the divisor search too
+MAX_HIDDEN = 1_000_000
+#: architectures enumerated before the parameter cap: a space past this is a typo, not a plan
+MAX_CANDIDATES = 10_000
+#: records one recipe draws: the record list is held in memory
+MAX_RECORDS = 1_000_000
+
+
+def _is_count(value: Any, high: int | None = None) -> bool:
+    """A positive integer (booleans excluded), at most ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and (high is None or value <= high)
+
+
+def _is_setting(value: Any) -> bool:
+    """A fixed config value: no family setting is negative, NaN or infinite."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return math.isfinite(value) and value >= 0
+    return value is None or isinstance(value, bool | str)
+
+
+def _as_tuple(value: Any) -> Any:
+    """JSON / YAML lists as tuples; anything else as it is, for validation to name."""
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _entries(recipe: str, key: str, value: Any, cls: type, required: tuple[str, ...]) -> tuple[Any, ...]:
+    """The mappings of the list field ``key`` as ``cls`` instances, each key checked."""
+    accepted = [f.name for f in fields(cls)]
+    if not isinstance(value, list | tuple) or not value:
+        raise RecipeError(f"recipe {recipe!r}: {key} must be a non-empty list of mappings with keys {', '.join(accepted)}; got {value!r}")
+    built = []
+    for i, entry in enumerate(value):
+        where = f"recipe {recipe!r}: {key}[{i}]"
+        if not isinstance(entry, Mapping):
+            raise RecipeError(f"{where} must be a mapping with keys {', '.join(accepted)}; got {entry!r}")
+        _check_keys(where, entry, accepted, required)
+        built.append(cls(**{k: _as_tuple(v) for k, v in entry.items()}))
+    return tuple(built)
+
+
+def _check_keys(where: str, data: Mapping[str, Any], accepted: list[str], required: tuple[str, ...]) -> None:
+    unknown = sorted(str(k) for k in set(data) - set(accepted))
+    if unknown:
+        raise RecipeError(f"{where}: unknown field {unknown[0]!r}; accepted fields: {', '.join(accepted)}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise RecipeError(f"{where}: missing field {missing[0]!r}")
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, in O(sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 @dataclass(frozen=True)
 class Bin:
     """Depths ``layers = (low, high)`` (inclusive) take widths ``hidden = (low, high, step)``."""
 
     layers: tuple[int, int]
     hidden: tuple[int, int, int]
+
+    def problem(self) -> str | None:
+        """What is wrong with this bin, as ``field must be ...``; None when it is sound."""
+        layers, hidden = self.layers, self.hidden
+        if not (isinstance(layers, tuple) and len(layers) == 2 and all(map(_is_count, layers)) and layers[0] <= layers[1]):
+            return f"layers must be a list (low, high) of integers with 1 <= low <= high; got {layers!r}"
+        if not (isinstance(hidden, tuple) and len(hidden) == 3 and all(_is_count(h, MAX_HIDDEN) for h in hidden)
+                and hidden[0] <= hidden[1]):
+            return f"hidden must be a list (low, high, step) of integers with 1 <= low <= high <= {MAX_HIDDEN:,} and step >= 1; got {hidden!r}"
+        return None
+
+    @property
+    def widths(self) -> tuple[int, int, int]:
+        """The hidden sizes as ``range`` arguments."""
+        low, high, step = self.hidden
+        return low, high + 1, step
+
+    @property
+    def pairs(self) -> int:
+        """How many (layers, hidden) pairs the bin spans."""
+        return (self.layers[1] - self.layers[0] + 1) * len(range(*self.widths))
 
 
 @dataclass(frozen=True)
@@ -51,10 +130,23 @@ class HeadRule:
     hidden: tuple[int, ...] = ()
     min_head_dim: int = 1
 
+    def problem(self) -> str | None:
+        """What is wrong with this rule, as ``field must be ...``; None when it is sound."""
+        if self.choices != "divisors" and not (isinstance(self.choices, tuple) and self.choices
+                                               and all(map(_is_count, self.choices))):
+            return f"choices must be \"divisors\" or a non-empty list of integers >= 1; got {self.choices!r}"
+        if not (isinstance(self.hidden, tuple) and all(map(_is_count, self.hidden))):
+            return f"hidden must be a list of integers >= 1 (empty: every width); got {self.hidden!r}"
+        if not _is_count(self.min_head_dim):
+            return f"min_head_dim must be an integer >= 1; got {self.min_head_dim!r}"
+        return None
+
 
 @dataclass(frozen=True)
 class Recipe:
-    """A declarative search space (see the module docstring)."""
+    """A declarative search space (see the module docstring). Every field is checked when the
+    recipe is made, so a bad one is a one-line RecipeError naming the field and what it
+    accepts, before any folder is touched."""
 
     name: str
     family: str
@@ -69,25 +161,60 @@ class Recipe:
     num: int = 1000
     description: str = ""
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and NAME_PATTERN.fullmatch(self.name) and ".." not in self.name):
+            raise RecipeError("recipe name must be an identifier of at most 100 letters, digits, '.', '_' and '-', "
+                              f"starting with a letter or digit, without '..' (it names the output folder); got {self.name!r}")
+        if not isinstance(self.family, str):
+            self._refuse("family", "a family name", self.family)
+        try:
+            get_family(self.family)
+        except ConfigError as e:
+            raise RecipeError(f"recipe {self.name!r}: family: {e}") from None
+        for key, entries in (("bins", self.bins), ("heads", self.heads)):
+            if not isinstance(entries, tuple) or not entries:
+                self._refuse(key, "a non-empty list", entries)
+            for i, entry in enumerate(entries):
+                problem = entry.problem()
+                if problem:
+                    raise RecipeError(f"recipe {self.name!r}: {key}[{i}].{problem}")
+        from graphkit.attention.core import VARIANTS
+
+        checks = [
+            ("max_params", _is_count(self.max_params), "an integer >= 1"),
+            ("fixed", isinstance(self.fixed, Mapping) and all(isinstance(k, str) and _is_setting(v) for k, v in self.fixed.items()),
+             "a mapping of config keys to null, true/false, strings or finite numbers >= 0"),
+            ("kv_heads", self.kv_heads in (None, "divisors"), 'null or "divisors"'),
+            ("sliding_window", isinstance(self.sliding_window, tuple) and self.sliding_window
+             and all(w is None or _is_count(w) for w in self.sliding_window), "a non-empty list of null or integers >= 1"),
+            ("attention", isinstance(self.attention, tuple) and self.attention
+             and all(a is None or a in VARIANTS for a in self.attention), f"a non-empty list of null or {', '.join(VARIANTS)}"),
+            ("eval_fraction", isinstance(self.eval_fraction, int | float) and not isinstance(self.eval_fraction, bool)
+             and 0 <= self.eval_fraction < 1, "a number in [0, 1)"),
+            ("num", _is_count(self.num, MAX_RECORDS), f"an integer in 1..{MAX_RECORDS:,}"),
+            ("description", isinstance(self.description, str), "a string"),
+        ]
+        for key, ok, accepted in checks:
+            if not ok:
+                self._refuse(key, accepted, getattr(self, key))
+        pairs = sum(b.pairs for b in self.bins)
+        if pairs > MAX_CANDIDATES:
+            raise RecipeError(f"recipe {self.name!r}: bins span {pairs:,} (layers, hidden) pairs, more than the "
+                              f"{MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps or fewer layers")
+
+    def _refuse(self, key: str, accepted: str, value: Any) -> NoReturn:
+        raise RecipeError(f"recipe {self.name!r}: {key} must be {accepted}; got {value!r}")
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
-        """Build from plain data (a parsed JSON / YAML file); errors name the bad key."""
-        try:
-            fields = dict(data)
-            fields["bins"] = tuple(Bin(layers=tuple(b["layers"]), hidden=tuple(b["hidden"])) for b in fields["bins"])
-            fields["heads"] = tuple(
-                HeadRule(choices=h["choices"] if isinstance(h["choices"], str) else tuple(h["choices"]),
-                         hidden=tuple(h.get("hidden", ())), min_head_dim=h.get("min_head_dim", 1))
-                for h in fields["heads"]
-            )
-            for key in ("sliding_window", "attention"):
-                if key in fields:
-                    fields[key] = tuple(fields[key])
-            recipe = cls(**fields)
-        except (KeyError, TypeError, ValueError) as e:
-            raise RecipeError(f"recipe {data.get('name', '?')!r}: malformed ({type(e).__name__}: {e})") from e
-        get_family(recipe.family)
-        return recipe
+        """Build from plain data (a parsed JSON / YAML file); errors name the bad field and what
+        it accepts."""
+        name = data.get("name", "?")
+        _check_keys(f"recipe {name!r}", data, [f.name for f in fields(cls)], ("name", "family", "bins", "heads", "max_params"))
+        values = {key: _as_tuple(value) for key, value in data.items()}
+        values["bins"] = _entries(name, "bins", data["bins"], Bin, ("layers", "hidden"))
+        values["heads"] = _entries(name, "heads", data["heads"], HeadRule, ("choices",))
+        return cls(**values)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Recipe:
@@ -126,39 +253,52 @@ class Recipe:
         if rule is None:
             return []
         if rule.choices == "divisors":
-            counts = [h for h in range(1, hidden + 1) if hidden % h == 0]
+            counts = _divisors(hidden)
         else:
             counts = list(rule.choices)
         return [h for h in counts if hidden % h == 0 and hidden // h >= rule.min_head_dim]
 
     def _kv_choices(self, heads: int, attention: str | None) -> list[int | None]:
         if self.kv_heads == "divisors" and (attention is not None or get_family(self.family).grouped):
-            return [k for k in range(1, heads + 1) if heads % k == 0]
+            return _divisors(heads)
         return [None]
+
+    def _width_settings(self, hidden: int) -> list[tuple[int, str | None, int | None, int | None]]:
+        """The (heads, attention, kv_heads, sliding_window) settings one width takes."""
+        return [(heads, attention, kv, window)
+                for heads in self._head_choices(hidden)
+                for attention in self.attention
+                for kv in self._kv_choices(heads, attention)
+                for window in self.sliding_window]
 
     @cached_property
     def space(self) -> list[dict[str, Any]]:
         """Every architecture of the recipe under its parameter cap, as resolved family configs,
-        in a fixed order."""
+        in a fixed order. The candidates are counted first, so a space too large to enumerate is
+        refused at once rather than hanging."""
+        widths = {hidden: self._width_settings(hidden) for b in self.bins for hidden in range(*b.widths)}
+        candidates = sum((b.layers[1] - b.layers[0] + 1) * len(widths[hidden]) for b in self.bins for hidden in range(*b.widths))
+        if candidates > MAX_CANDIDATES:
+            raise RecipeError(f"recipe {self.name!r}: bins and heads give {candidates:,} candidate architectures, more than "
+                              f"the {MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps, fewer layers or fewer head choices")
         configs = []
         for b in self.bins:
-            low, high, step = b.hidden
             for layers in range(b.layers[0], b.layers[1] + 1):
-                for hidden in range(low, high + 1, step):
-                    for heads in self._head_choices(hidden):
-                        for attention in self.attention:
-                            for kv in self._kv_choices(heads, attention):
-                                for window in self.sliding_window:
-                                    config = {"family": self.family, "num_layers": layers, "hidden": hidden,
-                                              "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed}
-                                    if window is not None:
-                                        config["sliding_window"] = window
-                                    try:
-                                        full = resolve_config(config)
-                                    except ConfigError as e:
-                                        raise RecipeError(f"recipe {self.name!r}: {e}") from e
-                                    if num_params(full) <= self.max_params:
-                                        configs.append(full)
+                for hidden in range(*b.widths):
+                    for heads, attention, kv, window in widths[hidden]:
+                        config = {"family": self.family, "num_layers": layers, "hidden": hidden,
+                                  "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed}
+                        if window is not None:
+                            config["sliding_window"] = window
+                        try:
+                            full = resolve_config(config)
+                            fits = num_params(full) <= self.max_params
+                        except ConfigError as e:
+                            raise RecipeError(f"recipe {self.name!r}: {e}") from e
+                        except (ArithmeticError, TypeError, ValueError) as e:  # a family check that missed a value
+                            raise RecipeError(f"recipe {self.name!r}: config {config} cannot be built ({e}); check fixed") from e
+                        if fits:
+                            configs.append(full)
         if not configs:
             raise RecipeError(f"recipe {self.name!r}: no architecture fits its bins, heads and max_params {self.max_params:,}")
         return configs
@@ -168,8 +308,8 @@ class Recipe:
         shuffled space (all architectures before any repeats), with ``eval_fraction`` of the
         architectures (at least one) held out as the eval split."""
         num = self.num if num is None else num
-        if num < 1:
-            raise RecipeError(f"recipe {self.name!r}: num must be at least 1, got {num}")
+        if not _is_count(num, MAX_RECORDS):
+            raise RecipeError(f"recipe {self.name!r}: num must be at least 1 and at most {MAX_RECORDS:,}, got {num!r}")
         space = self.space
         rng = random.Random(f"{self.name}:{seed}")
         held_out = rng.sample(range(len(space)), max(1, math.floor(self.eval_fraction * len(space) + 0.5)))

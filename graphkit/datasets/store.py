@@ -57,8 +57,34 @@ GRAPH_COLUMNS = tuple(name for name in SCHEMA.names if name.startswith(("node_",
 METADATA_COLUMNS = tuple(name for name in SCHEMA.names if name not in GRAPH_COLUMNS)
 
 
+#: what made a dataset, written by ``graphkit generate`` when it starts (see datasets.generate)
+RUN_FILE = ".graphkit-run.json"
+
+
 class StoreError(GraphkitError):
     """A dataset file is missing, unreadable or of an unknown schema."""
+
+
+def read_manifest(out: str | Path) -> dict[str, Any] | None:
+    """The ``manifest.json`` graphkit wrote in the dataset folder ``out``; None when there is
+    none, or the file there is not graphkit's."""
+    try:
+        manifest = json.loads((Path(out) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and {"schema_version", "content_hash"} <= set(manifest) else None
+
+
+def check_dataset_folder(out: str | Path, what: str = "--out") -> None:
+    """Refuse to write a dataset into a non-empty folder that is not a graphkit dataset (no run
+    file, no graphkit manifest): its README.md and manifest.json are the user's, never ours to
+    overwrite (``--out .`` in a project would replace the project's README)."""
+    out = Path(out)
+    if not out.is_dir() or (out / RUN_FILE).is_file() or read_manifest(out) is not None:
+        return
+    if any(not entry.name.startswith(".graphkit") for entry in out.iterdir()):
+        raise StoreError(f"{what} {out}: is not empty and holds no graphkit dataset (no {RUN_FILE} or manifest.json); "
+                         "choose a new or empty folder")
 
 
 def _json(value: Any) -> str:
@@ -132,8 +158,10 @@ def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: s
                   info: Mapping[str, Any] | None = None) -> Path:
     """Write ``rows`` as dataset folder ``out``: ``data/<split>-<i>-of-<k>.parquet`` per split,
     then :func:`finalize_dataset`. ``shard=(i, k)`` names the files of shard i of k, so
-    separately written shards form one dataset."""
+    separately written shards form one dataset; a non-empty folder that is not a graphkit
+    dataset is refused."""
     out = Path(out)
+    check_dataset_folder(out, "dataset folder")
     for split in sorted({r["split"] for r in rows}):
         write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, *shard))
     return finalize_dataset(out, name=name, info=info)
@@ -174,27 +202,43 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
-    """Open one shard, checking that it is a readable graphkit Parquet file of a known schema."""
+    """Open one shard, checking that it is a readable graphkit Parquet file of a known schema
+    holding every column of :data:`SCHEMA` with its type."""
     path = Path(path)
     if not path.is_file():
         raise StoreError(f"{path}: no such file")
     try:
         shard = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         raise StoreError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())})") from e
-    metadata = shard.schema_arrow.metadata or {}
-    version = metadata.get(b"graphkit_schema_version")
+    schema = shard.schema_arrow
+    version = (schema.metadata or {}).get(b"graphkit_schema_version")
     if version is None:
         raise StoreError(f"{path}: not a graphkit dataset shard (no graphkit_schema_version)")
+    if not version.isdigit():
+        raise StoreError(f"{path}: unreadable graphkit_schema_version {version.decode(errors='replace')!r}; expected an integer")
     if int(version) > SCHEMA_VERSION:
         raise StoreError(f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit")
+    missing = [name for name in SCHEMA.names if name not in schema.names]
+    if missing:
+        raise StoreError(f"{path}: not a complete graphkit dataset shard: missing columns {', '.join(missing)}")
+    for expected in SCHEMA:
+        found = schema.field(expected.name).type
+        if found != expected.type:
+            raise StoreError(f"{path}: column {expected.name!r} holds {found}, expected {expected.type}")
     return shard
+
+
+def read_table(path: str | Path, columns: Iterable[str] | None = None) -> pa.Table:
+    """One shard as an Arrow table (``columns`` to read fewer), every page decoded, so a
+    truncated or corrupted file is a StoreError naming it."""
+    shard = open_shard(path)
+    try:
+        return shard.read(columns=list(columns) if columns is not None else None)
+    except (pa.ArrowException, OSError) as e:
+        raise StoreError(f"{path}: corrupted Parquet data ({' '.join(str(e).split())})") from e
 
 
 def read_rows(path: str | Path, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """All rows of one shard as dicts (``columns`` to read fewer); errors name the file."""
-    shard = open_shard(path)
-    try:
-        return shard.read(columns=list(columns) if columns is not None else None).to_pylist()
-    except (pa.ArrowInvalid, OSError) as e:
-        raise StoreError(f"{path}: corrupted Parquet data ({' '.join(str(e).split())})") from e
+    return read_table(path, columns).to_pylist()
