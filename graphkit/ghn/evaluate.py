@@ -13,9 +13,10 @@ start that fine-tuning erases is no better initialisation, so the verdicts ("bea
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 
 from graphkit.errors import GraphkitError
 from graphkit.ghn.model import LoGAH
+from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
 INITS = ("predicted", "random", "orthogonal")
 
@@ -50,19 +52,10 @@ class EvalConfig:
     device: str | None = None  # None: cuda if available, else cpu
 
     def __post_init__(self) -> None:
-        for name in ("steps", "archs", "batch_size", "seq_len", "eval_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise EvalError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise EvalError(f"lr must be a positive number; got {self.lr!r}")
-        if self.device is not None:
-            try:
-                device = torch.device(self.device)
-            except RuntimeError:
-                raise EvalError(f"unknown device {self.device!r}; accepted: cpu, cuda, cuda:N") from None
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise EvalError(f"device {self.device!r}: no CUDA GPU is available here; use --device cpu")
+        check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
+        check_number("lr", self.lr, EvalError, positive=True)
+        check_seed(self.seed, EvalError)
+        check_device(self.device, EvalError)
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -186,6 +179,23 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["predicted_beats_random"] = summary["wins"][str(at[-1])]["random"]
     summary["predicted_beats_orthogonal"] = summary["wins"][str(at[-1])]["orthogonal"]
     return summary
+
+
+def report_json(config: EvalConfig, summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """eval.json's text: the config, the summary and every row. A fine-tuning that diverged has
+    NaN or Inf losses, which JSON cannot hold (a bare ``NaN`` breaks strict readers): they are
+    written as null."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite({"config": asdict(config), "summary": summary, "rows": list(rows)}), indent=1,
+                      allow_nan=False) + "\n"
 
 
 def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:

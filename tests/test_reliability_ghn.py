@@ -1,0 +1,292 @@
+"""Issue #12, the hypernetwork's part: train-ghn and eval-ghn refuse bad options and outputs before
+any work, a resume repeats the run it continues, checkpoints and CIFAR folders are read safely."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from graphkit.cli import app
+from graphkit.datasets.generate import generate
+from graphkit.ghn import CheckpointError, DataError, LoGAH, LoGAHConfig, TrainConfig, load_checkpoint, save_checkpoint, train
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+TINY = ("--steps", "2", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--checkpoint-every", "1")
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def listing(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with its content's hash: equal listings, nothing written or lost."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def gpts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "tiny-gpts"
+    generate(str(ROOT / "tests" / "recipes" / "tiny-gpts.json"), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(gpts, tmp_path_factory):
+    """A finished two-step run folder (never modified by the tests that use it)."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *TINY)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# -- options are checked where they enter ---------------------------------------------------------
+
+NO_GPU = [] if torch.cuda.is_available() else [("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")]
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--steps", "0", "steps must be an integer >= 1; got 0"),
+    ("--steps", "-3", "steps must be an integer >= 1; got -3"),
+    ("--checkpoint-every", "0", "checkpoint-every must be an integer >= 1; got 0"),
+    ("--log-every", "0", "log-every must be an integer >= 1; got 0"),
+    ("--meta-batch", "0", "meta-batch must be an integer >= 1; got 0"),
+    ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
+    ("--seq-len", "0", "seq-len must be an integer >= 1; got 0"),
+    ("--lr", "nan", "lr must be a positive number; got nan"),
+    ("--lr", "-0.1", "lr must be a positive number; got -0.1"),
+    ("--weight-decay", "-1", "weight-decay must be a number >= 0; got -1.0"),
+    ("--gamma", "nan", "gamma must be a number >= 0; got nan"),
+    ("--clip", "0", "clip must be a positive number; got 0.0"),
+    ("--clip", "inf", "clip must be a positive number; got inf"),
+    ("--seed", "-1", "seed must be an integer from 0 to 4294967295; got -1"),
+    ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
+    ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
+    ("--variant", "huge", "unknown LoGAH variant 'huge'; known: tiny, small, base, large"),
+    ("--decoder", "dense", "unknown decoder 'dense'; accepted: low_rank, ghn3"),
+] + NO_GPU)
+def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
+    result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", option, value)
+    assert result.exit_code == 1 and result.stderr == f"error: {message}\n", result.output
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("option, value, message", [  # --steps -2, --archs 0, --batch-size 0: tests/test_ghn_train.py
+    ("--seq-len", "-1", "seq-len must be an integer >= 1; got -1"),
+    ("--lr", "-1", "lr must be a positive number; got -1.0"),
+    ("--seed", "4294967296", "seed must be an integer from 0 to 4294967295; got 4294967296"),
+    ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
+])
+def test_eval_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
+    result = run("eval-ghn", "--dataset", gpts, "--out", tmp_path / "eval", option, value)
+    assert result.exit_code == 1 and result.stderr == f"error: {message}\n", result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_json_never_holds_a_bare_nan():
+    from graphkit.ghn.evaluate import EvalConfig, report_json
+
+    row = {"id": "a", "loss": float("nan"), "curve": [1.0, float("inf")]}
+    text = report_json(EvalConfig(dataset="-"), {"predicted": {"loss": float("nan")}}, [row])
+    strict = json.loads(text, parse_constant=lambda name: pytest.fail(f"eval.json holds {name}"))
+    assert strict["rows"][0] == {"id": "a", "loss": None, "curve": [1.0, None]} and strict["summary"]["predicted"]["loss"] is None
+
+
+# -- outputs are checked before the work; "." is a run folder ------------------------------------
+
+def test_train_ghn_into_the_current_folder_writes_the_final_model_and_keeps_the_users_files(gpts, tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    monkeypatch.chdir(project)
+    result = run("train-ghn", "--dataset", gpts, "--out", ".", *TINY)
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(project)) == ["checkpoint", "config.json", "metrics.jsonl", "metrics.png", "model.safetensors", "notes.txt"]
+    assert (project / "notes.txt").read_text() == "mine" and os.listdir(tmp_path) == ["project"]  # nothing beside it either
+    assert load_checkpoint(project).info["steps"] == 2
+
+
+def test_train_ghn_refuses_a_folder_holding_files_of_a_runs_names(gpts, tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text('{"mine": true}')
+    before = listing(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = run("train-ghn", "--dataset", gpts, "--out", ".", *TINY)
+    assert result.exit_code == 1 and result.stderr == (
+        "error: --out .: already holds config.json; continue that run with --resume, or choose another --out (nothing was changed)\n")
+    assert listing(tmp_path) == before
+
+
+def test_train_ghn_refuses_an_out_that_is_a_file(gpts, tmp_path):
+    (tmp_path / "run").write_text("mine")
+    result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", *TINY)
+    assert result.exit_code == 1 and result.stderr == f"error: --out {tmp_path / 'run'}: is a file, not a folder\n"
+    assert (tmp_path / "run").read_text() == "mine"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda out: out.write_text("mine"), "--out {out}: is a file, not a folder"),
+    (lambda out: (out / "eval.json").mkdir(parents=True), "--out {out}/eval.json: is a folder; give a file name"),
+])
+def test_eval_ghn_checks_its_output_before_evaluating(gpts, tmp_path, monkeypatch, make, message):
+    import graphkit.ghn.evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking --out"))
+    out = tmp_path / "eval"
+    make(out)
+    before = listing(tmp_path)
+    result = run("eval-ghn", "--dataset", gpts, "--out", out)
+    assert result.exit_code == 1 and result.stderr == f"error: {message.format(out=out)}\n", result.output
+    assert listing(tmp_path) == before
+
+
+# -- a resume repeats the run it continues ----------------------------------------------------------
+
+def copy_of(run_folder: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(run_folder, tmp_path / "run"))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--lr", "0.001"), "was trained with --lr 0.0003, not 0.001"),
+    (("--seed", "7"), "was trained with --seed 0, not 7"),
+    (("--data", "text:{readme}"), "was trained with --data stdlib-text, not text:{readme}"),
+    (("--batch-size", "4"), "was trained with --batch-size 2, not 4"),
+])
+def test_a_resume_with_other_options_is_refused_and_nothing_changes(gpts, trained, tmp_path, extra, message):
+    out = copy_of(trained, tmp_path)
+    before = listing(out)
+    extra = [e.format(readme=ROOT / "README.md") for e in extra]
+    options = dict(zip(TINY[::2], TINY[1::2]))
+    options.update(dict(zip(extra[::2], extra[1::2])))
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *(x for kv in options.items() for x in kv))
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (f"error: --resume: {out} {message.format(readme=ROOT / 'README.md')}; resume with the run's "
+                             "options, or train into another --out\n")
+    assert listing(out) == before
+
+
+def test_a_resume_over_another_dataset_or_below_the_steps_done_is_refused(gpts, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    before = listing(out)
+    other = tmp_path / "other"
+    generate(str(ROOT / "tests" / "recipes" / "tiny-gpts.json"), other, num=4)
+    result = run("train-ghn", "--dataset", other, "--out", out, "--resume", *TINY)
+    assert result.exit_code == 1 and f"was trained with --dataset {gpts}, not {other}" in result.stderr
+    options = [*TINY[2:], "--steps", "1"]
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *options)
+    assert result.exit_code == 1 and result.stderr == (
+        f"error: --steps 1: {out} has already trained 2 steps; resume with --steps 2 or more\n")
+    assert listing(out) == before
+
+
+def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    before = listing(out)
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *TINY)
+    assert result.exit_code == 1 and result.stderr == (
+        f"error: --out {out}: already holds model.safetensors; continue that run with --resume, or choose another --out "
+        "(nothing was changed)\n")
+    assert listing(out) == before
+
+
+def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(gpts, tmp_path, monkeypatch):
+    """GPT-2s train with dropout, which draws from the global generator: the resumed steps repeat
+    only because every step seeds it."""
+    import graphkit.ghn.training as training
+
+    def config(out):
+        return TrainConfig(dataset=str(gpts), out=str(out), meta_batch=2, batch_size=2, seq_len=8, steps=5,
+                           checkpoint_every=2, log_every=1)
+
+    train(config(tmp_path / "straight"), progress=False)
+    original, calls = training.run_models, []
+
+    def interrupt_at_step_4(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(training, "run_models", interrupt_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path / "resumed"), progress=False)
+    monkeypatch.setattr(training, "run_models", original)
+    train(config(tmp_path / "resumed"), resume=True, progress=False)
+
+    def digest(run_folder):
+        return hashlib.sha256((run_folder / "model.safetensors").read_bytes()).hexdigest()
+
+    assert digest(tmp_path / "straight") == digest(tmp_path / "resumed")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+# -- checkpoints are checked before they are allocated ---------------------------------------------
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    return save_checkpoint(tmp_path / "ckpt", LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096)),
+                           {"variant": "custom"})
+
+
+def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    result = run("eval-ghn", "--dataset", gpts, "--ghn", checkpoint, "--out", checkpoint.parent / "eval")
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: {weights}: not a readable safetensors file (")
+    assert not (checkpoint.parent / "eval").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden": 200000}, "model.safetensors: does not match its config.json (the file holds"),
+    ({"hidden": "lots"}, "config.json: logah.hidden must be an integer >= 1; got 'lots'"),
+    ({"heads": 0}, "config.json: logah.heads must be an integer >= 1; got 0"),
+    ({"heads": 3}, "config.json: logah.hidden 32 must be a multiple of logah.heads 3"),
+    ({"depth": 3}, "config.json: logah.depth is not a LoGAH setting; known: hidden, layers"),
+    ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
+])
+def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint, monkeypatch, change, message):
+    build = LoGAH.__init__
+
+    def only_on_meta(self, *args, **kwargs):
+        assert torch.get_default_device().type == "meta", "a LoGAH was allocated before its size was checked"
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoGAH, "__init__", only_on_meta)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["logah"].update(change)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(checkpoint)
+    assert f"{checkpoint}/{message}" in str(error.value)
+
+
+def test_a_checkpoint_larger_than_memory_is_refused(checkpoint, monkeypatch):
+    predict_module = importlib.import_module("graphkit.ghn.predict")  # the package's ``predict`` is the function
+    monkeypatch.setattr(predict_module, "available_memory", lambda device: 1000)
+    with pytest.raises(CheckpointError, match=r"model.safetensors: a LoGAH of [\d,]+ parameters needs 0.00 GB to load but 0.00 GB"):
+        load_checkpoint(checkpoint)
+
+
+def test_a_damaged_training_checkpoint_is_named_on_resume(gpts, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    optimizer = out / "checkpoint" / "optimizer.safetensors"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY[:-2], "--steps", "3")
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: {optimizer}: not a readable safetensors file ("), result.output
+    (out / "checkpoint" / "trainer_state.json").write_text("{")
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY[:-2], "--steps", "3")
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: {out}/checkpoint/trainer_state.json: not a graphkit"), result.output
