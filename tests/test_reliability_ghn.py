@@ -290,3 +290,68 @@ def test_a_damaged_training_checkpoint_is_named_on_resume(gpts, trained, tmp_pat
     (out / "checkpoint" / "trainer_state.json").write_text("{")
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY[:-2], "--steps", "3")
     assert result.exit_code == 1 and result.stderr.startswith(f"error: {out}/checkpoint/trainer_state.json: not a graphkit"), result.output
+
+
+# -- CIFAR folders are read without running code ---------------------------------------------------
+
+class RunsAShellCommand:
+    """What a crafted pickle holds: unpickling it calls os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def write_cifar10(root: Path, protocol: int, data_batch_1=None) -> Path:
+    """A tiny CIFAR-10 folder in the release's format (numpy arrays and lists pickled), two images per batch."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for i, name in enumerate([*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"]):
+        data = np.full((2, 3072), 10 * i, dtype=np.uint8)
+        batch = {"batch_label": name, "labels": [i, 9 - i], "data": data, "filenames": ["a.png", "b.png"]}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=protocol))
+    if data_batch_1 is not None:
+        (folder / "data_batch_1").write_bytes(pickle.dumps(data_batch_1, protocol=protocol))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=protocol))
+    return folder
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])  # 2: as Python 2 wrote the release; 5: numpy's out-of-band form
+def test_a_genuine_cifar_folder_loads(tmp_path, protocol):
+    from graphkit.ghn.data import load_source
+
+    folder = write_cifar10(tmp_path, protocol)
+    source = load_source(f"cifar10:{folder}")
+    assert source.describe() == f"cifar10:{folder}: 10 train / 2 eval images, 10 classes, 32x32x3"
+    images, labels = source.splits["train"]
+    assert images.shape == (10, 3, 32, 32) and images[2].eq(10).all() and labels.tolist() == [0, 9, 1, 8, 2, 7, 3, 6, 4, 5]
+
+
+@pytest.mark.parametrize("command", ["train-ghn", "eval-ghn"])
+def test_a_crafted_cifar_batch_is_refused_without_running_its_code(gpts, tmp_path, command):
+    marker = tmp_path / "ran"
+    folder = write_cifar10(tmp_path / "cifar", 2, data_batch_1={"data": RunsAShellCommand(marker), "labels": [0]})
+    before = listing(tmp_path)
+    result = run(command, "--dataset", gpts, "--out", tmp_path / "out", "--data", f"cifar10:{tmp_path / 'cifar'}")
+    assert not marker.exists()
+    assert result.exit_code == 1 and result.stderr == (
+        f"error: {folder / 'data_batch_1'}: names posix.system, which a CIFAR batch never holds; refused without running it "
+        "(accepted: numpy arrays, lists, dicts, strings and numbers)\n"), result.output
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("batch, message", [
+    ({"labels": [0, 1]}, "'data' must be a uint8 array of N rows of 3072 pixels"),
+    ({"data": np.zeros((2, 3072), np.float32), "labels": [0, 1]}, "'data' must be a uint8 array"),
+    ({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}, "'labels' must list 2 labels from 0 to 9, one per image"),
+    ([1, 2], "not a CIFAR pickle (holds a list, not a dict)"),
+])
+def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
+    from graphkit.ghn.data import load_source
+
+    folder = write_cifar10(tmp_path, 4, data_batch_1=batch)
+    with pytest.raises(DataError) as error:
+        load_source(f"cifar10:{tmp_path}")
+    assert str(error.value).startswith(f"{folder / 'data_batch_1'}: {message}")
