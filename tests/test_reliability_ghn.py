@@ -355,3 +355,21 @@ def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
     with pytest.raises(DataError) as error:
         load_source(f"cifar10:{tmp_path}")
     assert str(error.value).startswith(f"{folder / 'data_batch_1'}: {message}")
+
+
+# -- an error is the first line of stderr ------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [
+    ["predict", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--ghn", "{tmp}/nowhere"],
+    ["train-ghn", "--dataset", "{gpts}", "--out", "{tmp}/run", "--data", "digits"],
+    ["eval-ghn", "--dataset", "{gpts}", "--ghn", "{tmp}/nowhere", "--out", "{tmp}/eval"],
+])
+def test_an_error_is_the_first_line_of_stderr(gpts, tmp_path, command):
+    """torch_geometric's import scripts a function with torch.jit.script, whose FutureWarning came
+    first on every predict, train-ghn and eval-ghn while ghn/model.py imported it; these commands
+    must not import it (or anything else that warns) on their way to an error."""
+    args = [part.format(tmp=tmp_path, gpts=gpts) for part in command]
+    result = subprocess.run([sys.executable, "-W", "default", "-m", "graphkit", *args], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1 and result.stderr.startswith("error: "), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Warning" not in result.stderr
