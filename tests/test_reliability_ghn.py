@@ -95,6 +95,12 @@ def test_eval_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, va
     assert os.listdir(tmp_path) == []
 
 
+def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(gpts, tmp_path):
+    result = run("eval-ghn", "--dataset", gpts, "--out", tmp_path / "eval", "--split", "bogus")
+    assert result.exit_code == 1 and result.stderr == f"error: {gpts}: no records in split 'bogus'; its splits: eval, train\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_eval_json_never_holds_a_bare_nan():
     from graphkit.ghn.evaluate import EvalConfig, report_json
 

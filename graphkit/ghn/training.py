@@ -96,11 +96,13 @@ class ArchPool:
         from graphkit.datasets import load
 
         distinct: dict[str, Any] = {}
-        for record in load(dataset).filter(split=split):
+        everything = load(dataset)
+        for record in everything.filter(split=split):
             distinct.setdefault(record["fingerprint"], record)
         self.records = list(distinct.values())
         if not self.records:
-            raise TrainError(f"{dataset}: no records in split {split!r}")
+            splits = sorted(set(everything.metadata("arrow").column("split").to_pylist()))
+            raise TrainError(f"{dataset}: no records in split {split!r}; its splits: {', '.join(splits) or 'none (empty)'}")
         families = {r.config["family"] for r in self.records}
         if len(families) > 1:
             raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
