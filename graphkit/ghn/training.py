@@ -52,7 +52,8 @@ class TrainError(GraphkitError):
 
 @dataclass
 class TrainConfig:
-    """Everything a training run depends on; saved in every checkpoint."""
+    """Everything a training run depends on; saved in every checkpoint. Every value is checked
+    when the config is made (TrainError, one line naming the option and what it accepts)."""
 
     dataset: str
     out: str
@@ -211,7 +212,9 @@ def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[
 def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
     """Train (or, with ``resume``, continue training) a LoGAH as ``config`` says; writes
     ``config.out/checkpoint`` every ``checkpoint_every`` steps and the final hypernetwork to
-    ``config.out``; returns the last logged metrics."""
+    ``config.out``; returns the last logged metrics. The run folder, the dataset, the data and
+    (with ``resume``) the recorded options are checked before the first step and the first write
+    (see :func:`run_folder`, :func:`check_resume`)."""
     from graphkit.ghn.data import default_source, load_source
 
     rank, world, device = _distributed(config.device)
@@ -353,10 +356,11 @@ def run_folder(out: str | Path, resume: bool) -> Path:
     return folder
 
 
-def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str) -> int:
+def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str) -> None:
     """Refuse a resume whose options differ from those the checkpoint in ``folder`` was trained
     with (they would be recorded as if used throughout) or whose ``--steps`` is below the steps
-    already done; returns the steps done."""
+    already done. ``data`` is the run's resolved data source, ``default_data`` the family's (what
+    a run recorded without ``--data`` used)."""
     state = read_trainer_state(folder)
     recorded = {**state["config"], "data": state["config"].get("data") or default_data}
     given = {**asdict(config), "data": data}
@@ -369,7 +373,6 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
     if config.steps < state["step"]:
         raise TrainError(f"--steps {config.steps}: {folder.parent} has already trained {state['step']} steps; "
                          f"resume with --steps {state['step']} or more")
-    return state["step"]
 
 
 def _logged_step(line: str) -> float:
