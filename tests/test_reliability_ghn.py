@@ -379,3 +379,46 @@ def test_an_error_is_the_first_line_of_stderr(gpts, tmp_path, command):
                             timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 1 and result.stderr.startswith("error: "), result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Warning" not in result.stderr
+
+
+# -- failures mid-run are named, and stop before they damage the weights ---------------------------
+
+def test_a_damaged_image_is_named_when_a_batch_reaches_it(tmp_path):
+    from PIL import Image
+
+    from graphkit.ghn.data import load_source
+
+    for name, colour in (("red", (255, 0, 0)), ("blue", (0, 0, 255))):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (4, 4), colour).save(tmp_path / name / "0.png")
+    (tmp_path / "blue" / "0.png").write_bytes(b"not a png")
+    source = load_source(f"imagefolder:{tmp_path}")
+    config = {"family": "vit", "image_size": 8, "in_chans": 3, "num_classes": 2}
+    with pytest.raises(DataError, match=rf"imagefolder:{tmp_path}: cannot read the image {tmp_path}/blue/0.png \(UnidentifiedImageError"):
+        for split in ("train", "eval"):  # one image each: one of them is the damaged one
+            source.batch(config, 4, torch.Generator().manual_seed(0), split=split)
+
+
+def test_an_unreadable_text_file_is_named(tmp_path, monkeypatch):
+    from graphkit.ghn.data import load_source
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("x" * 100)
+
+    def refused(self):  # chmod 0 is no obstacle to root, who runs the suite on some machines
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(DataError, match=f"data source 'text:{text}': {text}: Permission denied"):
+        load_source(f"text:{text}")
+
+
+def test_a_non_finite_gradient_stops_training_before_the_weights_change(gpts, tmp_path, monkeypatch):
+    import graphkit.ghn.training as training
+
+    clip = training.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", lambda params, limit: clip(params, limit) * float("nan"))
+    with pytest.raises(training.TrainError, match=r"step 0: the gradient norm is nan; resume from .*checkpoint with a lower --lr"):
+        train(TrainConfig(dataset=str(gpts), out=str(tmp_path / "run"), meta_batch=1, batch_size=2, seq_len=8, steps=2),
+              progress=False)
+    assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint of NaN weights

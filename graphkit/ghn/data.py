@@ -326,7 +326,14 @@ def _imagefolder(spec: str, folder: Path) -> ImageSource:
         raise DataError(f"{spec}: no images in {folder} (expected class subfolders of image files, optionally "
                         f"under train/ and val/; {e})") from None
     splits = {s: ([p for p, _ in v], torch.tensor([t for _, t in v], dtype=torch.long)) for s, v in samples.items()}
-    return ImageSource(spec, splits, len(train.classes), 3, "RGB files", load=lambda p: pil_to_tensor(train.loader(p)))
+    def load(path: str) -> Tensor:
+        try:
+            return pil_to_tensor(train.loader(path))
+        except Exception as e:  # PIL fails on a damaged or huge image in many ways; this runs mid-training
+            raise DataError(f"{spec}: cannot read the image {path} ({type(e).__name__}: {e}); remove or replace it "
+                            "and resume") from None
+
+    return ImageSource(spec, splits, len(train.classes), 3, "RGB files", load=load)
 
 
 def _held_out_tail(data: bytes) -> tuple[bytes, bytes]:
@@ -380,6 +387,9 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
         raise DataError(f"data source {spec!r}: {path} does not exist")
     if _ARGS.get(name) == "DIR" and not path.is_dir():
         raise DataError(f"data source {spec!r}: {path} is not a folder")
-    if name in _IMAGE:
-        return _IMAGE[name](spec, path)
-    return TextSource(spec, *_TEXT[name](path), seq_len)
+    try:
+        if name in _IMAGE:
+            return _IMAGE[name](spec, path)
+        return TextSource(spec, *_TEXT[name](path), seq_len)
+    except OSError as e:  # unreadable files: permissions, a folder that vanished, an I/O error
+        raise DataError(f"data source {spec!r}: {e.filename or path}: {e.strerror or e}") from None

@@ -265,6 +265,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             logging = (step + 1) % config.log_every == 0 or step + 1 == config.steps
             norms = gradient_norms(ghn) if logging else {}
             grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
+            if not torch.isfinite(grad_norm):  # clipping by a NaN or Inf norm would write NaN into every weight
+                raise TrainError(f"step {step}: the gradient norm is {grad_norm.item()}; resume from {out / 'checkpoint'} "
+                                 "with a lower --lr")
             optimizer.step()
             schedule.step()
             done = step + 1
