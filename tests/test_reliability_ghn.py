@@ -141,6 +141,14 @@ def test_train_ghn_refuses_an_out_that_is_a_file(gpts, tmp_path):
     assert (tmp_path / "run").read_text() == "mine"
 
 
+@pytest.mark.parametrize("inside", ["", "runs/a"])
+def test_train_ghn_refuses_an_out_in_the_dataset_folder(gpts, inside):
+    before = listing(gpts)
+    result = run("train-ghn", "--dataset", gpts, "--out", gpts / inside, *TINY)
+    assert result.exit_code == 1 and result.stderr == f"error: --out {gpts / inside}: lies in the dataset folder {gpts}; choose another --out\n"
+    assert listing(gpts) == before
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda out: out.write_text("mine"), "--out {out}: is a file, not a folder"),
     (lambda out: (out / "eval.json").mkdir(parents=True), "--out {out}/eval.json: is a folder; give a file name"),
@@ -422,3 +430,15 @@ def test_a_non_finite_gradient_stops_training_before_the_weights_change(gpts, tm
         train(TrainConfig(dataset=str(gpts), out=str(tmp_path / "run"), meta_batch=1, batch_size=2, seq_len=8, steps=2),
               progress=False)
     assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint of NaN weights
+
+
+def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_path):
+    out = copy_of(trained, tmp_path)
+    state_file = out / "checkpoint" / "trainer_state.json"
+    assert json.loads(state_file.read_text())["world_size"] == 1
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "world_size": 2}))
+    before = listing(out)
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY[:-2], "--steps", "3")
+    assert result.exit_code == 1 and result.stderr == (
+        f"error: --resume: {out} was trained by 2 processes, not 1; resume it with 2 processes\n")
+    assert listing(out) == before

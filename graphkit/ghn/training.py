@@ -218,11 +218,11 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     from graphkit.ghn.data import default_source, load_source
 
     rank, world, device = _distributed(config.device)
-    out = run_folder(config.out, resume)
+    out = run_folder(config.out, resume, config.dataset)
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
     if resume:
-        check_resume(out / "checkpoint", config, data, default_source(pool.family))
+        check_resume(out / "checkpoint", config, data, default_source(pool.family), world)
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
@@ -288,7 +288,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             if done % config.checkpoint_every == 0 or done == config.steps:
                 if rank == 0:
                     save_checkpoint(out / "checkpoint", ghn, info, optimizer=optimizer,
-                                    state={"step": done, "config": asdict(config)})
+                                    state={"step": done, "config": asdict(config), "world_size": world})
                 if world > 1:
                     dist.barrier()
     if rank == 0:
@@ -343,11 +343,15 @@ RESUMED_OPTIONS = ("variant", "decoder", "dataset", "data", "split", "meta_batch
                    "weight_decay", "gamma", "clip", "amp", "seed")
 
 
-def run_folder(out: str | Path, resume: bool) -> Path:
+def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
     """The absolute run folder for ``--out`` (``.`` included), checked before any work: it must
-    be (or become) a folder, a fresh run must not land on an earlier run's files (or anyone
-    else's files of those names), and a resumed one must find a training checkpoint there."""
+    be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
+    files (or anyone else's files of those names), and a resumed one must find a training
+    checkpoint there."""
     folder = Path(os.path.abspath(check_output_dir(out)))
+    data_folder = Path(os.path.abspath(dataset))
+    if folder == data_folder or data_folder in folder.parents:
+        raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
     if resume:
         if not (folder / "checkpoint" / "trainer_state.json").is_file():
             raise TrainError(f"{folder / 'checkpoint'}: nothing to resume (no training checkpoint there)")
@@ -359,12 +363,16 @@ def run_folder(out: str | Path, resume: bool) -> Path:
     return folder
 
 
-def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str) -> None:
+def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str, world: int = 1) -> None:
     """Refuse a resume whose options differ from those the checkpoint in ``folder`` was trained
-    with (they would be recorded as if used throughout) or whose ``--steps`` is below the steps
-    already done. ``data`` is the run's resolved data source, ``default_data`` the family's (what
-    a run recorded without ``--data`` used)."""
+    with (they would be recorded as if used throughout), with another number of processes
+    (each draws its own meta-batch), or whose ``--steps`` is below the steps already done.
+    ``data`` is the run's resolved data source, ``default_data`` the family's (what a run
+    recorded without ``--data`` used)."""
     state = read_trainer_state(folder)
+    if state.get("world_size", world) != world:
+        raise TrainError(f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
+                         f"resume it with {state['world_size']} processes")
     recorded = {**state["config"], "data": state["config"].get("data") or default_data}
     given = {**asdict(config), "data": data}
     for name in RESUMED_OPTIONS:
