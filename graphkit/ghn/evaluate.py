@@ -24,6 +24,7 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.fileio import atomic_path
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
@@ -221,5 +222,6 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
     train_ax.legend()
     held_ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    with atomic_path(png) as tmp:  # a PNG is complete or not there
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

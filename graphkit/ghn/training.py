@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.func import functional_call
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.fileio import atomic_path, check_output_dir, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from graphkit.ghn.encoding import EncodedGraph, encode
 from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
@@ -324,7 +324,8 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     sim_ax.plot(steps, [m.get("factor_similarity", float("nan")) for m in lines])
     sim_ax.set(xlabel="step", ylabel="mean cosine of factors", ylim=(0, 1), title="factor similarity")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    with atomic_path(png) as tmp:  # a PNG is complete or not there
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
