@@ -441,3 +441,18 @@ def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_p
     assert result.exit_code == 1 and result.stderr == (
         f"error: --resume: {out} was trained by 2 processes, not 1; resume it with 2 processes\n")
     assert listing(out) == before
+
+
+def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, trained, tmp_path, monkeypatch):
+    import graphkit.ghn.checkpoint as checkpoint_module
+
+    def read_only(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    ghn = copy_of(trained, tmp_path)
+    monkeypatch.setattr(checkpoint_module, "write_text_atomic", read_only)
+    result = run("eval-ghn", "--dataset", gpts, "--ghn", ghn, "--out", tmp_path / "eval", "--archs", "1", "--steps", "1",
+                 "--batch-size", "2", "--seq-len", "8", "--record")
+    assert result.exit_code == 1 and result.stderr == (
+        f"error: {ghn}/config.json: cannot record the evaluation there (Permission denied)\n"), result.output
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["summary"]["archs"] == 1

@@ -129,7 +129,11 @@ def eval_ghn(
     for other in ("random", "orthogonal"):
         console.print(f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
                       f"of {summary['archs']} architectures", highlight=False)
-    if record:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "eval.json", report_json(config, summary, rows))
+    plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
+    console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)
+    if record:  # after eval.json: a checkpoint that cannot be written loses no results
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
         from graphkit.ghn.data import default_source
         from graphkit.ghn.training import ArchPool
@@ -139,7 +143,3 @@ def eval_ghn(
                                      data=data or default_source(family))
         console.print(f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
                       f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)", highlight=False, soft_wrap=True)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "eval.json", report_json(config, summary, rows))
-    plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
-    console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)

@@ -216,7 +216,10 @@ def record_evaluation(path: str | Path, summary: Mapping[str, Any], *, dataset: 
                         for init in ("predicted", "random", "orthogonal")}}
     config = _read_json(path / "config.json")
     config["evaluation"] = record
-    write_text_atomic(path / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    try:
+        write_text_atomic(path / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    except OSError as e:
+        raise CheckpointError(f"{path / 'config.json'}: cannot record the evaluation there ({e.strerror or e})") from None
     return record
 
 
