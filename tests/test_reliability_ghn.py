@@ -456,3 +456,12 @@ def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, t
     assert result.exit_code == 1 and result.stderr == (
         f"error: {ghn}/config.json: cannot record the evaluation there (Permission denied)\n"), result.output
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["summary"]["archs"] == 1
+
+
+def test_a_damaged_evaluation_record_still_describes_the_checkpoint(checkpoint):
+    from graphkit.ghn.checkpoint import describe
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "evaluation": {"archs": 8, "predicted_alone": "high"}}))
+    assert describe(load_checkpoint(checkpoint)).endswith(
+        "; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)")

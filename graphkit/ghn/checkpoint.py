@@ -234,11 +234,14 @@ def describe(ghn: LoGAH) -> str:
     record = info.get("evaluation")
     if record is None:
         return f"{trained}; no held-out evaluation recorded (graphkit eval-ghn --record measures one)"
-    alone = record["predicted_alone"]
-    return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures, the predicted parameters "
-            f"alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} fine-tuning steps "
-            f"they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
-            f"{100 * record['predicted_beats_orthogonal']:.0f}%")
+    try:
+        alone = record["predicted_alone"]
+        return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures, the predicted "
+                f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
+                f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
+                f"{100 * record['predicted_beats_orthogonal']:.0f}%")
+    except (KeyError, TypeError, ValueError):  # a hand-edited or damaged config.json: the weights are still usable
+        return f"{trained}; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
