@@ -141,7 +141,7 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     assert result.exit_code == 0, result.output
     assert "step 2: loss" in result.stdout and (out / "model.safetensors").is_file()
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--variant", "small", "--resume")
-    assert result.exit_code == 1 and "holds a LoGAH tiny with another config; resume with the same --variant" in result.stderr
+    assert result.exit_code == 1 and "was trained with --variant tiny, not small; resume with the run's options" in result.stderr
     bad = {
         ("--data", "digits"): "digits is image data but a gpt2 model takes text",
         ("--data", "cifar10:/nowhere"): "/nowhere",

@@ -101,15 +101,16 @@ def eval_ghn(
     record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
-    import json
-
     from rich.table import Table
 
-    from graphkit.fileio import write_text_atomic
-    from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
+    from graphkit.fileio import check_output_dir, check_output_file, write_text_atomic
+    from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, report_json, summarize
 
     config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
                         batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device)
+    check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
+    for name in ("eval.json", "eval.png"):
+        check_output_file(out / name)
     rows = evaluate(config)
     summary = summarize(rows)
     at = summary["horizons"]
@@ -128,7 +129,11 @@ def eval_ghn(
     for other in ("random", "orthogonal"):
         console.print(f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
                       f"of {summary['archs']} architectures", highlight=False)
-    if record:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "eval.json", report_json(config, summary, rows))
+    plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
+    console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)
+    if record:  # after eval.json: a checkpoint that cannot be written loses no results
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
         from graphkit.ghn.data import default_source
         from graphkit.ghn.training import ArchPool
@@ -138,7 +143,3 @@ def eval_ghn(
                                      data=data or default_source(family))
         console.print(f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
                       f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)", highlight=False, soft_wrap=True)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "eval.json", json.dumps({"config": vars(config), "summary": summary, "rows": rows}, indent=1) + "\n")
-    plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
-    console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)

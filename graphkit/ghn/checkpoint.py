@@ -10,19 +10,23 @@ its metrics and ``checkpoint/``) each file is replaced atomically, config.json l
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import uuid
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from graphkit.errors import GraphkitError
 from graphkit.families import FamilyTable
-from graphkit.ghn.model import LoGAH, LoGAHConfig
+from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.ghn.model import LoGAH, LoGAHConfig, VariantError
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION
 
@@ -39,44 +43,56 @@ class CheckpointError(GraphkitError):
 def save_checkpoint(path: str | Path, ghn: LoGAH, info: Mapping[str, Any], *,
                     optimizer: torch.optim.Optimizer | None = None, state: Mapping[str, Any] | None = None) -> Path:
     """Write ``ghn`` (and, for resuming, the optimizer and trainer state) to the folder ``path``,
-    atomically; ``info`` (family, trained ops, data, ...) goes into config.json."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    weights = {k: v.detach().contiguous().cpu() for k, v in ghn.state_dict().items()}
-    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    config = {"logah": ghn.config_dict(), "ops_version": OPS_VERSION, **info}
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if optimizer is not None:
-        tensors, groups = _flatten_optimizer(optimizer.state_dict())
-        save_file(tensors, tmp / "optimizer.safetensors")
-        (tmp / "trainer_state.json").write_text(json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n")
-    if path.exists() and set(os.listdir(path)) - FILES:  # a training run's folder: replace our files only
-        for name in sorted(os.listdir(tmp), key=lambda n: n == "config.json"):  # config.json last
-            os.replace(tmp / name, path / name)
-        tmp.rmdir()
-        return path
-    old = path.with_name(path.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    atomically; ``info`` (family, trained ops, data, ...) goes into config.json. ``path`` may be
+    ``.``: it names the folder it resolves to. The files are staged in a freshly made folder of
+    a unique name, so no earlier file of any name is removed but the checkpoint's own."""
+    path = Path(os.path.abspath(check_output_dir(path, "checkpoint folder")))
+    in_place = path.is_dir() and bool(set(os.listdir(path)) - FILES)  # a training run's folder: replace our files only
+    staging = _new_folder(path if in_place else path.parent, path.name, "tmp")
+    try:
+        weights = {k: v.detach().contiguous().cpu() for k, v in ghn.state_dict().items()}
+        save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
+        config = {"logah": ghn.config_dict(), "ops_version": OPS_VERSION, **info}
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if optimizer is not None:
+            tensors, groups = _flatten_optimizer(optimizer.state_dict())
+            save_file(tensors, staging / "optimizer.safetensors")
+            (staging / "trainer_state.json").write_text(json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n")
+        if in_place:
+            for name in sorted(os.listdir(staging), key=lambda n: n == "config.json"):  # config.json last
+                os.replace(staging / name, path / name)
+            staging.rmdir()
+            return path
+        old = None
+        if path.exists():  # a checkpoint folder: swap it whole, so its files always belong together
+            old = _new_folder(path.parent, path.name, "old")
+            os.replace(path, old)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
     return path
+
+
+def _new_folder(parent: Path, name: str, kind: str) -> Path:
+    """An empty hidden folder of a name no one else uses, in ``parent``, for staging a save."""
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = parent / f".{name}.{uuid.uuid4().hex[:12]}.{kind}"
+    folder.mkdir()
+    return folder
 
 
 def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str | torch.device = "cpu") -> LoGAH:
     """The LoGAH stored in the folder ``path`` (or a bundled name such as ``logah-tiny-vits``),
     in eval mode, with its config.json as ``ghn.info``. CheckpointError if the folder is not a
     checkpoint, its vocabulary version differs from this graphkit's, or ``variant`` is given
-    and the checkpoint holds another one."""
+    and the checkpoint holds another one. The size config.json describes is checked against
+    the weights file's header and the memory available before anything is allocated."""
     path = _locate(path)
-    try:
-        info = json.loads((path / "config.json").read_text())
-        config = LoGAHConfig(**info["logah"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: not a graphkit hypernetwork checkpoint (config.json: {e})") from None
+    info = _read_json(path / "config.json")
+    config = _logah_config(path / "config.json", info.get("logah"))
     if info.get("ops_version") != OPS_VERSION:
         raise CheckpointError(f"{path}: trained with op vocabulary v{info.get('ops_version')}, but this graphkit uses "
                               f"v{OPS_VERSION}; retrain it with `graphkit train-ghn`")
@@ -89,14 +105,82 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
         if (expected.hidden, expected.layers, expected.heads, expected.rank) != (config.hidden, config.layers, config.heads, config.rank):
             raise CheckpointError(f"{path}: holds LoGAH {info.get('variant', 'custom')} (d {config.hidden}, {config.layers} layers, "
                                   f"r {config.rank}), not {variant}")
+    _check_size(path / "model.safetensors", config)
     ghn = LoGAH(config)
     try:
-        ghn.load_state_dict(load_file(path / "model.safetensors"))
-    except (OSError, RuntimeError) as e:
+        ghn.load_state_dict(_load_tensors(path / "model.safetensors"))
+    except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         raise CheckpointError(f"{path / 'model.safetensors'}: does not match its config.json ({first})") from None
     ghn.info = info
     return ghn.to(device).eval()
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict; CheckpointError naming the file if it is unreadable."""
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint file ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint file (a JSON object is expected)")
+    return value
+
+
+def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
+    """The LoGAHConfig of config.json's ``logah`` section, every size checked (a positive
+    integer, heads dividing hidden) so that a damaged or hand-edited file fails here in one line."""
+    from dataclasses import fields as dataclass_fields
+
+    known = [f.name for f in dataclass_fields(LoGAHConfig)]
+    if not isinstance(fields, dict):
+        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint (no 'logah' section of {', '.join(known)})")
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
+    for name, value in fields.items():
+        if name != "decoder" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise CheckpointError(f"{file}: logah.{name} must be an integer >= 1; got {value!r}")
+    try:
+        config = LoGAHConfig(**fields)
+    except VariantError as e:
+        raise CheckpointError(f"{file}: logah.decoder: {e}") from None
+    if config.hidden % config.heads:
+        raise CheckpointError(f"{file}: logah.hidden {config.hidden} must be a multiple of logah.heads {config.heads}")
+    return config
+
+
+def _check_size(file: Path, config: LoGAHConfig) -> None:
+    """Refuse, before allocating, a config whose LoGAH (measured on the meta device) holds another
+    number of values than the weights file, or one too large for the memory available."""
+    from graphkit.ghn.predict import available_memory
+
+    with torch.device("meta"):
+        wanted = sum(t.numel() for t in LoGAH(config).state_dict().values())
+    try:
+        with safe_open(file, "pt") as f:
+            stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
+    if stored != wanted:
+        raise CheckpointError(f"{file}: does not match its config.json (the file holds {stored:,} values, the config "
+                              f"describes a LoGAH of {wanted:,})")
+    needed, limit = 2 * 4 * wanted, available_memory(torch.device("cpu"))  # the model and the loaded file, fp32
+    if limit is not None and needed > limit:
+        raise CheckpointError(f"{file}: a LoGAH of {wanted:,} parameters needs {needed / 1e9:.2f} GB to load but "
+                              f"{limit / 1e9:.2f} GB are available")
+
+
+def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; CheckpointError naming the file if it is truncated or damaged."""
+    try:
+        return load_file(file)
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def bundled_checkpoint(family: str | None) -> Path:
@@ -132,11 +216,12 @@ def record_evaluation(path: str | Path, summary: Mapping[str, Any], *, dataset: 
               "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
               "final": {init: {"loss": summary[init]["loss"], "accuracy": summary[init]["accuracy"]}
                         for init in ("predicted", "random", "orthogonal")}}
-    config = json.loads((path / "config.json").read_text())
+    config = _read_json(path / "config.json")
     config["evaluation"] = record
-    tmp = path / ".config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path / "config.json")
+    try:
+        write_text_atomic(path / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    except OSError as e:
+        raise CheckpointError(f"{path / 'config.json'}: cannot record the evaluation there ({e.strerror or e})") from None
     return record
 
 
@@ -151,18 +236,38 @@ def describe(ghn: LoGAH) -> str:
     record = info.get("evaluation")
     if record is None:
         return f"{trained}; no held-out evaluation recorded (graphkit eval-ghn --record measures one)"
-    alone = record["predicted_alone"]
-    return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures, the predicted parameters "
-            f"alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} fine-tuning steps "
-            f"they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
-            f"{100 * record['predicted_beats_orthogonal']:.0f}%")
+    try:
+        alone = record["predicted_alone"]
+        return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures, the predicted "
+                f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
+                f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
+                f"{100 * record['predicted_beats_orthogonal']:.0f}%")
+    except (KeyError, TypeError, ValueError):  # a hand-edited or damaged config.json: the weights are still usable
+        return f"{trained}; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"
+
+
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """A training checkpoint's trainer_state.json (step, the run's config, the optimizer's
+    groups), checked; CheckpointError naming the file if it is missing or damaged."""
+    file = Path(path) / "trainer_state.json"
+    state = _read_json(file)
+    step, config, groups = state.get("step"), state.get("config"), state.get("param_groups")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(config, dict) \
+            or not isinstance(groups, list):
+        raise CheckpointError(f"{file}: damaged (expected step >= 0, config and param_groups); resume from another "
+                              "checkpoint or start a new run")
+    return state
 
 
 def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore ``optimizer`` from a training checkpoint; returns the trainer state."""
     path = Path(path)
-    state = json.loads((path / "trainer_state.json").read_text())
-    optimizer.load_state_dict(_unflatten_optimizer(load_file(path / "optimizer.safetensors"), state.pop("param_groups")))
+    state = read_trainer_state(path)
+    tensors = _load_tensors(path / "optimizer.safetensors")
+    try:
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("param_groups")))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path / 'optimizer.safetensors'}: does not fit this optimizer ({_first_line(e)})") from None
     return state
 
 

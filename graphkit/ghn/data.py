@@ -13,10 +13,12 @@ training and tests never touch the network.
 from __future__ import annotations
 
 import abc
+import functools
 import pickle
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.nn.functional as F
@@ -190,25 +192,120 @@ def _digits(spec: str, _: Path | None) -> ImageSource:
     return ImageSource(spec, splits, 10, 1, "8x8x1")
 
 
-def _cifar(spec: str, folder: Path) -> ImageSource:
-    """torchvision's CIFAR loader with md5s dropped (files must exist and unpickle), so subsets
-    and re-pickled copies load; DIR may be the root or the batches folder itself."""
-    from torchvision.datasets import CIFAR10, CIFAR100
+@dataclass(frozen=True)
+class CifarLayout:
+    """Where a CIFAR release (the "python version" of the CIFAR site) keeps its batches."""
 
-    base = CIFAR100 if spec.startswith("cifar100") else CIFAR10
-    inside = not (folder / base.base_folder).is_dir() and (folder / base.test_list[0][0]).is_file()
-    cls = type(base.__name__, (base,), {
-        "base_folder": "" if inside else base.base_folder, "meta": {**base.meta, "md5": None},
-        "train_list": [[name, None] for name, _ in base.train_list], "test_list": [[name, None] for name, _ in base.test_list]})
+    title: str
+    folder: str                  # the folder the archive unpacks to
+    train: tuple[str, ...]
+    eval: tuple[str, ...]
+    meta: str                    # the file naming the classes...
+    names: str                   # ...under this key
+    labels: str                  # each batch's label list
+
+
+CIFAR = {
+    "cifar10": CifarLayout("CIFAR-10", "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
+                           ("test_batch",), "batches.meta", "label_names", "labels"),
+    "cifar100": CifarLayout("CIFAR-100", "cifar-100-python", ("train",), ("test",), "meta", "fine_label_names",
+                            "fine_labels"),
+}
+
+
+def _latin1(text: str, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode`` as Python 3 pickles bytes at protocol 2, limited to that use."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r}")
+    return text.encode("latin1")
+
+
+@functools.cache
+def _cifar_globals() -> dict[tuple[str, str], Any]:
+    """The only globals a CIFAR pickle may name: numpy's array, dtype and scalar rebuilders
+    under the module names numpy 1 and 2 write, and the bytes codec of protocol 2. Each rebuilds
+    data from data; none can import or call anything else."""
+    import numpy as np
+
     try:
-        sets = {s: cls(str(folder), train=s == "train", download=False) for s in SPLITS}
-    except (RuntimeError, OSError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as e:
-        files = [name for name, _ in base.train_list + base.test_list] + [base.meta["filename"]]
-        why = "" if isinstance(e, RuntimeError) else f"; {type(e).__name__}: {e}"  # RuntimeError: a file is missing
-        raise DataError(f"{spec}: {folder} is not a torchvision {base.__name__} folder "
-                        f"(expected {base.base_folder}/ with {', '.join(files)}{why})") from None
-    splits = {s: (torch.from_numpy(d.data).permute(0, 3, 1, 2).contiguous(), torch.tensor(d.targets)) for s, d in sets.items()}
-    return ImageSource(spec, splits, len(sets["train"].classes), 3, "32x32x3")
+        from numpy._core import multiarray, numeric
+    except ImportError:  # numpy 1
+        from numpy.core import multiarray, numeric
+    allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                                           ("_codecs", "encode"): _latin1}
+    for package in ("numpy.core", "numpy._core"):
+        allowed[f"{package}.multiarray", "_reconstruct"] = multiarray._reconstruct
+        allowed[f"{package}.multiarray", "scalar"] = multiarray.scalar
+        allowed[f"{package}.numeric", "_frombuffer"] = numeric._frombuffer
+    return allowed
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Reads a CIFAR batch without running code: a pickle names the functions it calls, and
+    any name but numpy's rebuilders is refused before it is imported."""
+
+    def __init__(self, file: BinaryIO, path: Path) -> None:
+        super().__init__(file, encoding="latin1")  # the release was pickled by Python 2
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _cifar_globals().get((module, name))
+        if allowed is None:
+            raise DataError(f"{self.path}: names {module}.{name}, which a CIFAR batch never holds; refused without "
+                            "running it (accepted: numpy arrays, lists, dicts, strings and numbers)")
+        return allowed
+
+
+def read_cifar_file(path: Path) -> dict[str, Any]:
+    """One CIFAR pickle (a batch or the meta file) as a dict, read by :class:`_CifarUnpickler`;
+    DataError naming the file if it is no such pickle."""
+    try:
+        with open(path, "rb") as f:
+            value = _CifarUnpickler(f, path).load()
+    except DataError:
+        raise
+    except Exception as e:  # a damaged pickle fails in many ways (EOFError, UnpicklingError, TypeError from numpy...)
+        raise DataError(f"{path}: not a CIFAR pickle ({type(e).__name__}: {e})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: not a CIFAR pickle (holds a {type(value).__name__}, not a dict)")
+    return value
+
+
+def _cifar_batch(path: Path, layout: CifarLayout, classes: int) -> tuple[Tensor, Tensor]:
+    """A batch file's images, uint8 (N, 3, 32, 32), and labels, checked against the layout."""
+    import numpy as np
+
+    batch = read_cifar_file(path)
+    data, labels = batch.get("data"), batch.get(layout.labels)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        raise DataError(f"{path}: 'data' must be a uint8 array of N rows of 3072 pixels (32x32, R then G then B); "
+                        f"got {getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}")
+    if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data) \
+            or not all(isinstance(t, (int, np.integer)) and 0 <= t < classes for t in labels):
+        raise DataError(f"{path}: {layout.labels!r} must list {len(data)} labels from 0 to {classes - 1}, one per image")
+    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.tensor([int(t) for t in labels], dtype=torch.long)
+
+
+def _cifar(spec: str, folder: Path) -> ImageSource:
+    """A CIFAR-10 or -100 folder as the CIFAR site ships it (no md5 check, so subsets and
+    re-pickled copies load); DIR may be the root or the batches folder itself. The pickles are
+    read by a restricted unpickler: a crafted file cannot run code."""
+    layout = CIFAR[spec.partition(":")[0]]
+    inside = not (folder / layout.folder).is_dir() and (folder / layout.eval[0]).is_file()
+    batches = folder if inside else folder / layout.folder
+    files = [*layout.train, *layout.eval, layout.meta]
+    missing = next((name for name in files if not (batches / name).is_file()), None)
+    if missing is not None:
+        raise DataError(f"{spec}: {folder} is not a {layout.title} folder (expected {layout.folder}/ with "
+                        f"{', '.join(files)}; {batches / missing} is missing)")
+    names = read_cifar_file(batches / layout.meta).get(layout.names)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise DataError(f"{batches / layout.meta}: {layout.names!r} must list the class names")
+    splits = {}
+    for split, members in zip(SPLITS, (layout.train, layout.eval)):
+        parts = [_cifar_batch(batches / name, layout, len(names)) for name in members]
+        splits[split] = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+    return ImageSource(spec, splits, len(names), 3, "32x32x3")
 
 
 def _imagefolder(spec: str, folder: Path) -> ImageSource:
@@ -231,7 +328,14 @@ def _imagefolder(spec: str, folder: Path) -> ImageSource:
         raise DataError(f"{spec}: no images in {folder} (expected class subfolders of image files, optionally "
                         f"under train/ and val/; {e})") from None
     splits = {s: ([p for p, _ in v], torch.tensor([t for _, t in v], dtype=torch.long)) for s, v in samples.items()}
-    return ImageSource(spec, splits, len(train.classes), 3, "RGB files", load=lambda p: pil_to_tensor(train.loader(p)))
+    def load(path: str) -> Tensor:
+        try:
+            return pil_to_tensor(train.loader(path))
+        except Exception as e:  # PIL fails on a damaged or huge image in many ways; this runs mid-training
+            raise DataError(f"{spec}: cannot read the image {path} ({type(e).__name__}: {e}); remove or replace it "
+                            "and resume") from None
+
+    return ImageSource(spec, splits, len(train.classes), 3, "RGB files", load=load)
 
 
 def _held_out_tail(data: bytes) -> tuple[bytes, bytes]:
@@ -285,6 +389,9 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
         raise DataError(f"data source {spec!r}: {path} does not exist")
     if _ARGS.get(name) == "DIR" and not path.is_dir():
         raise DataError(f"data source {spec!r}: {path} is not a folder")
-    if name in _IMAGE:
-        return _IMAGE[name](spec, path)
-    return TextSource(spec, *_TEXT[name](path), seq_len)
+    try:
+        if name in _IMAGE:
+            return _IMAGE[name](spec, path)
+        return TextSource(spec, *_TEXT[name](path), seq_len)
+    except OSError as e:  # unreadable files: permissions, a folder that vanished, an I/O error
+        raise DataError(f"data source {spec!r}: {e.filename or path}: {e.strerror or e}") from None

@@ -13,9 +13,10 @@ start that fine-tuning erases is no better initialisation, so the verdicts ("bea
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -23,7 +24,9 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.fileio import atomic_path
 from graphkit.ghn.model import LoGAH
+from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
 INITS = ("predicted", "random", "orthogonal")
 
@@ -50,19 +53,10 @@ class EvalConfig:
     device: str | None = None  # None: cuda if available, else cpu
 
     def __post_init__(self) -> None:
-        for name in ("steps", "archs", "batch_size", "seq_len", "eval_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise EvalError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise EvalError(f"lr must be a positive number; got {self.lr!r}")
-        if self.device is not None:
-            try:
-                device = torch.device(self.device)
-            except RuntimeError:
-                raise EvalError(f"unknown device {self.device!r}; accepted: cpu, cuda, cuda:N") from None
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise EvalError(f"device {self.device!r}: no CUDA GPU is available here; use --device cpu")
+        check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
+        check_number("lr", self.lr, EvalError, positive=True)
+        check_seed(self.seed, EvalError)
+        check_device(self.device, EvalError)
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -188,6 +182,23 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def report_json(config: EvalConfig, summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """eval.json's text: the config, the summary and every row. A fine-tuning that diverged has
+    NaN or Inf losses, which JSON cannot hold (a bare ``NaN`` breaks strict readers): they are
+    written as null."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite({"config": asdict(config), "summary": summary, "rows": list(rows)}), indent=1,
+                      allow_nan=False) + "\n"
+
+
 def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
     """Every initialisation's fine-tuning loss over all steps (a thin line per architecture, a
     thick one for the mean) beside its held-out loss at each horizon, as a PNG."""
@@ -211,5 +222,6 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
     train_ax.legend()
     held_ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    with atomic_path(png) as tmp:  # a PNG is complete or not there
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

@@ -33,9 +33,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.func import functional_call
 
 from graphkit.errors import GraphkitError
-from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, save_checkpoint
+from graphkit.fileio import atomic_path, check_output_dir, write_text_atomic
+from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from graphkit.ghn.encoding import EncodedGraph, encode
-from graphkit.ghn.model import LoGAH, LoGAHConfig
+from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
+from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
 
 #: every nn.Linear weight of the hypernetwork trains at lr * min(1, LR_FAN_IN / fan-in); see parameter_groups
@@ -50,7 +52,8 @@ class TrainError(GraphkitError):
 
 @dataclass
 class TrainConfig:
-    """Everything a training run depends on; saved in every checkpoint."""
+    """Everything a training run depends on; saved in every checkpoint. Every value is checked
+    when the config is made (TrainError, one line naming the option and what it accepts)."""
 
     dataset: str
     out: str
@@ -72,6 +75,19 @@ class TrainConfig:
     split: str = "train"
     device: str | None = None    # None: cuda:LOCAL_RANK if available, else cpu
 
+    def __post_init__(self) -> None:
+        check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
+        check_number("lr", self.lr, TrainError, positive=True)
+        check_number("clip", self.clip, TrainError, positive=True)
+        for name in ("weight_decay", "gamma"):
+            check_number(name, getattr(self, name), TrainError, positive=False)
+        check_seed(self.seed, TrainError)
+        check_device(self.device, TrainError)
+        if self.variant not in VARIANTS:
+            raise TrainError(f"unknown LoGAH variant {self.variant!r}; known: {', '.join(VARIANTS)}")
+        if self.decoder not in DECODERS:
+            raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
+
 
 class ArchPool:
     """The distinct architectures of a dataset split, each with its encoding for the hypernetwork
@@ -81,11 +97,13 @@ class ArchPool:
         from graphkit.datasets import load
 
         distinct: dict[str, Any] = {}
-        for record in load(dataset).filter(split=split):
+        everything = load(dataset)
+        for record in everything.filter(split=split):
             distinct.setdefault(record["fingerprint"], record)
         self.records = list(distinct.values())
         if not self.records:
-            raise TrainError(f"{dataset}: no records in split {split!r}")
+            splits = sorted(set(everything.metadata("arrow").column("split").to_pylist()))
+            raise TrainError(f"{dataset}: no records in split {split!r}; its splits: {', '.join(splits) or 'none (empty)'}")
         families = {r.config["family"] for r in self.records}
         if len(families) > 1:
             raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
@@ -194,13 +212,17 @@ def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[
 def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
     """Train (or, with ``resume``, continue training) a LoGAH as ``config`` says; writes
     ``config.out/checkpoint`` every ``checkpoint_every`` steps and the final hypernetwork to
-    ``config.out``; returns the last logged metrics."""
+    ``config.out``; returns the last logged metrics. The run folder, the dataset, the data and
+    (with ``resume``) the recorded options are checked before the first step and the first write
+    (see :func:`run_folder`, :func:`check_resume`)."""
     from graphkit.ghn.data import default_source, load_source
 
     rank, world, device = _distributed(config.device)
-    out = Path(config.out)
+    out = run_folder(config.out, resume, config.dataset)
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
+    if resume:
+        check_resume(out / "checkpoint", config, data, default_source(pool.family), world)
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
@@ -217,8 +239,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"
     if resume and rank == 0 and metrics_file.exists():  # lines logged after the checkpoint will be logged again
-        kept = [line for line in metrics_file.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= start]
-        metrics_file.write_text("".join(kept))
+        write_text_atomic(metrics_file, "".join(line for line in metrics_file.read_text().splitlines(keepends=True)
+                                                if _logged_step(line) <= start))
     last: dict[str, float] = {}
     columns = (TextColumn("train-ghn"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                TimeRemainingColumn())
@@ -226,7 +248,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         task = bar.add_task("train", total=config.steps, completed=start, loss="-")
         tic = time.perf_counter()
         for step in range(start, config.steps):
-            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 4099 + rank)
+            step_seed = config.seed * 1_000_003 + step * 4099 + rank
+            torch.manual_seed(step_seed)  # dropout in the target models draws from here: a resumed step repeats too
+            generator = torch.Generator().manual_seed(step_seed)
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
             graphs = [pool.encoded(i, ghn.config) for i in indices]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -241,6 +265,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             logging = (step + 1) % config.log_every == 0 or step + 1 == config.steps
             norms = gradient_norms(ghn) if logging else {}
             grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
+            if not torch.isfinite(grad_norm):  # clipping by a NaN or Inf norm would write NaN into every weight
+                raise TrainError(f"step {step}: the gradient norm is {grad_norm.item()}; resume from {out / 'checkpoint'} "
+                                 "with a lower --lr")
             optimizer.step()
             schedule.step()
             done = step + 1
@@ -261,7 +288,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             if done % config.checkpoint_every == 0 or done == config.steps:
                 if rank == 0:
                     save_checkpoint(out / "checkpoint", ghn, info, optimizer=optimizer,
-                                    state={"step": done, "config": asdict(config)})
+                                    state={"step": done, "config": asdict(config), "world_size": world})
                 if world > 1:
                     dist.barrier()
     if rank == 0:
@@ -297,7 +324,8 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     sim_ax.plot(steps, [m.get("factor_similarity", float("nan")) for m in lines])
     sim_ax.set(xlabel="step", ylabel="mean cosine of factors", ylim=(0, 1), title="factor similarity")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    with atomic_path(png) as tmp:  # a PNG is complete or not there
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -308,9 +336,66 @@ def _factor_similarity(ghn: LoGAH, graphs: Sequence[EncodedGraph]) -> dict[str, 
         return {"factor_similarity": ghn.decoder.factor_similarity(ghn.encoder(graphs), graphs)}
 
 
+#: what a run folder holds (see train); a fresh run refuses a folder holding any of them
+RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
+#: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
+#: checkpointing and the device may change)
+RESUMED_OPTIONS = ("variant", "decoder", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
+                   "weight_decay", "gamma", "clip", "amp", "seed")
+
+
+def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
+    """The absolute run folder for ``--out`` (``.`` included), checked before any work: it must
+    be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
+    files (or anyone else's files of those names), and a resumed one must find a training
+    checkpoint there."""
+    folder = Path(os.path.abspath(check_output_dir(out)))
+    data_folder = Path(os.path.abspath(dataset))
+    if folder == data_folder or data_folder in folder.parents:
+        raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
+    if resume:
+        if not (folder / "checkpoint" / "trainer_state.json").is_file():
+            raise TrainError(f"{folder / 'checkpoint'}: nothing to resume (no training checkpoint there)")
+        return folder
+    clash = next((name for name in RUN_FILES if (folder / name).exists()), None)
+    if clash is not None:
+        raise TrainError(f"--out {out}: already holds {clash}; continue that run with --resume, or choose another --out "
+                         "(nothing was changed)")
+    return folder
+
+
+def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str, world: int = 1) -> None:
+    """Refuse a resume whose options differ from those the checkpoint in ``folder`` was trained
+    with (they would be recorded as if used throughout), with another number of processes
+    (each draws its own meta-batch), or whose ``--steps`` is below the steps already done.
+    ``data`` is the run's resolved data source, ``default_data`` the family's (what a run
+    recorded without ``--data`` used)."""
+    state = read_trainer_state(folder)
+    if state.get("world_size", world) != world:
+        raise TrainError(f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
+                         f"resume it with {state['world_size']} processes")
+    recorded = {**state["config"], "data": state["config"].get("data") or default_data}
+    given = {**asdict(config), "data": data}
+    for name in RESUMED_OPTIONS:
+        before, now = recorded.get(name), given[name]
+        same = before == now or (name == "dataset" and Path(str(before)).resolve() == Path(now).resolve())
+        if not same:
+            raise TrainError(f"--resume: {folder.parent} was trained with --{name.replace('_', '-')} {before}, "
+                             f"not {now}; resume with the run's options, or train into another --out")
+    if config.steps < state["step"]:
+        raise TrainError(f"--steps {config.steps}: {folder.parent} has already trained {state['step']} steps; "
+                         f"resume with --steps {state['step']} or more")
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line cut short by an interruption counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 def _resume(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
-    if not (folder / "trainer_state.json").is_file():
-        raise TrainError(f"{folder}: nothing to resume (no training checkpoint there)")
     saved = load_checkpoint(folder)
     if saved.config != ghn.config:
         raise TrainError(f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant")

@@ -1,0 +1,62 @@
+"""Checks of the options train-ghn and eval-ghn share, run where the options enter (their config
+dataclasses' ``__post_init__``), so a bad value fails in a second with one line naming the option
+and what it accepts, before a dataset is read or a file written.
+
+Each check takes the error class to raise, so training reports a TrainError and evaluation an
+EvalError while the wording stays the same for both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from graphkit.errors import GraphkitError
+
+#: seeds are combined with step and rank into one 64-bit generator seed; this keeps that in range
+MAX_SEED = 2**32 - 1
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def check_counts(config: Any, names: tuple[str, ...], error: type[GraphkitError]) -> None:
+    """Each of ``config``'s fields ``names`` must be an integer >= 1 (a step count, a batch size)."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise error(f"{_flag(name)} must be an integer >= 1; got {value!r}")
+
+
+def check_number(name: str, value: Any, error: type[GraphkitError], *, positive: bool) -> None:
+    """``value`` must be a finite number, > 0 if ``positive`` else >= 0 (NaN compares false to
+    everything, so without this check it slips through every range test)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise error(f"{_flag(name)} must be {'a positive number' if positive else 'a number >= 0'}; got {value!r}")
+
+
+def check_seed(value: Any, error: type[GraphkitError]) -> None:
+    """A seed is an integer from 0 to MAX_SEED."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise error(f"seed must be an integer from 0 to {MAX_SEED}; got {value!r}")
+
+
+def check_device(device: str | None, error: type[GraphkitError]) -> None:
+    """``device`` must be None (pick one), cpu, or a CUDA device this machine has."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise error(f"unknown device {device!r}; accepted: cpu, cuda, cuda:N")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise error(f"device {device!r}: no CUDA GPU is available here; use --device cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise error(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+                    f"cuda:{torch.cuda.device_count() - 1}")
