@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,4 +69,13 @@ def skip_weight_init() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-__all__ = ["fx_flag", "aten_name", "skip_weight_init"]
+def pyg_data() -> Any:
+    """``torch_geometric.data``, imported without the ``torch.jit.script`` FutureWarning that
+    PyG's import triggers on recent torch (it scripts helpers at import time): otherwise the
+    first line a user sees from ``to_pyg()`` is a warning about code that is not theirs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        return importlib.import_module("torch_geometric.data")
+
+
+__all__ = ["fx_flag", "aten_name", "skip_weight_init", "pyg_data"]

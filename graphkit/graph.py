@@ -279,8 +279,10 @@ class ArchGraph:
         spd_value)`` restores the padded [B, N, N] matrix (0 on the diagonal and where unreachable).
         """
         import torch
-        from torch_geometric.data import Data
 
+        from graphkit.compat import pyg_data
+
+        Data = pyg_data().Data
         n = len(self.nodes)
         edge_index = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
         shapes = []

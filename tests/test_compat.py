@@ -79,3 +79,18 @@ def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatc
     with pytest.raises(ConvertError, match=r"module 'model.layers.0.self_attn': converting LLaMA-style attention needs .*4.53 or newer"):
         convert(model, "gqa", 1)
     assert {n: p.shape for n, p in model.named_parameters()} == before
+
+
+def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
+    """Importing torch_geometric warns that torch.jit.script is deprecated; graphkit hides
+    exactly that warning, so to_pyg() prints nothing."""
+    import subprocess
+    import sys
+
+    code = ("import graphkit, torch\n"
+            "from graphkit.datasets.pyg import PygGraphDataset\n"
+            "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+            "print(graphkit.trace(m, torch.randn(2, 4)).to_pyg().num_nodes)\n")
+    result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "torch.jit.script" not in result.stderr and result.stdout.strip().isdigit()

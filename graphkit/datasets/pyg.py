@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from torch_geometric.data import Data, InMemoryDataset
-
+from graphkit.compat import pyg_data
 from graphkit.datasets.store import StoreError
+
+Data, InMemoryDataset = pyg_data().Data, pyg_data().InMemoryDataset
 
 
 class PygGraphDataset(InMemoryDataset):
