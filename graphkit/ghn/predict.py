@@ -8,37 +8,11 @@ from torch import nn
 from graphkit.errors import GraphkitError
 from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
+from graphkit.params import first_non_finite, load_params, memory_shortfall
 
 
 class PredictError(GraphkitError):
     """The hypernetwork cannot predict this model, or produced unusable parameters."""
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes free for new tensors on ``device`` (MemAvailable on Linux CPUs); None if unknown."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def first_non_finite(params: dict[str, torch.Tensor]) -> str | None:
-    """The name of the first tensor holding a NaN or Inf, or None.
-
-    One reduction pass per tensor: a NaN or Inf anywhere makes the sum NaN or Inf, so a finite
-    sum proves the tensor finite. Only a non-finite sum (which an overflow could also cause) is
-    confirmed element by element. On GPT-2-Large this is about 20x faster than
-    ``isfinite(t).all()``, which writes and reads a boolean copy of 774M values."""
-    for name, tensor in params.items():
-        if not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
-            return name
-    return None
 
 
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
@@ -51,7 +25,6 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     hypernetwork was not trained on, or predicted parameters larger than ``memory_limit`` bytes
     (default: the memory available on the hypernetwork's device). ``graph`` skips the trace when
     the caller already holds the model's graph."""
-    from graphkit.compile import load_params
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.trace import trace
 
@@ -61,8 +34,8 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     check_graph(ghn, graph)
     device = next(ghn.parameters()).device
     needed = graph.num_params * 4
-    limit = memory_limit if memory_limit is not None else available_memory(device)
-    if limit is not None and needed > limit:
+    limit = memory_shortfall(needed, device, memory_limit)
+    if limit is not None:
         raise PredictError(f"{type(model).__name__}: its {graph.num_params:,} predicted parameters need {needed / 1e9:.2f} GB "
                            f"but {limit / 1e9:.2f} GB are available on {device}; free memory or predict on another device")
     with torch.no_grad():
