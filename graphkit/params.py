@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path
+from graphkit.fileio import atomic_path, check_output_file
 
 Params = Mapping[str, torch.Tensor]
 
@@ -80,16 +81,26 @@ def memory_shortfall(needed: int, device: torch.device, limit: int | None = None
 
 
 def first_non_finite(params: Params) -> str | None:
-    """The name of the first tensor holding a NaN or Inf, or None.
+    """The name of the first floating-point tensor holding a NaN or Inf, or None.
 
     One reduction pass per tensor: a NaN or Inf anywhere makes the sum NaN or Inf, so a finite
     sum proves the tensor finite. Only a non-finite sum (which an overflow could also cause) is
     confirmed element by element. On GPT-2-Large this is about 20x faster than
     ``isfinite(t).all()``, which writes and reads a boolean copy of 774M values."""
     for name, tensor in params.items():
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
         if not torch.isfinite(tensor.sum()) and not torch.isfinite(tensor).all():
             return name
     return None
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        return "floating-point"
+    if dtype.is_complex:
+        return "complex"
+    return "bool" if dtype == torch.bool else "integer"
 
 
 def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -105,6 +116,26 @@ def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, st
             return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for bad headers and short files
         raise ParamsError(f"{path}: not a safetensors file, or truncated ({' '.join(str(e).split())})") from e
+
+
+def _is_safetensors(path: Path) -> bool:
+    """Whether ``path`` starts with a safetensors header (8-byte length, then a JSON object)."""
+    try:
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            return 1 < size < 100_000_000 and isinstance(json.loads(f.read(size)), dict)
+    except (OSError, struct.error, ValueError):
+        return False
+
+
+def check_params_output(path: str | Path, what: str = "--out") -> Path:
+    """Check, before any work, that a parameter file can be written at ``path``: a file name,
+    not a folder, not under a file, and not an existing file other than safetensors (a model
+    file or anything else graphkit did not write is never overwritten)."""
+    path = check_output_file(path, what)
+    if path.exists() and not _is_safetensors(path):
+        raise ParamsError(f"{what} {path}: exists and is not a safetensors file; refusing to overwrite it")
+    return path
 
 
 def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -132,6 +163,17 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
     return path
 
 
+def _check_value(source: str, what: str, name: str, tensor: torch.Tensor, expected: torch.Tensor) -> None:
+    """Shape and dtype kind of one tensor against the model's (a float-to-float cast such as
+    fp16 -> fp32 is fine; an integer or bool tensor into a float parameter is a mistake)."""
+    if tuple(tensor.shape) != tuple(expected.shape):
+        raise ParamsError(f"{source}{what} {name!r} has shape {list(tensor.shape)} but the model expects {list(expected.shape)}")
+    if _kind(tensor.dtype) != _kind(expected.dtype):
+        raise ParamsError(f"{source}{what} {name!r} is {str(tensor.dtype).removeprefix('torch.')} but the model's is "
+                          f"{str(expected.dtype).removeprefix('torch.')}: {_kind(tensor.dtype)} values are not cast "
+                          f"to {_kind(expected.dtype)} (a float-to-float cast such as float16 -> float32 is)")
+
+
 def tied_names(model: nn.Module) -> dict[str, list[str]]:
     """Every name each parameter is reachable under, by its ``named_parameters`` name
     (GPT-2's ``transformer.wte.weight``: itself and ``lm_head.weight``)."""
@@ -157,9 +199,10 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     """Load ``params`` (a mapping or a safetensors file) into ``model``.
 
     Every name must be a parameter (tied aliases such as GPT-2's ``lm_head.weight`` included) or
-    a persistent buffer of the model, with the same shape; with ``strict`` every parameter must
-    be given (buffers are optional). All of it is checked before any value is written, so a bad
-    file never leaves a half-loaded model. Values are cast to each parameter's
+    a persistent buffer of the model, with the same shape, a dtype of the same kind (float to
+    float, integer to integer) and, if floating-point, no NaN or Inf; with ``strict`` every
+    parameter must be given (buffers are optional). All of it is checked before any value is
+    written, so a bad file never leaves a half-loaded model. Values are cast to each parameter's
     dtype; a model on the meta device gets real tensors.
     """
     source = ""
@@ -174,8 +217,7 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     buffer_values: dict[str, torch.Tensor] = {}
     for name, tensor in params.items():
         if name in buffers:
-            if tuple(tensor.shape) != tuple(buffers[name].shape):
-                raise ParamsError(f"{source}buffer {name!r} has shape {list(tensor.shape)} but the model expects {list(buffers[name].shape)}")
+            _check_value(source, "buffer", name, tensor, buffers[name])
             buffer_values[name] = tensor
             continue
         target = alias.get(name)
@@ -183,13 +225,15 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
             near = difflib.get_close_matches(name, list(alias), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise ParamsError(f"{source}parameter {name!r} is not a parameter of {type(model).__name__}{hint}")
-        expected = tuple(canonical[target].shape)
-        if tuple(tensor.shape) != expected:
-            raise ParamsError(f"{source}parameter {name!r} has shape {list(tensor.shape)} but the model expects {list(expected)}")
+        _check_value(source, "parameter", name, tensor, canonical[target])
         resolved[target] = tensor
     missing = tuple(name for name in canonical if name not in resolved)
     if strict and missing:
         raise ParamsError(f"{source}{len(missing)} of {len(canonical)} parameters are missing, the first is {missing[0]!r}")
+    bad = first_non_finite({**resolved, **buffer_values})
+    if bad is not None:
+        what = "buffer" if bad in buffer_values else "parameter"
+        raise ParamsError(f"{source}{what} {bad!r} holds NaN or Inf; nothing was loaded")
     with torch.no_grad():
         for name, tensor in resolved.items():
             param = canonical[name]
@@ -210,5 +254,5 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
 
 
 __all__ = ["Params", "ParamsError", "CompileError", "LoadReport", "read_params", "save_params", "load_params",
-           "persistent_buffers", "tied_names", "replace_parameter", "first_non_finite",
+           "check_params_output", "persistent_buffers", "tied_names", "replace_parameter", "first_non_finite",
            "available_memory", "memory_shortfall"]

@@ -21,15 +21,45 @@ from torch import nn
 
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.graph import ArchGraph
-from graphkit.params import CompileError, LoadReport, Params, ParamsError, load_params, read_params, save_params
+from graphkit.params import (CompileError, LoadReport, Params, ParamsError, load_params, memory_shortfall, read_params,
+                             save_params)
+
+
+def converted_config(config: Mapping[str, Any], attention: str | None, kv_heads: int | None, *,
+                     names: tuple[str, str] = ("attention", "kv_heads")) -> dict[str, Any]:
+    """``config`` with its attention converted to ``attention`` with ``kv_heads`` K/V heads
+    (default: the config's own), after checking both where they enter: ``attention`` must be a
+    variant, ``kv_heads`` a divisor of the heads, and ``kv_heads`` without ``attention`` is
+    refused rather than ignored. Errors name the options as ``names`` spells them (the command
+    line passes ``--attention``, ``--kv-heads``)."""
+    from graphkit.attention.convert import divisors
+    from graphkit.attention.core import VARIANTS
+
+    attention_name, kv_name = names
+    if attention is None:
+        if kv_heads is not None:
+            raise CompileError(f"{kv_name} {kv_heads} needs {attention_name} ({', '.join(VARIANTS)}): "
+                               "K/V heads change only when the attention is converted")
+        return dict(config)
+    if attention not in VARIANTS:
+        raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(VARIANTS)}")
+    heads = config["heads"]
+    kv = kv_heads if kv_heads is not None else config.get("kv_heads") or heads
+    if kv not in divisors(heads):
+        raise CompileError(f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}")
+    return resolve_config({**config, "attention": attention, "kv_heads": kv})
 
 def compile(source: Any, params: Params | str | Path | None = None, *, attention: str | None = None,
-            kv_heads: int | None = None, device: str | torch.device = "cpu", strict: bool = True) -> nn.Module:
+            kv_heads: int | None = None, device: str | torch.device = "cpu", strict: bool = True,
+            memory_limit: int | None = None) -> nn.Module:
     """A runnable model from a dataset record, an ArchGraph or a family config, on ``device``
     (with the library's initialisation), converted to ``attention`` with ``kv_heads`` K/V heads
     when given (a graph of a converted model brings its own), with ``params`` loaded when given.
 
     A record or graph must trace back to its own fingerprint; a CompileError says so otherwise.
+    The model is measured on the meta device first: one whose parameters and buffers need more
+    than ``memory_limit`` bytes (default: the memory available on ``device``) is refused before
+    anything is allocated.
     """
     from graphkit.datasets.dataset import Record
     from graphkit.trace import trace
@@ -42,17 +72,25 @@ def compile(source: Any, params: Params | str | Path | None = None, *, attention
         config, expected = resolve_config(source), None
     else:
         raise CompileError(f"compile takes a dataset record, an ArchGraph or a config, got {type(source).__name__}")
+    target = converted_config(config, attention, kv_heads)
     if expected is not None:
         got = trace(build_model(config)).fingerprint()
         if got != expected:
             raise CompileError(f"the model built from {config} traces to fingerprint {got}, not {expected}")
-    if attention is not None:
-        config = resolve_config({**config, "attention": attention,
-                                 "kv_heads": kv_heads if kv_heads is not None else config["kv_heads"]})
-    model = build_model(config, device=device)
+    device = torch.device(device)
+    meta = build_model(target)
+    tensors = [*meta.parameters(), *meta.buffers()]
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    available = memory_shortfall(needed, device, memory_limit)
+    if available is not None:
+        raise CompileError(f"the {target['family']} model of {getattr(source, 'id', 'this config')}: its "
+                           f"{sum(t.numel() for t in tensors):,} parameters and buffers need {needed / 1e9:.2f} GB but "
+                           f"{available / 1e9:.2f} GB are available on {device}; free memory or compile on another device")
+    model = build_model(target, device=device)
     if params is not None:
         load_params(model, params, strict=strict)
     return model
 
 
-__all__ = ["compile", "load_params", "save_params", "read_params", "LoadReport", "CompileError", "ParamsError", "build_model"]
+__all__ = ["compile", "load_params", "save_params", "read_params", "LoadReport", "CompileError", "ParamsError", "build_model",
+           "converted_config"]
