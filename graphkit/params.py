@@ -195,23 +195,15 @@ def replace_parameter(model: nn.Module, name: str, value: torch.Tensor, names: M
     return new
 
 
-def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool = True) -> LoadReport:
-    """Load ``params`` (a mapping or a safetensors file) into ``model``.
-
-    Every name must be a parameter (tied aliases such as GPT-2's ``lm_head.weight`` included) or
-    a persistent buffer of the model, with the same shape, a dtype of the same kind (float to
-    float, integer to integer) and, if floating-point, no NaN or Inf; with ``strict`` every
-    parameter must be given (buffers are optional). All of it is checked before any value is
-    written, so a bad file never leaves a half-loaded model. Values are cast to each parameter's
-    dtype; a model on the meta device gets real tensors.
-    """
-    source = ""
-    if isinstance(params, (str, Path)):
-        source = f"{params}: "
-        params, _ = read_params(params)
+def check_params(model: nn.Module, params: Params, *, strict: bool = True,
+                 source: str = "") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``params`` sorted into the model's parameters (by their ``named_parameters`` name, a tied
+    alias such as GPT-2's ``lm_head.weight`` resolved) and persistent buffers, after checking
+    every name, shape and dtype kind (float to float, integer to integer) and, with ``strict``,
+    that every parameter is given; a ParamsError (prefixed with ``source``) otherwise. Values
+    are not looked at and nothing is written, so meta tensors can stand in for a plan."""
     canonical = dict(model.named_parameters())
-    names = tied_names(model)
-    alias = {a: name for name, aliases in names.items() for a in aliases}
+    alias = {a: name for name, aliases in tied_names(model).items() for a in aliases}
     buffers = persistent_buffers(model)
     resolved: dict[str, torch.Tensor] = {}
     buffer_values: dict[str, torch.Tensor] = {}
@@ -227,9 +219,28 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
             raise ParamsError(f"{source}parameter {name!r} is not a parameter of {type(model).__name__}{hint}")
         _check_value(source, "parameter", name, tensor, canonical[target])
         resolved[target] = tensor
-    missing = tuple(name for name in canonical if name not in resolved)
+    missing = [name for name in canonical if name not in resolved]
     if strict and missing:
         raise ParamsError(f"{source}{len(missing)} of {len(canonical)} parameters are missing, the first is {missing[0]!r}")
+    return resolved, buffer_values
+
+
+def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool = True) -> LoadReport:
+    """Load ``params`` (a mapping or a safetensors file) into ``model``.
+
+    Everything :func:`check_params` checks, and no NaN or Inf in a floating-point tensor, is
+    checked before any value is written, so a bad file never leaves a half-loaded model (buffers
+    are optional). Values are cast to each parameter's dtype; a model on the meta device gets
+    real tensors.
+    """
+    source = ""
+    if isinstance(params, (str, Path)):
+        source = f"{params}: "
+        params, _ = read_params(params)
+    resolved, buffer_values = check_params(model, params, strict=strict, source=source)
+    canonical = dict(model.named_parameters())
+    names = tied_names(model)
+    buffers = persistent_buffers(model)
     bad = first_non_finite({**resolved, **buffer_values})
     if bad is not None:
         what = "buffer" if bad in buffer_values else "parameter"
@@ -249,10 +260,11 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     return LoadReport(
         loaded=len(resolved), total=len(canonical),
         loaded_elements=sum(canonical[n].numel() for n in resolved),
-        total_elements=sum(p.numel() for p in canonical.values()), missing=missing,
+        total_elements=sum(p.numel() for p in canonical.values()),
+        missing=tuple(name for name in canonical if name not in resolved),
     )
 
 
-__all__ = ["Params", "ParamsError", "CompileError", "LoadReport", "read_params", "save_params", "load_params",
+__all__ = ["Params", "ParamsError", "CompileError", "LoadReport", "read_params", "save_params", "load_params", "check_params",
            "check_params_output", "persistent_buffers", "tied_names", "replace_parameter", "first_non_finite",
            "available_memory", "memory_shortfall"]

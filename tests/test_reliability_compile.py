@@ -268,3 +268,96 @@ def test_predict_checks_its_output_before_predicting(tmp_path):
     folder.mkdir()
     refused(run("predict", ROOT / "examples" / "gpt2.py", "-o", folder), f"--out {folder}: is a folder; give a file name")
     assert listing(folder) == {}
+
+
+VIT = dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4)
+GPT = dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=100, context=16, tied=True)
+
+
+def small_chunks(decoder: str = "low_rank"):
+    """A LoGAH whose decoder chunk K is 16: every parameter here spans several row and column
+    chunks, 4-D patch embeddings included."""
+    from graphkit.ghn import LoGAH, LoGAHConfig
+
+    torch.manual_seed(0)
+    return LoGAH(LoGAHConfig(max_mask=16, decoder=decoder)).eval()
+
+
+@pytest.mark.parametrize("config", [VIT, GPT], ids=["vit", "gpt2-tied"])
+@pytest.mark.parametrize("decoder", ["low_rank", "ghn3"])
+def test_predict_writes_into_the_models_own_storage(config, decoder):
+    import graphkit
+    from graphkit.ghn import predict
+
+    ghn = small_chunks(decoder)
+    model = build_model(config, device="cpu")
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    with torch.no_grad():
+        expected = ghn.predict(graphkit.trace(build_model(config)))
+    if decoder == "low_rank":  # never all parameters at once (forward's way): block by block into the model
+        ghn.forward = None
+    params = predict(model, ghn)
+    for name, p in model.named_parameters():
+        assert p.data_ptr() == before[name][0], name                      # the same memory, no new tensor
+        assert not torch.equal(p, before[name][1]), name                  # with new values
+        assert torch.allclose(p, expected[name], atol=1e-6, rtol=1e-4), name   # the values forward() gives
+        assert params[name].data_ptr() == p.data_ptr()
+    if config is GPT:
+        assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_predict_into_a_meta_model_gives_real_tied_tensors():
+    import graphkit
+    from graphkit.ghn import predict
+
+    ghn = small_chunks()
+    model = build_model(GPT)
+    predict(model, ghn)
+    assert not any(p.is_meta for p in model.parameters())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    with torch.no_grad():
+        expected = ghn.predict(graphkit.trace(build_model(GPT)))
+    assert all(torch.allclose(p, expected[n], atol=1e-6, rtol=1e-4) for n, p in model.named_parameters())
+
+
+def test_predict_into_a_half_precision_model_casts_in_place():
+    import graphkit
+    from graphkit.ghn import predict
+
+    model = build_model(VIT, device="cpu").half()
+    pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
+    predict(model, small_chunks(), graph=graphkit.trace(build_model(VIT)))  # float inputs do not trace a half model
+    assert all(p.dtype == torch.float16 and p.data_ptr() == pointers[n] for n, p in model.named_parameters())
+    assert torch.isfinite(model.float()(torch.randn(2, 3, 8, 8))).all()
+
+
+@pytest.mark.parametrize("poison", [
+    lambda ghn: ghn.encoder.norm.bias.fill_(float("nan")),               # NaN everywhere
+    lambda ghn: ghn.decoder.low_rank.weight[5].fill_(float("inf")),       # Inf in some blocks only
+    lambda ghn: ghn.decoder.low_rank.weight.mul_(1e16),                   # finite factors whose products would overflow
+], ids=["nan", "inf", "overflow"])
+@pytest.mark.parametrize("build", ["cpu", "meta"])
+def test_a_bad_prediction_leaves_the_model_unchanged(poison, build):
+    from graphkit.ghn import PredictError, predict
+
+    ghn = small_chunks()
+    with torch.no_grad():
+        poison(ghn)
+    model = build_model(VIT, device=build)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(PredictError, match=r"predicted NaN or Inf for '[\w.]+'; the model was left unchanged"):
+        predict(model, ghn)
+    after = dict(model.named_parameters())
+    assert all(after[n].is_meta if build == "meta" else torch.equal(after[n], before[n]) for n in before)
+
+
+def test_predict_refuses_a_graph_of_another_model():
+    import graphkit
+    from graphkit.ghn import predict
+
+    model = build_model(VIT, device="cpu")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    other = graphkit.trace(build_model(dict(VIT, hidden=64)))
+    with pytest.raises(ParamsError, match=r"VisionTransformer: parameter '[\w.]+' has shape \[64\] but the model expects \[32\]"):
+        predict(model, small_chunks(), graph=other)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
