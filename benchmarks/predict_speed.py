@@ -57,6 +57,7 @@ def one(key: str, decoder: str = "low_rank", build: str = "meta") -> dict:
 
 
 def table(_args) -> str:
+    load = os.getloadavg()[0]
     rows = ["| model | parameters | built | hypernetwork | predict | peak RSS | model fp32 size | peak / size |",
             "|---|---|---|---|---|---|---|---|"]
     for key, (label, _) in MODELS.items():
@@ -66,8 +67,9 @@ def table(_args) -> str:
                 rows.append(f"| {label} | {r['params'] / 1e6:.0f}M | {built} | {name} | {r['seconds']:.1f} s | "
                             f"{r['peak_rss_mb']:,.0f} MB | {r['model_mb']:,.0f} MB | {r['peak_rss_mb'] / r['model_mb']:.2f} |")
                 print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (load average {os.getloadavg()[0]:.1f} at "
-            "the start); each row a fresh process, one at a time. Timed: `predict(model)`, i.e. trace, predict, "
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores, OMP_NUM_THREADS="
+            f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load average {load:.1f} at the start (other work shares the "
+            "machine: timings are noisy); each row a fresh process, one at a time. Timed: `predict(model)`, i.e. trace, predict, "
             "check and write into the model; not the imports or the build (peak RSS includes both). The GHN-3 "
             "decoder tiles one d x d block over each parameter, the approach LoGAH replaces. Command: "
             "`.venv/bin/python benchmarks/predict_speed.py --write`.")

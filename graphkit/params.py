@@ -109,6 +109,8 @@ def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, st
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise ParamsError(f"{path}: is a folder; give a safetensors file")
     if not path.is_file():
         raise ParamsError(f"{path}: no such parameter file")
     try:

@@ -166,6 +166,20 @@ def test_truncated_and_corrupt_parameter_files_are_named(dataset, record, params
         read_params(tmp_path / "truncated.safetensors")
 
 
+def test_compile_names_a_params_path_that_is_not_a_file(dataset, record, tmp_path):
+    refused(run("compile", dataset, record.id, "--params", tmp_path, "--out", tmp_path / "model.safetensors"),
+            f"{tmp_path}: is a folder; give a safetensors file")
+    refused(run("compile", dataset, record.id, "--params", tmp_path / "nope.safetensors", "--out", tmp_path / "model.safetensors"),
+            f"{tmp_path / 'nope.safetensors'}: no such parameter file")
+    assert listing(tmp_path) == {}
+
+
+def test_compile_library_checks_kv_heads_types(record):
+    for kv_heads in (2.0, True, "2"):
+        with pytest.raises(CompileError, match=f"kv_heads {kv_heads}: must divide the 4 heads; accepted: 1, 2, 4"):
+            compile(record, attention="gqa", kv_heads=kv_heads)
+
+
 def test_public_imports_keep_working():
     import graphkit.compile as compile_module
     import graphkit.params as params_module

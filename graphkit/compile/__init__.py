@@ -45,7 +45,7 @@ def converted_config(config: Mapping[str, Any], attention: str | None, kv_heads:
         raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(VARIANTS)}")
     heads = config["heads"]
     kv = kv_heads if kv_heads is not None else config.get("kv_heads") or heads
-    if kv not in divisors(heads):
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv not in divisors(heads):
         raise CompileError(f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}")
     return resolve_config({**config, "attention": attention, "kv_heads": kv})
 

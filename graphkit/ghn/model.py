@@ -324,7 +324,7 @@ class LowRankDecoding:
     ``write_into`` then decodes each parameter's blocks straight into the destination's memory
     when it is a float32 matrix view on the hypernetwork's device (``matmul(out=...)``), or into
     one parameter-sized buffer that is copied over (another dtype or device, 4-D weights):
-    never a second copy of the whole model."""
+    never a second copy of the whole model. A meta destination gets a new tensor."""
 
     def __init__(self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int], torch.Tensor], chunk: int) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
@@ -349,11 +349,17 @@ class LowRankDecoding:
         return None
 
     @torch.no_grad()
-    def write_into(self, destinations: dict[str, torch.Tensor]) -> None:
-        """Decode every parameter into ``destinations[name]`` (a tensor of the parameter's shape)."""
+    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Decode every parameter into ``destinations[name]`` (a tensor of the parameter's shape;
+        a meta one gets a new tensor of its dtype on the hypernetwork's device). Returns the
+        tensors written, by name."""
         dtype, device = self.products.dtype, self.products.device
+        written = {}
         for index, target in enumerate(self.targets):
             destination = destinations[target.name]
+            if destination.is_meta:
+                destination = torch.empty(destination.shape, dtype=destination.dtype, device=device)
+            written[target.name] = destination
             direct = writes_in_place(destination, target, dtype, device)
             matrix = destination.view(target.matrix_shape) if direct else torch.empty(target.matrix_shape, dtype=dtype, device=device)
             for q, rows, cols in self._blocks(index):
@@ -364,6 +370,7 @@ class LowRankDecoding:
                     matrix[rows, cols] = activate(target.kind, a @ self.products[q] @ b.t())
             if not direct:
                 destination.copy_(target.reshape(matrix))
+        return written
 
 
 def writes_in_place(destination: torch.Tensor, target: Target, dtype: torch.dtype, device: torch.device) -> bool:
@@ -387,10 +394,14 @@ class DecodedParams:
         return first_non_finite(self.params)
 
     @torch.no_grad()
-    def write_into(self, destinations: dict[str, torch.Tensor]) -> None:
-        """Copy every parameter into ``destinations[name]``."""
+    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy every parameter into ``destinations[name]``, or hand it over (at its dtype) for a
+        meta one. Returns the tensors written, by name."""
+        written = {}
         for name, value in self.params.items():
-            destinations[name].copy_(value)
+            destination = destinations[name]
+            written[name] = value.to(destination.dtype) if destination.is_meta else destination.copy_(value)
+        return written
 
 
 class TiledDecoder(nn.Module):
@@ -432,8 +443,9 @@ class TiledDecoder(nn.Module):
         return out
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
-        """Memory :meth:`decoding` needs beyond the destinations: every parameter, decoded at once."""
-        return self.fc.weight.element_size() * sum(math.prod(t.shape) for t in plan)
+        """Memory :meth:`decoding` needs beyond the destinations: every parameter is decoded at
+        once, and those of a model with weights are then copied over (a meta model's are its)."""
+        return self.fc.weight.element_size() * sum(math.prod(t.shape) for t in plan if not destinations[t.name].is_meta)
 
     @torch.no_grad()
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> DecodedParams:

@@ -56,14 +56,14 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     bad = decoding.first_non_finite()
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
-    if new:
+    written = decoding.write_into(destinations)
+    if new:  # swap the new tensors in under every tied name
+        canonical = {id(p): name for name, p in model.named_parameters()}
         names = tied_names(model)
-        for name, param in list(model.named_parameters()):
+        for name, param in destinations.items():
             if param.is_meta:
-                replace_parameter(model, name, torch.empty(param.shape, dtype=param.dtype, device=device), names)
-        destinations = {t.name: model.get_parameter(t.name) for t in plan}
-    decoding.write_into(destinations)
-    return {name: param.detach() for name, param in destinations.items()}
+                replace_parameter(model, canonical[id(param)], written[name], names)
+    return {name: model.get_parameter(name).detach() for name in destinations}
 
 
 __all__ = ["predict", "PredictError", "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
