@@ -4,6 +4,7 @@ model's own storage."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -118,6 +119,8 @@ def test_compile_converts_with_valid_options(dataset, record, tmp_path):
     result = run("compile", dataset, record.id, "-a", "kdgqa", "-k", "2", "--out", tmp_path / "model.safetensors")
     assert result.exit_code == 0, result.output
     assert "attention converted to kdgqa with 2 K/V heads" in result.stdout
+    config = json.loads(read_params(tmp_path / "model.safetensors")[1]["graphkit_config"])
+    assert (config["attention"], config["kv_heads"]) == ("kdgqa", 2)  # the file says what it holds
 
 
 def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record, tmp_path):
