@@ -5,9 +5,10 @@
 
 :func:`compile` builds the model a dataset record, a graph or a config describes, checks that
 it traces to the same fingerprint, and loads parameters. Reading, checking and saving parameters
-is :mod:`graphkit.params` (re-exported here): :func:`load_params` checks every name and shape
-before changing anything, so a bad file never leaves a half-loaded model. Parameters travel as
-safetensors; :func:`save_params` stores the model's config in the file's metadata.
+is :mod:`graphkit.params` (re-exported here): :func:`load_params` checks every name, shape,
+dtype and value before changing anything, so a bad file never leaves a half-loaded model.
+Parameters travel as safetensors; :func:`save_params` stores the model's config in the file's
+metadata.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def converted_config(config: Mapping[str, Any], attention: str | None, kv_heads:
     if isinstance(kv, bool) or not isinstance(kv, int) or kv not in divisors(heads):
         raise CompileError(f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}")
     return resolve_config({**config, "attention": attention, "kv_heads": kv})
+
 
 def compile(source: Any, params: Params | str | Path | None = None, *, attention: str | None = None,
             kv_heads: int | None = None, device: str | torch.device = "cpu", strict: bool = True,
