@@ -151,7 +151,14 @@ def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypat
     assert listing(tmp_path) == {}
 
 
-def test_a_model_larger_than_memory_is_refused_before_anything_is_allocated():
+def test_a_model_larger_than_memory_is_refused_before_anything_is_allocated(monkeypatch):
+    import graphkit.compile
+
+    def meta_only(config, device="meta", **kwargs):  # a regression fails here instead of exhausting memory
+        assert torch.device(device).type == "meta", "compile allocated before measuring"
+        return build_model(config, device, **kwargs)
+
+    monkeypatch.setattr(graphkit.compile, "build_model", meta_only)
     huge = dict(family="gpt2", num_layers=48, hidden=16384, heads=16)  # about 155B parameters, 620 GB
     with pytest.raises(CompileError, match=r"its [\d,]+ parameters and buffers need 6\d\d\.\d\d GB but"):
         compile(huge)
