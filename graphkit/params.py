@@ -151,10 +151,11 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
                 metadata: Mapping[str, str] | None = None) -> Path:
     """Write a model's parameters (tied ones once, under the name ``named_parameters`` gives)
     and persistent buffers to a safetensors file, atomically. ``config`` goes into its metadata
-    as ``graphkit_config``, ``metadata`` as given."""
+    as ``graphkit_config``, ``metadata`` as given. ``path`` is checked as
+    :func:`check_params_output` does: a folder or a file other than safetensors is refused."""
     from safetensors.torch import save_file
 
-    path = Path(path)
+    path = check_params_output(path, "parameter file")
     tensors = {**dict(model.named_parameters()), **persistent_buffers(model)} if isinstance(model, nn.Module) else dict(model)
     if any(t.is_meta for t in tensors.values()):
         raise ParamsError(f"{path}: the model is on the meta device and has no values to save")

@@ -190,6 +190,18 @@ def test_compile_library_checks_kv_heads_types(record):
             compile(record, attention="gqa", kv_heads=kv_heads)
 
 
+def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_path):
+    from graphkit.fileio import OutputError
+
+    with pytest.raises(OutputError, match=f"parameter file {tmp_path}: is a folder; give a file name"):
+        save_params(params, tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(ParamsError, match="notes.txt: exists and is not a safetensors file; refusing to overwrite it"):
+        save_params(params, notes)
+    assert listing(tmp_path) == {"notes.txt": b"mine"}
+
+
 def test_public_imports_keep_working():
     import graphkit.compile as compile_module
     import graphkit.params as params_module
