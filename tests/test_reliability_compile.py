@@ -58,17 +58,15 @@ def params(record) -> dict[str, torch.Tensor]:
 
 
 # -- compile -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("break_it,message", [
-    (lambda t: t.fill_(float("nan")), "parameter '{name}' holds NaN or Inf; nothing was loaded"),
-    (lambda t: t.view(-1)[3:5].fill_(float("-inf")), "parameter '{name}' holds NaN or Inf; nothing was loaded"),
-], ids=["nan", "inf"])
-def test_compile_refuses_non_finite_parameters(dataset, record, params, tmp_path, break_it, message):
+@pytest.mark.parametrize("break_it", [lambda t: t.fill_(float("nan")), lambda t: t.view(-1)[3:5].fill_(float("-inf"))],
+                         ids=["all-nan", "some-inf"])
+def test_compile_refuses_non_finite_parameters(dataset, record, params, tmp_path, break_it):
     name = list(params)[2]
     break_it(params[name])
     path = save_params(params, tmp_path / "params.safetensors")
     before = listing(tmp_path)
     result = run("compile", dataset, record.id, "--params", path, "--out", tmp_path / "model.safetensors")
-    refused(result, f"{path}: " + message.format(name=name))
+    refused(result, f"{path}: parameter '{name}' holds NaN or Inf; nothing was loaded")
     assert listing(tmp_path) == before
 
 
