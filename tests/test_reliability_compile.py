@@ -395,3 +395,19 @@ def test_predict_refuses_a_graph_of_another_model():
     with pytest.raises(ParamsError, match=r"VisionTransformer: parameter '[\w.]+' has shape \[64\] but the model expects \[32\]"):
         predict(model, small_chunks(), graph=other)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_predict_counts_only_what_it_allocates():
+    import graphkit
+    from graphkit.ghn import PredictError, predict
+
+    ghn, graph = small_chunks(), graphkit.trace(build_model(GPT))
+    in_place = build_model(GPT, device="cpu")
+    predict(in_place, ghn, graph=graph, memory_limit=0)  # float32 weights: decoded straight into them, nothing new
+    half = build_model(GPT, device="cpu").half()  # decoded through one float32 buffer the size of its largest parameter
+    largest = 4 * max(p.numel() for p in half.parameters())
+    before = {n: p.clone() for n, p in half.state_dict().items()}
+    with pytest.raises(PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0\.00 GB but 0\.00 GB"):
+        predict(half, ghn, graph=graph, memory_limit=largest - 1)
+    assert all(torch.equal(p, before[n]) for n, p in half.state_dict().items())
+    predict(half, ghn, graph=graph, memory_limit=largest)
