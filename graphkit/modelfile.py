@@ -66,13 +66,18 @@ def load_model_file(path: str | Path) -> ModelFile:
 
 
 def _call(fn: Callable[[], Any], path: Path, what: str) -> Any:
+    """``fn()``, with any exception, and a ``sys.exit()`` (which would end graphkit silently with
+    the file's exit code), turned into a ModelFileError naming the file's line; Ctrl-C still
+    interrupts."""
     try:
         return fn()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         line = next(
             (f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if Path(f.filename) == path.resolve() or f.filename == str(path)),
             None,
         )
         where = f"{path}:{line}" if line else str(path)
+        if isinstance(e, SystemExit):
+            raise ModelFileError(f"{where}: {what} called sys.exit({'' if e.code is None else repr(e.code)})") from e
         message = " ".join(str(e).split()) or "(no message)"
         raise ModelFileError(f"{where}: {what} raised {type(e).__name__}: {message}") from e

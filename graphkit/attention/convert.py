@@ -207,10 +207,16 @@ def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: 
     return module
 
 
+def divisors(heads: int) -> list[int]:
+    """The K/V head counts a layer of ``heads`` query heads can be grouped into."""
+    return [d for d in range(1, heads + 1) if heads % d == 0]
+
+
 def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
     kv = heads if kv_heads is None else kv_heads
-    if kv < 1 or heads % kv:
-        raise ConvertError(f"kv_heads {kv} does not divide the {heads} heads of module '{path}'")
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or heads % kv:
+        raise ConvertError(f"kv_heads {kv!r} does not divide the {heads} heads of module '{path}'; "
+                           f"accepted: {', '.join(map(str, divisors(heads)))}")
     return kv
 
 
@@ -238,6 +244,50 @@ def adapters() -> list[AttentionAdapter]:
     return [f.attention_adapter for f in FAMILIES.values() if f.attention_adapter is not None]
 
 
+def conversion_metadata(model: nn.Module) -> dict[str, str]:
+    """What a converted model's attention is, for a safetensors file's metadata: the variant,
+    K/V heads and, for DGQA, window, evolution and (with ema) alpha, read off the model's own
+    attention cores so that the file says what was used, defaults included."""
+    core = next((m for m in model.modules() if isinstance(m, GroupedQueryAttention)), None)
+    if core is None:
+        raise ConvertError(f"{type(model).__name__} has no converted attention to describe")
+    metadata = {"graphkit_attention": core.variant, "graphkit_kv_heads": str(core.kv_heads)}
+    if core.variant == "dgqa":
+        metadata.update(graphkit_window=str(core.update_every), graphkit_evolution=core.evolution)
+        if core.evolution == "ema":
+            metadata["graphkit_alpha"] = repr(float(core.alpha))
+    return metadata
+
+
+#: the variants each option of :class:`GroupedQueryAttention` applies to
+VARIANT_OPTIONS = {"window": ("dgqa",), "evolution": ("dgqa",), "alpha": ("dgqa",), "allow_empty": ("kdgqa", "dgqa"),
+                   "perturb_in_eval": ("pgqa",)}
+EVOLUTIONS = ("ema", "difference")
+
+
+def check_variant_options(variant: str, options: dict[str, Any], prefix: str = "") -> None:
+    """Refuse, with a ConvertError naming the option (``prefix`` + name: ``--window`` on the
+    command line) and what it accepts, an option ``variant`` does not use (it would be silently
+    ignored) or a value it cannot use: DGQA's ``window`` is a whole number of training steps
+    >= 1, ``evolution`` is ema or difference, and ``alpha``, eq. 7's weight of the current key
+    norms in the EMA (KDGQA paper, arXiv 2408.08454), is a number in [0, 1] used by ema only."""
+    for name in options:
+        if name not in VARIANT_OPTIONS:
+            raise ConvertError(f"unknown attention option {name!r}; accepted: {', '.join(VARIANT_OPTIONS)}")
+        if variant not in VARIANT_OPTIONS[name]:
+            raise ConvertError(f"{prefix}{name} applies only to {' and '.join(VARIANT_OPTIONS[name])}, not {variant}")
+    window, evolution, alpha = options.get("window"), options.get("evolution"), options.get("alpha")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConvertError(f"{prefix}window {window!r}: must be a whole number of training steps >= 1")
+    if evolution is not None and evolution not in EVOLUTIONS:
+        raise ConvertError(f"{prefix}evolution {evolution!r}: accepted: {', '.join(EVOLUTIONS)}")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise ConvertError(f"{prefix}alpha {alpha!r}: must be a number in [0, 1] (the weight of the current key norms)")
+        if evolution == "difference":
+            raise ConvertError(f"{prefix}alpha applies only to {prefix}evolution ema, not difference")
+
+
 _CONVERTED = (ViTGroupedAttention, GPT2GroupedAttention, GroupedQueryAttention)
 
 
@@ -247,9 +297,11 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
     ``variant_options`` go to :class:`GroupedQueryAttention` (window, evolution, alpha,
     allow_empty, perturb_in_eval). Every attention module is checked before any is changed: an
     unknown one, or a head count that does not divide, is a ConvertError naming the module and
-    the model is left as it was."""
+    the model is left as it was, and so is an option the variant does not use or cannot take
+    (:func:`check_variant_options`)."""
     if variant not in VARIANTS:
         raise ConvertError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+    check_variant_options(variant, variant_options)
     plan = []
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):

@@ -106,24 +106,28 @@ def convert(
     attention: Variant = typer.Option(..., "--attention", "-a", help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated every --window steps) or pgqa (Gaussian perturbation)."),
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."),
     out: Path = typer.Option(..., "--out", "-o", help="Converted parameters and buffers (safetensors)."),
-    window: int = typer.Option(300, "--window", help="DGQA: training steps between allocation updates."),
-    evolution: str = typer.Option("ema", "--evolution", help="DGQA: 'ema' or 'difference'."),
-    alpha: float = typer.Option(0.5, "--alpha", help="DGQA with ema: weight of the current norms."),
+    window: Optional[int] = typer.Option(None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."),
+    evolution: Optional[str] = typer.Option(None, "--evolution", help="DGQA: 'ema' (default) or 'difference'."),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="DGQA with ema: weight of the current key norms, in [0, 1] (default 0.5)."),
 ) -> None:
-    """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled) and save it."""
+    """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled) and save it
+    (the variant, K/V heads and DGQA's options go into the file's metadata)."""
     from graphkit.attention import convert as convert_model
-    from graphkit.compile import save_params
+    from graphkit.attention.convert import check_variant_options, conversion_metadata
     from graphkit.errors import GraphkitError
     from graphkit.modelfile import load_model_file
+    from graphkit.params import check_params_output, save_params
     from graphkit.trace import trace as trace_model
 
+    check_params_output(out)
+    options = {name: value for name, value in dict(window=window, evolution=evolution, alpha=alpha).items() if value is not None}
+    check_variant_options(attention.value, options, prefix="--")
     loaded = load_model_file(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
         raise GraphkitError(f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)")
-    options = {"window": window, "evolution": evolution, "alpha": alpha} if attention is Variant.dgqa else {}
     model = convert_model(loaded.model, attention.value, kv_heads, **options)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata={"graphkit_attention": attention.value, "graphkit_kv_heads": str(kv_heads or "")})
+    save_params(model, out, metadata=conversion_metadata(model))
     print_graph(graph)
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)
 

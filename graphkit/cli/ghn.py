@@ -59,13 +59,15 @@ def predict(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
-    from graphkit.compile import save_params
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_checkpoint, describe
-    from graphkit.trace import trace
     from graphkit.modelfile import load_model_file
+    from graphkit.params import check_params_output, save_params
+    from graphkit.trace import trace
 
+    if out is not None:
+        check_params_output(out)
     loaded = load_model_file(model_file)
     start = time.perf_counter()
     graph = trace(loaded.model, loaded.example_inputs)

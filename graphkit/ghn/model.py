@@ -34,7 +34,7 @@ cropped and tiled to the target shape) as the baseline the paper compares agains
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -45,6 +45,7 @@ from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
 from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode, targets
 from graphkit.ops import OPS
+from graphkit.params import first_non_finite
 
 DECODERS = ("low_rank", "ghn3")
 INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
@@ -168,12 +169,35 @@ class LowRankDecoder(nn.Module):
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d).
 
-        All queries of all graphs go through the MLP at once; then each group of blocks of one
-        ``(kind, rows, cols)`` is decoded with batched matmuls, ``W[:rows] (F_A F_B^T) W[:cols]^T``.
-        A weight's RMS needs no pass over its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with
-        ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``, one r x r Gram matrix per distinct size."""
-        r, device = self.config.rank, nodes.device
+        Each group of blocks of one ``(kind, rows, cols)`` is decoded with batched matmuls,
+        ``W[:rows] M W[:cols]^T`` with ``M`` from :meth:`products`."""
         batch = _DecodeBatch(graphs)
+        products, head = self.products(nodes, batch)
+        blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
+        for g, (kind, rows, cols) in enumerate(batch.group_keys):
+            values = activate(kind, head(rows) @ products[g] @ head(cols).t())
+            if kind != "weight":  # 1-D parameters: (n, C) once per group, not a column select per parameter
+                values = values.squeeze(-1)
+            for q, block in zip(batch.group_queries[g], values.unbind(0)):
+                blocks[q] = block
+        out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
+        for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
+            if nr * nc == 1:
+                matrix = blocks[q]
+            else:
+                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
+            out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
+        return out
+
+    def products(self, nodes: torch.Tensor, batch: _DecodeBatch) -> tuple[list[torch.Tensor], Callable[[int], torch.Tensor]]:
+        """Per group of ``batch``, the r x r matrices ``M = F_A F_B^T`` of its queries (n, r, r),
+        weights' scales folded in, and ``head(size)``, the low-rank map's first ``size`` rows:
+        a block is ``head(rows) @ M @ head(cols).t()``.
+
+        All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
+        its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
+        one r x r Gram matrix per distinct size."""
+        r, device = self.config.rank, nodes.device
         query = self.queries(nodes, batch.queries)
         factors = self.mlp(query).view(-1, 2, r, r)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
@@ -207,24 +231,30 @@ class LowRankDecoder(nn.Module):
             square = torch.zeros(len(batch.targets), device=device, dtype=squares[0].dtype).index_add(0, owner, torch.cat(squares))
             scale = INIT_GAIN * gains[first] / (fan_in * torch.sqrt(square / size + 1e-12))
             scales = scale[order_owner].split(batch.sizes)
-        blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
-        for g, (kind, rows, cols) in enumerate(batch.group_keys):
+        products = []
+        for g, (kind, _, _) in enumerate(batch.group_keys):
             fa, fb = grouped[g].unbind(1)
             if kind == "weight":
                 fa = fa * scales[g].view(-1, 1, 1)
-            values = activate(kind, head(rows) @ (fa @ fb.mT) @ head(cols).t())
-            if kind != "weight":  # 1-D parameters: (n, C) once per group, not a column select per parameter
-                values = values.squeeze(-1)
-            for q, block in zip(batch.group_queries[g], values.unbind(0)):
-                blocks[q] = block
-        out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
-        for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
-            if nr * nc == 1:
-                matrix = blocks[q]
-            else:
-                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
-            out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
-        return out
+            products.append(fa @ fb.mT)
+        return products, head
+
+    def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
+        """Memory :meth:`LowRankDecoding.write_into` needs beyond the destinations: the largest
+        parameter it cannot write in place (see :func:`writes_in_place`)."""
+        w = self.low_rank.weight
+        return max((w.element_size() * math.prod(t.matrix_shape) for t in plan
+                    if not writes_in_place(destinations[t.name], t, w.dtype, w.device)), default=0)
+
+    @torch.no_grad()
+    def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
+        """One graph's parameters, ready to be written block by block (see :class:`LowRankDecoding`)."""
+        batch = _DecodeBatch([graph])
+        products, head = self.products(nodes, batch)
+        grouped = torch.cat(products)
+        by_query = torch.empty_like(grouped)
+        by_query[batch.order.to(nodes.device)] = grouped
+        return LowRankDecoding(graph, by_query, head, self.config.max_mask)
 
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
@@ -277,6 +307,103 @@ class _DecodeBatch:
         self.weight_targets = (fan_in, size, torch.tensor(self.first_query), order_owner)
 
 
+#: a bound on |values| past which a decoded block could overflow float32 (3.4e38) on the way
+SAFE_BOUND = 2.0 ** 100
+
+
+class LowRankDecoding:
+    """One graph's predicted parameters, decoded block by block into their destinations.
+
+    ``first_non_finite`` proves every value finite *before* anything is written, without
+    decoding: a block is ``A M B^T`` with ``A = W[:rows]``, ``B = W[:cols]``, so each value, and
+    each value of ``A M``, is at most ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A
+    NaN or Inf anywhere in ``W`` or ``M`` makes that bound NaN or Inf; a finite bound below
+    :data:`SAFE_BOUND` means no float32 product can overflow. The 1-D output functions (sigmoid,
+    tanh) are finite on finite input. So a model is either written whole or not touched.
+
+    ``write_into`` then decodes each parameter's blocks straight into the destination's memory
+    when it is a float32 matrix view on the hypernetwork's device (``matmul(out=...)``), or into
+    one parameter-sized buffer that is copied over (another dtype or device, 4-D weights):
+    never a second copy of the whole model. A meta destination gets a new tensor."""
+
+    def __init__(self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int], torch.Tensor], chunk: int) -> None:
+        self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
+
+    def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
+        """The queries of target ``index`` with the rows and columns of its matrix each one fills."""
+        (nr, nc), first = self.graph.grid[index], self.graph.first_query[index]
+        rows, cols = self.targets[index].matrix_shape
+        k = self.chunk
+        return [(first + i * nc + j, slice(i * k, min(rows, (i + 1) * k)), slice(j * k, min(cols, (j + 1) * k)))
+                for i in range(nr) for j in range(nc)]
+
+    def first_non_finite(self) -> str | None:
+        """The first parameter some value of which could be NaN or Inf (see the class), or None."""
+        reach = self.head(self.chunk).double().norm(dim=1).cummax(0).values  # reach[n - 1]: the largest of the first n row norms
+        frobenius = self.products.double().flatten(1).norm(dim=1)
+        for index, target in enumerate(self.targets):
+            for q, rows, cols in self._blocks(index):
+                inner = reach[rows.stop - rows.start - 1] * frobenius[q]
+                if not (inner < SAFE_BOUND and inner * reach[cols.stop - cols.start - 1] < SAFE_BOUND):
+                    return target.name
+        return None
+
+    @torch.no_grad()
+    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Decode every parameter into ``destinations[name]`` (a tensor of the parameter's shape;
+        a meta one gets a new tensor of its dtype on the hypernetwork's device). Returns the
+        tensors written, by name."""
+        dtype, device = self.products.dtype, self.products.device
+        written = {}
+        for index, target in enumerate(self.targets):
+            destination = destinations[target.name]
+            if destination.is_meta:
+                destination = torch.empty(destination.shape, dtype=destination.dtype, device=device)
+            written[target.name] = destination
+            direct = writes_in_place(destination, target, dtype, device)
+            matrix = destination.view(target.matrix_shape) if direct else torch.empty(target.matrix_shape, dtype=dtype, device=device)
+            for q, rows, cols in self._blocks(index):
+                a, b = self.head(rows.stop - rows.start), self.head(cols.stop - cols.start)
+                if target.kind == "weight":
+                    torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
+                else:
+                    matrix[rows, cols] = activate(target.kind, a @ self.products[q] @ b.t())
+            if not direct:
+                destination.copy_(target.reshape(matrix))
+        return written
+
+
+def writes_in_place(destination: torch.Tensor, target: Target, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :class:`LowRankDecoding`, decoding in ``dtype`` on ``device``, writes ``target``
+    straight into ``destination``'s memory: a contiguous tensor of that dtype and device whose
+    (rows, cols) matrix is a view of it (not a 4-D weight). A meta destination stands for a new
+    tensor of its dtype on ``device``. Otherwise one parameter-sized buffer is used."""
+    return (len(target.shape) != 4 and destination.is_contiguous() and destination.dtype == dtype
+            and (destination.is_meta or destination.device == device))
+
+
+class DecodedParams:
+    """Parameters decoded all at once (the GHN-3 baseline decoder's way), with the interface of
+    :class:`LowRankDecoding`: checked element by element, then copied over."""
+
+    def __init__(self, targets: Sequence[Target], params: dict[str, torch.Tensor]) -> None:
+        self.targets, self.params = tuple(targets), params
+
+    def first_non_finite(self) -> str | None:
+        """The first parameter holding a NaN or Inf, or None."""
+        return first_non_finite(self.params)
+
+    @torch.no_grad()
+    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy every parameter into ``destinations[name]``, or hand it over (at its dtype) for a
+        meta one. Returns the tensors written, by name."""
+        written = {}
+        for name, value in self.params.items():
+            destination = destinations[name]
+            written[name] = value.to(destination.dtype) if destination.is_meta else destination.copy_(value)
+        return written
+
+
 class TiledDecoder(nn.Module):
     """GHN-3's decoder (eq. 2), the baseline: d -> 4d x s x s, cropped to the target's spatial
     size, 1x1 convolutions 4d -> 8d -> d^2, giving a d x d x h x w block that is tiled (repeated)
@@ -315,6 +442,16 @@ class TiledDecoder(nn.Module):
             out[t.name] = value / math.sqrt(t.fan_in) if t.kind == "weight" else value
         return out
 
+    def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
+        """Memory :meth:`decoding` needs beyond the destinations: every parameter is decoded at
+        once, and those of a model with weights are then copied over (a meta model's are its)."""
+        return self.fc.weight.element_size() * sum(math.prod(t.shape) for t in plan if not destinations[t.name].is_meta)
+
+    @torch.no_grad()
+    def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> DecodedParams:
+        """One graph's parameters, all decoded now (the baseline keeps its own cost)."""
+        return DecodedParams(graph.targets, self._decode(nodes, graph.targets))
+
 
 # -- the hypernetwork --------------------------------------------------------------------------
 class LoGAH(nn.Module):
@@ -349,3 +486,11 @@ class LoGAH(nn.Module):
     def predict(self, graph: ArchGraph) -> dict[str, torch.Tensor]:
         """Every parameter of the graph's model, by state-dict name, at full shape."""
         return self([self.encode(graph)])[0]
+
+    @torch.no_grad()
+    def decoding(self, graph: ArchGraph) -> LowRankDecoding | DecodedParams:
+        """The graph's parameters ready to be checked (``first_non_finite``) and then written into
+        a model's tensors (``write_into``): with the low-rank decoder, block by block into their
+        storage, so predicting into a model needs no second copy of it (:func:`graphkit.ghn.predict`)."""
+        encoded = self.encode(graph)
+        return self.decoder.decoding(self.encoder([encoded]), encoded)
