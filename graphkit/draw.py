@@ -114,6 +114,7 @@ class Scene:
     boxes: list[Box]
     edges: list[tuple[int, int]]
     frames: list[Frame]
+    expanded: bool = False
     curves: list[list[Point]] = field(default_factory=list)
     width: float = 0.0
     height: float = 0.0
@@ -270,9 +271,10 @@ def _details(node: Node) -> list[str]:
         flags = ["causal" if a.get("causal") else "", f"window {a['window']}" if a.get("window") else "",
                  *(flag for flag in ("rope", "alibi", "softcap") if a.get(flag))]
         return [" · ".join(facts)] + ([" · ".join(f for f in flags if f)] if any(flags) else [])
-    experts = a.get("num_experts", a.get("experts"))
-    if experts is not None:
-        return [f"experts {experts} · top-{a.get('top_k', '?')}"]
+    if op_kind(node.op) == "moe":  # the router records k, an MoE node num_experts and top_k
+        experts, top_k = a.get("num_experts", a.get("experts")), a.get("top_k", a.get("k"))
+        facts = ([f"experts {experts}"] if experts is not None else []) + ([f"top-{top_k}"] if top_k is not None else [])
+        return [" · ".join(facts)] if facts else []
     if "in_features" in a and "out_features" in a:
         return [f"{a['in_features']} → {a['out_features']}"]
     if node.params:
@@ -308,7 +310,7 @@ def build_scene(graph: ArchGraph, expand: bool = False) -> Scene:
     meta = graph.meta
     model = str(meta.get("model_class", "model")).rsplit(".", 1)[-1]
     title = f"{model} · {graph.num_params:,} parameters · {len(graph.nodes)} nodes"
-    return Scene(title=title, boxes=boxes, edges=edges, frames=frames)
+    return Scene(title=title, boxes=boxes, edges=edges, frames=frames, expanded=expand)
 
 
 def _frames_inside(frame: Frame, frames: list[Frame]) -> int:
@@ -392,7 +394,7 @@ def _dot_layout(scene: Scene, dot: str) -> None:
     result = subprocess.run([dot, "-Tplain"], input=_dot_source(scene), capture_output=True, text=True,
                             timeout=300, check=False)
     if result.returncode != 0:
-        raise DrawError(f"{dot} failed: {' '.join(result.stderr.split())[:200]}")
+        raise DrawError(f"dot failed: {' '.join(result.stderr.split())[:200] or f'exit status {result.returncode}'}")
     height = 0.0
     for line in result.stdout.splitlines():
         fields = line.split()
@@ -411,12 +413,15 @@ def layout(scene: Scene) -> None:
     """Place the scene's boxes and frames, route its edges and size its canvas; records in
     ``scene.layout`` which engine did it and why."""
     dot = shutil.which("dot")
-    if dot:
+    try:
+        if not dot:
+            raise DrawError("dot not found")
         _dot_layout(scene, dot)
         scene.layout = f"graphviz dot ({dot})"
-    else:
+    except (DrawError, OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        scene.curves = []
         _grandalf_layout(scene)
-        scene.layout = "grandalf (dot not found)"
+        scene.layout = f"grandalf ({e})"
     for frame in scene.frames:  # around its boxes and the bends of the edges into and out of them
         members = set(frame.members)
         corners = [(b.x + sx * b.w / 2, b.y + sy * b.h / 2) for b in (scene.boxes[m] for m in members)
@@ -435,7 +440,7 @@ def layout(scene: Scene) -> None:
         frame.bounds = (x0 + dx, y0 + dy, x1 + dx, y1 + dy)
     scene.curves = [[(x + dx, y + dy) for x, y in curve] for curve in scene.curves]
     scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames]) + _MARGIN
-    scene.width = max(scene.width, len(scene.title) * 14 * 0.62 + 2 * _MARGIN, 80 * 11 * 0.58)
+    scene.width = max(scene.width, max(len(scene.title) * 14 * 0.62, len(_subtitle(scene)) * 11 * 0.58) + 2 * _MARGIN)
     scene.height = max([b.y + b.h / 2 for b in scene.boxes] + [f.bounds[3] for f in scene.frames]) + _MARGIN
 
 
@@ -446,12 +451,12 @@ def _line_offsets(box: Box) -> list[float]:
     return [top + k * _LINE for k in range(len(box.lines))]
 
 
-def _subtitle(scene: Scene, expanded: bool) -> str:
-    folding = "every block drawn" if expanded or not scene.frames else "repeated blocks folded (--expand to unfold)"
+def _subtitle(scene: Scene) -> str:
+    folding = "every block drawn" if scene.expanded or not scene.frames else "repeated blocks folded (--expand to unfold)"
     return f"{folding} · layout: {scene.layout}"
 
 
-def _svg(scene: Scene, expanded: bool) -> str:
+def _svg(scene: Scene) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{scene.width:.0f}" height="{scene.height:.0f}" '
         f'viewBox="0 0 {scene.width:.1f} {scene.height:.1f}" font-family="{_FONT}">',
@@ -459,7 +464,7 @@ def _svg(scene: Scene, expanded: bool) -> str:
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
         f'<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{_MARGIN}" y="{_MARGIN + 4}" font-size="14" font-weight="bold">{escape(scene.title)}</text>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 22}" font-size="11" fill="#555">{escape(_subtitle(scene, expanded))}</text>',
+        f'<text x="{_MARGIN}" y="{_MARGIN + 22}" font-size="11" fill="#555">{escape(_subtitle(scene))}</text>',
     ]
     for frame in scene.frames:
         x0, y0, x1, y1 = frame.bounds
@@ -489,7 +494,7 @@ def _svg(scene: Scene, expanded: bool) -> str:
     return "\n".join(out + ["</svg>"]) + "\n"
 
 
-def _matplotlib(scene: Scene, expanded: bool, path: Path, format: str) -> None:
+def _matplotlib(scene: Scene, path: Path, format: str) -> None:
     """Draw the laid-out scene with matplotlib, one point per SVG unit (PNG at up to 2 pixels a point)."""
     import matplotlib
 
@@ -506,7 +511,7 @@ def _matplotlib(scene: Scene, expanded: bool, path: Path, format: str) -> None:
         ax.set_ylim(scene.height, 0)
         ax.axis("off")
         ax.text(_MARGIN, _MARGIN + 4, scene.title, fontsize=14, fontweight="bold", va="baseline")
-        ax.text(_MARGIN, _MARGIN + 22, _subtitle(scene, expanded), fontsize=11, color="#555", va="baseline")
+        ax.text(_MARGIN, _MARGIN + 22, _subtitle(scene), fontsize=11, color="#555", va="baseline")
         for frame in scene.frames:
             x0, y0, x1, y1 = frame.bounds
             ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=10",
@@ -544,9 +549,9 @@ def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing
     suffix = path.suffix.lower()
     with atomic_path(path) as tmp:
         if suffix == ".svg":
-            tmp.write_text(_svg(scene, expand))
+            tmp.write_text(_svg(scene))
         else:
-            _matplotlib(scene, expand, tmp, suffix[1:])
+            _matplotlib(scene, tmp, suffix[1:])
     return Drawing(path=path, layout=scene.layout, boxes=len(scene.boxes), folded=len(scene.frames))
 
 
