@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ _FONT = "Helvetica, Arial, sans-serif"
 _SIZES = {"op": 12.0, "name": 10.0, "detail": 10.0}  # font size of each label line, in points
 _LINE = 14.0       # label line height
 _PAD = 10.0        # box padding
-_FRAME_PAD = 12.0  # space between a frame and the boxes it holds, per nesting level
+_FRAME_PAD = 12.0  # space between a frame and the boxes it holds
 _MARGIN = 24.0
 _HEADER = 44.0
 _MAX_NAME = 40     # longer node names are shortened in the middle
@@ -96,12 +97,13 @@ class Box:
 
 @dataclass
 class Frame:
-    """A folded run of blocks: the boxes of its representative block(s) and "x count"."""
+    """A folded run of blocks: the boxes of its representative block(s), "x count", and the
+    index of the innermost frame it lies in (outer frames come first)."""
 
     label: str
     count: int
     members: list[int]
-    padding: float = _FRAME_PAD
+    parent: int | None = None
     bounds: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # x0, y0, x1, y1
 
 
@@ -247,7 +249,11 @@ def fold_repeats(graph: ArchGraph) -> tuple[list[int], list[tuple[int, int]], li
             runs.append((f"{name}{run[0]}–{run[-1]}{unit}", members, run[:period], repeats))
     kept = sorted(alive)
     index_of = {n: i for i, n in enumerate(kept)}
-    frames = [Frame(label, repeats, [index_of[n] for n in members if n in index_of]) for label, members, _, repeats in runs]
+    frames: list[Frame] = []
+    for label, members, _, repeats in runs:
+        boxes = [index_of[n] for n in members if n in index_of]
+        parent = next((j for j in reversed(range(len(frames))) if set(boxes) <= set(frames[j].members)), None)
+        frames.append(Frame(label, repeats, boxes, parent))
     return kept, sorted((index_of[s], index_of[d]) for s, d in edges), frames
 
 
@@ -282,18 +288,18 @@ def _details(node: Node) -> list[str]:
     return []
 
 
-def _box(node: Node, display_name: str) -> Box:
+def _box(node: Node) -> Box:
     head = node.op
     if node.op == "attention":
         head = f"attention · {attention_kind(node.attrs)}"
     lines = [("op", head)]
-    if display_name and display_name != node.op:
-        lines.append(("name", _short(display_name)))
+    if node.name != node.op:
+        lines.append(("name", _short(node.name)))
     lines += [("detail", text) for text in _details(node)]
     tooltip = [f"{node.name} ({node.op})"]
     tooltip += [f"{p}: [{', '.join(map(str, s))}]" for p, s in node.params.items()]
     tooltip += [f"{k} = {v}" for k, v in node.attrs.items() if v not in (None, False)]
-    width = max(len(text) * _SIZES[style] * 0.58 for style, text in lines) + 2 * _PAD
+    width = max(len(text) * _SIZES[style] * (0.62 if style == "op" else 0.58) for style, text in lines) + 2 * _PAD
     return Box(node=node, lines=lines, tooltip="\n".join(tooltip), kind=op_kind(node.op),
                w=max(width, 96.0), h=len(lines) * _LINE + _PAD)
 
@@ -304,19 +310,11 @@ def build_scene(graph: ArchGraph, expand: bool = False) -> Scene:
         kept, edges, frames = list(range(len(graph.nodes))), list(graph.edges), []
     else:
         kept, edges, frames = fold_repeats(graph)
-    boxes = [_box(graph.nodes[n], graph.nodes[n].name) for n in kept]
-    for frame in frames:  # a frame holding other frames leaves room around theirs
-        frame.padding = _FRAME_PAD * (1 + _frames_inside(frame, frames))
+    boxes = [_box(graph.nodes[n]) for n in kept]
     meta = graph.meta
     model = str(meta.get("model_class", "model")).rsplit(".", 1)[-1]
     title = f"{model} · {graph.num_params:,} parameters · {len(graph.nodes)} nodes"
     return Scene(title=title, boxes=boxes, edges=edges, frames=frames, expanded=expand)
-
-
-def _frames_inside(frame: Frame, frames: list[Frame]) -> int:
-    """How many levels of frames lie inside ``frame``."""
-    inner = [f for f in frames if set(f.members) < set(frame.members)]
-    return max((1 + _frames_inside(f, frames) for f in inner), default=0)
 
 
 # -- layout ----------------------------------------------------------------------------------
@@ -360,38 +358,55 @@ def _grandalf_layout(scene: Scene) -> None:
         offset = max(v.view.xy[0] + v.view.w / 2 for v in component.sV) + 40
         for e in component.sE:  # routed in the component's own coordinates
             e.view.path = [(x + shift, y) for x, y in e.view.path]
+    stretch = _room_for_frames(scene)
+    for box in scene.boxes:
+        box.y += stretch(box.y - box.h / 2)
     for (s, d), edge in zip(scene.edges, edges):
         src, dst = scene.boxes[s], scene.boxes[d]
-        bends = edge.view.path[1:-1]
+        bends = [(x, y + stretch(y)) for x, y in edge.view.path[1:-1]]
         scene.curves.append(_through([(src.x, src.y + src.h / 2), *bends, (dst.x, dst.y - dst.h / 2)]))
 
 
-def _dot_source(scene: Scene) -> str:
+def _room_for_frames(scene: Scene) -> Callable[[float], float]:
+    """How far down to move a point at height y so that every frame gets room for its label
+    above its boxes and a margin below them (grandalf knows nothing of frames; dot does)."""
+    tops, bottoms = [], []
+    for frame in scene.frames:
+        tops.append(min(scene.boxes[m].y - scene.boxes[m].h / 2 for m in frame.members))
+        bottoms.append(max(scene.boxes[m].y + scene.boxes[m].h / 2 for m in frame.members))
+
+    def stretch(y: float) -> float:
+        return (_FRAME_PAD + _LINE) * sum(top <= y for top in tops) + _FRAME_PAD * sum(bottom < y for bottom in bottoms)
+
+    return stretch
+
+
+def dot_source(scene: Scene) -> str:
+    """The scene as Graphviz DOT: fixed-size boxes named ``n<index>``, frames as nested clusters."""
     lines = ["digraph G {", "rankdir=TB; nodesep=0.3; ranksep=0.4;", 'node [shape=box, fixedsize=true, label=""];']
     for i, box in enumerate(scene.boxes):
         lines.append(f"n{i} [width={box.w / 72:.3f}, height={box.h / 72:.3f}];")
 
-    def emit(frame_index: int, frame: Frame, done: set[int]) -> None:
-        lines.append(f"subgraph cluster_{frame_index} {{ margin={frame.padding:.0f};")
-        for j, inner in enumerate(scene.frames):
-            if set(inner.members) < set(frame.members) and not any(
-                    set(inner.members) < set(mid.members) < set(frame.members) for mid in scene.frames):
-                emit(j, inner, done)
-        lines.extend(f"n{m};" for m in frame.members if m not in done)
-        done.update(frame.members)
-        lines.append("}")
+    def emit(index: int | None) -> set[int]:
+        """Write the frames inside frame ``index`` (None: the top level) as nested clusters."""
+        placed: set[int] = set()
+        for j, frame in enumerate(scene.frames):
+            if frame.parent == index:
+                lines.append(f"subgraph cluster_{j} {{ margin={_FRAME_PAD + _LINE:.0f};")
+                inner = emit(j)
+                lines.extend(f"n{m};" for m in frame.members if m not in inner)
+                lines.append("}")
+                placed |= inner | set(frame.members)
+        return placed
 
-    done: set[int] = set()
-    for k, frame in enumerate(scene.frames):
-        if not any(set(frame.members) < set(other.members) for other in scene.frames):
-            emit(k, frame, done)
+    emit(None)
     lines += [f"n{s} -> n{d};" for s, d in scene.edges]
     return "\n".join(lines + ["}"])
 
 
 def _dot_layout(scene: Scene, dot: str) -> None:
     """Place boxes and route edges with Graphviz (``dot -Tplain``: inches, y pointing up)."""
-    result = subprocess.run([dot, "-Tplain"], input=_dot_source(scene), capture_output=True, text=True,
+    result = subprocess.run([dot, "-Tplain"], input=dot_source(scene), capture_output=True, text=True,
                             timeout=300, check=False)
     if result.returncode != 0:
         raise DrawError(f"dot failed: {' '.join(result.stderr.split())[:200] or f'exit status {result.returncode}'}")
@@ -422,14 +437,17 @@ def layout(scene: Scene) -> None:
         scene.curves = []
         _grandalf_layout(scene)
         scene.layout = f"grandalf ({e})"
-    for frame in scene.frames:  # around its boxes and the bends of the edges into and out of them
+    for i in reversed(range(len(scene.frames))):  # inner frames first: outer ones go around them
+        frame = scene.frames[i]
         members = set(frame.members)
         corners = [(b.x + sx * b.w / 2, b.y + sy * b.h / 2) for b in (scene.boxes[m] for m in members)
                    for sx in (-1, 1) for sy in (-1, 1)]
         corners += [p for (s, d), curve in zip(scene.edges, scene.curves) if s in members or d in members
-                    for p in curve[3:-1:3]]
-        xs, ys, pad = [x for x, _ in corners], [y for _, y in corners], frame.padding
-        frame.bounds = (min(xs) - pad, min(ys) - pad - _LINE, max(xs) + pad, max(ys) + pad)
+                    for p in curve[3:-1:3]]  # the bends of the edges into and out of its boxes
+        corners += [corner for inner in scene.frames if inner.parent == i
+                    for corner in (inner.bounds[:2], inner.bounds[2:])]
+        xs, ys = [x for x, _ in corners], [y for _, y in corners]
+        frame.bounds = (min(xs) - _FRAME_PAD, min(ys) - _FRAME_PAD - _LINE, max(xs) + _FRAME_PAD, max(ys) + _FRAME_PAD)
     xs = [b.x - b.w / 2 for b in scene.boxes] + [f.bounds[0] for f in scene.frames]
     ys = [b.y - b.h / 2 for b in scene.boxes] + [f.bounds[1] for f in scene.frames]
     dx, dy = _MARGIN - min(xs), _MARGIN + _HEADER - min(ys)
@@ -449,6 +467,11 @@ def _line_offsets(box: Box) -> list[float]:
     """Baseline-centred y of each label line, relative to the box centre."""
     top = -(len(box.lines) - 1) * _LINE / 2
     return [top + k * _LINE for k in range(len(box.lines))]
+
+
+def _frame_count_width(frame: Frame) -> float:
+    """Room for a frame's bold "x N" before its label."""
+    return len(f"x {frame.count}") * 12 * 0.62 + 6
 
 
 def _subtitle(scene: Scene) -> str:
@@ -473,7 +496,7 @@ def _svg(scene: Scene) -> str:
                    'fill="#f5f6fb" stroke="#7a7fa8" stroke-width="1.5" stroke-dasharray="6 3"/>'
                    f'<text x="{x0 + 8:.1f}" y="{y0 + _LINE:.1f}" font-size="12" font-weight="bold" fill="#3d4270">'
                    f'x {frame.count}</text>'
-                   f'<text x="{x1 - 8:.1f}" y="{y0 + _LINE:.1f}" font-size="10" fill="#3d4270" text-anchor="end">'
+                   f'<text x="{x0 + 8 + _frame_count_width(frame):.1f}" y="{y0 + _LINE:.1f}" font-size="10" fill="#3d4270">'
                    f'{escape(frame.label)}</text></g>')
     for curve in scene.curves:
         d = f"M{curve[0][0]:.1f},{curve[0][1]:.1f} " + " ".join(
@@ -517,7 +540,7 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
             ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=10",
                                         facecolor="#f5f6fb", edgecolor="#7a7fa8", linewidth=1.5, linestyle=(0, (6, 3))))
             ax.text(x0 + 8, y0 + _LINE, f"x {frame.count}", fontsize=12, fontweight="bold", color="#3d4270", va="baseline")
-            ax.text(x1 - 8, y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline", ha="right")
+            ax.text(x0 + 8 + _frame_count_width(frame), y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline")
         for curve in scene.curves:
             codes = [MplPath.MOVETO] + [MplPath.CURVE4] * (len(curve) - 1)
             ax.add_patch(FancyArrowPatch(path=MplPath(curve, codes), arrowstyle="-|>", mutation_scale=10,

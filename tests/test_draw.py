@@ -3,6 +3,7 @@ grandalf layouts, and every bad input through the CLI."""
 
 from __future__ import annotations
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -14,7 +15,7 @@ import graphkit
 from graphkit import ArchGraph, Node
 from graphkit.cli import app
 from graphkit.datasets.store import graph_to_row, write_dataset
-from graphkit.draw import fold_repeats
+from graphkit.draw import dot_source, build_scene, fold_repeats
 from graphkit.families import build_model, resolve_config
 from graphkit.fileio import OutputError
 
@@ -193,3 +194,17 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch,
     assert error_of(run("draw", *(a.format(**names) for a in args))) == message.format(**names)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert (tmp_path / "file.txt").read_text() == "mine"
+
+
+def test_nested_repeats_fold_into_nested_frames(tmp_path):
+    graph = chain([("gelu", f"s.{i}.b.{j}") for i in range(2) for j in range(3)])
+    kept, _, frames = fold_repeats(graph)
+    assert [(f.label, f.count, f.parent) for f in frames] == [("s.0–1", 2, None), ("s.0.b.0–2", 3, 0)]
+    assert [graph.nodes[n].name for n in kept] == ["input", "s.0.b.0.gelu", "output"]
+    scene = build_scene(graph)
+    assert re.search(r"subgraph cluster_0 \{[^}]*subgraph cluster_1 \{[^}]*n1;\s*\}\s*\}", dot_source(scene))
+    root = ET.parse(graph.draw(tmp_path / "nested.svg").path).getroot()
+    outer, inner = [[float(r.get(k)) for k in ("x", "y", "width", "height")]
+                    for g in root.iter(f"{SVG}g") if g.get("class") == "repeat" for r in g.iter(f"{SVG}rect")]
+    assert outer[0] < inner[0] and outer[1] < inner[1]
+    assert outer[0] + outer[2] > inner[0] + inner[2] and outer[1] + outer[3] > inner[1] + inner[3]
