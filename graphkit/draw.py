@@ -160,6 +160,8 @@ def _relative(value: Any, stack: str, index: int) -> Any:
 
 
 def _block_signature(nodes: list[Node], members: list[int], edges: set[tuple[int, int]], stack: str, index: int) -> str:
+    """What must match for two blocks to fold: their nodes with the block path made relative,
+    and the edges among them."""
     local = {n: i for i, n in enumerate(members)}
     body = [_relative(nodes[n].to_dict(), stack, index) for n in members]
     inner = sorted((local[s], local[d]) for s, d in edges if s in local and d in local)
@@ -167,6 +169,7 @@ def _block_signature(nodes: list[Node], members: list[int], edges: set[tuple[int
 
 
 def _acyclic(alive: set[int], edges: set[tuple[int, int]]) -> bool:
+    """Whether the nodes ``alive`` with ``edges`` still form a DAG (Kahn's algorithm)."""
     indegree = dict.fromkeys(alive, 0)
     succ: dict[int, list[int]] = {n: [] for n in alive}
     for s, d in edges:
@@ -218,7 +221,7 @@ def fold_repeats(graph: ArchGraph) -> tuple[list[int], list[tuple[int, int]], li
     edges = set(graph.edges)
     stacks = sorted({node.module[:m.start()] for node in nodes for m in _INDEX.finditer(node.module)},
                     key=lambda s: (s.count(".") + bool(s), s))
-    runs: list[tuple[str, list[int], list[int], int]] = []  # label, members, representative blocks, repeats
+    runs: list[tuple[str, list[int], int]] = []  # label, nodes of the kept block(s), repeats
     for stack in stacks:
         blocks: dict[int, list[int]] = {}
         for n in sorted(alive):
@@ -246,11 +249,11 @@ def fold_repeats(graph: ArchGraph) -> tuple[list[int], list[tuple[int, int]], li
             members = [n for b in run[:period] for n in blocks[b]]
             name = f"{stack}." if stack else ""
             unit = "" if period == 1 else " (pairs of blocks)"
-            runs.append((f"{name}{run[0]}–{run[-1]}{unit}", members, run[:period], repeats))
+            runs.append((f"{name}{run[0]}–{run[-1]}{unit}", members, repeats))
     kept = sorted(alive)
     index_of = {n: i for i, n in enumerate(kept)}
     frames: list[Frame] = []
-    for label, members, _, repeats in runs:
+    for label, members, repeats in runs:
         boxes = [index_of[n] for n in members if n in index_of]
         parent = next((j for j in reversed(range(len(frames))) if set(boxes) <= set(frames[j].members)), None)
         frames.append(Frame(label, repeats, boxes, parent))
@@ -273,10 +276,11 @@ def _details(node: Node) -> list[str]:
     """The op-specific facts worth reading without hovering."""
     a = node.attrs
     if node.op == "attention":
-        facts = [f"heads {a.get('heads')}", f"kv {a.get('kv_heads')}", f"d {a.get('head_dim')}"]
-        flags = ["causal" if a.get("causal") else "", f"window {a['window']}" if a.get("window") else "",
-                 *(flag for flag in ("rope", "alibi", "softcap") if a.get(flag))]
-        return [" · ".join(facts)] + ([" · ".join(f for f in flags if f)] if any(flags) else [])
+        facts = [f"{label} {a[key]}" for key, label in (("heads", "heads"), ("kv_heads", "kv"), ("head_dim", "d"))
+                 if a.get(key) is not None]
+        flags = ["causal"] * bool(a.get("causal")) + [f"window {a['window']}"] * bool(a.get("window"))
+        flags += [flag for flag in ("rope", "alibi", "softcap") if a.get(flag)]
+        return [" · ".join(group) for group in (facts, flags) if group]
     if op_kind(node.op) == "moe":  # the router records k, an MoE node num_experts and top_k
         experts, top_k = a.get("num_experts", a.get("experts")), a.get("top_k", a.get("k"))
         facts = ([f"experts {experts}"] if experts is not None else []) + ([f"top-{top_k}"] if top_k is not None else [])
@@ -296,7 +300,7 @@ def _box(node: Node) -> Box:
     if node.name != node.op:
         lines.append(("name", _short(node.name)))
     lines += [("detail", text) for text in _details(node)]
-    tooltip = [f"{node.name} ({node.op})"]
+    tooltip = [f"{node.name} ({node.op}, {node.num_params:,} parameters)"]
     tooltip += [f"{p}: [{', '.join(map(str, s))}]" for p, s in node.params.items()]
     tooltip += [f"{k} = {v}" for k, v in node.attrs.items() if v not in (None, False)]
     width = max(len(text) * _SIZES[style] * (0.62 if style == "op" else 0.58) for style, text in lines) + 2 * _PAD
@@ -519,43 +523,37 @@ def _svg(scene: Scene) -> str:
 
 def _matplotlib(scene: Scene, path: Path, format: str) -> None:
     """Draw the laid-out scene with matplotlib, one point per SVG unit (PNG at up to 2 pixels a point)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook's backend stays as it is
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     from matplotlib.path import Path as MplPath
 
     scale = min(2.0, 30000 / max(scene.width, scene.height))  # stay within Agg's canvas limit
-    fig = plt.figure(figsize=(scene.width / 72, scene.height / 72), dpi=72 * scale)
-    try:
-        ax = fig.add_axes((0, 0, 1, 1))
-        ax.set_xlim(0, scene.width)
-        ax.set_ylim(scene.height, 0)
-        ax.axis("off")
-        ax.text(_MARGIN, _MARGIN + 4, scene.title, fontsize=14, fontweight="bold", va="baseline")
-        ax.text(_MARGIN, _MARGIN + 22, _subtitle(scene), fontsize=11, color="#555", va="baseline")
-        for frame in scene.frames:
-            x0, y0, x1, y1 = frame.bounds
-            ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=10",
-                                        facecolor="#f5f6fb", edgecolor="#7a7fa8", linewidth=1.5, linestyle=(0, (6, 3))))
-            ax.text(x0 + 8, y0 + _LINE, f"x {frame.count}", fontsize=12, fontweight="bold", color="#3d4270", va="baseline")
-            ax.text(x0 + 8 + _frame_count_width(frame), y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline")
-        for curve in scene.curves:
-            codes = [MplPath.MOVETO] + [MplPath.CURVE4] * (len(curve) - 1)
-            ax.add_patch(FancyArrowPatch(path=MplPath(curve, codes), arrowstyle="-|>", mutation_scale=10,
-                                         color="#555", linewidth=1.2, shrinkA=0, shrinkB=0))
-        for box in scene.boxes:
-            fill, stroke = _COLOURS[box.kind]
-            ax.add_patch(FancyBboxPatch((box.x - box.w / 2, box.y - box.h / 2), box.w, box.h,
-                                        boxstyle="round,pad=0,rounding_size=6", facecolor=fill, edgecolor=stroke,
-                                        linewidth=1.2, zorder=3))
-            for (style, text), dy in zip(box.lines, _line_offsets(box)):
-                ax.text(box.x, box.y + dy, text, fontsize=_SIZES[style], ha="center", va="center", zorder=4,
-                        fontweight="bold" if style == "op" else "normal", color="#111" if style == "op" else "#333")
-        fig.savefig(path, format=format, dpi=72 * scale, facecolor="white")
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=(scene.width / 72, scene.height / 72), dpi=72 * scale)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, scene.width)
+    ax.set_ylim(scene.height, 0)
+    ax.axis("off")
+    ax.text(_MARGIN, _MARGIN + 4, scene.title, fontsize=14, fontweight="bold", va="baseline")
+    ax.text(_MARGIN, _MARGIN + 22, _subtitle(scene), fontsize=11, color="#555", va="baseline")
+    for frame in scene.frames:
+        x0, y0, x1, y1 = frame.bounds
+        ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=10",
+                                    facecolor="#f5f6fb", edgecolor="#7a7fa8", linewidth=1.5, linestyle=(0, (6, 3))))
+        ax.text(x0 + 8, y0 + _LINE, f"x {frame.count}", fontsize=12, fontweight="bold", color="#3d4270", va="baseline")
+        ax.text(x0 + 8 + _frame_count_width(frame), y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline")
+    for curve in scene.curves:
+        codes = [MplPath.MOVETO] + [MplPath.CURVE4] * (len(curve) - 1)
+        ax.add_patch(FancyArrowPatch(path=MplPath(curve, codes), arrowstyle="-|>", mutation_scale=10,
+                                     color="#555", linewidth=1.2, shrinkA=0, shrinkB=0))
+    for box in scene.boxes:
+        fill, stroke = _COLOURS[box.kind]
+        ax.add_patch(FancyBboxPatch((box.x - box.w / 2, box.y - box.h / 2), box.w, box.h,
+                                    boxstyle="round,pad=0,rounding_size=6", facecolor=fill, edgecolor=stroke,
+                                    linewidth=1.2, zorder=3))
+        for (style, text), dy in zip(box.lines, _line_offsets(box)):
+            ax.text(box.x, box.y + dy, text, fontsize=_SIZES[style], ha="center", va="center", zorder=4,
+                    fontweight="bold" if style == "op" else "normal", color="#111" if style == "op" else "#333")
+    fig.savefig(path, format=format, dpi=72 * scale, facecolor="white")
 
 
 def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing:
@@ -567,6 +565,8 @@ def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing
     when installed, grandalf otherwise (``Drawing.layout`` says which).
     """
     path = check_output_file(path, "draw path", SUFFIXES)
+    if not graph.nodes:
+        raise DrawError(f"{path}: nothing to draw, the graph has no nodes")
     scene = build_scene(graph, expand)
     layout(scene)
     suffix = path.suffix.lower()

@@ -15,7 +15,7 @@ import graphkit
 from graphkit import ArchGraph, Node
 from graphkit.cli import app
 from graphkit.datasets.store import graph_to_row, write_dataset
-from graphkit.draw import dot_source, build_scene, fold_repeats
+from graphkit.draw import DrawError, build_scene, dot_source, fold_repeats
 from graphkit.families import build_model, resolve_config
 from graphkit.fileio import OutputError
 
@@ -80,12 +80,16 @@ def test_expand_draws_every_node(tmp_path, llama_graph):
     assert run("draw", LLAMA, "--out", out, "--expand").exit_code == 0
     nodes, frames = svg_parts(out)
     assert len(nodes) == len(llama_graph.nodes) and frames == []
-    assert {g.find(f"{SVG}title").text.split(" ")[0] for g in nodes} == {n.name for n in llama_graph.nodes}
+    assert {g.find(f"{SVG}title").text.split(" (")[0] for g in nodes} == {n.name for n in llama_graph.nodes}
 
 
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".pdf", b"%PDF")])
 def test_png_and_pdf(tmp_path, llama_graph, suffix, magic):
+    import matplotlib
+
+    backend = matplotlib.get_backend()
     drawing = llama_graph.draw(tmp_path / f"g{suffix}")
+    assert matplotlib.get_backend() == backend  # a notebook keeps its backend
     data = drawing.path.read_bytes()
     assert data.startswith(magic) and len(data) > 10_000
     assert drawing.layout == "grandalf (dot not found)" and drawing.folded == 1
@@ -98,6 +102,9 @@ def test_python_api_on_a_gpt2(tmp_path):
     assert frames == ["x 3 transformer.h.0–2"] and len(nodes) == drawing.boxes == len(fold_repeats(graph)[0])
     with pytest.raises(OutputError, match=r"^draw path .*g\.jpg: unsupported extension '\.jpg'; accepted: \.svg, \.png, \.pdf$"):
         graph.draw(tmp_path / "g.jpg")
+    with pytest.raises(DrawError, match=r"empty\.svg: nothing to draw, the graph has no nodes$"):
+        ArchGraph([], []).draw(tmp_path / "empty.svg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2.svg"]
 
 
 def test_runs_of_one_block_and_of_pairs_fold_and_a_different_block_stays():
@@ -167,6 +174,13 @@ def test_draws_a_dataset_record(tmp_path, dataset):
     assert svg_parts(out)[1] == ["x 3 blocks.0–2"]
 
 
+def test_draws_a_graph_json(tmp_path, llama_graph):
+    (tmp_path / "g.json").write_text(llama_graph.to_json())
+    result = run("draw", tmp_path / "g.json", "--out", tmp_path / "g.svg")
+    assert result.exit_code == 0, result.output
+    assert svg_parts(tmp_path / "g.svg")[1] == ["x 4 blocks.0–3"]
+
+
 def error_of(result) -> str:
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
@@ -183,12 +197,18 @@ def error_of(result) -> str:
     (["{dataset}", "--out", "g.svg"], "error: {dataset}: is a folder; give a MODEL.py, or a dataset folder and a record ID"),
     (["{dataset}", "nope", "--out", "g.svg"], "error: {dataset}: no record 'nope' (see `graphkit ls {dataset}`)"),
     (["missing-ds", "x", "--out", "g.svg"], "error: missing-ds: no such dataset folder"),
+    (["missing.json", "--out", "g.svg"], "error: missing.json: cannot read: No such file or directory"),
+    (["bad.json", "--out", "g.svg"], "error: bad.json: not JSON: Expecting value: line 1 column 1 (char 0)"),
+    (["cyclic.json", "--out", "g.svg"], "error: cyclic.json: edge 'output' -> 'input' goes backwards: the graph has a cycle or its nodes are not in topological order"),
     (["{llama}", "x", "--out", "g.svg"], "error: {llama}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)"),
 ])
 def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch, dataset, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder.svg").mkdir()
     (tmp_path / "file.txt").write_text("mine")
+    (tmp_path / "bad.json").write_text("nope")
+    (tmp_path / "cyclic.json").write_text('{"nodes": [{"op": "input", "name": "input"}, {"op": "output", "name": "output"}], '
+                                          '"edges": [[0, 1], [1, 0]]}')
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     names = dict(llama=LLAMA, dataset=dataset, cwd=tmp_path)
     assert error_of(run("draw", *(a.format(**names) for a in args))) == message.format(**names)
