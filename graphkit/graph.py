@@ -21,8 +21,12 @@ from graphkit.errors import GraphError
 from graphkit.ops import OPS_VERSION, is_known_op, op_id
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import networkx
     from torch_geometric.data import Data
+
+    from graphkit.draw import Drawing
 
 Shape = tuple[int, ...]
 
@@ -111,8 +115,7 @@ class ArchGraph:
                 continue
             a = node.attrs
             heads, kv = a.get("heads"), a.get("kv_heads")
-            kind = a.get("variant", "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
-            rows[(kind, heads, kv, a.get("head_dim"), bool(a.get("causal")), a.get("window"), bool(a.get("rope")))] += 1
+            rows[(attention_kind(a), heads, kv, a.get("head_dim"), bool(a.get("causal")), a.get("window"), bool(a.get("rope")))] += 1
         keys = ("kind", "heads", "kv_heads", "head_dim", "causal", "window", "rope")
         return [dict(zip(keys, k), layers=count) for k, count in rows.items()]
 
@@ -302,6 +305,13 @@ class ArchGraph:
             num_nodes=n,
         )
 
+    def draw(self, path: str | Path, *, expand: bool = False) -> Drawing:
+        """Draw the graph top to bottom to ``path`` (.svg, .png or .pdf), repeated blocks folded
+        into one frame marked "x N" unless ``expand``; see :func:`graphkit.draw.draw`."""
+        from graphkit.draw import draw
+
+        return draw(self, path, expand=expand)
+
     def summary(self) -> str:
         """A few readable lines: size, op counts and attention layout."""
         meta = self.meta
@@ -320,6 +330,12 @@ class ArchGraph:
                 f"head_dim={row['head_dim']} " + " ".join(extra)
             )
         return "\n".join(lines)
+
+
+def attention_kind(attrs: Mapping[str, Any]) -> str:
+    """MHA, MQA or GQA from an attention node's head counts, or its recorded variant (e.g. KDGQA)."""
+    heads, kv = attrs.get("heads"), attrs.get("kv_heads")
+    return str(attrs.get("variant") or "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
 
 
 def graph_meta(**meta: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import write_text_atomic
+from graphkit.fileio import check_output_file, write_text_atomic
 
 app = typer.Typer(
     name="graphkit",
@@ -90,6 +90,61 @@ def trace(
     if out is not None:
         write_text_atomic(out, text)
         console.print(f"wrote {out}")
+
+
+@app.command()
+@command
+def draw(
+    source: Path = typer.Argument(..., metavar="MODEL.py|GRAPH.json|DATASET", help="A model file to trace, a graph from `graphkit trace --out`, or a dataset folder followed by a record ID."),
+    record_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Record id in the DATASET folder, e.g. vits-1k-00042."),
+    out: Path = typer.Option(..., "--out", "-o", help="The picture: .svg (hover a box for its parameter shapes), .png or .pdf."),
+    expand: bool = typer.Option(False, "--expand", help="Draw every block instead of folding repeats into one block marked 'x N'."),
+) -> None:
+    """Draw an architecture top to bottom: repeated blocks folded, attention and MoE annotated.
+
+    Uses Graphviz's `dot` for the layout where it is installed, grandalf (pure Python) otherwise.
+    """
+    from graphkit.draw import SUFFIXES
+    from graphkit.draw import draw as draw_graph
+
+    check_output_file(out, "--out", SUFFIXES)
+    if record_id is None:
+        if source.is_dir():
+            raise GraphkitError(f"{source}: is a folder; give a MODEL.py, or a dataset folder and a record ID")
+        graph = _read_graph(source) if source.suffix.lower() == ".json" else _traced_graph(source)
+    else:
+        if source.is_file():
+            raise GraphkitError(f"{source}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)")
+        from graphkit.datasets import load
+
+        graph = load(source)[record_id].graph
+    drawing = draw_graph(graph, out, expand=expand)
+    console.print(f"layout: {drawing.layout}", highlight=False)
+    folded = f", {drawing.folded} folded repeat{'s' * (drawing.folded != 1)}" if drawing.folded else ""
+    console.print(f"wrote {out} ({drawing.boxes} boxes for {len(graph.nodes)} nodes{folded})", highlight=False, soft_wrap=True)
+
+
+def _traced_graph(model_file: Path):
+    """The graph of a MODEL.py, as `graphkit trace` makes it."""
+    from graphkit.modelfile import load_model_file
+    from graphkit.trace import trace as trace_model
+
+    loaded = load_model_file(model_file)
+    return trace_model(loaded.model, loaded.example_inputs)
+
+
+def _read_graph(path: Path):
+    """A graph JSON file as `graphkit trace --out` writes it; unreadable files name themselves."""
+    from graphkit.graph import ArchGraph
+
+    try:
+        graph = ArchGraph.from_json(path.read_text())
+        graph.validate()
+    except OSError as e:
+        raise GraphkitError(f"{path}: cannot read: {e.strerror or e}") from e
+    except (UnicodeDecodeError, GraphkitError) as e:
+        raise GraphkitError(f"{path}: {' '.join(str(e).split())}") from e
+    return graph
 
 
 class Variant(str, enum.Enum):
