@@ -99,7 +99,9 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
 
     Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
     ``pretrained_cfg['input_size']``) get a batch of two images; models with a
-    ``config.vocab_size`` get two sequences of token ids (``use_cache=False`` when accepted).
+    ``config.vocab_size`` get two sequences of token ids (``use_cache=False`` when accepted);
+    hand-written language models whose first module is an ``nn.Embedding`` (nanoGPT) get token
+    ids below its ``num_embeddings``, as long as every position table and rotary cache allows.
     """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     config = getattr(model, "config", None)
@@ -112,11 +114,36 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         if "use_cache" in inspect.signature(model.forward).parameters:
             kwargs["use_cache"] = False
         return (), kwargs
+    length = _token_length(model)
+    if length is not None:
+        return (torch.zeros(2, length, dtype=torch.long, device=device),), {}
     raise TraceError(
         f"cannot guess example inputs for {type(model).__name__}: it is neither an image model "
-        "(no img_size / image_size) nor a language model (no config.vocab_size); pass example_inputs "
-        "(or define example_inputs() in MODEL.py)"
+        "(no img_size / image_size) nor a language model (no config.vocab_size, and its first module "
+        "is not an nn.Embedding); pass example_inputs (or define example_inputs() in MODEL.py)"
     )
+
+
+#: buffer names of precomputed rotary tables, whose first dimension bounds the sequence length
+_ROTARY_BUFFER = ("cos", "sin", "freq", "rope", "rotary")
+
+
+def _token_length(model: nn.Module) -> int | None:
+    """A sequence length for token-id inputs when ``model``'s first module holding parameters is
+    an ``nn.Embedding`` (a hand-written LM such as nanoGPT), else None: at most 8, and no longer
+    than any other embedding (a position table), any rotary buffer's first dimension or a
+    ``config.block_size`` (nanoGPT asserts it)."""
+    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    if not isinstance(first, nn.Embedding):
+        return None
+    limits = [8]
+    limits += [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding) and m is not first]
+    limits += [b.shape[0] for name, b in model.named_buffers()
+               if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)]
+    block = getattr(getattr(model, "config", None), "block_size", None)
+    if isinstance(block, int):
+        limits.append(block)
+    return max(1, min(limits))
 
 
 def _image_size(model: nn.Module) -> tuple[int, int, int] | None:

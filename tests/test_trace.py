@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 from conftest import MODEL_FILES, gpt2, llama, meta, mistral, timm_vit
 
 import graphkit
@@ -223,3 +225,40 @@ def test_cache_reuses_exports_between_depths_and_changes_nothing():
     assert len(cache) == 1  # same blocks, same export
     graphkit.trace(gpt2(layers=4, dim=96, heads=4), cache=cache)
     assert len(cache) == 2  # other widths export again
+
+
+class _NanoGPT(nn.Module):
+    """nanoGPT's shape, hand-written: no config.vocab_size, a position table of block_size rows
+    (forward asserts the length) or, with rope=True, a precomputed rotary buffer instead."""
+
+    def __init__(self, vocab=50, dim=32, heads=4, block_size=6, rope=False):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = None if rope else nn.Embedding(block_size, dim)
+        if rope:
+            self.register_buffer("freqs_cis", torch.ones(block_size, dim // heads // 2), persistent=False)
+        self.block_size, self.heads = block_size, heads
+        self.ln = nn.LayerNorm(dim)
+        self.qkv, self.proj, self.head = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), nn.Linear(dim, vocab)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        assert t <= self.block_size, f"sequence of {t} tokens over block_size {self.block_size}"
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(t, device=idx.device))
+        else:
+            x = x * self.freqs_cis[:t].sum()
+        q, k, v = self.qkv(self.ln(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.head(x + self.proj(y.transpose(1, 2).reshape(b, t, -1)))
+
+
+@pytest.mark.parametrize("rope,length", [(False, 6), (True, 5)])
+def test_hand_written_language_model_needs_no_example_inputs(rope, length):
+    model = _NanoGPT(block_size=length, rope=rope)
+    (ids,), kwargs = graphkit.example_inputs_for(model)
+    assert ids.shape == (2, length) and ids.dtype == torch.long and int(ids.max()) < 50 and not kwargs
+    graph = graphkit.trace(model)
+    assert graph.op_counts()["attention"] == 1 and graph.nodes[1].op == "embedding"
+    assert not any(n.op.startswith("other:") for n in graph.nodes)
