@@ -318,22 +318,27 @@ class _GraphBuilder:
         groups = self.groups
         keep = [g.live for g in groups]
         keep[0] = True
-        # a node with nothing feeding it is built from the input's shape (positions, tables)
+        # A node with nothing feeding it is built from the input's shape (positions, rotary and
+        # ALiBi tables) and gets an edge from the input. One computed from parameters or buffers
+        # alone (a relative-position MLP over coordinates, a pooling head's learned query) is a
+        # subgraph rooted at them: it keeps no input edge and feeds what consumes it.
         for g in groups[1:]:
             g.inputs = {i for i in g.inputs if keep[i]}
-            if not g.inputs:
+            if not g.inputs and not (g.params and g.op not in ("embedding", *_LEAF_KEEP_WITHOUT_INPUT)):
                 if g.op == "embedding":  # looked up by positions, not by the input's tokens
                     g.op = "pos_embedding"
                 g.inputs = {self.INPUT}
-        # drop parameter-free nodes that do not reach the output (dead code in the forward)
+        # drop parameter-free nodes that do not reach the output (dead code in the forward),
+        # walking the groups in data-flow order: an attention group is created at its first op,
+        # before groups it consumes (a relative-position bias computed inside its module)
         users: dict[int, set[int]] = {i: set() for i in range(len(groups))}
         for i, g in enumerate(groups):
             if keep[i]:
                 for s in g.inputs:
                     users[s].add(i)
         reaches = {len(groups) - 1}
-        for i in range(len(groups) - 1, -1, -1):
-            if keep[i] and (users[i] & reaches):
+        for i in reversed(_topological([i for i in range(len(groups)) if keep[i]], groups)):
+            if users[i] & reaches:
                 reaches.add(i)
         for i, g in enumerate(groups):
             if keep[i] and i not in reaches and not g.params and i != self.INPUT:

@@ -172,7 +172,8 @@ class ArchGraph:
         """Raise GraphError unless the graph is a well-formed computation DAG.
 
         Checked: known ops, unique names, edges in range and in topological order (so acyclic),
-        one input node from which every node is reachable, every node reaching an output, each
+        one input node, every node reaching an output (nodes computed from parameters or buffers
+        alone, such as a relative-position MLP, need not be reachable from the input), each
         parameter owned by exactly one node, and, when ``params`` (state-dict name -> shape, e.g.
         from ``model.named_parameters()``) is given, that the owned parameters are exactly those.
         """
@@ -201,12 +202,11 @@ class ArchGraph:
         outputs = [i for i, node in enumerate(self.nodes) if node.op == "output"]
         if len(inputs) != 1 or not outputs:
             raise GraphError(f"a graph needs exactly one input node and an output node, found {len(inputs)} and {len(outputs)}")
-        succ, pred = self._adjacency()
-        for label, start, nbrs in (("reachable from the input", inputs, succ), ("connected to the output", outputs, pred)):
-            seen = self._reach(start, nbrs)
-            missing = [self.nodes[i].name for i in range(n) if not seen[i]]
-            if missing:
-                raise GraphError(f"node {missing[0]!r} is not {label} ({len(missing)} such nodes)")
+        _, pred = self._adjacency()
+        seen = self._reach(outputs, pred)
+        missing = [self.nodes[i].name for i in range(n) if not seen[i]]
+        if missing:
+            raise GraphError(f"node {missing[0]!r} is not connected to the output ({len(missing)} such nodes)")
         if params is not None:
             expected = {k: tuple(int(d) for d in s) for k, s in params.items()}
             owned = {p: s for node in self.nodes for p, s in node.params.items()}

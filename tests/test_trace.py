@@ -262,3 +262,24 @@ def test_hand_written_language_model_needs_no_example_inputs(rope, length):
     graph = graphkit.trace(model)
     assert graph.op_counts()["attention"] == 1 and graph.nodes[1].op == "embedding"
     assert not any(n.op.startswith("other:") for n in graph.nodes)
+
+
+@pytest.mark.parametrize("name,root,consumer", [
+    ("vit_relpos_base_patch16_224", "blocks.0.attn.rel_pos.mlp.fc1", "blocks.0.attn.attention"),
+    ("vit_base_patch16_siglip_224", "attn_pool.q", "attn_pool.attention"),
+])
+def test_subgraphs_rooted_at_parameters_or_buffers(name, root, consumer):
+    """A relative-position MLP over a coordinate buffer and a pooling head's learned query are
+    architecture: kept, owning their parameters, feeding their attention, with no input edge."""
+    graph = graphkit.trace(meta(lambda: timm_vit(name, depth=2)))
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    preds = {i: {s for s, d in graph.edges if d == i} for i in range(len(graph.nodes))}
+    assert preds[index[root]] == set()
+    chain = {index[root]}
+    for i in range(len(graph.nodes)):  # everything downstream of the root
+        if preds[i] & chain:
+            chain.add(i)
+    assert index[consumer] in chain
+    assert graph.op_counts()["attention"] == 2 + (name.endswith("siglip_224"))
+    assert not any(n.op.startswith("other:") for n in graph.nodes)
+    graph.validate({k: p.shape for k, p in meta(lambda: timm_vit(name, depth=2)).named_parameters()})
