@@ -34,7 +34,7 @@ from graphkit.ops import (
     SDPA_ATEN,
     SHAPE_DEPENDENT_ATEN,
     SHAPE_ONLY_ATEN,
-    aten_name,
+    functional_name,
     is_float,
     module_op,
 )
@@ -135,7 +135,7 @@ class _GraphBuilder:
         for node in nodes:
             if node.op != "call_function" or self._leaf(node) is not None:
                 continue
-            name = aten_name(node.target)
+            name = functional_name(node.target)
             if not (name in SDPA_ATEN or (name in MATMUL_ATEN and self._is_eager_attention(node))):
                 continue
             scope = self._attention_scope(node)
@@ -145,7 +145,7 @@ class _GraphBuilder:
                 u = stack.pop()
                 if u in region_of or u.op != "call_function" or self._leaf(u) is not None:
                     continue
-                uname = aten_name(u.target)
+                uname = functional_name(u.target)
                 if uname in _PARAM_ATEN or any(a.name in self.param_names for a in u.all_input_nodes):
                     continue
                 uscope = self._scope(u)
@@ -157,10 +157,10 @@ class _GraphBuilder:
 
     def _is_eager_attention(self, node: fx.Node) -> bool:
         probs = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        softmax = probs and _find_back(probs, lambda n: aten_name(n.target) in _SOFTMAX_ATEN)
+        softmax = probs and _find_back(probs, lambda n: functional_name(n.target) in _SOFTMAX_ATEN)
         if softmax is None:
             return False
-        scores = _find_back(softmax.args[0], lambda n: aten_name(n.target) in MATMUL_ATEN)
+        scores = _find_back(softmax.args[0], lambda n: functional_name(n.target) in MATMUL_ATEN)
         return scores is not None
 
     # -- main pass ------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class _GraphBuilder:
                     attention_group[anchor] = len(self.groups) - 1
                 self._absorb(attention_group[anchor], node, in_prod, in_params)
                 continue
-            name = aten_name(node.target)
+            name = functional_name(node.target)
             if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")):
                 self.prod[node], self.param_src[node] = in_prod, in_params
                 continue
@@ -264,7 +264,7 @@ class _GraphBuilder:
 
     # -- attention attributes -------------------------------------------------------------------
     def _attention_attrs(self, anchor: fx.Node, group: _Group) -> dict[str, Any]:
-        name = aten_name(anchor.target)
+        name = functional_name(anchor.target)
         sdpa = name in SDPA_ATEN
         if sdpa:
             q, v = anchor.args[0], anchor.args[2]
@@ -287,7 +287,7 @@ class _GraphBuilder:
             heads = _first_attr(module, ("num_heads", "n_head", "num_attention_heads"))
             kv_heads = _first_attr(module, ("num_kv_heads", "num_key_value_heads", "n_kv_head")) or heads
         inputs_ops = {self.groups[i].op for i in group.inputs}
-        ops_inside = {aten_name(n.target) for n in group.fx}
+        ops_inside = {functional_name(n.target) for n in group.fx}
         # causal: SDPA's flag, the module's own is_causal (HF), or a tril/triu mask built inside
         causal = causal or bool(getattr(module, "is_causal", False)) or bool(ops_inside & {"tril", "triu"})
         attrs: dict[str, Any] = {
@@ -382,7 +382,7 @@ class _GraphBuilder:
                 attrs["in_features"] = int(first.meta["val"].shape[-1])
             attrs["out_features"] = int(g.fx[-1].meta["val"].shape[-1])
             # HF Conv1D and x @ W store the weight as (in, out), nn.Linear and F.linear as (out, in)
-            if type(module).__name__ == "Conv1D" or (module is None and aten_name(g.fx[0].target) != "linear"):
+            if type(module).__name__ == "Conv1D" or (module is None and functional_name(g.fx[0].target) != "linear"):
                 attrs["transposed"] = True
         elif g.op in ("layer_norm", "rms_norm"):
             eps = _first_attr(module, ("eps", "variance_epsilon")) if module is not None else None
@@ -441,7 +441,7 @@ def _find_back(start: Any, match, depth: int = 8) -> fx.Node | None:
                 continue
             if match(n):
                 return n
-            if aten_name(n.target) in _ATTN_PASS:
+            if functional_name(n.target) in _ATTN_PASS:
                 nxt.extend(a for a in n.all_input_nodes if is_float(a.meta.get("val")))
         frontier = nxt
     return None
@@ -451,7 +451,7 @@ def _min_numel_back(value: fx.Node) -> int:
     """Smallest tensor on the shape-only path into ``value``: K/V before any repeat for GQA."""
     best = value.meta["val"].numel()
     cur = value
-    while cur.op == "call_function" and aten_name(cur.target) in SHAPE_ONLY_ATEN:
+    while cur.op == "call_function" and functional_name(cur.target) in SHAPE_ONLY_ATEN:
         src = next((a for a in cur.all_input_nodes), None)
         if src is None:
             break
@@ -465,14 +465,14 @@ def _min_numel_back(value: fx.Node) -> int:
 def _softcap(tanh: fx.Node) -> float | None:
     """c for the pattern c * tanh(x / c), else None."""
     src = tanh.args[0]
-    if not (isinstance(src, fx.Node) and aten_name(src.target) in ("div", "mul")):
+    if not (isinstance(src, fx.Node) and functional_name(src.target) in ("div", "mul")):
         return None
     scalar = src.args[1] if len(src.args) > 1 else None
     if not isinstance(scalar, (int, float)):
         return None
-    cap = float(scalar) if aten_name(src.target) == "div" else 1.0 / float(scalar)
+    cap = float(scalar) if functional_name(src.target) == "div" else 1.0 / float(scalar)
     users = list(tanh.users)
-    if len(users) != 1 or aten_name(users[0].target) != "mul":
+    if len(users) != 1 or functional_name(users[0].target) != "mul":
         return None
     other = [a for a in users[0].args if a is not tanh]
     if len(other) != 1 or not isinstance(other[0], (int, float)) or abs(float(other[0]) - cap) > 1e-6 * abs(cap):

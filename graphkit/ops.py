@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphkit.compat import aten_name  # noqa: F401  (graphkit.ops.aten_name stays importable)
+from graphkit.compat import aten_name
 
 OPS_VERSION = 1
 
@@ -240,6 +240,14 @@ SHAPE_DEPENDENT_ATEN: frozenset[str] = frozenset(
     {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
      "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
 )
+
+
+def functional_name(target: object) -> str:
+    """The ATen name of an FX call target with in-place variants mapped to their out-of-place
+    op (``add_`` -> ``add``, ``masked_fill_`` -> ``masked_fill``): the graph records what is
+    computed, not whether a buffer was reused (Falcon's parallel block adds in place)."""
+    name = aten_name(target)
+    return name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
 
 
 def is_float(value: object) -> bool:

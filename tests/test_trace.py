@@ -283,3 +283,13 @@ def test_subgraphs_rooted_at_parameters_or_buffers(name, root, consumer):
     assert graph.op_counts()["attention"] == 2 + (name.endswith("siglip_224"))
     assert not any(n.op.startswith("other:") for n in graph.nodes)
     graph.validate({k: p.shape for k, p in meta(lambda: timm_vit(name, depth=2)).named_parameters()})
+
+
+def test_in_place_aten_ops_map_to_their_out_of_place_op():
+    """Falcon's parallel block adds attention and MLP outputs in place (aten.add_)."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    config = FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          new_decoder_architecture=False, parallel_attn=True)
+    counts = graphkit.trace(meta(lambda: FalconForCausalLM(config))).op_counts()
+    assert not any(op.startswith("other:") for op in counts) and counts["add"] == 4 and counts["attention"] == 2
