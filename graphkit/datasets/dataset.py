@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, open_shard, row_to_graph
+from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, hub_columns, open_shard, row_to_graph
 from graphkit.graph import ArchGraph
 
 Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
@@ -37,6 +37,8 @@ class Record:
 
     def __init__(self, row: Mapping[str, Any]) -> None:
         self._row = dict(row)
+        if self._row.get("node_feat") is None:  # a schema-version-1 shard: the Hub columns from the graph
+            self._row.update(hub_columns(self.graph))
 
     def __getitem__(self, column: str) -> Any:
         return self._row[column]
