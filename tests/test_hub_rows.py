@@ -26,9 +26,9 @@ HUB_KEYS = (*HUB_COLUMNS, "num_nodes")
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A dataset made by the real CLI: 6 records of 18 small ViTs."""
+    """A dataset made by the real CLI: 24 records of 18 small ViTs, so some repeat."""
     out = tmp_path_factory.mktemp("hub") / "tiny"
-    result = CliRunner().invoke(app, ["generate", str(HERE / "recipes" / "tiny-vits.json"), "--out", str(out), "--num", "6"])
+    result = CliRunner().invoke(app, ["generate", str(HERE / "recipes" / "tiny-vits.json"), "--out", str(out), "--num", "24"])
     assert result.exit_code == 0, result.output
     return out
 
@@ -39,7 +39,7 @@ def plain_rows(folder: Path) -> list[dict]:
 
 def test_rows_hold_the_hub_layout(folder):
     rows = plain_rows(folder)
-    assert len(rows) == 6
+    assert len(rows) == 24
     for row in rows:
         n, e = row["num_nodes"], row["num_edges"]
         assert len(row["node_feat"]) == n and {len(f) for f in row["node_feat"]} == {5}
@@ -57,7 +57,7 @@ def test_plain_row_becomes_a_pyg_data_that_batches(folder):
     Data = pyg_data().Data
     from torch_geometric.loader import DataLoader
 
-    rows = plain_rows(folder)
+    rows = plain_rows(folder)[:6]
     assert Data(**rows[0]).num_nodes == rows[0]["num_nodes"]  # every column as an attribute
     graphs = [Data(**{key: torch.tensor(row[key]) for key in HUB_KEYS}) for row in rows]
     for data, row in zip(graphs, rows, strict=True):
@@ -86,6 +86,18 @@ def test_pandas_and_duckdb_read_the_same_rows(folder):
                       r["edge_dst"][0]) for r in rows]
 
 
+def test_to_pyg_converts_each_architecture_once_and_keeps_every_record(folder):
+    ds = load(folder)
+    pyg = ds.to_pyg()
+    fingerprints = [record["fingerprint"] for record in ds]
+    assert len(set(fingerprints)) < len(pyg) == 24  # repeats share one conversion
+    for data, record in zip(pyg, ds, strict=True):
+        expected = record.to_pyg()
+        assert (data.id, data.fingerprint) == (record.id, record["fingerprint"])
+        for key in ("x", "edge_index", "in_degree", "out_degree", "spd_index", "spd_value", "param_shape"):
+            assert torch.equal(data[key], expected[key]), key
+
+
 def test_card_and_manifest_describe_the_columns(folder):
     card = (folder / "README.md").read_text()
     for column in HUB_KEYS:
@@ -110,12 +122,12 @@ def test_version_1_shards_still_load(folder, tmp_path):
     write_v1_shard(rows, shard)
     assert pq.ParquetFile(shard).schema_arrow.names == SCHEMAS[1].names  # really the old layout
     ds = load(old)
-    assert ds.ids == [r["id"] for r in rows] and len(ds.metadata()) == 6
+    assert ds.ids == [r["id"] for r in rows] and len(ds.metadata()) == 24
     for row, record in zip(rows, ds, strict=True):
         assert record.graph.fingerprint() == row["fingerprint"]
         assert {key: record[key] for key in HUB_KEYS} == {key: row[key] for key in HUB_KEYS}  # filled in from the graph
     assert ds.filter(num_layers=[2]).ids == [r["id"] for r in rows if r["num_layers"] == 2]
-    assert len(ds.to_pyg()) == 6
+    assert len(ds.to_pyg()) == 24
     # a folder mixing both versions (an old dataset resumed by this graphkit) loads as one
     write_shard(rows[:2], old / "data" / "eval-00000-of-00001.parquet")
     mixed = load(old)
