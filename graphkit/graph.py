@@ -66,6 +66,13 @@ class Node:
         """Number of parameter elements this node owns."""
         return sum(int(np.prod(s, dtype=np.int64)) for s in self.params.values())
 
+    def largest_shape(self, rank: int = 4) -> list[int]:
+        """The shape of this node's largest parameter (most dims, then most elements), cut or
+        zero-padded to ``rank`` dims; zeros without parameters. A fixed-width node feature:
+        ``to_pyg``'s ``param_shape`` and the dataset rows' ``node_feat`` use it."""
+        shape = max(self.params.values(), key=lambda s: (len(s), math.prod(s)), default=())[:rank]
+        return list(shape) + [0] * (rank - len(shape))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: shapes as lists."""
         return {
@@ -288,10 +295,7 @@ class ArchGraph:
         Data = pyg_data().Data
         n = len(self.nodes)
         edge_index = torch.tensor(self.edges, dtype=torch.long).reshape(-1, 2).t().contiguous()
-        shapes = []
-        for node in self.nodes:
-            shape = max(node.params.values(), key=lambda s: (len(s), math.prod(s)), default=())[:4]
-            shapes.append(list(shape) + [0] * (4 - len(shape)))
+        shapes = [node.largest_shape(4) for node in self.nodes]
         dist = torch.from_numpy(self.shortest_paths()).long()
         spd_index = (dist > 0).nonzero().t().contiguous()
         return Data(

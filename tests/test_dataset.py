@@ -35,7 +35,7 @@ def test_layout_card_and_manifest(folder):
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nconfigs:\n- config_name: default\n") and "path: data/train-*.parquet" in card
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1 and manifest["ops"][0] == "input" and manifest["seed"] == 0
+    assert manifest["schema_version"] == 2 and manifest["ops"][0] == "input" and manifest["seed"] == 0
     assert manifest["counts"] == {"eval": 1, "train": 4}  # both separately written shards
 
 

@@ -78,16 +78,19 @@ def test_recipe_name_cannot_escape_the_working_folder(tmp_path, monkeypatch):
     ({"bins": [{"layers": [1, 2]}]}, "bins[0]: missing field 'hidden'"),
     ({"heads": [{"choices": [2], "size": 3}]}, "heads[0]: unknown field 'size'; accepted fields: choices, hidden, min_head_dim"),
     ({"family": "rnn"}, "family: unknown family 'rnn'; known families: gpt2, llama, vit"),
-    ({"hidden": [8]}, "unknown field 'hidden'; accepted fields: name, family, bins, heads, max_params, fixed, kv_heads, "
-                      "sliding_window, attention, eval_fraction, num, description"),
+    ({"hidden": [8]}, "unknown field 'hidden'; accepted fields: name, family, bins, heads, max_params, fixed, choices, "
+                      "kv_heads, sliding_window, attention, eval_fraction, num, description"),
     # the space is bounded before it is enumerated: these used to hang
     ({"bins": [{"layers": [1, 2], "hidden": [8, 2000000, 8]}]},
      "bins[0].hidden must be a list (low, high, step) of integers with 1 <= low <= high <= 1,000,000 and step >= 1; got (8, 2000000, 8)"),
     ({"bins": [{"layers": [1, 9], "hidden": [8, 200000, 8]}]},
      "bins span 225,000 (layers, hidden) pairs, more than the 10,000 a space may enumerate; use larger hidden steps or fewer layers"),
     ({"bins": [{"layers": [1, 4], "hidden": [8, 8000, 8]}], "heads": [{"choices": "divisors"}]},
-     "bins and heads give 74,824 candidate architectures, more than the 10,000 a space may enumerate; "
-     "use larger hidden steps, fewer layers or fewer head choices"),
+     "bins, heads and choices give 74,824 candidate architectures, more than the 10,000 a space may enumerate; "
+     "use larger hidden steps, fewer layers, fewer head choices or fewer choices values"),
+    ({"choices": {"patch_size": [2, 2]}}, "choices must be a mapping of config keys to non-empty lists of distinct null, "
+                                          "true/false, strings or finite numbers >= 0; got {'patch_size': (2, 2)}"),
+    ({"choices": {"image_size": [8, 16]}}, "choices key 'image_size' is also in fixed; a config key is either fixed or chosen"),
 ])
 def test_bad_recipe_fields_are_named(changes, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator, Mapping
 from functools import cached_property
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, open_shard, row_to_graph
+from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, hub_columns, open_shard, row_to_graph
 from graphkit.graph import ArchGraph
 
 Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
@@ -37,6 +38,8 @@ class Record:
 
     def __init__(self, row: Mapping[str, Any]) -> None:
         self._row = dict(row)
+        if self._row.get("node_feat") is None:  # a schema-version-1 shard: the Hub columns from the graph
+            self._row.update(hub_columns(self.graph))
 
     def __getitem__(self, column: str) -> Any:
         return self._row[column]
@@ -156,10 +159,23 @@ class GraphDataset:
 
     def to_pyg(self):
         """Every record as a torch_geometric ``InMemoryDataset`` of :meth:`Record.to_pyg` data,
-        ready for ``torch_geometric.loader.DataLoader``."""
+        ready for ``torch_geometric.loader.DataLoader``. Datasets repeat architectures (vits-1k
+        holds 160 in 1,000 records), so records of one fingerprint share one conversion: only
+        the first row of each is turned into Python objects, the others get a copy with their
+        own ``id``."""
         from graphkit.datasets.pyg import PygGraphDataset
 
-        return PygGraphDataset(record.to_pyg() for record in self)
+        table = self._table()
+        converted: dict[str, Any] = {}
+        data_list = []
+        for i, (record_id, fingerprint) in enumerate(zip(table.column("id").to_pylist(),
+                                                          table.column("fingerprint").to_pylist(), strict=True)):
+            if fingerprint not in converted:
+                converted[fingerprint] = Record(table.slice(i, 1).to_pylist()[0]).to_pyg()
+            data = copy.copy(converted[fingerprint])  # tensors shared; collate copies them into one store
+            data.id = record_id
+            data_list.append(data)
+        return PygGraphDataset(data_list)
 
     def metadata(self, format: str = "pandas"):
         """The scalar columns of every record, graphs not decoded: a pandas DataFrame, or a

@@ -3,7 +3,8 @@
 Why it is reproducible and restartable:
 
 - The record list (ids, configs, splits) is drawn in the parent from the recipe and seed alone;
-  workers only trace, so any worker count gives the same rows and the same content hash.
+  workers only trace and convert each distinct architecture to its row, so any worker count
+  gives the same rows and the same content hash.
 - Records are written in parts of ``part_size`` (``data/train-00003-of-00010.parquet`` and the
   matching ``eval-`` file), each written atomically. A part is the unit of work: ``--num-shards K
   --shard-index i`` makes part j only when j % K == i, so shards written on different machines
@@ -40,7 +41,6 @@ from graphkit.datasets.store import (
 )
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_dir, write_text_atomic
-from graphkit.graph import ArchGraph
 
 SPLITS = ("train", "eval")
 #: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
@@ -79,12 +79,18 @@ def _width_key(key: str) -> str:
 
 
 def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """Worker: trace configs that differ only in depth; the first export serves them all."""
+    """Worker: trace configs that differ only in depth (the first export serves them all) and
+    turn each graph into its dataset row, id and split left for the parent to fill in per
+    record, so the conversion runs in parallel and the graph crosses processes once, as a row."""
     from graphkit.families import build_model
     from graphkit.trace import trace
 
     cache: dict = {}
-    return [(key, trace(build_model(json.loads(key)), cache=cache).to_dict()) for key in keys]
+    rows = []
+    for key in keys:
+        config = json.loads(key)
+        rows.append((key, graph_to_row(trace(build_model(config), cache=cache), config, id="", split="")))
+    return rows
 
 
 def _warm_up() -> None:
@@ -95,7 +101,8 @@ def _warm_up() -> None:
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
 
 
-def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) -> Iterator[tuple[str, ArchGraph]]:
+def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(config key, row without id and split) for every key, traced by ``workers`` processes."""
     groups: dict[str, list[str]] = {}
     for key in sorted(keys):
         groups.setdefault(_width_key(key), []).append(key)
@@ -117,8 +124,7 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
             results = pool.map(_trace_group, tasks)
         for traced in results:
             advance(len(traced))
-            for key, graph in traced:
-                yield key, ArchGraph.from_dict(graph)
+            yield from traced
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -323,7 +329,7 @@ def generate(
         todo_records = [r for j in todo for r in parts[j]]
         keys = sorted({_config_key(config) for _, config, _ in todo_records})
 
-        graphs: dict[str, ArchGraph] = {}
+        rows_by_key: dict[str, dict[str, Any]] = {}  # records repeat architectures: one row each, copied per record
         traced = 0
 
         def advance(count: int) -> None:
@@ -332,10 +338,9 @@ def generate(
             if progress is not None:
                 progress(traced, len(keys))
 
-        for key, graph in _trace_all(keys, workers, advance):
-            graphs[key] = graph
+        rows_by_key.update(_trace_all(keys, workers, advance))
         for j in todo:
-            rows = [graph_to_row(graphs[_config_key(config)], config, id=rid, split=split) for rid, config, split in parts[j]]
+            rows = [{**rows_by_key[_config_key(config)], "id": rid, "split": split} for rid, config, split in parts[j]]
             for split in SPLITS:  # both files, even an empty one: together they mark the part done
                 write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, j, n_parts))
         with _flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):

@@ -1,12 +1,14 @@
 """Search spaces of graph datasets, declared as data.
 
 A :class:`Recipe` says which family, which depth bins (deeper means narrower, as in LoGAH's
-ViTs-1K and GPTs-1K), which head counts, which fixed settings and what parameter cap; it can
-be written as a JSON or YAML file, so a new search space needs no code:
+ViTs-1K and GPTs-1K), which head counts, which fixed settings, which other config keys take
+several values (``choices``, each multiplying the space) and what parameter cap; it can be
+written as a JSON or YAML file, so a new search space needs no code:
 
     {"name": "tiny-vits", "family": "vit", "max_params": 2000000,
      "bins": [{"layers": [2, 4], "hidden": [64, 128, 32]}],
-     "heads": [{"choices": [2, 4]}], "fixed": {"image_size": 32, "patch_size": 4}}
+     "heads": [{"choices": [2, 4]}], "fixed": {"image_size": 32},
+     "choices": {"patch_size": [2, 4]}}
 
 Sampling (:meth:`Recipe.sample`) draws architectures without replacement until the space is
 used up, then starts another pass, so every architecture appears before any repeats; the
@@ -16,6 +18,7 @@ seen in training.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -42,6 +45,8 @@ MAX_HIDDEN = 1_000_000
 MAX_CANDIDATES = 10_000
 #: records one recipe draws: the record list is held in memory
 MAX_RECORDS = 1_000_000
+#: config keys the recipe's own fields draw (bins, heads, attention, kv_heads, sliding_window)
+DRAWN_KEYS = ("family", "num_layers", "hidden", "heads", "attention", "kv_heads", "sliding_window")
 
 
 def _is_count(value: Any, high: int | None = None) -> bool:
@@ -54,6 +59,12 @@ def _is_setting(value: Any) -> bool:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return math.isfinite(value) and value >= 0
     return value is None or isinstance(value, bool | str)
+
+
+def _is_choice_list(values: Any) -> bool:
+    """A non-empty list of distinct fixed config values."""
+    return (isinstance(values, tuple) and bool(values) and all(map(_is_setting, values))
+            and len({json.dumps(v) for v in values}) == len(values))
 
 
 def _as_tuple(value: Any) -> Any:
@@ -154,6 +165,7 @@ class Recipe:
     heads: tuple[HeadRule, ...]
     max_params: int
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    choices: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # key -> values; each multiplies the space
     kv_heads: str | None = None  # "divisors": every divisor of the head count (MHA, GQA, MQA)
     sliding_window: tuple[int | None, ...] = (None,)
     attention: tuple[str | None, ...] = (None,)  # None: the family's own; or gqa, kdgqa, dgqa, pgqa
@@ -184,6 +196,8 @@ class Recipe:
             ("max_params", _is_count(self.max_params), "an integer >= 1"),
             ("fixed", isinstance(self.fixed, Mapping) and all(isinstance(k, str) and _is_setting(v) for k, v in self.fixed.items()),
              "a mapping of config keys to null, true/false, strings or finite numbers >= 0"),
+            ("choices", isinstance(self.choices, Mapping) and all(isinstance(k, str) and _is_choice_list(v) for k, v in self.choices.items()),
+             "a mapping of config keys to non-empty lists of distinct null, true/false, strings or finite numbers >= 0"),
             ("kv_heads", self.kv_heads in (None, "divisors"), 'null or "divisors"'),
             ("sliding_window", isinstance(self.sliding_window, tuple) and self.sliding_window
              and all(w is None or _is_count(w) for w in self.sliding_window), "a non-empty list of null or integers >= 1"),
@@ -197,6 +211,12 @@ class Recipe:
         for key, ok, accepted in checks:
             if not ok:
                 self._refuse(key, accepted, getattr(self, key))
+        for key in self.choices:
+            if key in self.fixed:
+                raise RecipeError(f"recipe {self.name!r}: choices key {key!r} is also in fixed; a config key is either fixed or chosen")
+            if key in DRAWN_KEYS:
+                raise RecipeError(f"recipe {self.name!r}: choices key {key!r} is drawn by the recipe's own fields; "
+                                  f"choices takes the family's other config keys (not {', '.join(DRAWN_KEYS)})")
         pairs = sum(b.pairs for b in self.bins)
         if pairs > MAX_CANDIDATES:
             raise RecipeError(f"recipe {self.name!r}: bins span {pairs:,} (layers, hidden) pairs, more than the "
@@ -214,6 +234,8 @@ class Recipe:
         values = {key: _as_tuple(value) for key, value in data.items()}
         values["bins"] = _entries(name, "bins", data["bins"], Bin, ("layers", "hidden"))
         values["heads"] = _entries(name, "heads", data["heads"], HeadRule, ("choices",))
+        if isinstance(data.get("choices"), Mapping):
+            values["choices"] = {key: _as_tuple(options) for key, options in data["choices"].items()}
         return cls(**values)
 
     @classmethod
@@ -244,8 +266,13 @@ class Recipe:
                        description=f"{self.description} ({variant} attention)")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data, the inverse of :meth:`from_dict` (stored in each dataset's manifest)."""
-        return json.loads(json.dumps(asdict(self)))
+        """Plain data, the inverse of :meth:`from_dict` (stored in each dataset's manifest).
+        ``choices`` is left out when empty, so a recipe without any reads exactly as it did
+        before the field existed and the datasets made then can still be resumed."""
+        data = json.loads(json.dumps(asdict(self)))
+        if not data["choices"]:
+            del data["choices"]
+        return data
 
     # -- the space ---------------------------------------------------------------------------
     def _head_choices(self, hidden: int) -> list[int]:
@@ -271,23 +298,30 @@ class Recipe:
                 for kv in self._kv_choices(heads, attention)
                 for window in self.sliding_window]
 
+    def _chosen(self) -> list[dict[str, Any]]:
+        """Every combination of the ``choices`` values, in the recipe's order ([{}] without any)."""
+        return [dict(zip(self.choices, values, strict=True)) for values in itertools.product(*self.choices.values())]
+
     @cached_property
     def space(self) -> list[dict[str, Any]]:
         """Every architecture of the recipe under its parameter cap, as resolved family configs,
         in a fixed order. The candidates are counted first, so a space too large to enumerate is
         refused at once rather than hanging."""
         widths = {hidden: self._width_settings(hidden) for b in self.bins for hidden in range(*b.widths)}
-        candidates = sum((b.layers[1] - b.layers[0] + 1) * len(widths[hidden]) for b in self.bins for hidden in range(*b.widths))
+        chosen = self._chosen()
+        candidates = len(chosen) * sum((b.layers[1] - b.layers[0] + 1) * len(widths[hidden])
+                                       for b in self.bins for hidden in range(*b.widths))
         if candidates > MAX_CANDIDATES:
-            raise RecipeError(f"recipe {self.name!r}: bins and heads give {candidates:,} candidate architectures, more than "
-                              f"the {MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps, fewer layers or fewer head choices")
+            raise RecipeError(f"recipe {self.name!r}: bins, heads and choices give {candidates:,} candidate architectures, more "
+                              f"than the {MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps, fewer layers, fewer head "
+                              "choices or fewer choices values")
         configs = []
         for b in self.bins:
             for layers in range(b.layers[0], b.layers[1] + 1):
                 for hidden in range(*b.widths):
-                    for heads, attention, kv, window in widths[hidden]:
+                    for (heads, attention, kv, window), choice in itertools.product(widths[hidden], chosen):
                         config = {"family": self.family, "num_layers": layers, "hidden": hidden,
-                                  "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed}
+                                  "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed, **choice}
                         if window is not None:
                             config["sliding_window"] = window
                         try:
@@ -296,7 +330,7 @@ class Recipe:
                         except ConfigError as e:
                             raise RecipeError(f"recipe {self.name!r}: {e}") from e
                         except (ArithmeticError, TypeError, ValueError) as e:  # a family check that missed a value
-                            raise RecipeError(f"recipe {self.name!r}: config {config} cannot be built ({e}); check fixed") from e
+                            raise RecipeError(f"recipe {self.name!r}: config {config} cannot be built ({e}); check fixed and choices") from e
                         if fits:
                             configs.append(full)
         if not configs:

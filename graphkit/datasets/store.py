@@ -3,7 +3,10 @@
 One row per architecture. Scalar columns are what users filter on; list columns hold the graph,
 so a row converts back to the exact :class:`~graphkit.ArchGraph` it came from. Nothing is
 pickled: any Parquet reader (pyarrow, DuckDB, pandas, Spark, Hugging Face ``datasets``) sees
-plain strings, integers and lists.
+plain strings, integers and lists. Since schema version 2 each row also holds its graph in the
+Hugging Face graph-datasets layout (``node_feat``, ``edge_index``, ``edge_attr``, ``num_nodes``,
+as the Hub's ogbg-molhiv), so a plain row becomes a torch_geometric ``Data`` without graphkit;
+version-1 shards (without those columns) still load.
 """
 
 from __future__ import annotations
@@ -20,13 +23,21 @@ import pyarrow.parquet as pq
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, write_text_atomic
 from graphkit.graph import ArchGraph, Node
+from graphkit.ops import op_id
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: small row groups: fetching one record decodes one group, not the file
 ROW_GROUP_SIZE = 16
 
-SCHEMA = pa.schema([
+#: the Hugging Face graph-datasets columns (with ``num_nodes``), added in schema version 2
+HUB_FIELDS = [
+    ("node_feat", pa.list_(pa.list_(pa.int64()))),             # [N][5]: op id, largest parameter shape (4 dims)
+    ("edge_index", pa.list_(pa.list_(pa.int64()))),            # [2][E]: sources, destinations
+    ("edge_attr", pa.list_(pa.list_(pa.int64()))),             # [E][1]: 1, every edge is data flow
+]
+
+_FIELDS = [
     ("id", pa.string()),
     ("family", pa.string()),
     ("split", pa.string()),
@@ -50,7 +61,11 @@ SCHEMA = pa.schema([
     ("edge_src", pa.list_(pa.int32())),
     ("edge_dst", pa.list_(pa.int32())),
     ("graph_meta", pa.string()),                               # JSON
-], metadata={"graphkit_schema_version": str(SCHEMA_VERSION)})
+]
+SCHEMA = pa.schema(_FIELDS + HUB_FIELDS, metadata={"graphkit_schema_version": str(SCHEMA_VERSION)})
+#: the columns a shard of each schema version holds, by version
+SCHEMAS = {1: pa.schema(_FIELDS), SCHEMA_VERSION: SCHEMA}
+HUB_COLUMNS = tuple(name for name, _ in HUB_FIELDS)
 
 #: columns that hold the graph; metadata queries skip them
 GRAPH_COLUMNS = tuple(name for name in SCHEMA.names if name.startswith(("node_", "edge_")) or name == "graph_meta")
@@ -122,6 +137,21 @@ def graph_to_row(graph: ArchGraph, config: Mapping[str, Any], *, id: str, split:
         "edge_src": [s for s, _ in graph.edges],
         "edge_dst": [d for _, d in graph.edges],
         "graph_meta": _json(graph.meta),
+        **hub_columns(graph),
+    }
+
+
+def hub_columns(graph: ArchGraph) -> dict[str, Any]:
+    """``graph`` in the Hugging Face graph-datasets layout (the Hub's ogbg-molhiv). ``node_feat``
+    is [op id (:data:`graphkit.OPS`), the node's largest parameter shape zero-padded to 4 dims]
+    per node, the ``x`` and ``param_shape`` of :meth:`ArchGraph.to_pyg` side by side, so a GNN
+    sees what an op is and how big; ``edge_attr`` is [1] per edge: graphkit's edges are untyped
+    data flow (no argument position is kept), and a constant column keeps the [E][F] shape that
+    loaders and edge-aware layers (GINEConv(edge_dim=1)) expect."""
+    return {
+        "node_feat": [[op_id(n.op), *n.largest_shape(4)] for n in graph.nodes],
+        "edge_index": [[s for s, _ in graph.edges], [d for _, d in graph.edges]],
+        "edge_attr": [[1] for _ in graph.edges],
     }
 
 
@@ -194,16 +224,22 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
         f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
         f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
         f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
-        " Scalar columns describe each architecture; `node_*` and `edge_*` list columns hold its graph. Load with"
-        " `graphkit.datasets.load(path)`, or with any Parquet reader. `manifest.json` records the recipe and seed"
-        " that reproduce it.\n"
+        " Scalar columns describe each architecture (`id`, `family`, `split`, `num_params`, `num_layers`, `hidden`,"
+        " `heads`, `kv_heads`, `attention`, `mlp`, `num_nodes`, `num_edges`, `fingerprint`, `config` as JSON);"
+        " `node_*` and `edge_*` list columns hold its graph losslessly. The graph is also in the Hugging Face"
+        " graph-datasets layout: `node_feat` (per node: op id, indexing `manifest.json`'s `ops`, then the shape of its"
+        " largest parameter zero-padded to 4 dims), `edge_index` (sources, destinations), `edge_attr` (1 per edge:"
+        " untyped data flow) and `num_nodes`, so `torch_geometric.data.Data(x=torch.tensor(row['node_feat']),"
+        " edge_index=torch.tensor(row['edge_index']), edge_attr=torch.tensor(row['edge_attr']),"
+        " num_nodes=row['num_nodes'])` needs no graphkit. Load with `graphkit.datasets.load(path)`, or with any"
+        " Parquet reader. `manifest.json` records the recipe and seed that reproduce it.\n"
     ))
     return out
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
     """Open one shard, checking that it is a readable graphkit Parquet file of a known schema
-    holding every column of :data:`SCHEMA` with its type."""
+    version holding every column of that version (:data:`SCHEMAS`) with its type."""
     path = Path(path)
     if not path.is_file():
         raise StoreError(f"{path}: no such file")
@@ -219,10 +255,13 @@ def open_shard(path: str | Path) -> pq.ParquetFile:
         raise StoreError(f"{path}: unreadable graphkit_schema_version {version.decode(errors='replace')!r}; expected an integer")
     if int(version) > SCHEMA_VERSION:
         raise StoreError(f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit")
-    missing = [name for name in SCHEMA.names if name not in schema.names]
+    if int(version) not in SCHEMAS:
+        raise StoreError(f"{path}: unknown graphkit_schema_version {int(version)}; this graphkit reads {', '.join(map(str, SCHEMAS))}")
+    expected_schema = SCHEMAS[int(version)]
+    missing = [name for name in expected_schema.names if name not in schema.names]
     if missing:
         raise StoreError(f"{path}: not a complete graphkit dataset shard: missing columns {', '.join(missing)}")
-    for expected in SCHEMA:
+    for expected in expected_schema:
         found = schema.field(expected.name).type
         if found != expected.type:
             raise StoreError(f"{path}: column {expected.name!r} holds {found}, expected {expected.type}")
@@ -240,5 +279,6 @@ def read_table(path: str | Path, columns: Iterable[str] | None = None) -> pa.Tab
 
 
 def read_rows(path: str | Path, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """All rows of one shard as dicts (``columns`` to read fewer); errors name the file."""
+    """All rows of one shard as dicts (``columns`` to read fewer); errors name the file. A
+    version-1 shard's rows lack :data:`HUB_COLUMNS` (``graphkit.datasets.load`` fills them in)."""
     return read_table(path, columns).to_pylist()

@@ -54,15 +54,17 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     }
 
 
-#: LoGAH's ViTs-1K: deeper means narrower, heads by width, under 10M parameters (CIFAR resolution)
+#: LoGAH's ViTs-1K: deeper means narrower, heads by width, patch 2 or 4, under 10M parameters
+#: (CIFAR resolution): the original generator draws the patch size from {2, 4}
 VITS_1K = {
     "name": "vits-1k", "family": "vit",
-    "description": "LoGAH's ViTs-1K: ViT classifiers, deeper means narrower, under 10M parameters",
+    "description": "LoGAH's ViTs-1K: ViT classifiers, deeper means narrower, patch 2 or 4, under 10M parameters",
     "bins": [{"layers": [6, 9], "hidden": [128, 256, 32]}, {"layers": [4, 5], "hidden": [256, 384, 32]},
              {"layers": [3, 3], "hidden": [384, 512, 32]}],
     "heads": [{"choices": [3, 6, 12], "hidden": [192, 288, 384, 480]}, {"choices": [4, 8]}],
     "max_params": 10_000_000,
-    "fixed": {"image_size": 32, "patch_size": 2, "num_classes": 10},
+    "fixed": {"image_size": 32, "num_classes": 10},
+    "choices": {"patch_size": [2, 4]},
 }
 
 FAMILY = register_family(Family(
@@ -75,7 +77,9 @@ FAMILY = register_family(Family(
     from_graph=from_graph,
     traced_as=("vit",),
     recipes=(VITS_1K, {
-        **VITS_1K, "name": "vits-digits", "fixed": {"image_size": 8, "patch_size": 2, "num_classes": 10},
+        # patch 2 only: the bundled hypernetwork trained on this space's train split; a wider space
+        # would draw another eval split, one holding architectures the hypernetwork trained on
+        **VITS_1K, "name": "vits-digits", "fixed": {"image_size": 8, "patch_size": 2, "num_classes": 10}, "choices": {},
         "description": "ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork trains",
     }),
     data="digits",
