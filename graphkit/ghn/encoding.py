@@ -126,11 +126,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     ``max_chunks * max_mask``."""
     n = len(graph.nodes)
     edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
-    shapes = []
-    for node in graph.nodes:
-        shape = max(node.params.values(), key=lambda s: (len(s), math.prod(s)), default=())[:4]
-        shapes.append(list(shape) + [0] * (4 - len(shape)))
-    size = torch.tensor(shapes, dtype=torch.long).reshape(n, 4).float()
+    size = torch.tensor([node.largest_shape(4) for node in graph.nodes], dtype=torch.long).reshape(n, 4).float()
     buckets = torch.where(size > 0, (torch.log2(size + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
     dist = torch.from_numpy(graph.shortest_paths()).long()
     dist = torch.where(dist < 0, config.max_distance + 1, dist.clamp(max=config.max_distance))
