@@ -99,3 +99,24 @@ def test_attention_variant_datasets(tmp_path):
         assert graphkit.trace(record.build_model()).fingerprint() == record["fingerprint"]
     with pytest.raises(GenerateError, match="unknown attention 'mqa'; accepted: mha, gqa, kdgqa, dgqa, pgqa"):
         generate(TINY, tmp_path / "bad", attention="mqa")
+
+
+@pytest.mark.parametrize("recipe", ["gpts-1k", "vits-1k"])
+def test_head_counts_share_one_export_and_match_direct_traces(recipe):
+    """generate traces one head count per width and relabels the others: the rows must be
+    exactly those of tracing every config on its own."""
+    from graphkit.datasets.generate import _config_key, _trace_group, _width_key
+    from graphkit.datasets.recipes import RECIPES
+    from graphkit.datasets.store import graph_to_row
+    from graphkit.families import build_model
+
+    groups: dict[str, list[str]] = {}
+    for config in RECIPES[recipe].space:
+        groups.setdefault(_width_key(_config_key(config)), []).append(_config_key(config))
+    shared = [keys for keys in groups.values() if len({json.loads(k)["heads"] for k in keys}) > 1]
+    assert shared, "the recipe has widths with several head counts"
+    sample = [k for keys in shared[:: max(1, len(shared) // 2)][:2] for k in keys[:4]]
+    assert len({json.loads(k)["heads"] for k in sample}) > 1
+    for key, row in _trace_group(sample):
+        config = json.loads(key)
+        assert row == graph_to_row(graphkit.trace(build_model(config)), config, id="", split=""), key

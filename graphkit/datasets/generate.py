@@ -30,7 +30,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from graphkit.datasets.store import (
 )
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.graph import ArchGraph
 
 SPLITS = ("train", "eval")
 #: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
@@ -73,23 +74,54 @@ def _config_key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+def _heads_only_label(config: Mapping[str, Any]) -> bool:
+    """True for an MHA config of a family whose attention is its own projections (not grouped,
+    not converted): there the head count changes no parameter shape, only the attention nodes'
+    ``heads``, ``kv_heads`` and ``head_dim`` (tests compare against direct traces over gpts-1k
+    and vits-1k), so one export serves every head count of a width."""
+    from graphkit.families import get_family
+
+    return config.get("attention") is None and not get_family(config["family"]).grouped
+
+
 def _width_key(key: str) -> str:
-    """Configs equal but for their depth share one export (folded blocks)."""
-    return _config_key({**json.loads(key), "num_layers": 0})
+    """Configs equal but for their depth (and, where it is only a label, their head count) share
+    one export."""
+    config = {**json.loads(key), "num_layers": 0}
+    if _heads_only_label(config):
+        config["heads"] = 0
+    return _config_key(config)
+
+
+def _with_heads(graph: ArchGraph, heads: int) -> ArchGraph:
+    """``graph`` with its attention nodes relabelled to ``heads`` MHA heads of the same width."""
+    nodes = [replace(n, attrs={**n.attrs, "heads": heads, "kv_heads": heads,
+                               "head_dim": n.attrs["heads"] * n.attrs["head_dim"] // heads})
+             if n.op == "attention" else n for n in graph.nodes]
+    return ArchGraph(nodes=nodes, edges=list(graph.edges), meta=dict(graph.meta))
 
 
 def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """Worker: trace configs that differ only in depth (the first export serves them all) and
-    turn each graph into its dataset row, id and split left for the parent to fill in per
-    record, so the conversion runs in parallel and the graph crosses processes once, as a row."""
+    """Worker: trace configs that differ only in depth and head count (the first export serves
+    them all; other head counts are relabelled) and turn each graph into its dataset row, id and
+    split left for the parent to fill in per record, so the conversion runs in parallel and the
+    graph crosses processes once, as a row."""
     from graphkit.families import build_model
     from graphkit.trace import trace
 
     cache: dict = {}
     rows = []
+    traced_heads = None
     for key in keys:
         config = json.loads(key)
-        rows.append((key, graph_to_row(trace(build_model(config), cache=cache), config, id="", split="")))
+        if _heads_only_label(config):
+            traced_heads = traced_heads or config["heads"]
+            graph = trace(build_model({**config, "heads": traced_heads}), cache=cache)
+            if config["heads"] != traced_heads:
+                graph = _with_heads(graph, config["heads"])
+        else:
+            graph = trace(build_model(config), cache=cache)
+        rows.append((key, graph_to_row(graph, config, id="", split="")))
     return rows
 
 
