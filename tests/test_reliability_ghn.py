@@ -287,8 +287,7 @@ def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint,
 
 
 def test_a_checkpoint_larger_than_memory_is_refused(checkpoint, monkeypatch):
-    predict_module = importlib.import_module("graphkit.ghn.predict")  # the package's ``predict`` is the function
-    monkeypatch.setattr(predict_module, "available_memory", lambda device: 1000)
+    monkeypatch.setattr(importlib.import_module("graphkit.params"), "available_memory", lambda device: 1000)
     with pytest.raises(CheckpointError, match=r"model.safetensors: a LoGAH of [\d,]+ parameters needs 0.00 GB to load but 0.00 GB"):
         load_checkpoint(checkpoint)
 

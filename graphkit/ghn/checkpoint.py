@@ -153,7 +153,7 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
 def _check_size(file: Path, config: LoGAHConfig) -> None:
     """Refuse, before allocating, a config whose LoGAH (measured on the meta device) holds another
     number of values than the weights file, or one too large for the memory available."""
-    from graphkit.ghn.predict import available_memory
+    from graphkit.params import memory_shortfall
 
     with torch.device("meta"):
         wanted = sum(t.numel() for t in LoGAH(config).state_dict().values())
@@ -165,8 +165,9 @@ def _check_size(file: Path, config: LoGAHConfig) -> None:
     if stored != wanted:
         raise CheckpointError(f"{file}: does not match its config.json (the file holds {stored:,} values, the config "
                               f"describes a LoGAH of {wanted:,})")
-    needed, limit = 2 * 4 * wanted, available_memory(torch.device("cpu"))  # the model and the loaded file, fp32
-    if limit is not None and needed > limit:
+    needed = 2 * 4 * wanted  # the model and the loaded file, fp32
+    limit = memory_shortfall(needed, torch.device("cpu"))
+    if limit is not None:
         raise CheckpointError(f"{file}: a LoGAH of {wanted:,} parameters needs {needed / 1e9:.2f} GB to load but "
                               f"{limit / 1e9:.2f} GB are available")
 
