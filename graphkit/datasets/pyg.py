@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from graphkit.compat import pyg_data
 from graphkit.datasets.store import StoreError
 
-Data, InMemoryDataset = pyg_data().Data, pyg_data().InMemoryDataset
+_pyg = pyg_data()
+Data, InMemoryDataset = _pyg.Data, _pyg.InMemoryDataset
 
 
 class PygGraphDataset(InMemoryDataset):
