@@ -23,6 +23,7 @@ from graphkit.families import build_model
 from graphkit.ghn import (BUNDLED, CheckpointError, LoGAH, LoGAHConfig, PredictError, TrainConfig, TrainError,
                           load_checkpoint, predict, save_checkpoint, train)
 from graphkit.ghn.training import ArchPool, run_models
+from graphkit.ops import VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -165,8 +166,11 @@ def test_checkpoint_errors(tmp_path):
         load_checkpoint(folder, variant="tiny")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "ops_version": 0}))
-    with pytest.raises(CheckpointError, match="trained with op vocabulary v0, but this graphkit uses v1"):
-        load_checkpoint(folder)
+    for version in (0, 3, "2", None):
+        (folder / "config.json").write_text(json.dumps({**config, "ops_version": version}))
+        with pytest.raises(CheckpointError, match=rf"trained with op vocabulary v{version}, but this graphkit reads v1 to v2"):
+            load_checkpoint(folder)
+    (folder / "config.json").write_text(json.dumps(config))
     (folder / "config.json").write_text(json.dumps({**config, "logah": {**config["logah"], "hidden": 64}}))
     with pytest.raises(CheckpointError, match="model.safetensors: does not match its config.json"):
         load_checkpoint(folder)
@@ -194,7 +198,22 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating():
 def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
-    assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in LoGAH.from_variant("tiny").parameters())
+    # trained on vocabulary v1: it reads the 29 op ids of v1, whose meaning never changes
+    assert ghn.info["ops_version"] == 1 and ghn.config.num_ops == VOCABULARY_SIZES[1] == 29
+    assert ghn.encoder.op_embed.num_embeddings == 29
+    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=29))
+    assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
+
+
+def test_an_old_checkpoint_refuses_an_op_newer_than_its_vocabulary():
+    """A v1 LoGAH without training info reads v1's ids; a graph with a v2 op gets a clear error."""
+    from graphkit.ghn.encoding import EncodingError
+    from graphkit.graph import ArchGraph, Node
+
+    old = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[1]))
+    graph = ArchGraph(nodes=[Node("input", "input"), Node("pad", "blocks.0.pad"), Node("output", "output")], edges=[(0, 1), (1, 2)])
+    with pytest.raises(EncodingError, match=r"node 'blocks.0.pad' has op 'pad', which is newer than the 29 ops this hypernetwork reads"):
+        old.encode(graph)
 
 
 @pytest.mark.parametrize("example", ["vit_tiny_cifar.py", "gpt2.py"])

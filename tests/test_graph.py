@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from graphkit import GHN3_PRIMITIVES, OPS, ArchGraph, GraphError, Node, op_id
+from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 
 
 def chain(*ops: str, params=None) -> ArchGraph:
@@ -129,6 +130,8 @@ def test_to_pyg(vit_graph):
 def test_vocabulary_ids_and_ghn3_mapping():
     assert len(set(OPS)) == len(OPS)
     assert OPS[:3] == ("input", "output", "linear")  # ids are append-only
+    assert VOCABULARY_SIZES[OPS_VERSION] == len(OPS) and OPS[VOCABULARY_SIZES[1] - 1] == "other"  # v1 ended with other
+    assert list(VOCABULARY_SIZES) == list(range(1, OPS_VERSION + 1)) and sorted(VOCABULARY_SIZES.values()) == list(VOCABULARY_SIZES.values())
     assert op_id("other:aten.cumsum") == op_id("other")
     assert set(GHN3_PRIMITIVES) == set(OPS)
     ghn3 = {"max_pool", "avg_pool", "sep_conv", "dil_conv", "conv", "msa", "cse", "sum", "concat", "input",

@@ -28,7 +28,7 @@ from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.ghn.model import LoGAH, LoGAHConfig, VariantError
 from graphkit.graph import ArchGraph
-from graphkit.ops import OPS_VERSION
+from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 
 #: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
 #: a live view of the family registry
@@ -87,15 +87,20 @@ def _new_folder(parent: Path, name: str, kind: str) -> Path:
 def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str | torch.device = "cpu") -> LoGAH:
     """The LoGAH stored in the folder ``path`` (or a bundled name such as ``logah-tiny-vits``),
     in eval mode, with its config.json as ``ghn.info``. CheckpointError if the folder is not a
-    checkpoint, its vocabulary version differs from this graphkit's, or ``variant`` is given
+    checkpoint, its vocabulary version is newer than this graphkit's (older ones read the ids
+    they knew, which never change meaning), or ``variant`` is given
     and the checkpoint holds another one. The size config.json describes is checked against
     the weights file's header and the memory available before anything is allocated."""
     path = _locate(path)
     info = _read_json(path / "config.json")
-    config = _logah_config(path / "config.json", info.get("logah"))
-    if info.get("ops_version") != OPS_VERSION:
-        raise CheckpointError(f"{path}: trained with op vocabulary v{info.get('ops_version')}, but this graphkit uses "
+    version = info.get("ops_version")
+    if type(version) is not int or version not in VOCABULARY_SIZES:
+        raise CheckpointError(f"{path}: trained with op vocabulary v{version}, but this graphkit reads v1 to "
                               f"v{OPS_VERSION}; retrain it with `graphkit train-ghn`")
+    logah = info.get("logah")
+    if isinstance(logah, dict):  # before v2, config.json did not say: the size of its version, append-only
+        logah = {"num_ops": VOCABULARY_SIZES[version], **logah}
+    config = _logah_config(path / "config.json", logah)
     if variant is not None:
         from graphkit.ghn.model import VARIANTS
 

@@ -123,8 +123,14 @@ class EncodedGraph:
 
 def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     """Encode ``graph`` for a LoGAH of ``config``; EncodingError if a parameter is wider than
-    ``max_chunks * max_mask``."""
+    ``max_chunks * max_mask`` or a node's op is newer than the vocabulary the LoGAH reads."""
     n = len(graph.nodes)
+    ops = [op_id(node.op) for node in graph.nodes]
+    newer = next((i for i, op in enumerate(ops) if op >= config.num_ops), None)
+    if newer is not None:
+        node = graph.nodes[newer]
+        raise EncodingError(f"node {node.name!r} has op {node.op!r}, which is newer than the {config.num_ops} ops this "
+                            "hypernetwork reads; retrain it with `graphkit train-ghn`")
     edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
     size = torch.tensor([node.largest_shape(4) for node in graph.nodes], dtype=torch.long).reshape(n, 4).float()
     buckets = torch.where(size > 0, (torch.log2(size + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
@@ -145,7 +151,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
                 groups.setdefault((t.kind, min(k, rows - i), min(k, cols - j)), []).append(len(queries))
                 queries.append((t.node, t.slot, i // k, j // k))
     return EncodedGraph(
-        ops=torch.tensor([op_id(node.op) for node in graph.nodes], dtype=torch.long),
+        ops=torch.tensor(ops, dtype=torch.long),
         shapes=buckets + torch.arange(4) * SHAPE_BUCKETS,
         in_degree=torch.from_numpy(np.bincount(edges[:, 1], minlength=n)).clamp(max=config.max_degree),
         out_degree=torch.from_numpy(np.bincount(edges[:, 0], minlength=n)).clamp(max=config.max_degree),

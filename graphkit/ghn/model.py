@@ -70,6 +70,7 @@ class LoGAHConfig:
     max_slots: int = 8       # parameters per node
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     spatial: int = 16        # the ghn3 decoder's block is d x d x spatial x spatial
+    num_ops: int = len(OPS)  # op ids it reads: the vocabulary's size when it was made (ids never change meaning)
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -110,7 +111,7 @@ class GraphEncoder(nn.Module):
     def __init__(self, c: LoGAHConfig) -> None:
         super().__init__()
         d, self.config = c.hidden, c
-        self.op_embed = nn.Embedding(len(OPS), d)
+        self.op_embed = nn.Embedding(c.num_ops, d)
         self.shape_embed = nn.Embedding(4 * SHAPE_BUCKETS, d)
         self.in_degree_embed = nn.Embedding(c.max_degree + 1, d)
         self.out_degree_embed = nn.Embedding(c.max_degree + 1, d)

@@ -1,0 +1,355 @@
+"""ExportedProgram -> ArchGraph: from ATen ops to architecture nodes, in three steps.
+
+1. **Modules become nodes.** Every op inside a call of a module that :func:`graphkit.ops.module_op`
+   names (Linear, HF Conv1D, LayerNorm, any ``*RMSNorm``, GELU variants, rotary tables, ...)
+   is fused into one node that owns the module's parameters.
+2. **Attention becomes one node.** Each SDPA call, or eager ``softmax(q k^T) v`` pattern, is an
+   anchor; the ops feeding it inside the same module scope, up to the projections (rotary
+   application, head reshapes, scaling, masking, GQA K/V repetition), are fused into one
+   ``attention`` node whose attrs say heads, kv_heads, head_dim, causal, window and rope.
+3. **Only data flow that matters stays.** Shape-only ops pass their inputs through; ops on
+   values that depend on neither the input nor a parameter (position ids, causal masks) are
+   constants and vanish; scaling by a constant is folded. A node left with no input (a
+   positional embedding looked up by ``arange``) gets an edge from the input, because it
+   depends on the input's length. Anything else unknown is kept as ``other:<aten op>``.
+
+docs/tracer.md gives every rule with its reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from graphkit.errors import TraceError
+from graphkit.graph import ArchGraph, Node
+from graphkit.trace.attention import AttentionRules, first_attr
+from graphkit.trace.naming import (
+    ATEN_OPS,
+    MATMUL_ATEN,
+    SDPA_ATEN,
+    SHAPE_DEPENDENT_ATEN,
+    SHAPE_ONLY_ATEN,
+    functional_name,
+    is_float,
+    module_op,
+)
+
+_SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
+_LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
+
+
+def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram) -> ArchGraph:
+    """The architecture graph of an exported ``model`` (unvalidated, without meta)."""
+    return _GraphBuilder(model, program).build()
+
+
+@dataclass
+class _Group:
+    """What becomes one node: the FX ops fused into it and what it reads and owns."""
+
+    op: str
+    module: str
+    fx: list[fx.Node] = field(default_factory=list)
+    inputs: set[int] = field(default_factory=set)
+    params: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    live: bool = False
+
+    @property
+    def order(self) -> int:
+        return self.fx[-1].meta["_gk_pos"] if self.fx else -1
+
+
+class _GraphBuilder(AttentionRules):
+    INPUT = 0
+
+    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram) -> None:
+        self.model = model
+        self.graph = program.graph
+        self.groups: list[_Group] = [_Group("input", "", live=True)]
+        self.prod: dict[fx.Node, frozenset[int]] = {}      # value -> groups it comes from
+        self.param_src: dict[fx.Node, frozenset[str]] = {}  # value -> parameters it is a view of
+        self.owner: dict[str, int] = {}
+        self._module_ops: dict[str, str | None] = {}
+        self.param_names: dict[str, str] = {}
+        self.user_inputs: set[str] = set()
+        # a tied tensor has several names; the graph uses the one named_parameters() reports
+        canonical = {id(p): n for n, p in model.named_parameters()}
+        alias = {n: canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+        for spec in program.graph_signature.input_specs:
+            kind = spec.kind.name
+            if kind == "PARAMETER":
+                self.param_names[spec.arg.name] = alias.get(spec.target, spec.target)
+            elif kind == "USER_INPUT":
+                self.user_inputs.add(spec.arg.name)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _module_op(self, path: str) -> str | None:
+        if path not in self._module_ops:
+            try:
+                self._module_ops[path] = module_op(self.model.get_submodule(path))
+            except AttributeError:
+                self._module_ops[path] = None
+        return self._module_ops[path]
+
+    @staticmethod
+    def _stack(node: fx.Node) -> list[str]:
+        return [p.split("@")[0] for p, _ in (node.meta.get("nn_module_stack") or {}).values()]
+
+    def _leaf(self, node: fx.Node) -> tuple[str, str] | None:
+        for path in self._stack(node):
+            op = self._module_op(path)
+            if op is not None:
+                return path, op
+        return None
+
+    def _scope(self, node: fx.Node) -> str:
+        stack = self._stack(node)
+        return stack[-1] if stack else ""
+
+    # -- main pass ------------------------------------------------------------------------------
+    def build(self) -> ArchGraph:
+        nodes = list(self.graph.nodes)
+        for pos, node in enumerate(nodes):
+            node.meta["_gk_pos"] = pos
+        region_of = self._attention_regions(nodes)
+        attention_group: dict[fx.Node, int] = {}
+        open_leaf: tuple[str, int] | None = None
+        output_node = None
+        for node in nodes:
+            if node.op == "placeholder":
+                if node.name in self.param_names:
+                    self.param_src[node] = frozenset({self.param_names[node.name]})
+                    self.prod[node] = frozenset()
+                elif node.name in self.user_inputs:
+                    self.prod[node] = frozenset({self.INPUT})
+                continue
+            if node.op == "output":
+                output_node = node
+                continue
+            if node.op != "call_function":
+                continue
+            in_nodes = node.all_input_nodes
+            in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
+            in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
+            leaf = self._leaf(node)
+            if leaf is not None:
+                path, op = leaf
+                if open_leaf is None or open_leaf[0] != path:
+                    self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
+                    open_leaf = (path, len(self.groups) - 1)
+                self._absorb(open_leaf[1], node, in_prod, in_params)
+                continue
+            open_leaf = None
+            if node in region_of:
+                anchor = region_of[node]
+                if anchor not in attention_group:
+                    self.groups.append(_Group("attention", self._attention_scope(anchor), live=True))
+                    attention_group[anchor] = len(self.groups) - 1
+                self._absorb(attention_group[anchor], node, in_prod, in_params)
+                continue
+            name = functional_name(node.target)
+            if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")):
+                self.prod[node], self.param_src[node] = in_prod, in_params
+                continue
+            if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
+                self.prod[node] = frozenset()  # a constant: positions, masks, tables
+                continue
+            op = self._single_op(node, name, in_nodes, in_params)
+            if op is None:  # arithmetic with constants: folded into its input
+                self.prod[node], self.param_src[node] = in_prod, in_params
+                continue
+            self.groups.append(_Group(op, self._scope(node), live=True))
+            self._absorb(len(self.groups) - 1, node, in_prod, in_params)
+        for anchor, gid in attention_group.items():
+            self.groups[gid].attrs = self._attention_attrs(anchor, self.groups[gid])
+        return self._finish(output_node)
+
+    def _absorb(self, gid: int, node: fx.Node, in_prod: frozenset[int], in_params: frozenset[str]) -> None:
+        group = self.groups[gid]
+        group.fx.append(node)
+        group.inputs |= in_prod - {gid}
+        for p in sorted(in_params):
+            if p not in self.owner:
+                self.owner[p] = gid
+                group.params[p] = tuple(self._param_shape(p))
+            elif self.owner[p] != gid:
+                group.attrs.setdefault("tied", [])
+                if p not in group.attrs["tied"]:
+                    group.attrs["tied"].append(p)
+        group.live = group.live or bool(in_prod - {gid}) or bool(in_params)
+        self.prod[node] = frozenset({gid}) if group.live else frozenset()
+        self.param_src[node] = frozenset()
+
+    def _param_shape(self, name: str) -> torch.Size:
+        return self.model.get_parameter(name).shape
+
+    def _single_op(self, node: fx.Node, name: str, in_nodes: list[fx.Node], in_params: frozenset[str]) -> str | None:
+        live = [a for a in in_nodes if self.prod.get(a)]
+        if name in ("add", "sub") and in_params:
+            return "pos_embedding" if any(len(self._param_shape(p)) >= 2 for p in in_params) else "bias"
+        if name in ("cat", "concat") and in_params:
+            return "class_token"
+        if name == "mul" and in_params:
+            return "scale"
+        if name in _SCALAR_ARITH and len(live) <= 1 and not in_params:
+            return None
+        if name == "add":
+            return "add"
+        if name == "mul":
+            return "mul"
+        if name == "tanh" and _softcap(node) is not None:
+            return "softcap"
+        if name in MATMUL_ATEN and in_params:
+            return "linear"
+        if name in ATEN_OPS and (name != "addmm" or in_params):
+            return ATEN_OPS[name]
+        return f"other:aten.{name}"
+
+    # -- assemble -------------------------------------------------------------------------------
+    def _finish(self, output_node: fx.Node | None) -> ArchGraph:
+        out = _Group("output", "", live=True)
+        if output_node is not None:
+            for a in output_node.all_input_nodes:
+                out.inputs |= self.prod.get(a, frozenset())
+        out.fx = [output_node] if output_node is not None else []
+        self.groups.append(out)
+        groups = self.groups
+        keep = [g.live for g in groups]
+        keep[0] = True
+        # A node with nothing feeding it is built from the input's shape (positions, rotary and
+        # ALiBi tables) and gets an edge from the input. One computed from parameters or buffers
+        # alone (a relative-position MLP over coordinates, a pooling head's learned query) is a
+        # subgraph rooted at them: it keeps no input edge and feeds what consumes it.
+        for g in groups[1:]:
+            g.inputs = {i for i in g.inputs if keep[i]}
+            if not g.inputs and not (g.params and g.op not in ("embedding", *_LEAF_KEEP_WITHOUT_INPUT)):
+                if g.op == "embedding":  # looked up by positions, not by the input's tokens
+                    g.op = "pos_embedding"
+                g.inputs = {self.INPUT}
+        # drop parameter-free nodes that do not reach the output (dead code in the forward),
+        # walking the groups in data-flow order: an attention group is created at its first op,
+        # before groups it consumes (a relative-position bias computed inside its module)
+        users: dict[int, set[int]] = {i: set() for i in range(len(groups))}
+        for i, g in enumerate(groups):
+            if keep[i]:
+                for s in g.inputs:
+                    users[s].add(i)
+        reaches = {len(groups) - 1}
+        for i in reversed(_topological([i for i in range(len(groups)) if keep[i]], groups)):
+            if users[i] & reaches:
+                reaches.add(i)
+        for i, g in enumerate(groups):
+            if keep[i] and i not in reaches and not g.params and i != self.INPUT:
+                keep[i] = False
+        for g in groups:
+            g.inputs = {i for i in g.inputs if keep[i]}
+        order = _topological([i for i in range(len(groups)) if keep[i]], groups)
+        # an output head is a linear layer with no parametric layer after it (DeiT has two)
+        parametric_after: dict[int, bool] = {}
+        for gid in reversed(order):
+            after = [u for u in users[gid] if keep[u]]
+            parametric_after[gid] = any(parametric_after[u] or groups[u].params or groups[u].attrs.get("tied") for u in after)
+            if groups[gid].op == "linear" and not parametric_after[gid]:
+                groups[gid].op = "head"
+        index = {gid: k for k, gid in enumerate(order)}
+        names: dict[str, int] = {}
+        nodes = []
+        for gid in order:
+            g = groups[gid]
+            nodes.append(Node(op=g.op, name=_unique(self._name(g), names), module=g.module,
+                              params=g.params, attrs=g.attrs if g.op == "attention" else {**self._attrs(g), **g.attrs}))
+        edges = sorted((index[s], index[gid]) for gid in order for s in groups[gid].inputs)
+        return ArchGraph(nodes=nodes, edges=edges)
+
+    def _name(self, g: _Group) -> str:
+        if g.op in ("input", "output"):
+            return g.op
+        if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention",):
+            return g.module
+        return f"{g.module}.{g.op}" if g.module else g.op
+
+    def _attrs(self, g: _Group) -> dict[str, Any]:
+        """Op attributes worth a hypernetwork's or a compiler's attention."""
+        attrs: dict[str, Any] = {}
+        module = None
+        if g.fx and self._leaf(g.fx[0]) is not None:
+            module = self.model.get_submodule(g.module)
+        if g.op in ("linear", "head"):
+            first = next((a for a in g.fx[0].all_input_nodes if is_float(a.meta.get("val")) and a.name not in self.param_names), None)
+            if first is not None:
+                attrs["in_features"] = int(first.meta["val"].shape[-1])
+            attrs["out_features"] = int(g.fx[-1].meta["val"].shape[-1])
+            # HF Conv1D and x @ W store the weight as (in, out), nn.Linear and F.linear as (out, in)
+            if type(module).__name__ == "Conv1D" or (module is None and functional_name(g.fx[0].target) != "linear"):
+                attrs["transposed"] = True
+        elif g.op in ("layer_norm", "rms_norm"):
+            eps = first_attr(module, ("eps", "variance_epsilon")) if module is not None else None
+            if eps is not None:
+                attrs["eps"] = float(eps)
+        elif g.op in ("conv", "patch_embed") and module is not None:
+            attrs["kernel"] = list(module.kernel_size)
+            attrs["stride"] = list(module.stride)
+        elif g.op == "softcap":
+            attrs["cap"] = _softcap(g.fx[0])
+        elif g.op == "moe_router":
+            k = g.fx[0].args[1] if len(g.fx[0].args) > 1 else g.fx[0].kwargs.get("k")
+            attrs["k"] = int(k) if isinstance(k, int) else None
+        elif g.op == "mean_pool":
+            dim = g.fx[0].args[1] if len(g.fx[0].args) > 1 else None
+            attrs["dim"] = list(dim) if isinstance(dim, (list, tuple)) else dim
+        return attrs
+
+
+def _topological(ids: list[int], groups: list[_Group]) -> list[int]:
+    """Kahn's algorithm, ties broken by position in the exported graph (deterministic)."""
+    alive = set(ids)
+    indeg = {i: len(groups[i].inputs & alive) for i in ids}
+    users: dict[int, list[int]] = {i: [] for i in ids}
+    for i in ids:
+        for s in groups[i].inputs & alive:
+            users[s].append(i)
+    heap = [(groups[i].order if i else -2, i) for i in ids if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(heap, (groups[u].order, u))
+    if len(order) != len(ids):
+        raise TraceError("the fused graph has a cycle; trace with fold_repeats=False or report this model")
+    return order
+
+
+def _unique(name: str, seen: dict[str, int]) -> str:
+    count = seen.get(name, 0)
+    seen[name] = count + 1
+    return name if count == 0 else f"{name}_{count}"
+
+
+def _softcap(tanh: fx.Node) -> float | None:
+    """c for the pattern c * tanh(x / c), else None."""
+    src = tanh.args[0]
+    if not (isinstance(src, fx.Node) and functional_name(src.target) in ("div", "mul")):
+        return None
+    scalar = src.args[1] if len(src.args) > 1 else None
+    if not isinstance(scalar, (int, float)):
+        return None
+    cap = float(scalar) if functional_name(src.target) == "div" else 1.0 / float(scalar)
+    users = list(tanh.users)
+    if len(users) != 1 or functional_name(users[0].target) != "mul":
+        return None
+    other = [a for a in users[0].args if a is not tanh]
+    if len(other) != 1 or not isinstance(other[0], (int, float)) or abs(float(other[0]) - cap) > 1e-6 * abs(cap):
+        return None
+    return cap
+
+

@@ -1,0 +1,113 @@
+"""Example inputs to trace a model with, guessed from the model when the user gives none."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphkit.errors import TraceError
+
+ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
+
+
+def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
+    """Inputs to trace ``model`` with: ``(args, kwargs)`` on the model's device.
+
+    Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
+    ``pretrained_cfg['input_size']``) get a batch of two images; models with a
+    ``config.vocab_size`` get two sequences of token ids (``use_cache=False`` when accepted);
+    hand-written language models whose first module is an ``nn.Embedding`` (nanoGPT) get token
+    ids below its ``num_embeddings``, as long as every position table and rotary cache allows.
+    """
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    config = getattr(model, "config", None)
+    image = _image_size(model)
+    if image is not None:
+        return (torch.zeros(2, *image, device=device),), {}
+    if config is not None and getattr(config, "vocab_size", None):
+        limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 8
+        kwargs: dict[str, Any] = {"input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)}
+        if "use_cache" in inspect.signature(model.forward).parameters:
+            kwargs["use_cache"] = False
+        return (), kwargs
+    length = _token_length(model)
+    if length is not None:
+        return (torch.zeros(2, length, dtype=torch.long, device=device),), {}
+    raise TraceError(
+        f"cannot guess example inputs for {type(model).__name__}: it is neither an image model "
+        "(no img_size / image_size) nor a language model (no config.vocab_size, and its first module "
+        "is not an nn.Embedding); pass example_inputs (or define example_inputs() in MODEL.py)"
+    )
+
+
+#: buffer names of precomputed rotary tables, whose first dimension bounds the sequence length
+_ROTARY_BUFFER = ("cos", "sin", "freq", "rope", "rotary")
+
+
+def _token_length(model: nn.Module) -> int | None:
+    """A sequence length for token-id inputs when ``model``'s first module holding parameters is
+    an ``nn.Embedding`` (a hand-written LM such as nanoGPT), else None: at most 8, and no longer
+    than any other embedding (a position table), any rotary buffer's first dimension or a
+    ``config.block_size`` (nanoGPT asserts it)."""
+    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    if not isinstance(first, nn.Embedding):
+        return None
+    limits = [8]
+    limits += [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding) and m is not first]
+    limits += [b.shape[0] for name, b in model.named_buffers()
+               if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)]
+    block = getattr(getattr(model, "config", None), "block_size", None)
+    if isinstance(block, int):
+        limits.append(block)
+    return max(1, min(limits))
+
+
+def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
+    patch = getattr(model, "patch_embed", None)
+    if patch is not None and getattr(patch, "img_size", None) is not None:
+        proj = getattr(patch, "proj", None)
+        channels = getattr(proj, "in_channels", 3)
+        return (int(channels), *(int(s) for s in patch.img_size))
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "image_size", None):
+        size = config.image_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        return (int(getattr(config, "num_channels", 3)), *size)
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
+    if isinstance(cfg, Mapping) and cfg.get("input_size"):
+        return tuple(int(s) for s in cfg["input_size"])  # type: ignore[return-value]
+    return None
+
+
+def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[tuple, dict]:
+    """``example_inputs`` in any accepted form (None: guessed) as ``(args, kwargs)``."""
+    if example_inputs is None:
+        return example_inputs_for(model)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if (isinstance(example_inputs, tuple) and len(example_inputs) == 2
+            and isinstance(example_inputs[0], (tuple, list)) and isinstance(example_inputs[1], Mapping)):
+        return tuple(example_inputs[0]), dict(example_inputs[1])
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise TraceError(
+        f"example_inputs must be a tensor, a tuple of args, a dict of kwargs or (args, kwargs); got {type(example_inputs).__name__}"
+    )
+
+
+def tensors_of(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in nested tuples, lists and dicts, in order (input shapes, cache keys)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from tensors_of(v)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from tensors_of(v)

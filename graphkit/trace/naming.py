@@ -1,0 +1,144 @@
+"""How the tracer names what it sees: which modules become one node, which ATen ops are the
+vocabulary's ops, which only move data, and which are attention cores.
+
+Whole modules first: every ATen op inside one call of a module that :func:`module_op` names
+becomes one node (an HF NewGELU is eight ATen ops, an RMSNorm six). The op names themselves
+live in :mod:`graphkit.ops`, which the hypernetwork imports without the tracer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphkit.compat import aten_name
+
+_MODULE_TYPES: tuple[tuple[type[nn.Module], str], ...] = (
+    (nn.Linear, "linear"),
+    (nn.Embedding, "embedding"),
+    (nn.LayerNorm, "layer_norm"),
+    (nn.Conv1d, "conv"),
+    (nn.Conv2d, "conv"),
+    (nn.Conv3d, "conv"),
+    (nn.GELU, "gelu"),
+    (nn.SiLU, "silu"),
+    (nn.ReLU, "relu"),
+    (nn.Tanh, "tanh"),
+    (nn.Sigmoid, "sigmoid"),
+)
+if hasattr(nn, "RMSNorm"):
+    _MODULE_TYPES += ((nn.RMSNorm, "rms_norm"),)
+
+# Library classes that do not derive from the torch ones, matched by class name so that
+# graphkit needs no import of every library (transformers' Conv1D, LlamaRMSNorm, ...).
+_MODULE_NAME_RULES: tuple[tuple[str, str], ...] = (
+    ("rmsnorm", "rms_norm"),
+    ("layernorm", "layer_norm"),
+    ("rotary", "rotary_embedding"),
+    ("alibi", "alibi"),
+    ("gelu", "gelu"),
+    ("silu", "silu"),
+    ("swish", "silu"),
+)
+_MODULE_EXACT_NAMES = {"Conv1D": "linear"}  # transformers.pytorch_utils.Conv1D (GPT-2)
+
+
+def module_op(module: nn.Module) -> str | None:
+    """The op a whole module call becomes, or None if its inside should be traced op by op."""
+    for cls, op in _MODULE_TYPES:
+        if isinstance(module, cls):
+            if op == "conv" and _is_patchify(module):
+                return "patch_embed"
+            return op
+    name = type(module).__name__
+    if name in _MODULE_EXACT_NAMES:
+        return _MODULE_EXACT_NAMES[name]
+    lowered = name.lower().replace("_", "")
+    for needle, op in _MODULE_NAME_RULES:
+        if needle in lowered:
+            return op
+    return None
+
+
+def _is_patchify(conv: nn.Module) -> bool:
+    kernel, stride = tuple(conv.kernel_size), tuple(conv.stride)
+    padding = conv.padding if isinstance(conv.padding, str) else tuple(conv.padding)
+    return kernel == stride and kernel != (1,) * len(kernel) and padding in ((0,) * len(kernel), "valid")
+
+
+# ATen ops outside those modules. Shape-only ops pass their input through and make no node.
+SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "expand_as",
+        "contiguous", "clone", "alias", "detach", "unsqueeze", "squeeze", "flatten", "unflatten",
+        "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "narrow", "getitem",
+        "to", "_to_copy", "type_as", "dropout", "feature_dropout", "alpha_dropout", "lift_fresh_copy",
+        "_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "copy",
+        "repeat", "repeat_interleave", "index_select", "index", "movedim", "as_strided", "identity",
+    }
+)
+
+#: ATen ops the tracer names directly (all other ops are decided by context in trace.py).
+ATEN_OPS: dict[str, str] = {
+    "linear": "linear",
+    "addmm": "linear",
+    "embedding": "embedding",
+    "layer_norm": "layer_norm",
+    "native_layer_norm": "layer_norm",
+    "rms_norm": "rms_norm",
+    "conv1d": "conv",
+    "conv2d": "conv",
+    "conv3d": "conv",
+    "convolution": "conv",
+    "gelu": "gelu",
+    "silu": "silu",
+    "relu": "relu",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "softmax": "softmax",
+    "_softmax": "softmax",
+    "_safe_softmax": "softmax",
+    "topk": "moe_router",
+    "cat": "concat",
+    "concat": "concat",
+    "mean": "mean_pool",
+}
+
+#: ATen ops that are the core of an attention computation.
+SDPA_ATEN: frozenset[str] = frozenset(
+    {
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+        "flex_attention",
+    }
+)
+MATMUL_ATEN: frozenset[str] = frozenset({"matmul", "bmm", "mm", "einsum", "baddbmm"})
+
+
+#: ATen ops whose result depends on their input's shape only, never its values.
+SHAPE_DEPENDENT_ATEN: frozenset[str] = frozenset(
+    {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+     "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
+)
+
+
+def functional_name(target: object) -> str:
+    """The ATen name of an FX call target with in-place variants mapped to their out-of-place
+    op (``add_`` -> ``add``, ``masked_fill_`` -> ``masked_fill``): the graph records what is
+    computed, not whether a buffer was reused (Falcon's parallel block adds in place)."""
+    name = aten_name(target)
+    return name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
+
+
+def is_float(value: object) -> bool:
+    """True for a floating or complex tensor (activations), or a tuple holding one (``topk``);
+    False for ints, bools and others."""
+    if isinstance(value, (tuple, list)):
+        return any(is_float(v) for v in value)
+    return isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())
