@@ -22,7 +22,7 @@ from graphkit.datasets.generate import generate
 from graphkit.families import build_model
 from graphkit.ghn import (BUNDLED, CheckpointError, LoGAH, LoGAHConfig, PredictError, TrainConfig, TrainError,
                           load_checkpoint, predict, save_checkpoint, train)
-from graphkit.ghn.training import ArchPool, run_models
+from graphkit.ghn.training import ArchPool, parameter_groups, run_models
 from graphkit.ops import VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,10 +60,10 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
     source = load_source("digits" if which == "vits" else "stdlib-text", seq_len=16)
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny")
-    optimizer = torch.optim.AdamW(ghn.parameters(), lr=1e-3)
+    config = quick("-", "-")
+    optimizer = torch.optim.AdamW(parameter_groups(ghn, config.lr), lr=config.lr)  # as train() does
     indices = [0, 1]
     graphs = [pool.encoded(i, ghn.config) for i in indices]
-    config = quick("-", "-")
     losses = []
     for _ in range(8):
         loss, _ = run_models(pool, indices, ghn(graphs), source, config, torch.Generator().manual_seed(0))
@@ -71,7 +71,9 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert losses[-1] < 0.9 * losses[0], losses
+    # at the trainer's lr and parameter groups the descent is steady (seeds 0-3: every step lower,
+    # 9-33% in 8 steps); at lr 1e-3 and one group it oscillated (vits 2.0 -> 3.2 -> 2.0)
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.95 * losses[0], losses
 
 
 def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, tmp_path):
