@@ -293,3 +293,27 @@ def test_in_place_aten_ops_map_to_their_out_of_place_op():
                           new_decoder_architecture=False, parallel_attn=True)
     counts = graphkit.trace(meta(lambda: FalconForCausalLM(config))).op_counts()
     assert not any(op.startswith("other:") for op in counts) and counts["add"] == 4 and counts["attention"] == 2
+
+
+def test_the_tracer_is_one_package_and_old_imports_still_work():
+    """graphkit.trace is the function; its modules import from graphkit.trace.*; the modules and
+    names that moved there keep importing, with a FutureWarning naming the new place."""
+    import importlib
+    import sys
+
+    from graphkit.trace import example_inputs_for, trace
+    from graphkit.trace.builder import graph_from_export
+    from graphkit.trace.naming import module_op
+
+    assert graphkit.trace is trace and graphkit.example_inputs_for is example_inputs_for and callable(graph_from_export)
+    with pytest.warns(FutureWarning, match="graphkit.ops.module_op moved to graphkit.trace.naming.module_op"):
+        from graphkit.ops import module_op as old
+    assert old is module_op
+    for old_name, new_name, attr in (("graphkit.export_graph", "graphkit.trace.builder", "graph_from_export"),
+                                     ("graphkit.folding", "graphkit.trace.folding", "unfold")):
+        sys.modules.pop(old_name, None)
+        with pytest.warns(FutureWarning, match=f"{old_name} moved to {new_name}"):
+            module = importlib.import_module(old_name)
+        assert getattr(module, attr) is getattr(importlib.import_module(new_name), attr)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        graphkit.ops.nothing  # noqa: B018
