@@ -81,28 +81,35 @@ def test_a_pooling_heads_learned_query_is_a_latent_query_not_class_attention():
         assert_faithful(graph, model)
 
 
-class CrossAttention(nn.Module):
-    """Three decoder queries over five encoder keys: fewer queries than keys, from another stream."""
+class FewerQueries(nn.Module):
+    """Attention with fewer queries than keys: the first token's (class attention), every other
+    token's (LeViT's downsampling attention) or three tokens of another stream (cross-attention)."""
 
-    def __init__(self, dim=16, heads=2):
+    def __init__(self, queries: str, dim=16, heads=2):
         super().__init__()
-        self.heads = heads
-        self.encoder, self.decoder = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.queries, self.heads = queries, heads
+        self.encoder, self.decoder = nn.Linear(dim, dim), nn.Linear(dim, dim) if queries == "cross" else None
         self.q, self.kv, self.out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
 
     def forward(self, source, target):
         def split(t):
             return t.unflatten(-1, (self.heads, -1)).transpose(1, 2)
 
-        k, v = self.kv(self.encoder(source)).chunk(2, dim=-1)
-        x = F.scaled_dot_product_attention(split(self.q(self.decoder(target))), split(k), split(v))
+        tokens = self.encoder(source)
+        if self.queries == "cross":
+            picked = self.decoder(target)
+        else:
+            picked = tokens[:, :1] if self.queries == "first" else tokens[:, ::2]
+        k, v = self.kv(tokens).chunk(2, dim=-1)
+        x = F.scaled_dot_product_attention(split(self.q(picked)), split(k), split(v))
         return self.out(x.transpose(1, 2).flatten(2))
 
 
-def test_cross_attention_with_fewer_queries_is_not_class_attention():
-    graph = graphkit.trace(CrossAttention(), (torch.randn(2, 5, 16), torch.randn(2, 3, 16)))
+@pytest.mark.parametrize("queries,expected", [("first", {"class_attention"}), ("strided", set()), ("cross", set())])
+def test_class_attention_is_one_query_from_the_tokens_it_attends_to(queries, expected):
+    graph = graphkit.trace(FewerQueries(queries), (torch.randn(2, 5, 16), torch.randn(2, 3, 16)))
     (node,) = attention(graph)
-    assert flags(node) == set() and node.attrs["heads"] == 2
+    assert flags(node) == expected and node.attrs["heads"] == 2
 
 
 def test_swin_windows_shifts_and_rolls():

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 _NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
 _PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
+_LINEAR_ATEN = {"linear", "addmm"}  # a projection called functionally (SwinV2's F.linear(x, qkv.weight))
 _SOFTMAX_ATEN = {"softmax", "_softmax", "_safe_softmax"}
 # ops an eager attention passes through between q k^T, softmax and the product with v
 _ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fill", "tanh", "clamp", "_to_copy"}
@@ -162,7 +163,7 @@ class AttentionRules:
         flags = {
             "talking_heads": any(self._is_score_linear(n) for n in group.fx),
             "latent_query": not self._from_input(query_from),
-            "class_attention": lengths[0] < lengths[1] and not causal and self._from_input(query_from)
+            "class_attention": lengths[0] == 1 < lengths[1] and not causal and self._from_input(query_from)
             and bool(query_from & key_from or self._feeds(query_from) & self._feeds(key_from)),
             "shifted": isinstance(window, list) and self._rolled(query, group),
         }
@@ -172,12 +173,13 @@ class AttentionRules:
     def _rolled(self, query: fx.Node, group: "_Group") -> bool:
         """Whether the tokens were rolled on their grid before being split into windows (Swin's
         shifted windows): a roll by something upstream of the queries, through reshapes,
-        padding and the query projection. Read off the ops, not a ``shift_size`` attribute: HF's
+        padding and the query projection (a module or F.linear). Read off the ops, not a ``shift_size`` attribute: HF's
         Swin drops the shift at forward time where one window covers the grid."""
         inside = set(group.fx)
 
         def passes(node: fx.Node) -> bool:
-            if node in inside or functional_name(node.target) in SHAPE_ONLY_ATEN or spatial_op(node) == "pad":
+            name = functional_name(node.target)
+            if node in inside or name in SHAPE_ONLY_ATEN or name in _LINEAR_ATEN or spatial_op(node) == "pad":
                 return True
             leaf = self._leaf(node)
             return leaf is not None and leaf[1] == "linear"
