@@ -180,3 +180,19 @@ def test_drawings_show_the_attention_forms(tmp_path):
         texts += [t.text for t in ET.parse(drawing.path).getroot().iter(f"{SVG}text")]
     for text in ("talking-heads", "class-attn", "window 7×7", "shifted window 7×7", "shifts -3, -3"):
         assert text in texts
+
+
+def test_a_parameter_reparametrised_by_ops_on_parameters_alone_belongs_to_its_consumer():
+    """SwinV2 clamps and exponentiates its attention's logit scale and (as BEiT and EVA do)
+    assembles the qkv bias as cat(q_bias, zeros, v_bias): neither makes a node of its own."""
+    model = timm_vit("swinv2_tiny_window8_256", img_size=64, window_size=8, depths=(2, 2), num_heads=(2, 4),
+                     embed_dim=32, num_classes=10)
+    graph = graphkit.trace(model)
+    by_name = {n.name: n for n in graph.nodes}
+    attn = by_name["layers.0.blocks.1.attn.attention"]
+    assert set(attn.params) == {"layers.0.blocks.1.attn.logit_scale"}
+    assert flags(attn) == {"shifted"} and attn.attrs["window"] == [8, 8]
+    qkv = by_name["layers.0.blocks.1.attn.linear"]
+    assert set(qkv.params) == {f"layers.0.blocks.1.attn.{p}" for p in ("q_bias", "v_bias", "qkv.weight")}
+    assert "class_token" not in graph.op_counts()
+    assert_faithful(graph, model)

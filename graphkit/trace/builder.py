@@ -161,6 +161,10 @@ class _GraphBuilder(AttentionRules):
             if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
                 self.prod[node] = frozenset()  # a constant: positions, masks, tables
                 continue
+            if not in_prod:  # a parameter reparametrised (SwinV2's clamped logit scale, its cat of
+                self.param_src[node] = in_params  # q and v biases): the op consuming it owns it
+                self.prod[node] = frozenset()
+                continue
             op = self._single_op(node, name, in_nodes, in_params)
             if op is None:  # arithmetic with constants: folded into its input
                 self.prod[node], self.param_src[node] = in_prod, in_params
