@@ -144,10 +144,14 @@ def test_hugging_face_swin_keeps_its_window_on_the_block():
     from transformers import SwinConfig, SwinModel
 
     model = meta(lambda: SwinModel(SwinConfig(image_size=56, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=7)))
-    nodes = attention(graphkit.trace(model))
+    graph = graphkit.trace(model)
+    nodes = attention(graph)
     assert [n.attrs["window"] for n in nodes] == [[7, 7]] * 4
     # the second stage's block keeps shift_size 3 but drops the shift at forward time
     assert [flags(n) for n in nodes] == [set(), {"shifted"}, set(), set()]
+    # its pooler, nn.AdaptiveAvgPool1d(1) over (batch, channels, tokens), is a global average pool
+    assert [(n.name, n.attrs) for n in graph.nodes if n.op == "mean_pool"] == [("pooler.mean_pool", {"dim": [2]})]
+    assert_faithful(graph, model)
 
 
 def test_a_window_size_that_is_not_the_keys_seen_is_no_window():

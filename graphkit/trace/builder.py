@@ -302,7 +302,7 @@ class _GraphBuilder(AttentionRules):
         elif g.op in ("conv", "patch_embed") and module is not None:
             attrs["kernel"] = list(module.kernel_size)
             attrs["stride"] = list(module.stride)
-        elif g.op in ("roll", "pad"):
+        elif g.fx and spatial_op(g.fx[0]) == g.op:  # roll, pad, an adaptive pool to one position
             attrs.update(spatial_attrs(g.fx[0], g.op))
         elif g.op == "softcap":
             attrs["cap"] = _softcap(g.fx[0])
