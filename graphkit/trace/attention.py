@@ -33,7 +33,10 @@ _ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fil
 
 class AttentionRules:
     """The attention half of the graph builder (:class:`graphkit.trace.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``param_names``, ``_scope`` and ``_leaf``."""
+    which provides ``model``, ``groups``, ``prod``, ``param_names``, ``INPUT``, ``_scope`` and
+    ``_leaf``."""
+
+    scores_of: dict[fx.Node, fx.Node]  # eager anchor (the product with V) -> its q k^T product
 
     def _attention_scope(self, anchor: fx.Node) -> str:
         """The module an attention anchor belongs to. A graphkit attention core (which has an
@@ -142,13 +145,12 @@ class AttentionRules:
         # (queries, keys) per window: SDPA's q and k are (..., length, head_dim), eager probs (..., q, k)
         lengths = (int(query.meta["val"].shape[-2]), int(key.meta["val"].shape[-2])) if sdpa else tuple(
             int(d) for d in heads_t.shape[-2:])
-        window = _window(self.model, group.module, lengths[1])
         attrs: dict[str, Any] = {
             "heads": heads,
             "kv_heads": kv_heads,
             "head_dim": head_dim,
             "causal": causal,
-            "window": window,
+            "window": _window(self.model, group.module, lengths[1]),
             "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & {"neg", "view_as_complex", "complex"}),
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
@@ -159,22 +161,29 @@ class AttentionRules:
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         # the rarer forms are flagged only where they occur, so other graphs keep their attrs
-        query_from, key_from = self._sources(query, group), self._sources(key, group)
-        flags = {
-            "talking_heads": any(self._is_score_linear(n) for n in group.fx),
-            "latent_query": not self._from_input(query_from),
-            "class_attention": lengths[0] == 1 < lengths[1] and not causal and self._from_input(query_from)
-            and bool(query_from & key_from or self._feeds(query_from) & self._feeds(key_from)),
-            "shifted": isinstance(window, list) and self._rolled(query, group),
-        }
-        attrs.update({flag: True for flag, on in flags.items() if on})
+        attrs.update({flag: True for flag, on in self._rarer_forms(group, query, key, lengths, attrs).items() if on})
         return attrs
+
+    def _rarer_forms(self, group: "_Group", query: fx.Node, key: fx.Node, lengths: tuple[int, ...],
+                     attrs: dict[str, Any]) -> dict[str, bool]:
+        """talking_heads, latent_query, class_attention and shifted (docs/tracer.md says why each
+        is read this way), from the ``query`` and ``key`` ops and the (queries, keys) ``lengths``."""
+        query_from, key_from = self._sources(query, group), self._sources(key, group)
+        from_tokens = self._from_input(query_from)
+        same_tokens = bool(query_from & key_from or self._feeds(query_from) & self._feeds(key_from))
+        return {
+            "talking_heads": any(self._is_score_linear(n) for n in group.fx),
+            "latent_query": not from_tokens,
+            "class_attention": lengths[0] == 1 < lengths[1] and not attrs["causal"] and from_tokens and same_tokens,
+            "shifted": isinstance(attrs["window"], list) and self._rolled(query, group),
+        }
 
     def _rolled(self, query: fx.Node, group: "_Group") -> bool:
         """Whether the tokens were rolled on their grid before being split into windows (Swin's
         shifted windows): a roll by something upstream of the queries, through reshapes,
-        padding and the query projection (a module or F.linear). Read off the ops, not a ``shift_size`` attribute: HF's
-        Swin drops the shift at forward time where one window covers the grid."""
+        padding and the query projection (a module or F.linear). Read off the ops, not off a
+        ``shift_size`` attribute: HF's Swin drops the shift at forward time where one window
+        covers the grid."""
         inside = set(group.fx)
 
         def passes(node: fx.Node) -> bool:
