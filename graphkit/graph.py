@@ -115,7 +115,8 @@ class ArchGraph:
 
     def attention_layout(self) -> list[dict[str, Any]]:
         """One entry per distinct attention configuration: kind (MHA/MQA/GQA), heads, kv_heads,
-        causal, window, rope and how many layers use it."""
+        causal, window (a sliding window's size, or an image window's sides such as [7, 7]), rope
+        and how many layers use it."""
         rows: Counter[tuple] = Counter()
         for node in self.nodes:
             if node.op != "attention":
