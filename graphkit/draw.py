@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, check_output_file
-from graphkit.graph import ArchGraph, Node, attention_kind
+from graphkit.graph import ArchGraph, Node, attention_kind, window_text
 
 #: file types :func:`draw` writes
 SUFFIXES = (".svg", ".png", ".pdf")
@@ -272,15 +272,23 @@ def _short(name: str) -> str:
     return name[:half] + "…" + name[-half:]
 
 
+#: boolean attention attrs and how a box shows them
+_ATTENTION_FLAGS = (("rope", "rope"), ("alibi", "alibi"), ("softcap", "softcap"), ("talking_heads", "talking-heads"),
+                    ("class_attention", "class-attn"), ("latent_query", "latent query"))
+
+
 def _details(node: Node) -> list[str]:
     """The op-specific facts worth reading without hovering."""
     a = node.attrs
     if node.op == "attention":
         facts = [f"{label} {a[key]}" for key, label in (("heads", "heads"), ("kv_heads", "kv"), ("head_dim", "d"))
                  if a.get(key) is not None]
-        flags = ["causal"] * bool(a.get("causal")) + [f"window {a['window']}"] * bool(a.get("window"))
-        flags += [flag for flag in ("rope", "alibi", "softcap") if a.get(flag)]
+        window = [f"{'shifted ' * bool(a.get('shifted'))}window {window_text(a['window'])}"] if a.get("window") else []
+        flags = ["causal"] * bool(a.get("causal")) + window
+        flags += [label for flag, label in _ATTENTION_FLAGS if a.get(flag)]
         return [" · ".join(group) for group in (facts, flags) if group]
+    if node.op in ("roll", "pad"):  # shifts, or pad amounts
+        return [f"{key} {', '.join(map(str, amounts))}" for key, amounts in a.items()]
     if op_kind(node.op) == "moe":  # the router records k, an MoE node num_experts and top_k
         experts, top_k = a.get("num_experts", a.get("experts")), a.get("top_k", a.get("k"))
         facts = ([f"experts {experts}"] if experts is not None else []) + ([f"top-{top_k}"] if top_k is not None else [])

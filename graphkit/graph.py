@@ -115,16 +115,19 @@ class ArchGraph:
 
     def attention_layout(self) -> list[dict[str, Any]]:
         """One entry per distinct attention configuration: kind (MHA/MQA/GQA), heads, kv_heads,
-        causal, window, rope and how many layers use it."""
+        causal, window (a sliding window's size, or an image window's sides such as [7, 7]), rope
+        and how many layers use it."""
         rows: Counter[tuple] = Counter()
         for node in self.nodes:
             if node.op != "attention":
                 continue
             a = node.attrs
-            heads, kv = a.get("heads"), a.get("kv_heads")
-            rows[(attention_kind(a), heads, kv, a.get("head_dim"), bool(a.get("causal")), a.get("window"), bool(a.get("rope")))] += 1
+            heads, kv, window = a.get("heads"), a.get("kv_heads"), a.get("window")
+            window = tuple(window) if isinstance(window, list) else window  # Swin's [7, 7], as a key
+            rows[(attention_kind(a), heads, kv, a.get("head_dim"), bool(a.get("causal")), window, bool(a.get("rope")))] += 1
         keys = ("kind", "heads", "kv_heads", "head_dim", "causal", "window", "rope")
-        return [dict(zip(keys, k), layers=count) for k, count in rows.items()]
+        return [dict(zip(keys, k), layers=count, window=list(k[5]) if isinstance(k[5], tuple) else k[5])
+                for k, count in rows.items()]
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -327,13 +330,18 @@ class ArchGraph:
         ]
         for row in self.attention_layout():
             extra = [x for x in ("causal" if row["causal"] else "bidirectional",
-                                  f"window {row['window']}" if row["window"] else "",
+                                  f"window {window_text(row['window'])}" if row["window"] else "",
                                   "rope" if row["rope"] else "") if x]
             lines.append(
                 f"attention: {row['layers']} x {row['kind']} heads={row['heads']} kv_heads={row['kv_heads']} "
                 f"head_dim={row['head_dim']} " + " ".join(extra)
             )
         return "\n".join(lines)
+
+
+def window_text(window: int | list[int]) -> str:
+    """An attention window for people: a sliding window's size, or an image window's sides (7×7)."""
+    return "×".join(map(str, window)) if isinstance(window, (list, tuple)) else str(window)
 
 
 def attention_kind(attrs: Mapping[str, Any]) -> str:

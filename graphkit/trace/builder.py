@@ -38,6 +38,7 @@ from graphkit.trace.naming import (
     is_float,
     module_op,
 )
+from graphkit.trace.spatial import is_identity, spatial_attrs, spatial_op
 
 _SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
@@ -137,7 +138,7 @@ class _GraphBuilder(AttentionRules):
             in_nodes = node.all_input_nodes
             in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
             in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
-            leaf = self._leaf(node)
+            leaf = None if node in region_of else self._leaf(node)  # talking heads join their attention
             if leaf is not None:
                 path, op = leaf
                 if open_leaf is None or open_leaf[0] != path:
@@ -154,11 +155,15 @@ class _GraphBuilder(AttentionRules):
                 self._absorb(attention_group[anchor], node, in_prod, in_params)
                 continue
             name = functional_name(node.target)
-            if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")):
+            if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")) or is_identity(node):
                 self.prod[node], self.param_src[node] = in_prod, in_params
                 continue
             if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
                 self.prod[node] = frozenset()  # a constant: positions, masks, tables
+                continue
+            if not in_prod:  # a parameter reparametrised (SwinV2's clamped logit scale, its cat of
+                self.param_src[node] = in_params  # q and v biases): the op consuming it owns it
+                self.prod[node] = frozenset()
                 continue
             op = self._single_op(node, name, in_nodes, in_params)
             if op is None:  # arithmetic with constants: folded into its input
@@ -207,6 +212,8 @@ class _GraphBuilder(AttentionRules):
             return "softcap"
         if name in MATMUL_ATEN and in_params:
             return "linear"
+        if spatial_op(node) is not None:
+            return spatial_op(node)
         if name in ATEN_OPS and (name != "addmm" or in_params):
             return ATEN_OPS[name]
         return f"other:aten.{name}"
@@ -295,6 +302,8 @@ class _GraphBuilder(AttentionRules):
         elif g.op in ("conv", "patch_embed") and module is not None:
             attrs["kernel"] = list(module.kernel_size)
             attrs["stride"] = list(module.stride)
+        elif g.fx and spatial_op(g.fx[0]) == g.op:  # roll, pad, an adaptive pool to one position
+            attrs.update(spatial_attrs(g.fx[0], g.op))
         elif g.op == "softcap":
             attrs["cap"] = _softcap(g.fx[0])
         elif g.op == "moe_router":
