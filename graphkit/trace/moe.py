@@ -26,7 +26,11 @@ from typing import Any
 
 from torch import fx, nn
 
-from graphkit.trace.naming import SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+from graphkit.trace.naming import MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+
+#: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
+#: matmuls (or their fallback) transformers runs its 3-D expert weights with
+_PRODUCT_ATEN = MATMUL_ATEN | {"linear", "addmm", "_grouped_mm", "grouped_mm", "grouped_mm_fallback"}
 
 #: the child that holds the experts, by the convention of transformers and hand-written code
 EXPERTS_CHILD = "experts"
@@ -110,11 +114,12 @@ class MoeRules:
 
     def _moe_attrs(self, call: _MoeCall) -> dict[str, Any]:
         """num_experts (the last dim the expert-choosing topk ranks), top_k (its k) and
-        intermediate_size (the width entering each expert's last parameterised op: the MLP's
-        hidden size, after gating for SwiGLU experts)."""
+        intermediate_size (the width entering each expert's last matrix product with a weight:
+        the MLP's hidden size, after gating for SwiGLU experts)."""
         scores = call.router.args[0]
         attrs: dict[str, Any] = {"num_experts": int(scores.meta["val"].shape[-1]), "top_k": topk_k(call.router)}
-        last = next((n for n in reversed(call.experts) if any(self._is_parameter(a) for a in n.all_input_nodes)), None)
+        last = next((n for n in reversed(call.experts)
+                     if functional_name(n.target) in _PRODUCT_ATEN and any(self._is_parameter(a) for a in n.all_input_nodes)), None)
         if last is not None:
             width = next((a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
             attrs["intermediate_size"] = int(width.meta["val"].shape[-1]) if width is not None else None
