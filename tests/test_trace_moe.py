@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from graphkit import ArchGraph, trace
 from graphkit.cli import app
+from graphkit.draw import build_scene, layout
 from graphkit.ghn import CheckpointError, load_checkpoint
 from graphkit.ghn.checkpoint import check_graph
 
@@ -24,11 +25,11 @@ def mixtral(layers: int = 3) -> nn.Module:
         return transformers.MixtralForCausalLM(config)
 
 
-def deepseek_v3() -> nn.Module:
+def deepseek_v3(layers: int = 2) -> nn.Module:
     """A dense first layer, then MoE layers of 8 routed experts in 2 groups (group-limited
     routing: topk over groups, then over experts) and one shared expert."""
     config = transformers.DeepseekV3Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=layers,
         first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=16,
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
@@ -141,6 +142,35 @@ def test_deepseek_v3_keeps_the_dense_layer_and_the_shared_experts_apart():
     assert parents(graph, "model.layers.1.mlp.add") == ["model.layers.1.mlp.moe", "model.layers.1.mlp.shared_experts.down_proj"]
     assert parents(graph, "model.layers.1.mlp.shared_experts.gate_proj") == parents(graph, "model.layers.1.mlp.moe")
     assert graph.fingerprint() == trace(deepseek_v3(), fold_repeats=False).fingerprint() == trace(deepseek_v3()).fingerprint()
+
+
+def test_a_drawing_frames_the_repeated_moe_layers_only():
+    """The folded run starts after the dense first layer; the rotary table's edge into it comes
+    from far above and must neither stretch the frame over layer 0 nor leave the canvas."""
+    scene = build_scene(trace(deepseek_v3(layers=3)))
+    layout(scene)
+    (frame,) = scene.frames
+    assert (frame.label, frame.count) == ("model.layers.1–2", 2)
+    x0, y0, x1, y1 = frame.bounds
+    outside = [box for i, box in enumerate(scene.boxes) if i not in frame.members]
+    assert not [box.node.name for box in outside if x0 <= box.x <= x1 and y0 <= box.y <= y1]
+    assert any(scene.boxes[i].node.op == "moe" for i in frame.members)
+    assert all(0 <= x <= scene.width for curve in scene.curves for x, _ in curve)
+
+
+def test_qwen2_moe_keeps_its_gated_shared_expert_apart():
+    config = transformers.Qwen2MoeConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=48, num_experts=6,
+        num_experts_per_tok=2)
+    with torch.device("meta"):
+        graph = trace(transformers.Qwen2MoeForCausalLM(config))
+    assert not [op for op in graph.op_counts() if op.startswith("other:")]
+    (moe,) = moe_nodes(graph)
+    assert moe.attrs == {"num_experts": 6, "top_k": 2, "intermediate_size": 16}
+    # shared expert * sigmoid(shared_expert_gate(x)), added to the routed experts' output
+    assert parents(graph, "model.layers.0.mlp.sigmoid") == ["model.layers.0.mlp.shared_expert_gate"]
+    assert parents(graph, "model.layers.0.mlp.add") == ["model.layers.0.mlp.moe", "model.layers.0.mlp.mul"]
 
 
 def test_a_hand_written_top_k_block_is_one_moe_node():
