@@ -113,17 +113,17 @@ class MoeRules:
         return not in_leaf and not in_params and call.group is not None and in_prod == {call.group}
 
     def _moe_attrs(self, call: _MoeCall) -> dict[str, Any]:
-        """num_experts (the last dim the expert-choosing topk ranks), top_k (its k) and
+        """num_experts (the dim the expert-choosing topk ranks), top_k (its k) and
         intermediate_size (the width entering each expert's last matrix product with a weight:
         the MLP's hidden size, after gating for SwiGLU experts)."""
-        scores = call.router.args[0]
-        attrs: dict[str, Any] = {"num_experts": int(scores.meta["val"].shape[-1]), "top_k": topk_k(call.router)}
+        router = call.router
+        dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
         last = next((n for n in reversed(call.experts)
                      if functional_name(n.target) in _PRODUCT_ATEN and any(self._is_parameter(a) for a in n.all_input_nodes)), None)
-        if last is not None:
-            width = next((a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
-            attrs["intermediate_size"] = int(width.meta["val"].shape[-1]) if width is not None else None
-        return attrs
+        width = None if last is None else next(
+            (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
+        return {"num_experts": int(router.args[0].meta["val"].shape[dim]), "top_k": topk_k(router),
+                "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None}
 
     def _is_parameter(self, value: fx.Node) -> bool:
         """True for a parameter or a view of one (transformers' experts transpose their 3-D weights)."""
