@@ -446,10 +446,11 @@ def layout(scene: Scene) -> None:
         members = set(frame.members)
         corners = [(b.x + sx * b.w / 2, b.y + sy * b.h / 2) for b in (scene.boxes[m] for m in members)
                    for sx in (-1, 1) for sy in (-1, 1)]
-        # the bends of the edges between its boxes; an edge from far outside (a rotary table
-        # feeding a run that starts after a different first block) may cross the frame
-        corners += [p for (s, d), curve in zip(scene.edges, scene.curves) if s in members and d in members
-                    for p in curve[3:-1:3]]
+        # the bends of the edges into and out of its boxes at the height of its boxes; an edge
+        # from far above (a rotary table feeding a run after a different first block) enters it
+        top, bottom = min(y for _, y in corners), max(y for _, y in corners)
+        corners += [p for (s, d), curve in zip(scene.edges, scene.curves) if s in members or d in members
+                    for p in curve[3:-1:3] if top <= p[1] <= bottom]
         corners += [corner for inner in scene.frames if inner.parent == i
                     for corner in (inner.bounds[:2], inner.bounds[2:])]
         xs, ys = [x for x, _ in corners], [y for _, y in corners]
