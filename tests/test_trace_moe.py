@@ -116,6 +116,7 @@ def test_mixtral_has_one_moe_node_per_layer_owning_router_and_experts():
     # fed by the post-attention norm, feeding the residual add
     assert parents(graph, "model.layers.0.mlp.moe") == ["model.layers.0.post_attention_layernorm"]
     assert "model.layers.0.mlp.moe" in parents(graph, "model.layers.0.add_1")
+    assert graph.summary().splitlines()[-1] == "moe: 3 x experts=4 top_k=2 intermediate_size=64"
 
 
 def test_mixtral_folded_and_retraced_graphs_are_identical():
