@@ -13,6 +13,9 @@ from graphkit.cli import app
 from graphkit.draw import build_scene, layout
 from graphkit.ghn import CheckpointError, load_checkpoint
 from graphkit.ghn.checkpoint import check_graph
+from graphkit.ghn.encoding import EncodingError, encode
+from graphkit.ghn.model import LoGAHConfig
+from graphkit.ops import VOCABULARY_SIZES
 
 transformers = pytest.importorskip("transformers")
 
@@ -218,6 +221,13 @@ def test_the_bundled_hypernetworks_refuse_a_moe_node():
     """They never saw one: their prediction for it would be untrained noise."""
     with pytest.raises(CheckpointError, match=r"^node 'blocks.0.moe.moe' has op 'moe', which this hypernetwork was not trained on"):
         check_graph(load_checkpoint("logah-tiny-gpts"), trace(TinyMoELM()))
+
+
+def test_a_version_1_hypernetwork_cannot_read_a_moe_node():
+    """moe joined the vocabulary in version 2: a LoGAH made with the 29 ops of version 1 has
+    no id for it, whatever it was trained on."""
+    with pytest.raises(EncodingError, match=r"^node 'blocks.0.moe.moe' has op 'moe', which is newer than the 29 ops"):
+        encode(trace(TinyMoELM()), LoGAHConfig(num_ops=VOCABULARY_SIZES[1]))
 
 
 def test_predict_on_a_mixtral_is_a_one_line_error(tmp_path):
