@@ -200,6 +200,26 @@ def test_a_single_block_with_many_experts_is_not_folded_over_its_experts():
     assert [n.op for n in graph.nodes] == ["input", "moe", "output"]
 
 
+class NormedTopKMoE(TopKMoE):
+    """A block that holds its own pre-norm and residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, hidden=16, num_experts=4, top_k=2)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + super().forward(self.norm(x))
+
+
+def test_a_norm_and_a_residual_inside_the_block_stay_their_own_nodes():
+    """The norm feeds the router and the experts alike: it is the tokens, not the routing."""
+    graph = trace(NormedTopKMoE(8), torch.zeros(2, 4, 8))
+    assert [(n.op, n.name) for n in graph.nodes] == [("input", "input"), ("layer_norm", "norm"), ("moe", "moe"),
+                                                    ("add", "add"), ("output", "output")]
+    assert parents(graph, "moe") == ["norm"] and parents(graph, "add") == ["input", "moe"]
+    assert "norm.weight" not in graph.nodes[2].params
+
+
 class TopKPool(nn.Module):
     """Keeps each token's 3 largest features: a topk with no experts around it."""
 

@@ -10,7 +10,8 @@ a hand-written block with an ``nn.ModuleList`` of expert MLPs). Inside one call 
 - everything inside ``experts`` (a ModuleList of MLPs, or the 3-D weights of transformers'
   grouped-matmul experts with their sort/gather/scatter bookkeeping);
 - the router: every op the expert-choosing ``topk`` depends on inside the block (router
-  projection, softmax or sigmoid scores, DeepSeek-V3's group-limited selection);
+  projection, softmax or sigmoid scores, DeepSeek-V3's group-limited selection), back to the
+  tokens the experts read too (a pre-norm inside the block stays its own node);
 - the gating and combine: ops of the block that read the node's values and nothing else (weight
   normalisation, scaling, the weighted sum of expert outputs).
 
@@ -21,6 +22,7 @@ whose output is added to the ``moe`` node's (docs/tracer.md says why).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,13 +93,10 @@ class MoeRules:
             # group-limited routing (DeepSeek-V3) calls topk over groups first: the last topk is
             # the one over experts, whose indices the experts read
             router = topks[-1]
-            core, todo = set(experts), [router]
-            while todo:
-                n = todo.pop()
-                if n in inside and n not in core:
-                    core.add(n)
-                    todo.extend(n.all_input_nodes)
-            call = _MoeCall(path, router, experts, core)
+            routed = _closure([router], lambda n: [u for u in n.users if u in inside])
+            routing = _closure([router], lambda n: [a for a in n.all_input_nodes if a in inside],
+                               stop=_tokens_read(experts, routed))
+            call = _MoeCall(path, router, experts, set(experts) | routing)
             for n in ops:
                 call_of[n] = call
         return call_of
@@ -132,6 +131,33 @@ class MoeRules:
                 return False
             value = value.args[0]
         return value.op == "placeholder" and value.name in self.param_names
+
+
+def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    """``start`` and every node reached from it by ``step``, not entering ``stop``."""
+    seen, todo = set(), [n for n in start if n not in stop]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(m for m in step(n) if m not in stop)
+    return seen
+
+
+def _tokens_read(experts: list[fx.Node], routed: set[fx.Node]) -> set[fx.Node]:
+    """The values the experts read from outside them that do not come from the routing (the
+    block input, or a norm inside the block), up to their first computing op: the router's
+    walk back stops there, so a pre-norm inside the block stays its own node."""
+    inside, found = set(experts), set()
+    todo = [a for n in experts for a in n.all_input_nodes if a not in inside and a not in routed]
+    while todo:
+        n = todo.pop()
+        if n in found or n in routed or n.op != "call_function":
+            continue
+        found.add(n)
+        if moves_data(functional_name(n.target), n.meta.get("val")):
+            todo.extend(n.all_input_nodes)
+    return found
 
 
 def _is_moe_path(model: nn.Module, path: str) -> bool:
