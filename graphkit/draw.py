@@ -465,7 +465,8 @@ def layout(scene: Scene) -> None:
         x0, y0, x1, y1 = frame.bounds
         frame.bounds = (x0 + dx, y0 + dy, x1 + dx, y1 + dy)
     scene.curves = [[(x + dx, y + dy) for x, y in curve] for curve in scene.curves]
-    scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames] + [x + dx for x, _ in bends]) + _MARGIN
+    scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames]
+                      + [x + dx for x, _ in bends]) + _MARGIN
     scene.width = max(scene.width, max(len(scene.title) * 14 * 0.62, len(_subtitle(scene)) * 11 * 0.58) + 2 * _MARGIN)
     scene.height = max([b.y + b.h / 2 for b in scene.boxes] + [f.bounds[3] for f in scene.frames]) + _MARGIN
 

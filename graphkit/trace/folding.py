@@ -33,7 +33,9 @@ def repeated_blocks(model: nn.Module) -> list[tuple[str, int]]:
     for path, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 3 or not path:
             continue
-        if any(path.startswith(p + ".") for p, _ in found) or any(not p or path.startswith(p + ".") for p in moe_blocks):
+        if any(path.startswith(p + ".") for p, _ in found):
+            continue
+        if any(not p or path.startswith(p + ".") for p in moe_blocks):
             continue
         signatures = [signature(child) for child in module]
         if all(s == signatures[0] for s in signatures[1:]):

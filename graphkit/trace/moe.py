@@ -117,8 +117,9 @@ class MoeRules:
         the MLP's hidden size, after gating for SwiGLU experts)."""
         router = call.router
         dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
-        last = next((n for n in reversed(call.experts)
-                     if functional_name(n.target) in _PRODUCT_ATEN and any(self._is_parameter(a) for a in n.all_input_nodes)), None)
+        products = [n for n in call.experts if functional_name(n.target) in _PRODUCT_ATEN
+                    and any(self._is_parameter(a) for a in n.all_input_nodes)]
+        last = products[-1] if products else None
         width = None if last is None else next(
             (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
         return {"num_experts": int(router.args[0].meta["val"].shape[dim]), "top_k": topk_k(router),
@@ -133,7 +134,8 @@ class MoeRules:
         return value.op == "placeholder" and value.name in self.param_names
 
 
-def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]],
+             stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
     """``start`` and every node reached from it by ``step``, not entering ``stop``."""
     seen, todo = set(), [n for n in start if n not in stop]
     while todo:
@@ -145,17 +147,18 @@ def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], sto
 
 
 def _tokens_read(experts: list[fx.Node], routed: set[fx.Node]) -> set[fx.Node]:
-    """The values the experts read from outside them that do not come from the routing (the
-    block input, or a norm inside the block), up to their first computing op: the router's
-    walk back stops there, so a pre-norm inside the block stays its own node."""
+    """The activations the experts read from outside them that do not come from the routing
+    (the block input, or a norm inside the block), back through reshapes to their first
+    computing op: the router's walk back stops there, so a pre-norm inside the block stays its
+    own node. Indices and masks are not followed: they come from the router."""
     inside, found = set(experts), set()
-    todo = [a for n in experts for a in n.all_input_nodes if a not in inside and a not in routed]
+    todo = [a for n in experts for a in n.all_input_nodes if a not in inside]
     while todo:
         n = todo.pop()
-        if n in found or n in routed or n.op != "call_function":
+        if n in found or n in routed or n.op != "call_function" or not is_float(n.meta.get("val")):
             continue
         found.add(n)
-        if moves_data(functional_name(n.target), n.meta.get("val")):
+        if functional_name(n.target) in SHAPE_ONLY_ATEN:
             todo.extend(n.all_input_nodes)
     return found
 
