@@ -143,9 +143,11 @@ def test_deepseek_v3_keeps_the_dense_layer_and_the_shared_experts_apart():
     assert ops["model.layers.0.mlp.down_proj"] == "linear"  # layer 0 is dense
     assert ops["model.layers.1.mlp.shared_experts.down_proj"] == "linear"
     # the shared expert runs beside the routed experts and is added to their output
-    assert parents(graph, "model.layers.1.mlp.add") == ["model.layers.1.mlp.moe", "model.layers.1.mlp.shared_experts.down_proj"]
+    assert parents(graph, "model.layers.1.mlp.add") == ["model.layers.1.mlp.moe",
+                                                         "model.layers.1.mlp.shared_experts.down_proj"]
     assert parents(graph, "model.layers.1.mlp.shared_experts.gate_proj") == parents(graph, "model.layers.1.mlp.moe")
-    assert graph.fingerprint() == trace(deepseek_v3(), fold_repeats=False).fingerprint() == trace(deepseek_v3()).fingerprint()
+    assert graph.fingerprint() == trace(deepseek_v3(), fold_repeats=False).fingerprint()
+    assert graph.fingerprint() == trace(deepseek_v3()).fingerprint()
 
 
 def test_a_drawing_frames_the_repeated_moe_layers_only():
@@ -239,7 +241,8 @@ def test_a_topk_outside_an_moe_block_stays_a_router_op():
 
 def test_the_bundled_hypernetworks_refuse_a_moe_node():
     """They never saw one: their prediction for it would be untrained noise."""
-    with pytest.raises(CheckpointError, match=r"^node 'blocks.0.moe.moe' has op 'moe', which this hypernetwork was not trained on"):
+    refusal = r"^node 'blocks.0.moe.moe' has op 'moe', which this hypernetwork was not trained on"
+    with pytest.raises(CheckpointError, match=refusal):
         check_graph(load_checkpoint("logah-tiny-gpts"), trace(TinyMoELM()))
 
 
