@@ -454,13 +454,17 @@ def layout(scene: Scene) -> None:
         members = set(frame.members)
         corners = [(b.x + sx * b.w / 2, b.y + sy * b.h / 2) for b in (scene.boxes[m] for m in members)
                    for sx in (-1, 1) for sy in (-1, 1)]
+        # the bends of the edges into and out of its boxes at the height of its boxes; an edge
+        # from far above (a rotary table feeding a run after a different first block) enters it
+        top, bottom = min(y for _, y in corners), max(y for _, y in corners)
         corners += [p for (s, d), curve in zip(scene.edges, scene.curves) if s in members or d in members
-                    for p in curve[3:-1:3]]  # the bends of the edges into and out of its boxes
+                    for p in curve[3:-1:3] if top <= p[1] <= bottom]
         corners += [corner for inner in scene.frames if inner.parent == i
                     for corner in (inner.bounds[:2], inner.bounds[2:])]
         xs, ys = [x for x, _ in corners], [y for _, y in corners]
         frame.bounds = (min(xs) - _FRAME_PAD, min(ys) - _FRAME_PAD - _LINE, max(xs) + _FRAME_PAD, max(ys) + _FRAME_PAD)
-    xs = [b.x - b.w / 2 for b in scene.boxes] + [f.bounds[0] for f in scene.frames]
+    bends = [p for curve in scene.curves for p in curve[3:-1:3]]  # an edge may run outside every box and frame
+    xs = [b.x - b.w / 2 for b in scene.boxes] + [f.bounds[0] for f in scene.frames] + [x for x, _ in bends]
     ys = [b.y - b.h / 2 for b in scene.boxes] + [f.bounds[1] for f in scene.frames]
     dx, dy = _MARGIN - min(xs), _MARGIN + _HEADER - min(ys)
     for box in scene.boxes:
@@ -469,7 +473,8 @@ def layout(scene: Scene) -> None:
         x0, y0, x1, y1 = frame.bounds
         frame.bounds = (x0 + dx, y0 + dy, x1 + dx, y1 + dy)
     scene.curves = [[(x + dx, y + dy) for x, y in curve] for curve in scene.curves]
-    scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames]) + _MARGIN
+    scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames]
+                      + [x + dx for x, _ in bends]) + _MARGIN
     scene.width = max(scene.width, max(len(scene.title) * 14 * 0.62, len(_subtitle(scene)) * 11 * 0.58) + 2 * _MARGIN)
     scene.height = max([b.y + b.h / 2 for b in scene.boxes] + [f.bounds[3] for f in scene.frames]) + _MARGIN
 

@@ -320,7 +320,7 @@ class ArchGraph:
         return draw(self, path, expand=expand)
 
     def summary(self) -> str:
-        """A few readable lines: size, op counts and attention layout."""
+        """A few readable lines: size, op counts, attention layout and mixture-of-experts layers."""
         meta = self.meta
         head = meta.get("model_class", "model").rsplit(".", 1)[-1]
         lines = [
@@ -336,6 +336,10 @@ class ArchGraph:
                 f"attention: {row['layers']} x {row['kind']} heads={row['heads']} kv_heads={row['kv_heads']} "
                 f"head_dim={row['head_dim']} " + " ".join(extra)
             )
+        experts = Counter((n.attrs.get("num_experts"), n.attrs.get("top_k"), n.attrs.get("intermediate_size"))
+                          for n in self.nodes if n.op == "moe")
+        for (num_experts, top_k, width), layers in experts.items():
+            lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
         return "\n".join(lines)
 
 

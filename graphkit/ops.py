@@ -44,14 +44,14 @@ OP_DOCS: dict[str, str] = {
     "concat": "concatenation of activations",
     "mean_pool": "mean over tokens or positions (global average pooling)",
     "softcap": "logit soft-capping c * tanh(x / c)",
-    "moe_router": "mixture-of-experts routing: top-k selection over router logits",
+    "moe_router": "top-k selection outside a mixture-of-experts block (inside one it is part of the moe node)",
     "scale": "elementwise product with a learned parameter (layer scale)",
     "bias": "addition of a learned 1-D parameter",
     "softmax": "softmax outside attention (e.g. router probabilities)",
     "sigmoid": "sigmoid activation",
     "other": "catch-all id for ops written as 'other:<aten op>'",
     # version 2
-    "moe": "mixture-of-experts block: router, top-k gating and experts as one node; attrs num_experts, top_k",
+    "moe": "mixture-of-experts block: router, top-k gating and experts as one node; attrs num_experts, top_k, intermediate_size",
     "roll": "cyclic shift of tokens along spatial dims (torch.roll; Swin's shifted windows); attrs shifts",
     "pad": "zero padding of activations (F.pad; Swin pads to a multiple of the window); attrs pad",
 }

@@ -158,12 +158,12 @@ def test_real_weights_and_meta_give_the_same_graph():
 
 def test_exotic_ops(exotic_graph):
     ops = exotic_graph.op_counts()
-    for op in ("alibi", "attention", "moe_router", "softmax", "mean_pool", "softcap", "head", "other:aten.cumsum"):
+    for op in ("alibi", "attention", "moe", "mean_pool", "softcap", "head", "other:aten.cumsum"):
         assert op in ops, op
     attn = attention_nodes(exotic_graph)[0]
     assert attn.attrs["alibi"] and attn.attrs["causal"]  # eager softmax with a tril mask
     assert next(n for n in exotic_graph.nodes if n.op == "softcap").attrs["cap"] == 30.0
-    assert next(n for n in exotic_graph.nodes if n.op == "moe_router").attrs["k"] == 2
+    assert next(n for n in exotic_graph.nodes if n.op == "moe").attrs == {"num_experts": 4, "top_k": 2, "intermediate_size": 32}
 
 
 def test_example_inputs_are_built_for_images_and_token_ids():

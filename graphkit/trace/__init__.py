@@ -6,6 +6,7 @@
 - :mod:`~graphkit.trace.naming`: which modules and ATen ops become which vocabulary op;
 - :mod:`~graphkit.trace.builder`: the exported ATen program -> architecture nodes and edges;
 - :mod:`~graphkit.trace.attention`: attention cores fused into one node with their attributes;
+- :mod:`~graphkit.trace.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
 - :mod:`~graphkit.trace.folding`: export two blocks of a repeated stack, replicate the rest.
 
 The vocabulary itself (:mod:`graphkit.ops`) does not import the tracer, so the hypernetwork

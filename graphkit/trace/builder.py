@@ -7,6 +7,8 @@
    anchor; the ops feeding it inside the same module scope, up to the projections (rotary
    application, head reshapes, scaling, masking, GQA K/V repetition), are fused into one
    ``attention`` node whose attrs say heads, kv_heads, head_dim, causal, window and rope.
+   Likewise a mixture-of-experts block's router, gating and experts become one ``moe`` node
+   (:mod:`graphkit.trace.moe`).
 3. **Only data flow that matters stays.** Shape-only ops pass their inputs through; ops on
    values that depend on neither the input nor a parameter (position ids, causal masks) are
    constants and vanish; scaling by a constant is folded. A node left with no input (a
@@ -33,11 +35,12 @@ from graphkit.trace.naming import (
     MATMUL_ATEN,
     SDPA_ATEN,
     SHAPE_DEPENDENT_ATEN,
-    SHAPE_ONLY_ATEN,
     functional_name,
     is_float,
     module_op,
+    moves_data,
 )
+from graphkit.trace.moe import MoeRules, topk_k
 from graphkit.trace.spatial import is_identity, spatial_attrs, spatial_op
 
 _SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
@@ -66,7 +69,7 @@ class _Group:
         return self.fx[-1].meta["_gk_pos"] if self.fx else -1
 
 
-class _GraphBuilder(AttentionRules):
+class _GraphBuilder(AttentionRules, MoeRules):
     INPUT = 0
 
     def __init__(self, model: nn.Module, program: torch.export.ExportedProgram) -> None:
@@ -119,6 +122,7 @@ class _GraphBuilder(AttentionRules):
         for pos, node in enumerate(nodes):
             node.meta["_gk_pos"] = pos
         region_of = self._attention_regions(nodes)
+        moe_call_of = self._moe_calls(nodes)
         attention_group: dict[fx.Node, int] = {}
         open_leaf: tuple[str, int] | None = None
         output_node = None
@@ -139,6 +143,13 @@ class _GraphBuilder(AttentionRules):
             in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
             in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
             leaf = None if node in region_of else self._leaf(node)  # talking heads join their attention
+            call = moe_call_of.get(node)
+            if call is not None and self._joins_moe(call, node, leaf is not None, in_prod, in_params):
+                if call.group is None:
+                    self.groups.append(_Group("moe", call.path, live=True))
+                    call.group = len(self.groups) - 1
+                self._absorb(call.group, node, in_prod, in_params)
+                continue
             if leaf is not None:
                 path, op = leaf
                 if open_leaf is None or open_leaf[0] != path:
@@ -155,7 +166,7 @@ class _GraphBuilder(AttentionRules):
                 self._absorb(attention_group[anchor], node, in_prod, in_params)
                 continue
             name = functional_name(node.target)
-            if name in SHAPE_ONLY_ATEN or not is_float(node.meta.get("val")) or is_identity(node):
+            if moves_data(name, node.meta.get("val")) or is_identity(node):
                 self.prod[node], self.param_src[node] = in_prod, in_params
                 continue
             if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
@@ -173,6 +184,9 @@ class _GraphBuilder(AttentionRules):
             self._absorb(len(self.groups) - 1, node, in_prod, in_params)
         for anchor, gid in attention_group.items():
             self.groups[gid].attrs = self._attention_attrs(anchor, self.groups[gid])
+        for call in set(moe_call_of.values()):
+            if call.group is not None:
+                self.groups[call.group].attrs.update(self._moe_attrs(call))
         return self._finish(output_node)
 
     def _absorb(self, gid: int, node: fx.Node, in_prod: frozenset[int], in_params: frozenset[str]) -> None:
@@ -277,7 +291,7 @@ class _GraphBuilder(AttentionRules):
     def _name(self, g: _Group) -> str:
         if g.op in ("input", "output"):
             return g.op
-        if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention",):
+        if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention", "moe"):
             return g.module
         return f"{g.module}.{g.op}" if g.module else g.op
 
@@ -307,8 +321,7 @@ class _GraphBuilder(AttentionRules):
         elif g.op == "softcap":
             attrs["cap"] = _softcap(g.fx[0])
         elif g.op == "moe_router":
-            k = g.fx[0].args[1] if len(g.fx[0].args) > 1 else g.fx[0].kwargs.get("k")
-            attrs["k"] = int(k) if isinstance(k, int) else None
+            attrs["k"] = topk_k(g.fx[0])
         elif g.op == "mean_pool":
             dim = g.fx[0].args[1] if len(g.fx[0].args) > 1 else None
             attrs["dim"] = list(dim) if isinstance(dim, (list, tuple)) else dim

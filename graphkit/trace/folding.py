@@ -19,17 +19,23 @@ from collections.abc import Iterator, Sequence
 from torch import nn
 
 from graphkit.graph import ArchGraph, Node
+from graphkit.trace.moe import is_moe_block
 
 # attributes that legitimately differ between otherwise identical blocks
 _INDEX_ATTRS = re.compile(r"^(layer_idx|layer_id|layer_index|layer_number|block_idx|block_id|idx|index)$")
 
 def repeated_blocks(model: nn.Module) -> list[tuple[str, int]]:
-    """ModuleLists / Sequentials of >= 3 structurally identical blocks, outermost only: (path, length)."""
+    """ModuleLists / Sequentials of >= 3 structurally identical blocks, outermost only: (path, length).
+    An MoE block's experts are one node whatever their number, and truncating them would change
+    what the block computes, so they are never folded."""
     found: list[tuple[str, int]] = []
+    moe_blocks = [path for path, module in model.named_modules() if is_moe_block(module)]
     for path, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < 3 or not path:
             continue
         if any(path.startswith(p + ".") for p, _ in found):
+            continue
+        if any(not p or path.startswith(p + ".") for p in moe_blocks):
             continue
         signatures = [signature(child) for child in module]
         if all(s == signatures[0] for s in signatures[1:]):

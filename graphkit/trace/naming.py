@@ -136,6 +136,12 @@ def functional_name(target: object) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
 
 
+def moves_data(name: str, value: object) -> bool:
+    """True for an op that only moves data or computes no activation (shape-only ops, integer and
+    boolean results such as indices and masks): it passes its inputs through and makes no node."""
+    return name in SHAPE_ONLY_ATEN or not is_float(value)
+
+
 def is_float(value: object) -> bool:
     """True for a floating or complex tensor (activations), or a tuple holding one (``topk``);
     False for ints, bools and others."""

@@ -1,0 +1,170 @@
+"""Mixture of experts becomes one node: which module is an MoE block, which of its ops are the
+router, the top-k gating and the experts, and the node's attributes (num_experts, top_k,
+intermediate_size).
+
+An MoE block is recognised by its layout, not by its class: a module with a child named
+``experts`` that holds parameters (Mixtral's and DeepSeek-V3's blocks in transformers, Qwen-MoE,
+a hand-written block with an ``nn.ModuleList`` of expert MLPs). Inside one call of it, the
+``moe`` node fuses
+
+- everything inside ``experts`` (a ModuleList of MLPs, or the 3-D weights of transformers'
+  grouped-matmul experts with their sort/gather/scatter bookkeeping);
+- the router: every op the expert-choosing ``topk`` depends on inside the block (router
+  projection, softmax or sigmoid scores, DeepSeek-V3's group-limited selection), back to the
+  tokens the experts read too (a pre-norm inside the block stays its own node);
+- the gating and combine: ops of the block that read the node's values and nothing else (weight
+  normalisation, scaling, the weighted sum of expert outputs).
+
+It stops at anything that mixes in another value: DeepSeek-V3's and Qwen-MoE's shared experts
+are a dense MLP every token goes through, and stay ordinary ``linear``/``silu``/``mul`` nodes
+whose output is added to the ``moe`` node's (docs/tracer.md says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx, nn
+
+from graphkit.trace.naming import MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+
+#: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
+#: matmuls (or their fallback) transformers runs its 3-D expert weights with
+_PRODUCT_ATEN = MATMUL_ATEN | {"linear", "addmm", "_grouped_mm", "grouped_mm", "grouped_mm_fallback"}
+
+#: the child that holds the experts, by the convention of transformers and hand-written code
+EXPERTS_CHILD = "experts"
+
+
+def is_moe_block(module: nn.Module) -> bool:
+    """True for a module with a child named ``experts`` holding parameters. The layout is what
+    every MoE implementation shares (transformers' Mixtral, DeepSeek, Qwen-MoE, OLMoE blocks and
+    hand-written ones), so a user's block needs no registration."""
+    experts = module._modules.get(EXPERTS_CHILD)
+    return experts is not None and next(experts.parameters(), None) is not None
+
+
+def topk_k(node: fx.Node) -> int | None:
+    """The k of an ATen ``topk`` call (positional or keyword), None if it is not a plain int."""
+    k = node.args[1] if len(node.args) > 1 else node.kwargs.get("k")
+    return int(k) if isinstance(k, int) else None
+
+
+@dataclass(eq=False)  # one per call, hashed by identity
+class _MoeCall:
+    """One call of an MoE block: the topk that picks the experts, the ops that are the node
+    whatever they read (router and experts), and the group they become once one is met."""
+
+    path: str
+    router: fx.Node
+    experts: list[fx.Node]
+    core: set[fx.Node]
+    group: int | None = None
+
+
+class MoeRules:
+    """The mixture-of-experts half of the graph builder (:class:`graphkit.trace.builder._GraphBuilder`),
+    which provides ``model``, ``groups``, ``param_names`` and ``_stack``."""
+
+    def _moe_calls(self, nodes: list[fx.Node]) -> dict[fx.Node, _MoeCall]:
+        """Map every FX op inside a call of an MoE block (the outermost one) to that call. A block
+        without a ``topk`` (a soft or dense mixture) has no router to fuse and is traced op by op."""
+        ops_of: dict[str, list[fx.Node]] = {}
+        is_block: dict[str, bool] = {}
+        for node in nodes:
+            if node.op != "call_function":
+                continue
+            for path in self._stack(node):
+                if path not in is_block:
+                    is_block[path] = _is_moe_path(self.model, path)
+                if is_block[path]:
+                    ops_of.setdefault(path, []).append(node)
+                    break
+        call_of: dict[fx.Node, _MoeCall] = {}
+        for path, ops in ops_of.items():
+            topks = [n for n in ops if functional_name(n.target) == "topk"]
+            if not topks:
+                continue
+            inside = set(ops)
+            experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
+            experts = [n for n in ops if any(p == experts_path or p.startswith(experts_path + ".") for p in self._stack(n))]
+            # group-limited routing (DeepSeek-V3) calls topk over groups first: the last topk is
+            # the one over experts, whose indices the experts read
+            router = topks[-1]
+            routed = _closure([router], lambda n: [u for u in n.users if u in inside])
+            routing = _closure([router], lambda n: [a for a in n.all_input_nodes if a in inside],
+                               stop=_tokens_read(experts, routed))
+            call = _MoeCall(path, router, experts, set(experts) | routing)
+            for n in ops:
+                call_of[n] = call
+        return call_of
+
+    def _joins_moe(self, call: _MoeCall, node: fx.Node, in_leaf: bool, in_prod: frozenset[int],
+                   in_params: frozenset[str]) -> bool:
+        """Whether ``node`` is part of its MoE call's node. Router and expert ops are, except data
+        movement at the block's own level (the block input's reshape also feeds shared experts);
+        other ops of the block are if they read the MoE node alone and no parameter (gating,
+        combine), so the node ends where another value comes in (shared experts, a residual)."""
+        if node in call.core:
+            return in_leaf or not moves_data(functional_name(node.target), node.meta.get("val"))
+        return not in_leaf and not in_params and call.group is not None and in_prod == {call.group}
+
+    def _moe_attrs(self, call: _MoeCall) -> dict[str, Any]:
+        """num_experts (the dim the expert-choosing topk ranks), top_k (its k) and
+        intermediate_size (the width entering each expert's last matrix product with a weight:
+        the MLP's hidden size, after gating for SwiGLU experts)."""
+        router = call.router
+        dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
+        products = [n for n in call.experts if functional_name(n.target) in _PRODUCT_ATEN
+                    and any(self._is_parameter(a) for a in n.all_input_nodes)]
+        last = products[-1] if products else None
+        width = None if last is None else next(
+            (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
+        return {"num_experts": int(router.args[0].meta["val"].shape[dim]), "top_k": topk_k(router),
+                "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None}
+
+    def _is_parameter(self, value: fx.Node) -> bool:
+        """True for a parameter or a view of one (transformers' experts transpose their 3-D weights)."""
+        while value.op == "call_function" and functional_name(value.target) in SHAPE_ONLY_ATEN and value.args:
+            if not isinstance(value.args[0], fx.Node):
+                return False
+            value = value.args[0]
+        return value.op == "placeholder" and value.name in self.param_names
+
+
+def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]],
+             stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    """``start`` and every node reached from it by ``step``, not entering ``stop``."""
+    seen, todo = set(), [n for n in start if n not in stop]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(m for m in step(n) if m not in stop)
+    return seen
+
+
+def _tokens_read(experts: list[fx.Node], routed: set[fx.Node]) -> set[fx.Node]:
+    """The activations the experts read from outside them that do not come from the routing
+    (the block input, or a norm inside the block), back through reshapes to their first
+    computing op: the router's walk back stops there, so a pre-norm inside the block stays its
+    own node. Indices and masks are not followed: they come from the router."""
+    inside, found = set(experts), set()
+    todo = [a for n in experts for a in n.all_input_nodes if a not in inside]
+    while todo:
+        n = todo.pop()
+        if n in found or n in routed or n.op != "call_function" or not is_float(n.meta.get("val")):
+            continue
+        found.add(n)
+        if functional_name(n.target) in SHAPE_ONLY_ATEN:
+            todo.extend(n.all_input_nodes)
+    return found
+
+
+def _is_moe_path(model: nn.Module, path: str) -> bool:
+    try:
+        return is_moe_block(model.get_submodule(path))
+    except AttributeError:
+        return False
