@@ -317,3 +317,15 @@ def test_the_tracer_is_one_package_and_old_imports_still_work():
         assert getattr(module, attr) is getattr(importlib.import_module(new_name), attr)
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         graphkit.ops.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("build", [lambda: gpt2(), lambda: llama(kv_heads=2), lambda: mistral(window=16)],
+                         ids=["gpt2", "llama", "mistral"])
+def test_pre_norm_residuals_read_the_block_stream_not_the_norm(build):
+    """A pre-norm block adds its sublayer to its input. HF's RMSNorm first does x.to(float32), an
+    alias on float32 x; the residual read through that alias once made the add read the norm."""
+    graph = graphkit.trace(meta(build))
+    for i, node in enumerate(graph.nodes):
+        if node.op == "add":
+            sources = [graph.nodes[s].op for s, d in graph.edges if d == i]
+            assert len(sources) == 2 and not {"rms_norm", "layer_norm"} & set(sources), (node.name, sources)

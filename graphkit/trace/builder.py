@@ -156,6 +156,10 @@ class _GraphBuilder(AttentionRules, MoeRules):
                     self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
                     open_leaf = (path, len(self.groups) - 1)
                 self._absorb(open_leaf[1], node, in_prod, in_params)
+                if in_prod and open_leaf[1] not in in_prod and not in_params and moves_data(functional_name(node.target), node.meta.get("val")):
+                    # an alias of what enters the module (an RMSNorm's x.to(float32) on float32 x):
+                    # a residual read through it reads the module's input, not the module
+                    self.prod[node] = in_prod
                 continue
             open_leaf = None
             if node in region_of:
