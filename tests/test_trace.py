@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from conftest import MODEL_FILES, gpt2, llama, meta, mistral, timm_vit
+from conftest import MODEL_FILES, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
 
 import graphkit
 from graphkit import TraceError
@@ -260,6 +260,7 @@ def test_hand_written_language_model_needs_no_example_inputs(rope, length):
     (ids,), kwargs = graphkit.example_inputs_for(model)
     assert ids.shape == (2, length) and ids.dtype == torch.long and int(ids.max()) < 50 and not kwargs
     graph = graphkit.trace(model)
+    assert_golden_fingerprint(f"nanogpt_rope{rope}", graph)
     assert graph.op_counts()["attention"] == 1 and graph.nodes[1].op == "embedding"
     assert not any(n.op.startswith("other:") for n in graph.nodes)
 
@@ -272,6 +273,7 @@ def test_subgraphs_rooted_at_parameters_or_buffers(name, root, consumer):
     """A relative-position MLP over a coordinate buffer and a pooling head's learned query are
     architecture: kept, owning their parameters, feeding their attention, with no input edge."""
     graph = graphkit.trace(meta(lambda: timm_vit(name, depth=2)))
+    assert_golden_fingerprint(name, graph)
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     preds = {i: {s for s, d in graph.edges if d == i} for i in range(len(graph.nodes))}
     assert preds[index[root]] == set()
@@ -291,7 +293,9 @@ def test_in_place_aten_ops_map_to_their_out_of_place_op():
 
     config = FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                           new_decoder_architecture=False, parallel_attn=True)
-    counts = graphkit.trace(meta(lambda: FalconForCausalLM(config))).op_counts()
+    graph = graphkit.trace(meta(lambda: FalconForCausalLM(config)))
+    assert_golden_fingerprint("falcon_parallel", graph)
+    counts = graph.op_counts()
     assert not any(op.startswith("other:") for op in counts) and counts["add"] == 4 and counts["attention"] == 2
 
 
@@ -325,6 +329,7 @@ def test_pre_norm_residuals_read_the_block_stream_not_the_norm(build):
     """A pre-norm block adds its sublayer to its input. HF's RMSNorm first does x.to(float32), an
     alias on float32 x; the residual read through that alias once made the add read the norm."""
     graph = graphkit.trace(meta(build))
+    assert_golden_fingerprint(f"pre_norm_{graph.meta['family']}", graph)
     for i, node in enumerate(graph.nodes):
         if node.op == "add":
             sources = [graph.nodes[s].op for s, d in graph.edges if d == i]

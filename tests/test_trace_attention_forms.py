@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import meta, timm_vit
+from conftest import assert_golden_fingerprint, meta, timm_vit
 from torch import nn
 
 import graphkit
@@ -66,6 +66,7 @@ def test_a_24_block_cait_has_26_attention_nodes_owning_the_talking_heads_maps():
 
 def test_cait_folds_to_the_full_graph_and_eager_class_attention_matches_sdpa():
     folded = graphkit.trace(cait(depth=4))
+    assert_golden_fingerprint("cait_depth4", folded)
     assert folded.fingerprint() == graphkit.trace(cait(depth=4)).fingerprint()  # stable
     assert folded.fingerprint() == graphkit.trace(cait(depth=4), fold_repeats=False).fingerprint()
     assert folded.fingerprint() == graphkit.trace(fused(cait(depth=4), False)).fingerprint()
@@ -124,6 +125,7 @@ def test_swin_windows_shifts_and_rolls():
                                                     ("layers.0.blocks.1", {"shifts": [3, 3]})]
     assert "pad" not in graph.op_counts()  # 14 and 7 tokens need no padding to windows of 7: F.pad by zeros
     assert_faithful(graph, model)
+    assert_golden_fingerprint("swin", graph)
     assert graph.fingerprint() == graphkit.trace(swin(), fold_repeats=False).fingerprint()
     assert graph.fingerprint() == graphkit.trace(fused(swin(), True)).fingerprint()
     assert [row["window"] for row in graph.attention_layout()] == [[7, 7], [7, 7]]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 from typer.testing import CliRunner
+from conftest import assert_golden_fingerprint
 
 from graphkit import ArchGraph, trace
 from graphkit.cli import app
@@ -124,6 +125,7 @@ def test_mixtral_has_one_moe_node_per_layer_owning_router_and_experts():
 
 def test_mixtral_folded_and_retraced_graphs_are_identical():
     folded = trace(mixtral())
+    assert_golden_fingerprint("mixtral", folded)
     assert folded.fingerprint() == trace(mixtral(), fold_repeats=False).fingerprint()
     assert folded.fingerprint() == trace(mixtral()).fingerprint()
     assert folded.fingerprint() != trace(mixtral(layers=2)).fingerprint()
@@ -146,6 +148,7 @@ def test_deepseek_v3_keeps_the_dense_layer_and_the_shared_experts_apart():
     assert parents(graph, "model.layers.1.mlp.add") == ["model.layers.1.mlp.moe",
                                                          "model.layers.1.mlp.shared_experts.down_proj"]
     assert parents(graph, "model.layers.1.mlp.shared_experts.gate_proj") == parents(graph, "model.layers.1.mlp.moe")
+    assert_golden_fingerprint("deepseek_v3", graph)
     assert graph.fingerprint() == trace(deepseek_v3(), fold_repeats=False).fingerprint()
     assert graph.fingerprint() == trace(deepseek_v3()).fingerprint()
 
@@ -182,6 +185,7 @@ def test_qwen2_moe_keeps_its_gated_shared_expert_apart():
 def test_a_hand_written_top_k_block_is_one_moe_node():
     graph = trace(TinyMoELM())
     assert_clean(graph)
+    assert_golden_fingerprint("hand_written_top_k_moe", graph)
     moes = moe_nodes(graph)
     assert [n.name for n in moes] == [f"blocks.{i}.moe.moe" for i in range(3)]
     assert all(n.attrs == {"num_experts": 4, "top_k": 2, "intermediate_size": 48} for n in moes)
