@@ -61,6 +61,10 @@ def test_a_24_block_cait_has_26_attention_nodes_owning_the_talking_heads_maps():
     assert set(talking[5].params) == {f"blocks.5.attn.{m}.{p}" for m in ("proj_l", "proj_w") for p in ("weight", "bias")}
     assert {(n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"], n.attrs["causal"]) for n in nodes} == {(4, 4, 48, False)}
     assert "softmax" not in graph.op_counts()
+    # the first class-attention block adds the class token parameter back as its residual: an
+    # add reusing the parameter the class_token node owns, not a positional embedding
+    residual = next(n for n in graph.nodes if n.name == "blocks_token_only.0.add")
+    assert residual.op == "add" and residual.attrs == {"tied": ["cls_token"]} and "pos_embedding" not in graph.op_counts()
     assert_faithful(graph, model)
 
 

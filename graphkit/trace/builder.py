@@ -215,6 +215,10 @@ class _GraphBuilder(AttentionRules, MoeRules):
     def _single_op(self, node: fx.Node, name: str, in_nodes: list[fx.Node], in_params: frozenset[str]) -> str | None:
         live = [a for a in in_nodes if self.prod.get(a)]
         if name in ("add", "sub") and in_params:
+            if all(p in self.owner for p in in_params) and live:
+                # a parameter another node owns, used again as one side of a sum: CaiT adds its
+                # class token back as the residual of the first class-attention block (attrs.tied)
+                return "add"
             return "pos_embedding" if any(len(self._param_shape(p)) >= 2 for p in in_params) else "bias"
         if name in ("cat", "concat") and in_params:
             return "class_token"
