@@ -7,6 +7,8 @@
 - :mod:`~graphkit.trace.builder`: the exported ATen program -> architecture nodes and edges;
 - :mod:`~graphkit.trace.attention`: attention cores fused into one node with their attributes;
 - :mod:`~graphkit.trace.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
+- :mod:`~graphkit.trace.spatial`: token shifts (``roll``) and zero padding (``pad``) of images;
+- :mod:`~graphkit.trace.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
 - :mod:`~graphkit.trace.folding`: export two blocks of a repeated stack, replicate the rest.
 
 The vocabulary itself (:mod:`graphkit.ops`) does not import the tracer, so the hypernetwork
