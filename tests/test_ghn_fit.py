@@ -68,8 +68,9 @@ def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
     logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(tmp_path, "fit-vit.json", "digits", batch_size=64)
     for metrics in logs:
         assert_alive(metrics)
-    # measured, seeds 0-3: 0.47, 0.45, 0.43, 0.39 against direct training's 0.75 (chance 0.10); the
-    # collapsed hypernetwork sat at chance. Issue #11 wants the gap closed; this holds the floor.
+    # measured, seeds 0-1 / 2-3: 0.47 / 0.58 against direct training's 0.75 (chance 0.10); with
+    # LR_FAN_IN 32, 0.46 / 0.41; the collapsed hypernetwork sat at chance. Issue #11 wants the gap
+    # closed; this holds the floor.
     assert accuracy >= 0.4 and accuracy >= 0.55 * direct_accuracy, (accuracy, direct_accuracy)
     assert loss < 2.0, loss  # ln 10 = 2.30 is the uniform output of the collapse
 
@@ -81,8 +82,9 @@ def test_a_single_gpt2_fits_text_below_the_unigram_loss_at_the_default_lr(tmp_pa
     train_bytes, eval_bytes = source.tokens["train"].long(), source.tokens["eval"].long()
     unigram = torch.bincount(train_bytes, minlength=256).float() + 1
     unigram_loss = -(unigram / unigram.sum()).log()[eval_bytes].mean().item()  # byte frequencies: 3.25 nats
-    # measured, seeds 0-3: 3.23, 2.96, 3.08, 2.94 against direct training's 2.60; the collapsed
-    # hypernetwork stayed flat at 3.4. Issue #11 wants "well below"; a seed can land at the unigram loss.
+    # measured, seeds 0-1 / 2-3: 2.98 / 2.97 against direct training's 2.60 (with LR_FAN_IN 32,
+    # single seeds 3.23, 2.96, 3.08, 2.94); the collapsed hypernetwork stayed flat at 3.4. Issue #11
+    # wants "well below".
     assert loss < unigram_loss - 0.1 and loss < direct_loss + 0.6, (loss, unigram_loss, direct_loss)
 
 
