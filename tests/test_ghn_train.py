@@ -302,3 +302,18 @@ def test_eval_horizons_are_0_100_and_the_final_step():
 
     assert EvalConfig(dataset="-").steps >= 300
     assert horizons(300) == [0, 100, 300] and horizons(50) == [0, 50] and horizons(100) == [0, 100]
+
+
+def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
+    """The factor similarity logged each step comes from the node embeddings that step's forward
+    made: one encoder pass per step, not a second one for the metrics."""
+    from graphkit.ghn.model import GraphEncoder
+
+    calls = []
+    original = GraphEncoder.forward
+    monkeypatch.setattr(GraphEncoder, "forward", lambda self, graphs: calls.append(len(graphs)) or original(self, graphs))
+    last = train(quick(vits, tmp_path / "run", steps=3, log_every=1, checkpoint_every=3), progress=False)
+    assert calls == [2, 2, 2] and 0 < last["factor_similarity"] < 1
+    ghn, graphs = LoGAH.from_variant("tiny"), [ArchPool(vits).encoded(i, LoGAH().config) for i in (0, 1)]
+    params, nodes = ghn(graphs, with_nodes=True)
+    assert torch.equal(nodes, ghn.encoder(graphs)) and all(torch.equal(params[0][k], v) for k, v in ghn(graphs)[0].items())

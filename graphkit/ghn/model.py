@@ -475,10 +475,15 @@ class LoGAH(nn.Module):
         """The config as plain data (saved beside checkpoints)."""
         return asdict(self.config)
 
-    def forward(self, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
+    def forward(self, graphs: Sequence[EncodedGraph], *, with_nodes: bool = False
+                ) -> list[dict[str, torch.Tensor]] | tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
         """The parameters of several models at once (each graph from :meth:`encode`): one
-        encoder pass over the padded batch of graphs, one decoder pass over all their targets."""
-        return self.decoder(self.encoder(graphs), graphs)
+        encoder pass over the padded batch of graphs, one decoder pass over all their targets.
+        ``with_nodes=True`` also returns the node embeddings, so that training can log what
+        the decoder saw (the factor similarity) without a second encoder pass."""
+        nodes = self.encoder(graphs)
+        params = self.decoder(nodes, graphs)
+        return (params, nodes) if with_nodes else params
 
     def encode(self, graph: ArchGraph) -> EncodedGraph:
         """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""
