@@ -234,8 +234,9 @@ class _GraphBuilder(AttentionRules, MoeRules):
             return "softcap"
         if name in MATMUL_ATEN and in_params:
             return "linear"
-        if spatial_op(node) is not None:
-            return spatial_op(node)
+        spatial = spatial_op(node)
+        if spatial is not None:
+            return spatial
         if name in ATEN_OPS and (name != "addmm" or in_params):
             return ATEN_OPS[name]
         return f"other:aten.{name}"
