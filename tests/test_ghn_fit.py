@@ -101,6 +101,11 @@ def test_every_linear_weight_trains_at_the_fan_in_scaled_rate():
             assert lr[id(module.weight)] <= 3e-4 * max(LR_FAN_IN / module.in_features, 0.1) + 1e-12
     assert lr[id(ghn.decoder.mlp[-1].weight)] == pytest.approx(3e-4 * LR_FAN_IN / (8 * 64))
     assert lr[id(ghn.encoder.op_embed.weight)] == 3e-4
+    # --lr-fan-in 8, the pools' setting: every Linear weight wider than 8 slows down, nothing else moves
+    slow = {id(p): g["lr"] for g in parameter_groups(ghn, 3e-4, fan_in=8) for p in g["params"]}
+    assert slow[id(ghn.decoder.mlp[-1].weight)] == pytest.approx(3e-4 * 8 / (8 * 64))
+    assert slow[id(ghn.decoder.low_rank.weight)] == pytest.approx(3e-4 * 8 / 32)
+    assert slow[id(ghn.encoder.op_embed.weight)] == 3e-4 and slow[id(ghn.decoder.gain.weight)] == lr[id(ghn.decoder.gain.weight)]
 
 
 def test_factors_of_different_parameters_are_not_collapsed_at_init():

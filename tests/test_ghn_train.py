@@ -145,6 +145,9 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     assert "step 2: loss" in result.stdout and (out / "model.safetensors").is_file()
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--variant", "small", "--resume")
     assert result.exit_code == 1 and "was trained with --variant tiny, not small; resume with the run's options" in result.stderr
+    result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--meta-batch", "1", "--batch-size", "2",
+                 "--seq-len", "8", "--lr-fan-in", "8", "--resume")
+    assert result.exit_code == 1 and "was trained with --lr-fan-in 64.0, not 8.0" in result.stderr
     bad = {
         ("--data", "digits"): "digits is image data but a gpt2 model takes text",
         ("--data", "cifar10:/nowhere"): "/nowhere",

@@ -72,6 +72,8 @@ NO_GPU = [] if torch.cuda.is_available() else [("--device", "cuda", "device 'cud
     ("--gamma", "nan", "gamma must be a number >= 0; got nan"),
     ("--clip", "0", "clip must be a positive number; got 0.0"),
     ("--clip", "inf", "clip must be a positive number; got inf"),
+    ("--lr-fan-in", "0", "lr-fan-in must be a positive number; got 0.0"),
+    ("--lr-fan-in", "nan", "lr-fan-in must be a positive number; got nan"),
     ("--seed", "-1", "seed must be an integer from 0 to 4294967295; got -1"),
     ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
     ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),

@@ -25,6 +25,7 @@ def train_ghn(
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
     steps: int = typer.Option(1000, "--steps", help="Optimisation steps."),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (cosine schedule to 0)."),
+    lr_fan_in: float = typer.Option(64, "--lr-fan-in", help="Linear weights of the hypernetwork train at lr * min(1, C / fan-in) (muP's Adam rule); 64 fits one architecture fastest, 8 suits pools mixing many widths and depths."),
     weight_decay: float = typer.Option(1e-2, "--weight-decay"),
     gamma: float = typer.Option(3e-5, "--gamma", help="Weight of the predicted-parameter norm penalty."),
     clip: float = typer.Option(5.0, "--clip", help="Gradient-norm clipping."),
@@ -43,7 +44,7 @@ def train_ghn(
 
     config = TrainConfig(dataset=str(dataset), out=str(out), data=data, variant=variant, decoder=decoder,
                          meta_batch=meta_batch, batch_size=batch_size, seq_len=seq_len, steps=steps, lr=lr,
-                         weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
+                         lr_fan_in=lr_fan_in, weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
                          checkpoint_every=checkpoint_every, log_every=log_every, device=device)
     last = train(config, resume=resume)
     if last:

@@ -40,9 +40,11 @@ from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
 from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
 
-#: every nn.Linear weight of the hypernetwork trains at lr * min(1, LR_FAN_IN / fan-in); see parameter_groups.
-#: 64 against 32, seeds 0-3 of the fit tests: ViT 0.52 against 0.44 held-out accuracy, GPT-2 2.98
-#: against 3.05 nats; 128 was worse on the ViT (docs/hypernetwork.md)
+#: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
+#: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 against 32,
+#: seeds 0-3 of the fit tests: ViT 0.52 against 0.44 held-out accuracy, GPT-2 2.98 against 3.05
+#: nats; 128 was worse on the ViT. Pools that mix many widths and depths leave their plateau
+#: sooner at 8 (docs/hypernetwork.md)
 LR_FAN_IN = 64
 #: the per-parameter gain head trains at GAIN_LR times the base lr; see parameter_groups
 GAIN_LR = 0.1
@@ -67,6 +69,7 @@ class TrainConfig:
     seq_len: int = 64
     steps: int = 1000
     lr: float = 3e-4
+    lr_fan_in: float = LR_FAN_IN  # Linear weights train at lr * min(1, lr_fan_in / fan-in)
     weight_decay: float = 1e-2
     gamma: float = 3e-5          # predicted-parameter norm penalty
     clip: float = 5.0
@@ -81,6 +84,7 @@ class TrainConfig:
         check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
+        check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
         for name in ("weight_decay", "gamma"):
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
@@ -147,8 +151,8 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
     return model
 
 
-def parameter_groups(ghn: LoGAH, lr: float) -> list[dict[str, Any]]:
-    """AdamW parameter groups: every ``nn.Linear`` weight at ``lr * min(1, LR_FAN_IN / fan_in)``,
+def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[dict[str, Any]]:
+    """AdamW parameter groups: every ``nn.Linear`` weight at ``lr * min(1, fan_in / its fan-in)``,
     the decoder's gain head at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at
     ``lr``.
 
@@ -160,13 +164,14 @@ def parameter_groups(ghn: LoGAH, lr: float) -> list[dict[str, Any]]:
     that it never left. Scaling each Linear weight's lr by 1 / fan-in (muP's rule for Adam) keeps
     the change of every predicted weight near what direct training makes (a few percent). The gain
     head sets the scale of every predicted weight through one shared readout, so it moves slower
-    still."""
+    still. The constant ``fan_in`` trades one architecture's speed for a mixed pool's: 64 fits a
+    single model fastest, 8 takes a pool of many widths and depths off its plateau sooner."""
     gain = getattr(ghn.decoder, "gain", None)
     groups: list[dict[str, Any]] = []
     seen: set[int] = set()
     for module in ghn.modules():
         if isinstance(module, nn.Linear):
-            factor = GAIN_LR if module is gain else min(1.0, LR_FAN_IN / module.in_features)
+            factor = GAIN_LR if module is gain else min(1.0, fan_in / module.in_features)
             groups.append({"params": [module.weight], "lr": lr * factor})
             seen.add(id(module.weight))
             if module is gain and module.bias is not None:
@@ -229,7 +234,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
     ghn = LoGAH.from_variant(config.variant, config.decoder).to(device)
-    optimizer = torch.optim.AdamW(parameter_groups(ghn, config.lr), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups(ghn, config.lr, config.lr_fan_in), lr=config.lr, weight_decay=config.weight_decay)
     start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine, last_epoch=start - 1)  # resumed: the lr of ``start``
@@ -344,7 +349,7 @@ RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png",
 #: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
 #: checkpointing and the device may change)
 RESUMED_OPTIONS = ("variant", "decoder", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
-                   "weight_decay", "gamma", "clip", "amp", "seed")
+                   "lr_fan_in", "weight_decay", "gamma", "clip", "amp", "seed")
 
 
 def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
@@ -380,7 +385,9 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
     recorded = {**state["config"], "data": state["config"].get("data") or default_data}
     given = {**asdict(config), "data": data}
     for name in RESUMED_OPTIONS:
-        before, now = recorded.get(name), given[name]
+        if name not in recorded:  # an option added after the run was recorded: it cannot be checked
+            continue
+        before, now = recorded[name], given[name]
         same = before == now or (name == "dataset" and Path(str(before)).resolve() == Path(now).resolve())
         if not same:
             raise TrainError(f"--resume: {folder.parent} was trained with --{name.replace('_', '-')} {before}, "
