@@ -203,10 +203,12 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating():
 def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
-    # trained on vocabulary v1: it reads the 29 op ids of v1, whose meaning never changes
-    assert ghn.info["ops_version"] == 1 and ghn.config.num_ops == VOCABULARY_SIZES[1] == 29
-    assert ghn.encoder.op_embed.num_embeddings == 29
-    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=29))
+    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (the GPT-2
+    # one v1's 29, the ViT one, retrained 2026-11-24, v2's 32)
+    version = ghn.info["ops_version"]
+    assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
+    assert version == {"gpt2": 1, "vit": 2}.get(family, version)
+    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version]))
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
 
 
