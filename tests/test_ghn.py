@@ -127,6 +127,31 @@ def test_one_batched_pass_equals_one_graph_at_a_time():
             assert all(torch.allclose(alone[n], batched[n], atol=1e-5) for n in alone)
 
 
+@pytest.mark.parametrize("decoder", ["low_rank", "ghn3"])
+def test_prediction_norms_are_the_parameters_norms_with_their_gradient(decoder):
+    """Training's regulariser comes from ``Prediction.norms`` without a pass over the decoded
+    weights: it must equal the sum of every predicted parameter's L2 norm, value and gradient,
+    across graphs of two families and for parameters cut into several chunks (K = 64)."""
+    torch.manual_seed(0)
+    ghn = LoGAH(LoGAHConfig(max_mask=64, decoder=decoder))
+    with torch.no_grad():  # a trained-looking gain head: each weight's scale differs
+        for p in ghn.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    graphs = [ghn.encode(graphkit.trace(build_model(c))) for c in (
+        dict(family="gpt2", num_layers=1, hidden=96, heads=2, vocab_size=300),
+        dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2))]
+    out = ghn(graphs, details=True)
+    explicit = torch.stack([sum(p.norm() for p in params.values()) for params in out.params])
+    assert torch.allclose(out.norms, explicit, rtol=1e-5), (out.norms, explicit)
+    assert torch.equal(out.nodes, ghn.encoder(graphs))
+    grad = torch.autograd.grad(out.norms @ torch.tensor([1.0, 2.0]), list(ghn.parameters()), allow_unused=True,
+                               retain_graph=True)
+    want = torch.autograd.grad(explicit @ torch.tensor([1.0, 2.0]), list(ghn.parameters()), allow_unused=True)
+    for (name, _), a, b in zip(ghn.named_parameters(), grad, want):
+        a, b = (torch.zeros(1) if g is None else g for g in (a, b))
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-6 * b.abs().max().item() + 1e-9), name
+
+
 def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
     from graphkit.ghn.predict import first_non_finite
 

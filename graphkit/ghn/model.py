@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -167,19 +168,31 @@ class LowRankDecoder(nn.Module):
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
 
-    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
-        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d).
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), and
+        per graph the sum of its parameters' L2 norms (GHN-3's regulariser).
 
-        Each group of blocks of one ``(kind, rows, cols)`` is decoded with batched matmuls,
-        ``W[:rows] M W[:cols]^T`` with ``M`` from :meth:`products`."""
+        The work is batched so that its kernel count does not grow with the number of parameters:
+        weights are decoded one ``(rows, cols)`` group at a time across graphs, ``W[:rows] M
+        W[:cols]^T`` as two batched matmuls; every 1-D parameter at once, since ``W[:C] M
+        W[:1]^T = W[:C] (M w_0)`` is a row of one (n, max C) product. The norms take no pass over
+        the decoded weights: a weight's norm is fixed by its predicted scale (see :meth:`products`)."""
         batch = _DecodeBatch(graphs)
-        products, head = self.products(nodes, batch)
+        index = batch.on(nodes.device)
+        products, head, norms = self.products(nodes, batch)
         blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
-        for g, (kind, rows, cols) in enumerate(batch.group_keys):
-            values = activate(kind, head(rows) @ products[g] @ head(cols).t())
-            if kind != "weight":  # 1-D parameters: (n, C) once per group, not a column select per parameter
-                values = values.squeeze(-1)
-            for q, block in zip(batch.group_queries[g], values.unbind(0)):
+        if batch.weight_groups:
+            grouped = products[index["weight_order"]].split([len(m) for m in batch.weight_groups.values()])
+            for ((rows, cols), members), m in zip(batch.weight_groups.items(), grouped):
+                for q, block in zip(members, (head(rows) @ m @ head(cols).t()).unbind(0)):
+                    blocks[q] = block
+        if batch.vector_queries:
+            values = (products[index["vector_queries"]] @ head(1)[0]) @ head(max(batch.vector_lengths)).t()
+            values = torch.where(index["is_norm"].unsqueeze(1), activate("norm", values), activate("bias", values))
+            flat = values.flatten()[index["vector_entries"]]  # each query's first C values, end to end
+            square = torch.zeros_like(norms).index_add(0, index["entry_owner"], flat.float().square())
+            norms = torch.where(index["is_vector"], square.clamp_min(1e-30).sqrt(), norms)
+            for q, block in zip(batch.vector_queries, flat.split(batch.vector_lengths)):
                 blocks[q] = block
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
         for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
@@ -188,57 +201,42 @@ class LowRankDecoder(nn.Module):
             else:
                 matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
-        return out
+        return out, torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
 
-    def products(self, nodes: torch.Tensor, batch: _DecodeBatch) -> tuple[list[torch.Tensor], Callable[[int], torch.Tensor]]:
-        """Per group of ``batch``, the r x r matrices ``M = F_A F_B^T`` of its queries (n, r, r),
-        weights' scales folded in, and ``head(size)``, the low-rank map's first ``size`` rows:
-        a block is ``head(rows) @ M @ head(cols).t()``.
+    def products(self, nodes: torch.Tensor, batch: _DecodeBatch
+                 ) -> tuple[torch.Tensor, Callable[[int], torch.Tensor], torch.Tensor]:
+        """Per query of ``batch`` (in query order) the r x r matrix ``M = F_A F_B^T``, a weight's
+        scale folded in; ``head(size)``, the low-rank map's first ``size`` rows (a block is
+        ``head(rows) @ M @ head(cols).t()``); and per target the L2 norm of a weight (float32;
+        a 1-D target's entry is left for :meth:`forward` to fill).
 
         All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
         its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
-        one r x r Gram matrix per distinct size."""
+        one r x r Gram matrix per distinct size, gathered per query. It is scaled to RMS
+        ``INIT_GAIN g / sqrt(fan-in)``, so its norm is that times ``sqrt(size)``: exact (up to the
+        1e-12 guard), with the same gradient."""
         r, device = self.config.rank, nodes.device
+        index = batch.on(device)
         query = self.queries(nodes, batch.queries)
-        factors = self.mlp(query).view(-1, 2, r, r)
+        fa, fb = self.mlp(query).view(-1, 2, r, r).unbind(1)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
-        # every use below slices these once-made tensors, never the K-row map or all factors again:
-        # each slice or gather of a large tensor costs a full-size zero gradient in the backward
+        # every use below slices this once-made tensor, never the K-row map again: each slice of a
+        # large tensor costs a full-size zero gradient in the backward
         w = self.low_rank.weight[:batch.max_size]
-        grouped = factors[batch.order.to(device, non_blocking=True)].split(batch.sizes)  # split's backward: one cat
         rows_of: dict[int, torch.Tensor] = {}
-        grams: dict[int, torch.Tensor] = {}
 
         def head(size: int) -> torch.Tensor:  # W[:size], one slice per distinct size
             if size not in rows_of:
                 rows_of[size] = w[:size]
             return rows_of[size]
 
-        def gram(size: int) -> torch.Tensor:
-            if size not in grams:
-                grams[size] = head(size).t() @ head(size)
-            return grams[size]
-
-        scales: Sequence[torch.Tensor] = ()
-        if batch.weight_groups:  # squared norms per target, summed over its chunks, then each target's scale
-            squares = []
-            for g in batch.weight_groups:
-                _, rows, cols = batch.group_keys[g]
-                fa, fb = grouped[g].unbind(1)
-                squares.append(((fa.mT @ gram(rows) @ fa) * (fb.mT @ gram(cols) @ fb)).sum((1, 2)))
-            fan_in, size, first, order_owner = (t.to(device, non_blocking=True) for t in batch.weight_targets)
-            owners = order_owner.split(batch.sizes)
-            owner = torch.cat([owners[g] for g in batch.weight_groups])
-            square = torch.zeros(len(batch.targets), device=device, dtype=squares[0].dtype).index_add(0, owner, torch.cat(squares))
-            scale = INIT_GAIN * gains[first] / (fan_in * torch.sqrt(square / size + 1e-12))
-            scales = scale[order_owner].split(batch.sizes)
-        products = []
-        for g, (kind, _, _) in enumerate(batch.group_keys):
-            fa, fb = grouped[g].unbind(1)
-            if kind == "weight":
-                fa = fa * scales[g].view(-1, 1, 1)
-            products.append(fa @ fb.mT)
-        return products, head
+        grams = torch.stack([head(size).t() @ head(size) for size in batch.sizes])
+        square = ((fa.mT @ grams[index["row_size"]] @ fa) * (fb.mT @ grams[index["col_size"]] @ fb)).sum((1, 2))
+        square = torch.zeros(len(batch.targets), device=device, dtype=square.dtype).index_add(0, index["owner"], square)
+        rms = INIT_GAIN * gains[index["first"]] / index["sqrt_fan_in"]
+        scale = rms / torch.sqrt(square / index["size"] + 1e-12)
+        scale = torch.where(index["is_weight_query"], scale[index["owner"]], 1.0)
+        return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float()
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
         """Memory :meth:`LowRankDecoding.write_into` needs beyond the destinations: the largest
@@ -250,12 +248,8 @@ class LowRankDecoder(nn.Module):
     @torch.no_grad()
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
         """One graph's parameters, ready to be written block by block (see :class:`LowRankDecoding`)."""
-        batch = _DecodeBatch([graph])
-        products, head = self.products(nodes, batch)
-        grouped = torch.cat(products)
-        by_query = torch.empty_like(grouped)
-        by_query[batch.order.to(nodes.device)] = grouped
-        return LowRankDecoding(graph, by_query, head, self.config.max_mask)
+        products, head, _ = self.products(nodes, _DecodeBatch([graph]))
+        return LowRankDecoding(graph, products, head, self.config.max_mask)
 
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
@@ -273,39 +267,77 @@ class LowRankDecoder(nn.Module):
 
 
 class _DecodeBatch:
-    """The queries of several encoded graphs as one batch: node indices offset into the
-    concatenated node embeddings, queries grouped by block (kind, rows, cols) across graphs, and
-    per target its owner graph, first query and chunk grid. Built on the CPU from the graphs'
-    cached encodings (Python over groups and targets, no tensor work per parameter)."""
+    """The queries of several encoded graphs as one batch, and the index tensors that let the
+    decoder treat them together: node indices offset into the concatenated node embeddings; the
+    weight queries grouped by (rows, cols) across graphs; the 1-D queries with their lengths and
+    where their values lie in one padded product; per query its target and the Gram matrices of
+    its sizes; per target its graph, first query, chunk grid, fan-in and size. Built on the CPU
+    from the graphs' cached encodings (Python over groups and targets, no tensor work per
+    parameter); :meth:`on` moves the index tensors once per device."""
 
     def __init__(self, graphs: Sequence[EncodedGraph]) -> None:
-        queries, groups = [], {}
-        self.targets, self.first_query, self.grid = [], [], []
-        query_owner: list[int] = []
+        queries: list[torch.Tensor] = []
+        self.targets: list[tuple[int, Target]] = []
+        self.first_query: list[int] = []
+        self.grid: list[tuple[int, int]] = []
+        self.weight_groups: dict[tuple[int, int], list[int]] = {}
+        self.vector_queries: list[int] = []
+        self.vector_lengths: list[int] = []
+        owner: list[int] = []
+        shape_of: dict[int, tuple[int, int]] = {}
+        is_norm: list[bool] = []
         nodes = 0
         for index, g in enumerate(graphs):
-            offset = sum(len(q) for q in queries)
+            offset = len(owner)
             queries.append(g.queries + torch.tensor([nodes, 0, 0, 0]))
-            for key, members in g.groups.items():
-                groups.setdefault(key, []).extend(offset + m for m in members)
             for t, first, (nr, nc) in zip(g.targets, g.first_query, g.grid):
-                query_owner.extend([len(self.targets)] * (nr * nc))
+                owner.extend([len(self.targets)] * (nr * nc))
                 self.targets.append((index, t))
                 self.first_query.append(offset + first)
                 self.grid.append((nr, nc))
+            for (kind, rows, cols), members in g.groups.items():
+                shape_of.update((offset + m, (rows, cols)) for m in members)
+                if kind == "weight":
+                    self.weight_groups.setdefault((rows, cols), []).extend(offset + m for m in members)
+                else:
+                    self.vector_queries.extend(offset + m for m in members)
+                    self.vector_lengths.extend([rows] * len(members))
+                    is_norm.extend([kind == "norm"] * len(members))
             nodes += g.num_nodes
         self.queries = torch.cat(queries)
-        self.group_keys = list(groups)
-        self.group_queries = [groups[key] for key in self.group_keys]
-        self.sizes = [len(q) for q in self.group_queries]
-        order = [q for members in self.group_queries for q in members]
-        self.order = torch.tensor(order, dtype=torch.long)
-        self.max_size = max(max(rows, cols) for _, rows, cols in self.group_keys)
-        self.weight_groups = [i for i, key in enumerate(self.group_keys) if key[0] == "weight"]
-        fan_in = torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets])
-        size = torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets])
-        order_owner = torch.tensor([query_owner[q] for q in order], dtype=torch.long)
-        self.weight_targets = (fan_in, size, torch.tensor(self.first_query), order_owner)
+        shapes = [shape_of[q] for q in range(len(owner))]
+        self.sizes = sorted({size for shape in shapes for size in shape})  # those with a Gram matrix
+        self.max_size = self.sizes[-1]
+        position = {size: i for i, size in enumerate(self.sizes)}
+        owner_t = torch.tensor(owner, dtype=torch.long)
+        vector = torch.tensor(self.vector_queries, dtype=torch.long)
+        lengths = torch.tensor(self.vector_lengths, dtype=torch.long)
+        ends = lengths.cumsum(0)
+        within = torch.arange(int(ends[-1]) if len(ends) else 0) - torch.repeat_interleave(ends - lengths, lengths)
+        kinds = [t.kind for _, t in self.targets]
+        self._cpu = {
+            "owner": owner_t,
+            "row_size": torch.tensor([position[rows] for rows, _ in shapes], dtype=torch.long),
+            "col_size": torch.tensor([position[cols] for _, cols in shapes], dtype=torch.long),
+            "is_weight_query": torch.tensor([kinds[o] == "weight" for o in owner]),
+            "weight_order": torch.tensor([q for members in self.weight_groups.values() for q in members], dtype=torch.long),
+            "vector_queries": vector,
+            "is_norm": torch.tensor(is_norm, dtype=torch.bool),
+            "vector_entries": torch.repeat_interleave(torch.arange(len(vector)) * max(self.vector_lengths, default=0), lengths) + within,
+            "entry_owner": torch.repeat_interleave(owner_t[vector], lengths),
+            "first": torch.tensor(self.first_query, dtype=torch.long),
+            "sqrt_fan_in": torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets]),
+            "size": torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets]),
+            "is_vector": torch.tensor([kind != "weight" for kind in kinds]),
+            "graph_of_target": torch.tensor([graph for graph, _ in self.targets], dtype=torch.long),
+        }
+        self._moved: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The index tensors on ``device``, moved once."""
+        if device not in self._moved:
+            self._moved[device] = {k: v.to(device, non_blocking=True) for k, v in self._cpu.items()}
+        return self._moved[device]
 
 
 #: a bound on |values| past which a decoded block could overflow float32 (3.4e38) on the way
@@ -417,14 +449,15 @@ class TiledDecoder(nn.Module):
         self.fc = nn.Linear(d, 4 * d * c.spatial ** 2)
         self.conv = nn.Sequential(nn.Conv2d(4 * d, 8 * d, 1), nn.ReLU(), nn.Conv2d(8 * d, d * d, 1))
 
-    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> list[dict[str, torch.Tensor]]:
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), one
-        parameter at a time (the baseline's own cost)."""
+        parameter at a time (the baseline's own cost), and per graph the sum of its parameters'
+        L2 norms."""
         out, start = [], 0
         for g in graphs:
             out.append(self._decode(nodes[start:start + g.num_nodes], g.targets))
             start += g.num_nodes
-        return out
+        return out, torch.stack([sum(p.float().norm() for p in params.values()) for params in out])
 
     def _decode(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         d, s = self.config.hidden, self.config.spatial
@@ -455,6 +488,14 @@ class TiledDecoder(nn.Module):
 
 
 # -- the hypernetwork --------------------------------------------------------------------------
+class Prediction(NamedTuple):
+    """What one hypernetwork pass over a batch of graphs gives training."""
+
+    params: list[dict[str, torch.Tensor]]  # per graph, every parameter by state-dict name
+    norms: torch.Tensor  # (graphs,) the sum of each model's parameter L2 norms: GHN-3's regulariser
+    nodes: torch.Tensor  # (sum of N_i, d) the node embeddings, for the factor-similarity log
+
+
 class LoGAH(nn.Module):
     """Graph hypernetwork: graphs -> node embeddings -> every parameter of each model."""
 
@@ -475,15 +516,15 @@ class LoGAH(nn.Module):
         """The config as plain data (saved beside checkpoints)."""
         return asdict(self.config)
 
-    def forward(self, graphs: Sequence[EncodedGraph], *, with_nodes: bool = False
-                ) -> list[dict[str, torch.Tensor]] | tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+    def forward(self, graphs: Sequence[EncodedGraph], *, details: bool = False
+                ) -> list[dict[str, torch.Tensor]] | Prediction:
         """The parameters of several models at once (each graph from :meth:`encode`): one
         encoder pass over the padded batch of graphs, one decoder pass over all their targets.
-        ``with_nodes=True`` also returns the node embeddings, so that training can log what
-        the decoder saw (the factor similarity) without a second encoder pass."""
+        ``details=True`` returns a :class:`Prediction`, which adds what training needs without a
+        second pass: each model's parameter norms and the node embeddings the decoder saw."""
         nodes = self.encoder(graphs)
-        params = self.decoder(nodes, graphs)
-        return (params, nodes) if with_nodes else params
+        params, norms = self.decoder(nodes, graphs)
+        return Prediction(params, norms, nodes) if details else params
 
     def encode(self, graph: ArchGraph) -> EncodedGraph:
         """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""
