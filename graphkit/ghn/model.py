@@ -230,12 +230,15 @@ class LowRankDecoder(nn.Module):
                 rows_of[size] = w[:size]
             return rows_of[size]
 
+        # gathers that repeat an index use index_select: its backward is a deterministic index_add,
+        # where advanced indexing's accumulates in a thread-dependent order on the CPU
         grams = torch.stack([head(size).t() @ head(size) for size in batch.sizes])
-        square = ((fa.mT @ grams[index["row_size"]] @ fa) * (fb.mT @ grams[index["col_size"]] @ fb)).sum((1, 2))
+        row_grams, col_grams = (grams.index_select(0, index[key]) for key in ("row_size", "col_size"))
+        square = ((fa.mT @ row_grams @ fa) * (fb.mT @ col_grams @ fb)).sum((1, 2))
         square = torch.zeros(len(batch.targets), device=device, dtype=square.dtype).index_add(0, index["owner"], square)
         rms = INIT_GAIN * gains[index["first"]] / index["sqrt_fan_in"]
         scale = rms / torch.sqrt(square / index["size"] + 1e-12)
-        scale = torch.where(index["is_weight_query"], scale[index["owner"]], 1.0)
+        scale = torch.where(index["is_weight_query"], scale.index_select(0, index["owner"]), 1.0)
         return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float()
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:

@@ -198,7 +198,7 @@ def gradient_norms(ghn: LoGAH) -> dict[str, float]:
 
 def make_optimizer(ghn: LoGAH, config: TrainConfig) -> torch.optim.AdamW:
     """Training's optimiser: AdamW over :func:`parameter_groups`, fused where torch has a fused
-    kernel for the hypernetwork's device."""
+    kernel for the hypernetwork's device (:data:`FUSED_DEVICES`)."""
     device = next(ghn.parameters()).device
     return torch.optim.AdamW(parameter_groups(ghn, config.lr, config.lr_fan_in), lr=config.lr,
                              weight_decay=config.weight_decay, fused=device.type in FUSED_DEVICES)
