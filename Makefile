@@ -41,7 +41,7 @@ bundled: $(STAMP)
 	test -d out/vits-digits || $(BIN)/graphkit generate vits-digits --out out/vits-digits --workers 2
 	test -d out/gpts-1k || $(BIN)/graphkit generate gpts-1k --out out/gpts-1k --workers 2
 	rm -rf runs/logah-tiny-vits runs/logah-tiny-gpts
-	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits --steps 2000 --meta-batch 4 --batch-size 32 --lr-fan-in 8
+	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits --steps 3500 --meta-batch 4 --batch-size 32 --lr-fan-in 8
 	$(BIN)/graphkit train-ghn --dataset out/gpts-1k --out runs/logah-tiny-gpts --steps 400 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32
 	for name in logah-tiny-vits logah-tiny-gpts; do mkdir -p $(BUNDLED)/$$name && cp runs/$$name/model.safetensors runs/$$name/config.json $(BUNDLED)/$$name/; done
 
