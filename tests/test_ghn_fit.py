@@ -120,3 +120,30 @@ def test_factors_of_different_parameters_are_not_collapsed_at_init():
                                                          patch_size=2))))
     similarity = ghn.decoder.factor_similarity(ghn.encoder([graph]), [graph])
     assert 0 < similarity < 0.9, similarity
+
+
+@pytest.mark.parametrize("config", [
+    dict(family="vit", num_layers=4, hidden=128, heads=4, image_size=8, patch_size=2),
+    dict(family="gpt2", num_layers=4, hidden=64, heads=4, vocab_size=256, context=64),
+], ids=["vit", "gpt2"])
+def test_blocks_at_different_depths_get_different_parameters_at_init(config):
+    """A transformer's graph is periodic: block 1's and block 4's qkv have the same degrees, shapes
+    and neighbours. Without the relative-depth embedding (depth_buckets=0, the control) the encoder
+    cannot tell them apart and every block gets the same weights; with it they differ."""
+    import graphkit
+    from graphkit.ghn import LoGAH, LoGAHConfig
+    from graphkit.ghn.encoding import relative_depth
+
+    graph = graphkit.trace(build_model(config))
+    cosines = {}
+    for buckets in (0, 16):
+        torch.manual_seed(0)
+        params = LoGAH(LoGAHConfig(depth_buckets=buckets)).predict(graph)
+        qkv = [p.flatten() for name, p in params.items() if name.endswith(("attn.qkv.weight", "attn.c_attn.weight"))]
+        assert len(qkv) == 4
+        cosines[buckets] = torch.nn.functional.cosine_similarity(qkv[0], qkv[-1], 0).item()
+    assert cosines[0] > 0.999 and cosines[16] < 0.98, cosines
+    depth = relative_depth(graph, torch.from_numpy(graph.shortest_paths()).long(), 16)
+    ops = [node.op for node in graph.nodes]
+    blocks = [depth[i].item() for i, node in enumerate(graph.nodes) if any(k.endswith(("qkv.weight", "c_attn.weight")) for k in node.params)]
+    assert depth[ops.index("input")] == 0 and depth[ops.index("output")] == 15 and blocks == sorted(set(blocks)), (depth, blocks)

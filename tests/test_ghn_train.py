@@ -148,6 +148,16 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--meta-batch", "1", "--batch-size", "2",
                  "--seq-len", "8", "--lr-fan-in", "8", "--resume")
     assert result.exit_code == 1 and "was trained with --lr-fan-in 64.0, not 8.0" in result.stderr
+    same = ("--steps", "3", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--resume")
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--depth-buckets", "16")
+    assert result.exit_code == 1 and "was trained with --depth-buckets 0, not 16" in result.stderr
+    # a run recorded before the encoder could read depth has no depth_buckets: its LoGAH read none
+    state_file = out / "checkpoint" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["config"]["depth_buckets"]
+    state_file.write_text(json.dumps(state))
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--depth-buckets", "16")
+    assert result.exit_code == 1 and "was trained with --depth-buckets 0, not 16" in result.stderr
     bad = {
         ("--data", "digits"): "digits is image data but a gpt2 model takes text",
         ("--data", "cifar10:/nowhere"): "/nowhere",
@@ -204,11 +214,12 @@ def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
     # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (the GPT-2
-    # one v1's 29, the ViT one, retrained 2026-11-24, v2's 32)
+    # one v1's 29, the ViT one, retrained 2026-11-24, v2's 32); neither reads depth
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == {"gpt2": 1, "vit": 2}.get(family, version)
-    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version]))
+    assert version == {"gpt2": 1, "vit": 2}[family] and ghn.config.depth_buckets == 0
+    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version],
+                         depth_buckets=ghn.config.depth_buckets))
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
 
 

@@ -79,6 +79,7 @@ NO_GPU = [] if torch.cuda.is_available() else [("--device", "cuda", "device 'cud
     ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
     ("--variant", "huge", "unknown LoGAH variant 'huge'; known: tiny, small, base, large"),
     ("--decoder", "dense", "unknown decoder 'dense'; accepted: low_rank, ghn3"),
+    ("--depth-buckets", "-1", "depth-buckets must be an integer >= 0; got -1"),
 ] + NO_GPU)
 def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
     result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", option, value)
@@ -270,6 +271,8 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
     ({"heads": 0}, "config.json: logah.heads must be an integer >= 1; got 0"),
     ({"heads": 3}, "config.json: logah.hidden 32 must be a multiple of logah.heads 3"),
     ({"depth": 3}, "config.json: logah.depth is not a LoGAH setting; known: hidden, layers"),
+    ({"depth_buckets": -1}, "config.json: logah.depth_buckets must be an integer >= 0; got -1"),
+    ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
     ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
 ])
 def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint, monkeypatch, change, message):

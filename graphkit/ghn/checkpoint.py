@@ -143,9 +143,12 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
+    # checkpoints written before the encoder read depth have no depth_buckets: they read none
+    fields = {"depth_buckets": 0, **fields}
     for name, value in fields.items():
-        if name != "decoder" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise CheckpointError(f"{file}: logah.{name} must be an integer >= 1; got {value!r}")
+        least = 0 if name == "depth_buckets" else 1
+        if name != "decoder" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")
     try:
         config = LoGAHConfig(**fields)
     except VariantError as e:

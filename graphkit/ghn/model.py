@@ -67,6 +67,7 @@ class LoGAHConfig:
     max_mask: int = 2048 * 16  # K
     max_degree: int = 64
     max_distance: int = 32
+    depth_buckets: int = 0   # relative-depth embeddings (see encoding.relative_depth); 0: none
     max_chunks: int = 64     # rows or columns up to max_chunks * K
     max_slots: int = 8       # parameters per node
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
@@ -116,6 +117,7 @@ class GraphEncoder(nn.Module):
         self.shape_embed = nn.Embedding(4 * SHAPE_BUCKETS, d)
         self.in_degree_embed = nn.Embedding(c.max_degree + 1, d)
         self.out_degree_embed = nn.Embedding(c.max_degree + 1, d)
+        self.depth_embed = nn.Embedding(c.depth_buckets, d) if c.depth_buckets else None
         # distance buckets: 0..max_distance, then "farther", then "unreachable"
         self.forward_distance = nn.Embedding(c.max_distance + 2, c.heads)
         self.backward_distance = nn.Embedding(c.max_distance + 2, c.heads)
@@ -134,11 +136,14 @@ class GraphEncoder(nn.Module):
         slots = torch.cat([i * n + torch.arange(size) for i, size in enumerate(sizes)])  # real nodes in the padded batch
         pad = torch.ones(b * n, dtype=torch.bool)
         pad[slots] = False
-        ops, shapes, in_degree, out_degree, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
+        ops, shapes, in_degree, out_degree, depth, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
             torch.cat([g.ops for g in graphs]), torch.cat([g.shapes for g in graphs]),
-            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]), dist, slots, pad))
+            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]),
+            torch.cat([g.depth for g in graphs]), dist, slots, pad))
         features = (self.op_embed(ops) + self.shape_embed(shapes).sum(1)
                     + self.in_degree_embed(in_degree) + self.out_degree_embed(out_degree))
+        if self.depth_embed is not None:
+            features = features + self.depth_embed(depth)
         x = features.new_zeros(b * n, c.hidden).index_copy(0, slots, features).view(b, n, c.hidden)
         bias = (self.forward_distance(dist) + self.backward_distance(dist.transpose(1, 2))).permute(0, 3, 1, 2)
         bias = bias.masked_fill(pad.view(b, 1, 1, n), float("-inf"))
@@ -509,11 +514,12 @@ class LoGAH(nn.Module):
         self.decoder = LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
 
     @classmethod
-    def from_variant(cls, name: str, decoder: str = "low_rank") -> LoGAH:
-        """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline."""
+    def from_variant(cls, name: str, decoder: str = "low_rank", depth_buckets: int = LoGAHConfig.depth_buckets) -> LoGAH:
+        """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
+        ``depth_buckets`` > 0 adds the encoder's relative-depth embedding."""
         if name not in VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
-        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder}))
+        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets}))
 
     def config_dict(self) -> dict:
         """The config as plain data (saved beside checkpoints)."""

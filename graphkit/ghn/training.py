@@ -66,6 +66,7 @@ class TrainConfig:
     data: str | None = None      # a data source spec; None: the family's bundled default
     variant: str = "tiny"
     decoder: str = "low_rank"    # or "ghn3", the tiling baseline
+    depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
     meta_batch: int = 4          # architectures per step (per process)
     batch_size: int = 32         # images or sequences per architecture
     seq_len: int = 64
@@ -84,6 +85,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
+        if isinstance(self.depth_buckets, bool) or not isinstance(self.depth_buckets, int) or self.depth_buckets < 0:
+            raise TrainError(f"depth-buckets must be an integer >= 0; got {self.depth_buckets!r}")
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
@@ -251,7 +254,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
-    ghn = LoGAH.from_variant(config.variant, config.decoder).to(device)
+    ghn = LoGAH.from_variant(config.variant, config.decoder, config.depth_buckets).to(device)
     optimizer = make_optimizer(ghn, config)
     start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
@@ -362,7 +365,7 @@ def _factor_similarity(ghn: LoGAH, nodes: torch.Tensor, graphs: Sequence[Encoded
 RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
 #: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
 #: checkpointing and the device may change)
-RESUMED_OPTIONS = ("variant", "decoder", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
+RESUMED_OPTIONS = ("variant", "decoder", "depth_buckets", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
                    "lr_fan_in", "weight_decay", "gamma", "clip", "amp", "seed")
 
 
@@ -396,7 +399,8 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
     if state.get("world_size", world) != world:
         raise TrainError(f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
                          f"resume it with {state['world_size']} processes")
-    recorded = {**state["config"], "data": state["config"].get("data") or default_data}
+    # a run recorded before the encoder read depth has no depth_buckets: its LoGAH reads none
+    recorded = {"depth_buckets": 0, **state["config"], "data": state["config"].get("data") or default_data}
     given = {**asdict(config), "data": data}
     for name in RESUMED_OPTIONS:
         if name not in recorded:  # an option added after the run was recorded: it cannot be checked
