@@ -143,8 +143,6 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
-    # checkpoints written before the encoder read depth have no depth_buckets: they read none
-    fields = {"depth_buckets": 0, **fields}
     for name, value in fields.items():
         least = 0 if name == "depth_buckets" else 1
         if name != "decoder" and (isinstance(value, bool) or not isinstance(value, int) or value < least):

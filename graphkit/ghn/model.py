@@ -136,14 +136,13 @@ class GraphEncoder(nn.Module):
         slots = torch.cat([i * n + torch.arange(size) for i, size in enumerate(sizes)])  # real nodes in the padded batch
         pad = torch.ones(b * n, dtype=torch.bool)
         pad[slots] = False
-        ops, shapes, in_degree, out_degree, depth, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
+        ops, shapes, in_degree, out_degree, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
             torch.cat([g.ops for g in graphs]), torch.cat([g.shapes for g in graphs]),
-            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]),
-            torch.cat([g.depth for g in graphs]), dist, slots, pad))
+            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]), dist, slots, pad))
         features = (self.op_embed(ops) + self.shape_embed(shapes).sum(1)
                     + self.in_degree_embed(in_degree) + self.out_degree_embed(out_degree))
         if self.depth_embed is not None:
-            features = features + self.depth_embed(depth)
+            features = features + self.depth_embed(torch.cat([g.depth for g in graphs]).to(device, non_blocking=True))
         x = features.new_zeros(b * n, c.hidden).index_copy(0, slots, features).view(b, n, c.hidden)
         bias = (self.forward_distance(dist) + self.backward_distance(dist.transpose(1, 2))).permute(0, 3, 1, 2)
         bias = bias.masked_fill(pad.view(b, 1, 1, n), float("-inf"))
