@@ -23,12 +23,13 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def check_counts(config: Any, names: tuple[str, ...], error: type[GraphkitError]) -> None:
-    """Each of ``config``'s fields ``names`` must be an integer >= 1 (a step count, a batch size)."""
+def check_counts(config: Any, names: tuple[str, ...], error: type[GraphkitError], least: int = 1) -> None:
+    """Each of ``config``'s fields ``names`` must be an integer >= ``least`` (a step count, a batch
+    size; 0 where zero means "none")."""
     for name in names:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise error(f"{_flag(name)} must be an integer >= 1; got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise error(f"{_flag(name)} must be an integer >= {least}; got {value!r}")
 
 
 def check_number(name: str, value: Any, error: type[GraphkitError], *, positive: bool) -> None:

@@ -85,8 +85,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
-        if isinstance(self.depth_buckets, bool) or not isinstance(self.depth_buckets, int) or self.depth_buckets < 0:
-            raise TrainError(f"depth-buckets must be an integer >= 0; got {self.depth_buckets!r}")
+        check_counts(self, ("depth_buckets",), TrainError, least=0)
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
