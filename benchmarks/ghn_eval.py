@@ -47,11 +47,12 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     rows = evaluate(config, progress=False)
     summary = summarize(rows)
     steps, at = run["steps"], summary["horizons"]
+    scaled = ", residual branches scaled as the family's init does (`predict`'s default)" if summary["residual_scale"] else ""
     where = f"a GPU ({torch.cuda.get_device_name()})" if config.device != "cpu" and torch.cuda.is_available() else f"{common.cores()} CPU cores"
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4 fine-tuning, the same "
              f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
              "--write` (or `make eval-bundled` for both).", "",
-             f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures. After {steps} fine-tuning "
+             f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
              f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
              f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).", "",
              "| init | " + " | ".join(f"loss / accuracy @{h}" for h in at) + " |", "|---" * (len(at) + 1) + "|"]

@@ -200,3 +200,71 @@ def test_weight_scale_stays_bounded_whatever_the_gain_head_says():
             if t.kind == "weight":
                 ratio = params[t.name].pow(2).mean().sqrt().item() * t.fan_in ** 0.5 / INIT_GAIN
                 assert bound(ratio), (t.name, ratio)
+
+
+GPT2_TINY = dict(family="gpt2", num_layers=3, hidden=64, heads=4, vocab_size=300, context=32)
+VIT_TINY = dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4)
+
+
+@pytest.mark.parametrize("config, writers", [
+    (GPT2_TINY, [f"transformer.h.{i}.{m}.c_proj.weight" for i in range(3) for m in ("attn", "mlp")]),
+    (VIT_TINY, [f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.proj", "mlp.fc2")]),
+    (dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=300),
+     [f"model.layers.{i}.{m}.weight" for i in range(2) for m in ("self_attn.o_proj", "mlp.down_proj")]),
+])
+def test_residual_writers_are_the_weights_that_end_each_branch(config, writers):
+    from graphkit.ghn.predict import residual_writers
+
+    assert residual_writers(graphkit.trace(build_model(config))) == writers
+
+
+def test_predict_scales_residual_branches_where_the_family_init_does():
+    """GPT-2's init makes each branch's output weights 1 / sqrt(2 n_layer) smaller; predictions
+    for GPT-2 follow it by default (a ViT's, whose timm init does not, are left as predicted),
+    and ``residual_scale`` turns it on or off whatever the family."""
+    from graphkit.ghn import predict
+    from graphkit.ghn.predict import residual_writers
+
+    torch.manual_seed(0)
+    ghn = LoGAH.from_variant("tiny").eval()
+    for config, default in ((GPT2_TINY, True), (VIT_TINY, False)):
+        raw = predict(build_model(config), ghn, residual_scale=False)
+        writers = residual_writers(graphkit.trace(build_model(config)))
+        for flag in (None, True):
+            scaled = predict(build_model(config), ghn, residual_scale=flag)
+            on = default if flag is None else flag
+            for name, value in raw.items():
+                factor = len(writers) ** -0.5 if on and name in writers else 1.0
+                torch.testing.assert_close(scaled[name], value * factor, msg=name)
+
+
+def test_scaled_residuals_let_the_tokens_through_a_predicted_gpt2():
+    """Why the scaling (docs/hypernetwork.md): the bundled GPT-2 hypernetwork's blocks each write
+    the same direction, so the residual stream of a predicted gpts-1k model is a constant some
+    90x its token-to-token spread, and fine-tuning sits on the unigram plateau. At GPT-2's own
+    branch scale that constant shrinks by a factor of about three."""
+    from graphkit.ghn import load_checkpoint, predict
+
+    from graphkit.ghn.data import load_source
+
+    ghn = load_checkpoint("logah-tiny-gpts")
+    config = dict(family="gpt2", num_layers=6, hidden=88, heads=22, vocab_size=50257, context=1024)  # gpts-1k's first eval model
+    x, _ = load_source("stdlib-text").batch(config, 8, torch.Generator().manual_seed(0), split="eval")
+    ratios = {}
+    for flag in (False, True):
+        model = build_model(config)
+        predict(model, ghn, residual_scale=flag)
+        with torch.no_grad():
+            stream = _last_block_output(model, x)
+        mean = stream.mean((0, 1))
+        ratios[flag] = (mean.norm() / (stream - mean).norm(dim=-1).mean()).item()
+    assert ratios[False] > 40 and ratios[True] < ratios[False] / 2.5, ratios
+
+
+def _last_block_output(model, x):
+    """The residual stream after a GPT-2's last block."""
+    captured = {}
+    hook = model.transformer.h[-1].register_forward_hook(lambda m, i, o: captured.setdefault("h", o[0] if isinstance(o, tuple) else o))
+    model.eval()(x)
+    hook.remove()
+    return captured["h"]

@@ -293,6 +293,7 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert len(report["rows"]) == 3 * report["summary"]["archs"] and all(len(r["curve"]) == 3 for r in report["rows"])
     summary = report["summary"]
     assert summary["horizons"] == [0, 3] and set(summary["wins"]) == {"0", "3"}
+    assert summary["residual_scale"] is False and not any(r["residual_scale"] for r in report["rows"])  # timm ViTs: as predicted
     assert summary["predicted_beats_random"] == summary["wins"]["3"]["random"]
     assert summary["predicted_beats_orthogonal"] == summary["wins"]["3"]["orthogonal"]
     row = report["rows"][0]
@@ -322,6 +323,9 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
             "fine-tuning steps they beat random on 88% and orthogonal on 50%") in line
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "run")
     assert result.exit_code == 0 and result.stdout.startswith(line[:40]), result.output
+    record_evaluation(tmp_path / "run", {**summary, "residual_scale": True}, dataset="out/gpts-1k", split="eval", data="stdlib-text")
+    assert "held out: 8 gpts-1k architectures, residual branches scaled as the family's init does, the predicted" in \
+        describe(load_checkpoint(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("option, value, message", [

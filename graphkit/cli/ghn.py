@@ -60,6 +60,7 @@ def predict(
     model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (build it on meta: no weights needed)."),
     ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs or GPT-2s)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
+    residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2)."),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
@@ -76,7 +77,7 @@ def predict(
     graph = trace(loaded.model, loaded.example_inputs)
     hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
-    params = predict_params(loaded.model, hypernet, graph=graph)
+    params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale)
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
     predicted = sum(t.numel() for t in params.values())
@@ -103,6 +104,7 @@ def eval_ghn(
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
     seed: int = typer.Option(0, "--seed"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the GPU if there is one, else cpu)."),
+    residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2)."),
     record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
@@ -112,7 +114,7 @@ def eval_ghn(
     from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, report_json, summarize
 
     config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
-                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device)
+                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device, residual_scale=residual_scale)
     check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
     for name in ("eval.json", "eval.png"):
         check_output_file(out / name)

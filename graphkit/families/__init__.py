@@ -52,6 +52,9 @@ class Family:
     recipes: tuple[Mapping[str, Any], ...] = ()  # dataset recipes over it, as data (graphkit.datasets.recipes)
     data: str | None = None  # the hypernetwork's default data source for it (graphkit.ghn.data)
     bundled_ghn: str | None = None  # the bundled hypernetwork checkpoint (graphkit/ghn/pretrained/<name>)
+    # its own init scales the weights that write each residual branch by 1 / sqrt(branches)
+    # (GPT-2's 1 / sqrt(2 n_layer)); predicted parameters follow it (graphkit.ghn.predict)
+    scaled_residuals: bool = False
     attention_adapter: Any = None  # graphkit.attention.convert.AttentionAdapter for its attention modules
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:

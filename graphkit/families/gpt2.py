@@ -62,5 +62,6 @@ FAMILY = register_family(Family(
     },),
     data="stdlib-text",
     bundled_ghn="logah-tiny-gpts",
+    scaled_residuals=True,
     attention_adapter=GPT2_ATTENTION,
 ))

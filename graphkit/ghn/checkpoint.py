@@ -217,7 +217,7 @@ def record_evaluation(path: str | Path, summary: Mapping[str, Any], *, dataset: 
     path = _locate(path)
     final = str(summary["horizons"][-1])
     record = {"dataset": dataset, "split": split, "data": data, "archs": summary["archs"], "horizons": summary["horizons"],
-              "steps": int(final), "wins": summary["wins"],
+              "steps": int(final), "wins": summary["wins"], "residual_scale": bool(summary.get("residual_scale", False)),
               "predicted_beats_random": summary["predicted_beats_random"],
               "predicted_beats_orthogonal": summary["predicted_beats_orthogonal"],
               "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
@@ -245,7 +245,8 @@ def describe(ghn: LoGAH) -> str:
         return f"{trained}; no held-out evaluation recorded (graphkit eval-ghn --record measures one)"
     try:
         alone = record["predicted_alone"]
-        return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures, the predicted "
+        scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
+        return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}, the predicted "
                 f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
                 f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
                 f"{100 * record['predicted_beats_orthogonal']:.0f}%")

@@ -51,6 +51,7 @@ class EvalConfig:
     eval_batches: int = 4
     seed: int = 0
     device: str | None = None  # None: cuda if available, else cpu
+    residual_scale: bool | None = None  # scale residual branches as the family's init does; None: when it does (GPT-2)
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
@@ -118,6 +119,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     from graphkit.families import build_model
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.ghn.data import default_source, load_source
+    from graphkit.ghn.predict import scale_residuals, scales_residuals
     from graphkit.ghn.training import ArchPool
 
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -137,6 +139,9 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             check_graph(ghn, record.graph)
             with torch.no_grad():
                 predicted = ghn.predict(record.graph)
+            scaled = scales_residuals(record.graph) if config.residual_scale is None else config.residual_scale
+            if scaled:
+                scale_residuals(record.graph, predicted)
             generator = torch.Generator().manual_seed(config.seed)
             held_out = [_to(source.batch(record.config, config.batch_size, generator, split="eval"), device)
                         for _ in range(config.eval_batches)]
@@ -146,7 +151,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
                 model = initialise(build_model(record.config, "cpu"), init, predicted).to(device)
                 curve, scores = fine_tune(model, train_batches, source.task, config.lr, held_out, at)
                 row = {"id": record.id, "task": source.task, "num_params": record["num_params"], "init": init,
-                       "horizons": at, "curve": curve}
+                       "residual_scale": scaled, "horizons": at, "curve": curve}
                 for h in at:
                     row[f"loss_{h}"], row[f"accuracy_{h}"] = scores[h]
                 row["loss"], row["accuracy"] = scores[config.steps]
@@ -162,7 +167,8 @@ def _to(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> tuple
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means per initialisation at every horizon, and at each horizon the fraction of
     architectures where ``predicted`` has a lower held-out loss than ``random`` and than
-    ``orthogonal``; ``predicted_beats_random`` / ``predicted_beats_orthogonal`` are the verdicts
+    ``orthogonal``; ``residual_scale``, whether the predictions had their residual branches
+    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``predicted_beats_random`` / ``predicted_beats_orthogonal`` are the verdicts
     at the final step."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
@@ -175,6 +181,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ids = sorted({r["id"] for r in rows})
     loss = {(r["id"], r["init"], h): r[f"loss_{h}"] for r in rows for h in at}
     summary["archs"] = len(ids)
+    summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["wins"] = {str(h): {other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
                                 for other in ("random", "orthogonal")} for h in at}
     summary["predicted_beats_random"] = summary["wins"][str(at[-1])]["random"]

@@ -2,7 +2,13 @@
 
 A model that already holds weights gets the predictions written into its own tensors, one
 parameter at a time: peak memory stays near the model's own size whether it was built on the
-meta device or with weights (BENCHMARKS.md)."""
+meta device or with weights (BENCHMARKS.md).
+
+Families whose own initialisation scales residual branches (GPT-2: the weights that write each
+branch into the residual stream start 1 / sqrt(2 n_layer) smaller than the rest) get the same
+factor on the predicted weights (:func:`scale_residuals`). Without it the branches of a predicted
+GPT-2 add up to a constant about 90 times the tokens' signal in the stream, and fine-tuning sits
+on the unigram plateau for some 150 steps (docs/hypernetwork.md has the measurements)."""
 
 from __future__ import annotations
 
@@ -20,8 +26,38 @@ class PredictError(GraphkitError):
     """The hypernetwork cannot predict this model, or produced unusable parameters."""
 
 
+def residual_writers(graph: ArchGraph) -> list[str]:
+    """The weights that write a residual branch into the stream: those of every linear node whose
+    output feeds an ``add`` (GPT-2's ``attn.c_proj`` and ``mlp.c_proj``, timm's ``attn.proj`` and
+    ``mlp.fc2``, LLaMA's ``o_proj`` and ``down_proj``), in graph order."""
+    feeds_add = {src for src, dst in graph.edges if graph.nodes[dst].op == "add"}
+    return [name for i, node in enumerate(graph.nodes) if i in feeds_add and node.op == "linear"
+            for name, shape in node.params.items() if len(shape) >= 2]
+
+
+def scales_residuals(graph: ArchGraph) -> bool:
+    """Whether the family ``graph`` was traced from scales its residual branches at init
+    (``Family.scaled_residuals``), the default of :func:`predict`'s ``residual_scale``."""
+    from graphkit.families import FAMILIES
+
+    family = FAMILIES.get(graph.meta.get("family"))
+    return bool(family is not None and family.scaled_residuals)
+
+
+@torch.no_grad()
+def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Multiply, in place, each of ``graph``'s :func:`residual_writers` in ``params`` by
+    1 / sqrt(their number), GPT-2's init rule (two branches a block: 1 / sqrt(2 n_layer));
+    returns ``params``."""
+    names = residual_writers(graph)
+    for name in names:
+        params[name].mul_(len(names) ** -0.5)
+    return params
+
+
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
-            memory_limit: int | None = None, graph: ArchGraph | None = None) -> dict[str, torch.Tensor]:
+            memory_limit: int | None = None, graph: ArchGraph | None = None,
+            residual_scale: bool | None = None) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
@@ -34,7 +70,9 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     (default: the memory available on the hypernetwork's device); predictions that could hold a
     NaN or Inf, which the low-rank decoder proves impossible before its first write (see
     :class:`~graphkit.ghn.model.LowRankDecoding`). ``graph`` skips the trace when the caller
-    already holds the model's graph."""
+    already holds the model's graph. ``residual_scale`` scales the residual branches' weights
+    as the family's own init does (:func:`scale_residuals`); None: when the family does
+    (:func:`scales_residuals`, GPT-2)."""
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.trace import trace
 
@@ -57,6 +95,8 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
     written = decoding.write_into(destinations)
+    if scales_residuals(graph) if residual_scale is None else residual_scale:
+        scale_residuals(graph, written)
     if new:  # swap the new tensors in under every tied name
         canonical = {id(p): name for name, p in model.named_parameters()}
         names = tied_names(model)
@@ -66,4 +106,4 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "PredictError", "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
+__all__ = ["predict", "PredictError", "residual_writers", "scale_residuals", "scales_residuals", "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
