@@ -85,6 +85,7 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     assert [m["step"] for m in lines] == [1, 2, 3, 4] and last == lines[-1]
     assert all(m["archs_per_s"] > 0 and m["lr"] >= 0 for m in lines)
     assert all(0 < m["factor_similarity"] < 1 and m["grad_norms"]["mlp"] > 0 for m in lines)
+    assert all(0 < m["feature_constancy"] < 1e4 for m in lines)  # the head's input: tiny ViTs' pooled features
     assert (run_dir / "metrics.png").stat().st_size > 10_000
     ghn = load_checkpoint(run_dir)
     assert ghn.info["family"] == "vit" and "attention" in ghn.info["trained_ops"] and ghn.info["data"] == "digits"

@@ -303,7 +303,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 last = {"step": done, "loss": values[0].item(), "ce": values[1].item(), "metric": values[2].item(),
                         "norm": values[3].item(), "lr": optimizer.param_groups[-1]["lr"], "grad_norm": grad_norm.item(),
                         "archs_per_s": config.meta_batch * world * (done - start) / elapsed, "world_size": world,
-                        "grad_norms": norms, **_factor_similarity(ghn, nodes, graphs)}
+                        "grad_norms": norms, **_factor_similarity(ghn, nodes, graphs),
+                        **_feature_constancy(ghn, nodes, graphs[0], pool, indices[0], source, config, step_seed)}
                 if rank == 0:
                     with metrics_file.open("a") as f:
                         f.write(json.dumps(last) + "\n")
@@ -325,8 +326,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
 
 def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     """The run's curves as a PNG: training loss and accuracy, the gradient norm of each part of the
-    hypernetwork (log scale) and the factor similarity, by step. A collapse shows as gradient norms
-    falling by orders of magnitude while the similarity climbs towards 1."""
+    hypernetwork (log scale), the factor similarity and the feature constancy, by step. A collapse
+    shows as gradient norms falling by orders of magnitude while the similarity climbs towards 1;
+    a plateau where the predicted models ignore their input, as a constancy far above 1."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -334,7 +336,7 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
 
     lines = [json.loads(line) for line in Path(metrics_file).read_text().splitlines()]
     steps = [m["step"] for m in lines]
-    fig, (loss_ax, grad_ax, sim_ax) = plt.subplots(1, 3, figsize=(13, 3.6))
+    fig, (loss_ax, grad_ax, sim_ax, const_ax) = plt.subplots(1, 4, figsize=(17, 3.6))
     loss_ax.plot(steps, [m["ce"] for m in lines], label="cross-entropy")
     loss_ax.set(xlabel="step", ylabel="training cross-entropy", title="loss")
     accuracy_ax = loss_ax.twinx()
@@ -346,10 +348,47 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     grad_ax.legend(fontsize=7)
     sim_ax.plot(steps, [m.get("factor_similarity", float("nan")) for m in lines])
     sim_ax.set(xlabel="step", ylabel="mean cosine of factors", ylim=(0, 1), title="factor similarity")
+    const_ax.plot(steps, [m.get("feature_constancy", float("nan")) for m in lines])
+    const_ax.set(xlabel="step", ylabel="|mean| / spread of the head's input", yscale="log",
+                 title="feature constancy (high: output ignores input)")
     fig.tight_layout()
     with atomic_path(png) as tmp:  # a PNG is complete or not there
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+
+
+def feature_constancy(model: nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor, head: str) -> float:
+    """How little a model's output depends on its input: the features entering its output head
+    (module path ``head``), run in eval mode with ``params``, as the norm of their mean over the
+    batch (and tokens) over their mean distance from that mean. Below 1 at random init; far above
+    when the output hardly depends on the input, as on the plateaus a hypernetwork can train
+    into: a ViT's class token that ignores the image, a GPT-2 whose residual stream is a constant
+    (about 180 for the bundled GPT-2 checkpoint's held-out models, 60 with its residual branches
+    scaled; docs/hypernetwork.md)."""
+    captured: list[torch.Tensor] = []
+    hook = model.get_submodule(head).register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            functional_call(model.eval(), params, (inputs,))
+    finally:
+        hook.remove()
+    features = captured[0].float().flatten(0, -2)
+    mean = features.mean(0)
+    return (mean.norm() / (features - mean).norm(dim=-1).mean().clamp_min(1e-12)).item()
+
+
+def _feature_constancy(ghn: LoGAH, nodes: torch.Tensor, graph: EncodedGraph, pool: ArchPool, index: int, source,
+                       config: TrainConfig, seed: int) -> dict[str, float]:
+    """The step's :func:`feature_constancy` for the meta-batch's first architecture, decoded again
+    from the step's node embeddings on a batch of its own (the training draws are left as they
+    are); {} for a graph without an output head."""
+    head = next((node.module for node in pool.records[index].graph.nodes if node.op == "head"), None)
+    if head is None:
+        return {}
+    with torch.no_grad():
+        params = ghn.decoder(nodes[:graph.num_nodes].detach().float(), [graph])[0][0]
+    inputs, _ = source.batch(pool.records[index].config, config.batch_size, torch.Generator().manual_seed(seed))
+    return {"feature_constancy": feature_constancy(pool.model(index), params, inputs.to(pool.device), head)}
 
 
 def _factor_similarity(ghn: LoGAH, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> dict[str, float]:
