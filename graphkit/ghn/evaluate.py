@@ -168,8 +168,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means per initialisation at every horizon, and at each horizon the fraction of
     architectures where ``predicted`` has a lower held-out loss than ``random`` and than
     ``orthogonal``; ``residual_scale``, whether the predictions had their residual branches
-    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``predicted_beats_random`` / ``predicted_beats_orthogonal`` are the verdicts
-    at the final step."""
+    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``predicted_beats_random`` /
+    ``predicted_beats_orthogonal`` are the verdicts at the final step."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
     summary: dict[str, Any] = {"horizons": at}

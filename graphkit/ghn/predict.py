@@ -106,4 +106,5 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "PredictError", "residual_writers", "scale_residuals", "scales_residuals", "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
+__all__ = ["predict", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
+           "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
