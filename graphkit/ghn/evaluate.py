@@ -139,7 +139,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             check_graph(ghn, record.graph)
             with torch.no_grad():
                 predicted = ghn.predict(record.graph)
-            scaled = scales_residuals(record.graph) if config.residual_scale is None else config.residual_scale
+            scaled = scales_residuals(record.graph, config.residual_scale)
             if scaled:
                 scale_residuals(record.graph, predicted)
             generator = torch.Generator().manual_seed(config.seed)

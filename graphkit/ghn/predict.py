@@ -35,11 +35,14 @@ def residual_writers(graph: ArchGraph) -> list[str]:
             for name, shape in node.params.items() if len(shape) >= 2]
 
 
-def scales_residuals(graph: ArchGraph) -> bool:
-    """Whether the family ``graph`` was traced from scales its residual branches at init
-    (``Family.scaled_residuals``), the default of :func:`predict`'s ``residual_scale``."""
+def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
+    """Whether ``graph``'s predicted residual branches are scaled: ``choice`` when given (the
+    ``residual_scale`` of :func:`predict` and ``eval-ghn``), else whether the family ``graph`` was
+    traced from scales them at init (``Family.scaled_residuals``)."""
     from graphkit.families import FAMILIES
 
+    if choice is not None:
+        return choice
     family = FAMILIES.get(graph.meta.get("family"))
     return bool(family is not None and family.scaled_residuals)
 
@@ -95,7 +98,7 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
     written = decoding.write_into(destinations)
-    if scales_residuals(graph) if residual_scale is None else residual_scale:
+    if scales_residuals(graph, residual_scale):
         scale_residuals(graph, written)
     if new:  # swap the new tensors in under every tied name
         canonical = {id(p): name for name, p in model.named_parameters()}

@@ -386,7 +386,8 @@ def _feature_constancy(ghn: LoGAH, nodes: torch.Tensor, graph: EncodedGraph, poo
     if head is None:
         return {}
     with torch.no_grad():
-        params = ghn.decoder(nodes[:graph.num_nodes].detach().float(), [graph])[0][0]
+        decoded, _ = ghn.decoder(nodes[:graph.num_nodes].detach().float(), [graph])  # per graph: parameters, norm
+    params = decoded[0]
     inputs, _ = source.batch(pool.records[index].config, config.batch_size, torch.Generator().manual_seed(seed))
     return {"feature_constancy": feature_constancy(pool.model(index), params, inputs.to(pool.device), head)}
 
