@@ -200,10 +200,9 @@ class LowRankDecoder(nn.Module):
                 blocks[q] = block
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
         for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
-            if nr * nc == 1:
-                matrix = blocks[q]
-            else:
-                matrix = torch.cat([torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)], 0)
+            # one copy at most: a row of one block is not concatenated on its own first
+            rows = [blocks[q + i * nc] if nc == 1 else torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)]
+            matrix = rows[0] if nr == 1 else torch.cat(rows, 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
         return out, torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
 
