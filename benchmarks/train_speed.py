@@ -8,7 +8,9 @@ Rows: LoGAH-tiny as it is now; LoGAH-tiny as of ``--baseline`` (default 3096027,
 with the per-parameter decoder; its ``graphkit/`` is extracted with ``git archive`` into a
 temporary folder and imported from there); GHN-3's tiling decoder (same encoder) as it is now;
 and the bound, the target models alone (same meta-batches and data, forward and backward with free
-parameters, no hypernetwork), which no hypernetwork can beat. Each row trains for ``--steps`` steps in a fresh process on a 40-record dataset generated on the
+parameters, no hypernetwork), which no hypernetwork can beat, with the floating-point work of those
+models (``FlopCounterMode``) set against this machine's float32 matmul rate: the most architectures/s any
+code could reach here. Each row trains for ``--steps`` steps in a fresh process on a 40-record dataset generated on the
 spot (meta-batch 4 ViTs x 32 images on vits-digits, or 2 GPT-2s x 8 sequences of 64 bytes on
 gpts-1k); the first 2 steps (model building, caches) are not timed.
 
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,11 +72,14 @@ def one(family: str, hypernet: str, steps: str) -> dict:
 def floor(family: str, steps: str) -> dict:
     """Architectures/s of the target models alone: the same meta-batches and data batches as
     ``one``, forward and backward with the parameters as free tensors (made outside the timing),
-    no hypernetwork. No hypernetwork can train faster than this on the same machine."""
+    no hypernetwork. No hypernetwork can train faster than this on the same machine. Also the
+    floating-point work of those steps (matmuls and attention, counted by ``FlopCounterMode`` in a
+    second, untimed pass), per architecture."""
     import warnings
 
     warnings.filterwarnings("ignore")
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     from graphkit.datasets.generate import generate
     from graphkit.ghn.data import default_source, load_source
@@ -85,17 +91,40 @@ def floor(family: str, steps: str) -> dict:
         pool = ArchPool(Path(tmp) / "data")
         config = TrainConfig(dataset="-", out="-", **options)
         source = load_source(default_source(pool.family), seq_len=config.seq_len)
-        seconds = 0.0
-        for step in range(int(steps) + 2):
+
+        def step_of(step: int) -> Callable[[], None]:
             generator = torch.Generator().manual_seed(step * 4099)  # train's draw at seed 0
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
             params = [{name: (torch.randn(p.shape) * 0.02).requires_grad_() for name, p in pool.model(i).named_parameters()}
                       for i in indices]
+            return lambda: run_models(pool, indices, params, source, config, generator)[0].backward()
+
+        seconds = 0.0
+        for step in range(int(steps) + 2):
+            work = step_of(step)
             tic = time.perf_counter()
-            loss, _ = run_models(pool, indices, params, source, config, generator)
-            loss.backward()
+            work()
             seconds += (time.perf_counter() - tic) if step >= 2 else 0.0  # as ``one``: the first 2 steps untimed
-    return {"archs_per_s": options["meta_batch"] * int(steps) / seconds}
+        with FlopCounterMode(display=False) as counter:
+            for step in range(2, int(steps) + 2):
+                step_of(step)()
+    archs = options["meta_batch"] * int(steps)
+    return {"archs_per_s": archs / seconds, "flops_per_arch": counter.get_total_flops() / archs}
+
+
+def peak(seconds: str = "3") -> dict:
+    """This machine's float32 matrix-multiply rate (FLOP/s): 2048 x 2048 products for about
+    ``seconds`` after a warm-up, every core in use; the ceiling for work made of matmuls."""
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    for _ in range(3):
+        a @ b
+    count, tic = 0, time.perf_counter()
+    while time.perf_counter() - tic < float(seconds):
+        a @ b
+        count += 1
+    return {"flops_per_s": 2 * 2048 ** 3 * count / (time.perf_counter() - tic)}
 
 
 def launches(meta_batch: str) -> dict:
@@ -178,10 +207,12 @@ def table(args) -> str:
             rows.append(f"| {label} | {hypernet} | {speed['vit']:.2f} | {speed['gpt2']:.2f} | "
                         f"{count if count is not None else '-'} |")
             print(rows[-1], flush=True)
-        bound = {f: fresh(None, "floor", f, str(args.steps))["archs_per_s"] for f in RUNS}
+        alone = {f: fresh(None, "floor", f, str(args.steps)) for f in RUNS}
+        bound = {f: alone[f]["archs_per_s"] for f in RUNS}
         rows.append(f"| now | none: the target models alone, free parameters (the bound) | {bound['vit']:.2f} | "
                     f"{bound['gpt2']:.2f} | - |")
         print(rows[-1], flush=True)
+        rate = fresh(None, "peak")["flops_per_s"]
     now, before = results["now", "LoGAH-tiny"], results[args.baseline, "LoGAH-tiny"]
     families = (("vit", "ViTs"), ("gpt2", "GPT-2s"))
     ratio = " and ".join(f"{now[f] / before[f]:.2f}x on {label}" for f, label in families)
@@ -191,15 +222,28 @@ def table(args) -> str:
             f"each row a fresh process. LoGAH-tiny now against {args.baseline} (the per-parameter decoder): {ratio} "
             f"the architectures/s, {cut:.1f}x fewer kernel launches per step. The target models' own forward and "
             f"backward, with no hypernetwork at all, run at {ceiling} the baseline's architectures/s: no hypernetwork "
-            "can go faster on this machine. Command: `.venv/bin/python benchmarks/train_speed.py --write`.")
+            "can go faster on this machine. "
+            + work_bound(alone, rate, before, families) + " Command: `.venv/bin/python benchmarks/train_speed.py --write`.")
     return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def work_bound(alone: dict, rate: float, before: dict, families: tuple) -> str:
+    """The sentence that turns the target models' counted work and the machine's matmul rate into
+    the most architectures/s any code could train at, as a multiple of the baseline's."""
+    work = " and ".join(f"{alone[f]['flops_per_arch'] / 1e9:.1f} GFLOP per {label[:-1]}" for f, label in families)
+    reach = " and ".join(f"{rate / alone[f]['flops_per_arch'] / before[f]:.1f}x on {label}" for f, label in families)
+    achieved = " and ".join(f"{alone[f]['flops_per_arch'] * alone[f]['archs_per_s'] / 1e9:.0f}" for f, _ in families)
+    return (f"Their matmuls and attention alone are {work} (forward and backward, counted with FlopCounterMode); "
+            f"at this machine's float32 matmul rate, {rate / 1e9:.0f} GFLOP/s on 2048 x 2048 products, the most any "
+            f"code could train at is {reach} the baseline, where the target models alone already run at {achieved} "
+            "GFLOP/s.")
 
 
 def main() -> None:
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
         kind, rest = sys.argv[i + 1], sys.argv[i + 2:]
-        print(json.dumps({"speed": one, "floor": floor, "launches": launches}[kind](*rest)))
+        print(json.dumps({"speed": one, "floor": floor, "launches": launches, "peak": peak}[kind](*rest)))
         return
     common.main(__doc__, "train_speed", table, lambda p: (p.add_argument("--steps", type=int, default=10),
                                                          p.add_argument("--baseline", default="3096027")))
