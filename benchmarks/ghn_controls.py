@@ -1,0 +1,153 @@
+"""Why a predicted GPT-2 sits on the unigram plateau: single-architecture controls (issue #11).
+
+One GPT-2 of gpts-1k's size (6 layers, width 128, 8 heads, GPT-2's 50,257-token vocabulary,
+untied head), trained for ``--steps`` AdamW steps at lr 3e-4 (constant) on the same batches of
+stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one thing:
+
+- **direct**: the model's own parameters from its framework initialisation;
+- **direct, blocks tied**: every block shares block 0's parameters, the most a hypernetwork that
+  predicts the same weights for every block can express;
+- **free factors, rank r**: LoGAH's output rule (each matrix ``W[:rows] F_A F_B^T W[:cols]^T``
+  through the shared r -> K map, scaled to its RMS) with ``F_A, F_B`` free per parameter instead of
+  coming from the decoder MLP: what the rule itself can express at LoGAH-tiny's r = 32 and
+  LoGAH-small's r = 90;
+- **LoGAH-tiny / LoGAH-small**: the hypernetwork trained on the one architecture (its
+  fan-in-scaled learning rates, the norm penalty).
+
+    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 15 min on 2 cores)
+    .venv/bin/python benchmarks/ghn_controls.py --write    # also update BENCHMARKS.md
+
+The reference approach is direct training, in the same run on the same batches.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
+ARMS = ("direct", "direct, blocks tied", "free factors, rank 32 (LoGAH-tiny's)", "free factors, rank 90 (LoGAH-small's)",
+        "LoGAH-tiny", "LoGAH-small")
+
+
+def tie_blocks(model) -> None:
+    """Make every block of a GPT-2 use block 0's parameter tensors."""
+    blocks = model.transformer.h
+    for block in blocks[1:]:
+        for name, module in block.named_modules():
+            for param_name, _ in list(module.named_parameters(recurse=False)):
+                setattr(module, param_name, getattr(blocks[0].get_submodule(name), param_name))
+
+
+def one(arm: str, steps: str) -> dict:
+    """One arm's held-out loss and accuracy after ``steps`` steps, and its training-loss curve."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    from torch import nn
+    from torch.func import functional_call
+
+    import graphkit
+    from graphkit.compile import load_params
+    from graphkit.families import build_model
+    from graphkit.ghn import LoGAH
+    from graphkit.ghn.data import load_source, output_loss
+    from graphkit.ghn.evaluate import fine_tune, score
+    from graphkit.ghn.training import TrainConfig, functional_model, make_optimizer
+
+    source = load_source("stdlib-text", seq_len=64)
+    generator = torch.Generator().manual_seed(123)
+    held_out = [source.batch(CONFIG, 128, generator, split="eval") for _ in range(4)]
+    generator = torch.Generator().manual_seed(0)
+    batches = [source.batch(CONFIG, 8, generator) for _ in range(int(steps))]
+    torch.manual_seed(0)
+    model = build_model(CONFIG, "cpu")
+    if arm.startswith("direct"):
+        if "tied" in arm:
+            tie_blocks(model)
+        losses, _ = fine_tune(model, batches, source.task, 3e-4)
+        return {"loss": score(model, held_out, source.task), "curve": losses}
+
+    ghn = LoGAH.from_variant("small" if "small" in arm or "90" in arm else "tiny")
+    graph = ghn.encode(graphkit.trace(model))
+    if arm.startswith("free"):
+        class FreeFactors(nn.Module):
+            """The decoder MLP's output for this one graph, as a free parameter (set from the MLP's
+            output at init)."""
+
+            def __init__(self, mlp: nn.Module) -> None:
+                super().__init__()
+                self.mlp, self.table = mlp, None
+
+            def forward(self, query: torch.Tensor) -> torch.Tensor:
+                if self.table is None:
+                    self.table = nn.Parameter(self.mlp(query).detach().clone())
+                return self.table
+
+        ghn.decoder.mlp = FreeFactors(ghn.decoder.mlp)
+        with torch.no_grad():
+            ghn([graph])  # makes the table, so that the optimiser sees it
+        ghn.decoder.mlp.mlp.requires_grad_(False)
+    config = TrainConfig(dataset="-", out="-")
+    optimizer = make_optimizer(ghn, config)
+    shell = functional_model(CONFIG, "cpu")
+    losses = []
+    for x, y in batches:
+        prediction = ghn([graph], details=True)
+        loss, _ = output_loss(source.task, functional_call(shell.train(), prediction.params[0], (x,)), y)
+        optimizer.zero_grad(set_to_none=True)
+        (loss + config.gamma * prediction.norms.mean()).backward()
+        nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
+        optimizer.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        final = ghn([graph])[0]
+    load_params(model, final)
+    return {"loss": score(model, held_out, source.task), "curve": losses}
+
+
+def table(args) -> str:
+    import math
+
+    results = {arm: common.run_fresh(__file__, arm, str(args.steps)) for arm in ARMS}
+    unigram = unigram_loss()
+    rows = ["| parameters from | held-out loss | accuracy | training loss, last 50 steps |", "|---|---|---|---|"]
+    for arm, result in results.items():
+        (loss, accuracy), curve = result["loss"], result["curve"]
+        rows.append(f"| {arm} | {loss:.3f} | {accuracy:.3f} | {sum(curve[-50:]) / len(curve[-50:]):.3f} |")
+        print(rows[-1], flush=True)
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores; one GPT-2 (6 layers, width 128, 50,257 "
+            f"tokens, untied head), {args.steps} AdamW steps at lr 3e-4 on the same batches of 8 x 64 bytes; held-out "
+            f"loss of the final parameters (unigram: {unigram:.2f}, uniform over the vocabulary: "
+            f"{math.log(50257):.2f}). Command: `.venv/bin/python benchmarks/ghn_controls.py --write`.")
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def unigram_loss() -> float:
+    """Held-out loss of the training text's byte frequencies (add-one smoothed)."""
+    import torch
+
+    from graphkit.ghn.data import load_source
+
+    source = load_source("stdlib-text", seq_len=64)
+    counts = torch.bincount(source.tokens["train"].long(), minlength=256).float() + 1
+    return -(counts / counts.sum()).log()[source.tokens["eval"].long()].mean().item()
+
+
+def main() -> None:
+    import json
+
+    if "--one" in sys.argv:
+        i = sys.argv.index("--one")
+        print(json.dumps(one(*sys.argv[i + 1:])))
+        return
+    common.main(__doc__, "ghn_controls", table, lambda p: p.add_argument("--steps", type=int, default=300))
+
+
+if __name__ == "__main__":
+    main()
