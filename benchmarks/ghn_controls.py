@@ -30,8 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
-ARMS = ("direct", "direct, blocks tied", "free factors, rank 32 (LoGAH-tiny's)", "free factors, rank 90 (LoGAH-small's)",
-        "LoGAH-tiny", "LoGAH-small")
+#: each arm's kind and the LoGAH variant it uses (its rank r)
+ARMS = {"direct": ("direct", None), "direct, blocks tied": ("tied", None),
+        "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"), "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
+        "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small")}
 
 
 def tie_blocks(model) -> None:
@@ -67,15 +69,16 @@ def one(arm: str, steps: str) -> dict:
     batches = [source.batch(CONFIG, 8, generator) for _ in range(int(steps))]
     torch.manual_seed(0)
     model = build_model(CONFIG, "cpu")
-    if arm.startswith("direct"):
-        if "tied" in arm:
+    kind, variant = ARMS[arm]
+    if kind in ("direct", "tied"):
+        if kind == "tied":
             tie_blocks(model)
         losses, _ = fine_tune(model, batches, source.task, 3e-4)
         return {"loss": score(model, held_out, source.task), "curve": losses}
 
-    ghn = LoGAH.from_variant("small" if "small" in arm or "90" in arm else "tiny")
+    ghn = LoGAH.from_variant(variant)
     graph = ghn.encode(graphkit.trace(model))
-    if arm.startswith("free"):
+    if kind == "free":
         class FreeFactors(nn.Module):
             """The decoder MLP's output for this one graph, as a free parameter (set from the MLP's
             output at init)."""
@@ -115,7 +118,9 @@ def table(args) -> str:
     import math
 
     results = {arm: common.run_fresh(__file__, arm, str(args.steps)) for arm in ARMS}
-    unigram = unigram_loss()
+    from graphkit.ghn.data import load_source
+
+    unigram = load_source("stdlib-text").unigram_loss()
     rows = ["| parameters from | held-out loss | accuracy | training loss, last 50 steps |", "|---|---|---|---|"]
     for arm, result in results.items():
         (loss, accuracy), curve = result["loss"], result["curve"]
@@ -126,17 +131,6 @@ def table(args) -> str:
             f"loss of the final parameters (unigram: {unigram:.2f}, uniform over the vocabulary: "
             f"{math.log(50257):.2f}). Command: `.venv/bin/python benchmarks/ghn_controls.py --write`.")
     return head + "\n\n" + "\n".join(rows) + "\n"
-
-
-def unigram_loss() -> float:
-    """Held-out loss of the training text's byte frequencies (add-one smoothed)."""
-    import torch
-
-    from graphkit.ghn.data import load_source
-
-    source = load_source("stdlib-text", seq_len=64)
-    counts = torch.bincount(source.tokens["train"].long(), minlength=256).float() + 1
-    return -(counts / counts.sum()).log()[source.tokens["eval"].long()].mean().item()
 
 
 def main() -> None:

@@ -155,6 +155,12 @@ class TextSource(DataSource):
         """E.g. "stdlib-text: 418,473 train / 46,497 eval bytes, UTF-8 byte tokens, windows of 64"."""
         return f"{self.spec}: {self.sizes['train']:,} train / {self.sizes['eval']:,} eval bytes, UTF-8 byte tokens, windows of {self.seq_len}"
 
+    def unigram_loss(self) -> float:
+        """The eval split's loss under the train split's byte frequencies (add-one smoothed): what a
+        model that ignores its input scores at best, the level a predicted language model must get below."""
+        counts = torch.bincount(self.tokens["train"].long(), minlength=256).double() + 1
+        return -(counts / counts.sum()).log()[self.tokens["eval"].long()].mean().item()
+
     def _batch(self, config, batch_size, generator, split):
         stream, length = self.tokens[split], min(self.seq_len, config["context"])
         starts = torch.randint(len(stream) - length, (batch_size, 1), generator=generator)
