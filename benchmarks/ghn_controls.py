@@ -11,10 +11,16 @@ stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one t
   through the shared r -> K map, scaled to its RMS) with ``F_A, F_B`` free per parameter instead of
   coming from the decoder MLP: what the rule itself can express at LoGAH-tiny's r = 32 and
   LoGAH-small's r = 90;
+- **free A, B per matrix, rank 32**: the same rule without the shared map, every weight matrix
+  ``A B^T`` with its own free ``A`` (rows x 32) and ``B`` (cols x 32), scaled to the same RMS, the
+  1-D parameters free from the framework's init: what rank 32 and the normalisation cost alone;
 - **LoGAH-tiny / LoGAH-small**: the hypernetwork trained on the one architecture (its
   fan-in-scaled learning rates, the norm penalty).
 
-    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 15 min on 2 cores)
+Every arm but the two direct ones trains as ``train()`` trains a hypernetwork (gradients clipped to
+5, the norm penalty); the direct arms fine-tune as ``eval-ghn`` does (no clipping).
+
+    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 20 min on 2 cores)
     .venv/bin/python benchmarks/ghn_controls.py --write    # also update BENCHMARKS.md
 
 The reference approach is direct training, in the same run on the same batches.
@@ -33,6 +39,7 @@ CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_s
 #: each arm's kind and the LoGAH variant it uses (its rank r)
 ARMS = {"direct": ("direct", None), "direct, blocks tied": ("tied", None),
         "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"), "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
+        "free A, B per matrix, rank 32 (no shared map)": ("per_matrix", None),
         "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small")}
 
 
@@ -45,6 +52,43 @@ def tie_blocks(model) -> None:
                 setattr(module, param_name, getattr(blocks[0].get_submodule(name), param_name))
 
 
+def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
+    """The ``per_matrix`` arm's parameters for ``model``: a module whose ``forward()`` gives every
+    parameter by name (with a zero norm penalty), each weight ``A B^T`` scaled to the RMS LoGAH's
+    decoder gives it, ``INIT_GAIN 2 sigmoid(s / 2) / sqrt(fan-in)`` with ``s`` free and 0 at init.
+    ``A`` and ``B`` start at ``std``, the scale of GPT-2's own weights: under the normalisation
+    their scale only sets how fast Adam moves them."""
+    import math
+
+    import torch
+    from torch import nn
+
+    import graphkit
+    from graphkit.ghn.encoding import targets
+    from graphkit.ghn.model import INIT_GAIN
+
+    class PerMatrix(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            plan = targets(graphkit.trace(model))
+            self.weights = [t for t in plan if t.kind == "weight"]
+            self.vector_names = [t.name for t in plan if t.kind != "weight"]
+            self.a = nn.ParameterList(torch.randn(t.matrix_shape[0], rank) * std for t in self.weights)
+            self.b = nn.ParameterList(torch.randn(t.matrix_shape[1], rank) * std for t in self.weights)
+            self.s = nn.Parameter(torch.zeros(len(self.weights)))
+            self.vectors = nn.ParameterList(model.get_parameter(n).detach().clone() for n in self.vector_names)
+
+        def forward(self) -> tuple[dict, torch.Tensor]:
+            out = dict(zip(self.vector_names, self.vectors))
+            for t, a, b, s in zip(self.weights, self.a, self.b, self.s):
+                w = a @ b.t()
+                rms = INIT_GAIN * 2 * torch.sigmoid(s / 2) / math.sqrt(t.fan_in)
+                out[t.name] = t.reshape(w * (rms / w.square().mean().add(1e-12).sqrt()))
+            return out, torch.zeros(())
+
+    return PerMatrix()
+
+
 def one(arm: str, steps: str) -> dict:
     """One arm's held-out loss and accuracy after ``steps`` steps, and its training-loss curve."""
     import warnings
@@ -52,15 +96,13 @@ def one(arm: str, steps: str) -> dict:
     warnings.filterwarnings("ignore")
     import torch
     from torch import nn
-    from torch.func import functional_call
 
     import graphkit
-    from graphkit.compile import load_params
     from graphkit.families import build_model
     from graphkit.ghn import LoGAH
-    from graphkit.ghn.data import load_source, output_loss
+    from graphkit.ghn.data import load_source
     from graphkit.ghn.evaluate import fine_tune, score
-    from graphkit.ghn.training import TrainConfig, functional_model, make_optimizer
+    from graphkit.ghn.training import TrainConfig, make_optimizer
 
     source = load_source("stdlib-text", seq_len=64)
     generator = torch.Generator().manual_seed(123)
@@ -76,6 +118,11 @@ def one(arm: str, steps: str) -> dict:
         losses, _ = fine_tune(model, batches, source.task, 3e-4)
         return {"loss": score(model, held_out, source.task), "curve": losses}
 
+    config = TrainConfig(dataset="-", out="-")
+    if kind == "per_matrix":
+        predictor = per_matrix_factors(model)
+        optimizer = torch.optim.AdamW(predictor.parameters(), lr=3e-4)
+        return train_predictor(predictor, optimizer, model, batches, held_out, source.task, config)
     ghn = LoGAH.from_variant(variant)
     graph = ghn.encode(graphkit.trace(model))
     if kind == "free":
@@ -96,22 +143,46 @@ def one(arm: str, steps: str) -> dict:
         with torch.no_grad():
             ghn([graph])  # makes the table, so that the optimiser sees it
         ghn.decoder.mlp.mlp.requires_grad_(False)
-    config = TrainConfig(dataset="-", out="-")
-    optimizer = make_optimizer(ghn, config)
+
+    class Hypernetwork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ghn = ghn
+
+        def forward(self) -> tuple[dict, torch.Tensor]:
+            prediction = ghn([graph], details=True)
+            return prediction.params[0], prediction.norms.mean()
+
+    return train_predictor(Hypernetwork(), make_optimizer(ghn, config), model, batches, held_out, source.task, config)
+
+
+def train_predictor(predictor, optimizer, model, batches, held_out, task: str, config) -> dict:
+    """Train ``predictor`` (a module whose ``forward()`` gives ``model``'s parameters by name and a
+    norm penalty) as ``train()`` trains a hypernetwork: one step per batch, the loss of ``model``'s
+    architecture run on the predicted parameters plus ``config.gamma`` times the penalty, gradients
+    clipped to ``config.clip``. Returns the final parameters' held-out score and the loss curve."""
+    import torch
+    from torch import nn
+    from torch.func import functional_call
+
+    from graphkit.compile import load_params
+    from graphkit.ghn.data import output_loss
+    from graphkit.ghn.evaluate import score
+    from graphkit.ghn.training import functional_model
+
     shell = functional_model(CONFIG, "cpu")
     losses = []
     for x, y in batches:
-        prediction = ghn([graph], details=True)
-        loss, _ = output_loss(source.task, functional_call(shell.train(), prediction.params[0], (x,)), y)
+        params, penalty = predictor()
+        loss, _ = output_loss(task, functional_call(shell.train(), params, (x,)), y)
         optimizer.zero_grad(set_to_none=True)
-        (loss + config.gamma * prediction.norms.mean()).backward()
-        nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
+        (loss + config.gamma * penalty).backward()
+        nn.utils.clip_grad_norm_(predictor.parameters(), config.clip)
         optimizer.step()
         losses.append(loss.item())
     with torch.no_grad():
-        final = ghn([graph])[0]
-    load_params(model, final)
-    return {"loss": score(model, held_out, source.task), "curve": losses}
+        load_params(model, predictor()[0])
+    return {"loss": score(model, held_out, task), "curve": losses}
 
 
 def table(args) -> str:
