@@ -15,7 +15,10 @@ stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one t
   ``A B^T`` with its own free ``A`` (rows x 32) and ``B`` (cols x 32), scaled to the same RMS, the
   1-D parameters free from the framework's init: what rank 32 and the normalisation cost alone;
 - **LoGAH-tiny / LoGAH-small**: the hypernetwork trained on the one architecture (its
-  fan-in-scaled learning rates, the norm penalty).
+  fan-in-scaled learning rates, the norm penalty);
+- **LoGAH-tiny, one map per role**: the same, but its decoder's matrices go through one r -> K map
+  per parameter role (the state-dict name without its block index: 17 for this GPT-2) instead of
+  one for all, so that matrices of different roles no longer share one subspace.
 
 Every arm but the two direct ones trains as ``train()`` trains a hypernetwork (gradients clipped to
 5, the norm penalty); the direct arms fine-tune as ``eval-ghn`` does (no clipping).
@@ -40,7 +43,8 @@ CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_s
 ARMS = {"direct": ("direct", None), "direct, blocks tied": ("tied", None),
         "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"), "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
         "free A, B per matrix, rank 32 (no shared map)": ("per_matrix", None),
-        "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small")}
+        "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small"),
+        "LoGAH-tiny, one map per role": ("roles", "tiny")}
 
 
 def tie_blocks(model) -> None:
@@ -52,20 +56,28 @@ def tie_blocks(model) -> None:
                 setattr(module, param_name, getattr(blocks[0].get_submodule(name), param_name))
 
 
+def at_decoder_rms(matrix, target, gain):
+    """``matrix`` scaled to the RMS LoGAH's decoder gives ``target``'s weight,
+    ``INIT_GAIN gain / sqrt(fan-in)`` (``gain`` in (0, 2), 1 at init)."""
+    import math
+
+    from graphkit.ghn.model import INIT_GAIN
+
+    rms = INIT_GAIN * gain / math.sqrt(target.fan_in)
+    return matrix * (rms / matrix.square().mean().add(1e-12).sqrt())
+
+
 def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
     """The ``per_matrix`` arm's parameters for ``model``: a module whose ``forward()`` gives every
     parameter by name (with a zero norm penalty), each weight ``A B^T`` scaled to the RMS LoGAH's
-    decoder gives it, ``INIT_GAIN 2 sigmoid(s / 2) / sqrt(fan-in)`` with ``s`` free and 0 at init.
-    ``A`` and ``B`` start at ``std``, the scale of GPT-2's own weights: under the normalisation
-    their scale only sets how fast Adam moves them."""
-    import math
-
+    decoder gives it (:func:`at_decoder_rms`), its gain ``2 sigmoid(s / 2)`` with ``s`` free and 0
+    at init. ``A`` and ``B`` start at ``std``, the scale of GPT-2's own weights: under the
+    normalisation their scale only sets how fast Adam moves them."""
     import torch
     from torch import nn
 
     import graphkit
     from graphkit.ghn.encoding import targets
-    from graphkit.ghn.model import INIT_GAIN
 
     class PerMatrix(nn.Module):
         def __init__(self) -> None:
@@ -81,12 +93,57 @@ def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
         def forward(self) -> tuple[dict, torch.Tensor]:
             out = dict(zip(self.vector_names, self.vectors))
             for t, a, b, s in zip(self.weights, self.a, self.b, self.s):
-                w = a @ b.t()
-                rms = INIT_GAIN * 2 * torch.sigmoid(s / 2) / math.sqrt(t.fan_in)
-                out[t.name] = t.reshape(w * (rms / w.square().mean().add(1e-12).sqrt()))
+                out[t.name] = t.reshape(at_decoder_rms(a @ b.t(), t, 2 * torch.sigmoid(s / 2)))
             return out, torch.zeros(())
 
     return PerMatrix()
+
+
+def role(name: str) -> str:
+    """A parameter's role: its state-dict name without block indices (``h.3.attn.c_attn.weight``
+    -> ``h_attn_c_attn_weight``), a ParameterDict key."""
+    import re
+
+    return re.sub(r"\.\d+\.", "_", name).replace(".", "_")
+
+
+def role_maps(ghn, graph):
+    """The ``roles`` arm's predictor: ``ghn`` (LoGAH with the low-rank decoder) decoding ``graph``
+    with one r -> K map per role instead of its one shared map (the maps are added to the decoder,
+    so ``make_optimizer`` trains them as it trains the rest). Everything else is the decoder's:
+    its MLP's factors, gains, RMS rule and 1-D output functions. It decodes one target at a time,
+    a control rather than a fast path."""
+    import torch
+    from torch import nn
+
+    from graphkit.ghn.encoding import activate
+
+    decoder, c = ghn.decoder, ghn.config
+    decoder.role_maps = nn.ParameterDict({
+        key: nn.Parameter(nn.Linear(c.rank, c.max_mask, bias=False).weight.detach().clone())
+        for key in sorted({role(t.name) for t in graph.targets})})
+
+    class RoleMaps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ghn = ghn
+
+        def forward(self) -> tuple[dict, torch.Tensor]:
+            query = decoder.queries(ghn.encoder([graph]), graph.queries)
+            fa, fb = decoder.mlp(query).view(-1, 2, c.rank, c.rank).unbind(1)
+            gains = 2 * torch.sigmoid(decoder.gain(query)[:, 0] / 2)
+            params, norms, k = {}, [], c.max_mask
+            for t, first, (nr, nc) in zip(graph.targets, graph.first_query, graph.grid):
+                w, (rows, cols) = decoder.role_maps[role(t.name)], t.matrix_shape
+                matrix = torch.cat([torch.cat([
+                    w[:min(k, rows - i * k)] @ fa[first + i * nc + j] @ fb[first + i * nc + j].t() @ w[:min(k, cols - j * k)].t()
+                    for j in range(nc)], 1) for i in range(nr)], 0)
+                matrix = at_decoder_rms(matrix, t, gains[first]) if t.kind == "weight" else activate(t.kind, matrix)
+                norms.append(matrix.norm())
+                params[t.name] = t.reshape(matrix)
+            return params, torch.stack(norms).sum()
+
+    return RoleMaps()
 
 
 def one(arm: str, steps: str) -> dict:
@@ -144,16 +201,20 @@ def one(arm: str, steps: str) -> dict:
             ghn([graph])  # makes the table, so that the optimiser sees it
         ghn.decoder.mlp.mlp.requires_grad_(False)
 
-    class Hypernetwork(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ghn = ghn
+    if kind == "roles":
+        predictor = role_maps(ghn, graph)
+    else:
+        class Hypernetwork(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ghn = ghn
 
-        def forward(self) -> tuple[dict, torch.Tensor]:
-            prediction = ghn([graph], details=True)
-            return prediction.params[0], prediction.norms.mean()
+            def forward(self) -> tuple[dict, torch.Tensor]:
+                prediction = ghn([graph], details=True)
+                return prediction.params[0], prediction.norms.mean()
 
-    return train_predictor(Hypernetwork(), make_optimizer(ghn, config), model, batches, held_out, source.task, config)
+        predictor = Hypernetwork()
+    return train_predictor(predictor, make_optimizer(ghn, config), model, batches, held_out, source.task, config)
 
 
 def train_predictor(predictor, optimizer, model, batches, held_out, task: str, config) -> dict:
