@@ -23,7 +23,7 @@ stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one t
 Every arm but the two direct ones trains as ``train()`` trains a hypernetwork (gradients clipped to
 5, the norm penalty); the direct arms fine-tune as ``eval-ghn`` does (no clipping).
 
-    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 20 min on 2 cores)
+    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 25 min on 2 cores)
     .venv/bin/python benchmarks/ghn_controls.py --write    # also update BENCHMARKS.md
 
 The reference approach is direct training, in the same run on the same batches.
