@@ -119,9 +119,9 @@ def role_maps(ghn, graph):
     from graphkit.ghn.encoding import activate
 
     decoder, c = ghn.decoder, ghn.config
+    keys = [role(t.name) for t in graph.targets]  # each target's map, named once
     decoder.role_maps = nn.ParameterDict({
-        key: nn.Parameter(nn.Linear(c.rank, c.max_mask, bias=False).weight.detach().clone())
-        for key in sorted({role(t.name) for t in graph.targets})})
+        key: nn.Parameter(nn.Linear(c.rank, c.max_mask, bias=False).weight.detach().clone()) for key in sorted(set(keys))})
 
     class RoleMaps(nn.Module):
         def __init__(self) -> None:
@@ -133,8 +133,8 @@ def role_maps(ghn, graph):
             fa, fb = decoder.mlp(query).view(-1, 2, c.rank, c.rank).unbind(1)
             gains = 2 * torch.sigmoid(decoder.gain(query)[:, 0] / 2)
             params, norms, k = {}, [], c.max_mask
-            for t, first, (nr, nc) in zip(graph.targets, graph.first_query, graph.grid):
-                w, (rows, cols) = decoder.role_maps[role(t.name)], t.matrix_shape
+            for t, key, first, (nr, nc) in zip(graph.targets, keys, graph.first_query, graph.grid):
+                w, (rows, cols) = decoder.role_maps[key], t.matrix_shape
                 matrix = torch.cat([torch.cat([
                     w[:min(k, rows - i * k)] @ fa[first + i * nc + j] @ fb[first + i * nc + j].t() @ w[:min(k, cols - j * k)].t()
                     for j in range(nc)], 1) for i in range(nr)], 0)
