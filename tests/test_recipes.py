@@ -117,10 +117,29 @@ def test_choices_multiply_the_space_and_round_trip(tmp_path):
                        "config keys (not family, num_layers, hidden, heads, attention, kv_heads, sliding_window)"),
     ({"colour": ["red"]}, "vit config: unknown key 'colour'"),
     ({"patch_size": [3]}, "vit config: image_size 16 is not divisible by patch_size 3"),
+    ({"mlp": [0.5]}, "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio: a 4x MLP "
+                     "is mlp = 4 * hidden); got 0.5"),
+    ({"mlp": [2.0]}, "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio"),
+    ({"global_pool": [3]}, "vit config: global_pool must be a string; got 3"),
+    ({"num_classes": [True]}, "vit config: num_classes must be an integer >= 1; got True"),
 ])
 def test_bad_choices_are_refused_naming_the_field(choices, message):
     data = {**json.loads((HERE / "recipes" / "tiny-vits.json").read_text()), "fixed": {"image_size": 16}, "choices": choices}
     with pytest.raises(RecipeError, match=re.escape(f"recipe 'tiny-vits': {message}")):
+        Recipe.from_dict(data).space
+
+
+@pytest.mark.parametrize("family, field, value, accepted", [
+    ("gpt2", "choices", {"tied": ["no", "yes"]}, "tied must be true or false; got 'no'"),
+    ("gpt2", "fixed", {"context": 0}, "context must be an integer >= 1; got 0"),
+    ("llama", "fixed", {"rms_eps": 0}, "rms_eps must be a finite number > 0; got 0"),
+])
+def test_config_values_of_the_wrong_type_are_refused_before_a_library_sees_them(family, field, value, accepted):
+    """transformers' own check once answered ``tied: ["no", "yes"]`` with a two-line
+    StrictDataclassFieldValidationError."""
+    data = {"name": "typed", "family": family, "max_params": 10**8, "bins": [{"layers": [2, 2], "hidden": [64, 64, 8]}],
+            "heads": [{"choices": [4]}], field: value}
+    with pytest.raises(RecipeError, match=re.escape(f"recipe 'typed': {family} config: {accepted}")):
         Recipe.from_dict(data).space
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,8 +68,13 @@ class Family:
         if missing:
             raise ConfigError(f"{self.name} config: missing key {missing[0]!r}")
         full = {"family": self.name, "mlp": None, "attention": None, "kv_heads": None, **self.defaults, **config}
+        for key in ("num_layers", "hidden", "heads"):
+            self._check_value(key, full[key], 1)
         if full["mlp"] is None:
             full["mlp"] = int(self.mlp_ratio * full["hidden"])
+        kinds = {"kv_heads": None, "mlp": 1, **self.defaults}  # a value is checked against its default's type
+        for key, default in kinds.items():
+            self._check_value(key, full[key], default)
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
         from graphkit.attention.core import VARIANTS
@@ -82,6 +88,28 @@ class Family:
         if self.check is not None:
             self.check(full)
         return full
+
+
+    def _check_value(self, key: str, value: Any, default: Any) -> None:
+        """One config value has the type its default has: true/false for a flag, an integer >= 1
+        for a size or count (``mlp`` is the MLP's width, not a ratio), a finite number > 0 for
+        a float such as ``rms_eps``, a string, or null or an integer >= 1 where the default is
+        null (``kv_heads``, ``sliding_window``). A bad value is refused here, in one line,
+        before a library's own check stops with its own words (or, worse, accepts it)."""
+        if isinstance(default, bool):
+            ok, accepted = isinstance(value, bool), "true or false"
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            accepted = "a finite number > 0"
+        elif isinstance(default, str):
+            ok, accepted = isinstance(value, str), "a string"
+        else:  # a size or a count; null where the default is null
+            ok = (value is None and default is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+            accepted = "null or an integer >= 1" if default is None else "an integer >= 1"
+            if key == "mlp" and isinstance(value, float):
+                accepted += " (the MLP's hidden width in units, not a ratio: a 4x MLP is mlp = 4 * hidden)"
+        if not ok:
+            raise ConfigError(f"{self.name} config: {key} must be {accepted}; got {value!r}")
 
 
 FAMILIES: dict[str, Family] = {}
