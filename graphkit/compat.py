@@ -57,6 +57,47 @@ def aten_name(target: object) -> str:
     return getattr(target, "__name__", text)
 
 
+def op_schema(target: object) -> Any:
+    """The ATen schema of an FX call target (``OpOverload._schema``, private): argument names,
+    defaults and alias annotations (which arguments an op views or writes). None where the
+    target has none (a Python callable) or this torch no longer exposes it: the tracer then
+    reads no views or writes through views, and keeps the FX edges it has."""
+    schema = getattr(target, "_schema", None)
+    return schema if hasattr(schema, "arguments") and hasattr(schema, "returns") else None
+
+
+def call_arguments(node: Any) -> dict[str, Any]:
+    """An FX call's arguments by their schema names, defaults filled in (``attn_mask``,
+    ``is_causal`` of an SDPA call however it was spelled); empty where the target has no schema."""
+    schema = op_schema(node.target)
+    if schema is None:
+        return {}
+    named = {}
+    for i, argument in enumerate(schema.arguments):
+        if i < len(node.args) and not argument.kwarg_only:
+            named[argument.name] = node.args[i]
+        elif argument.name in node.kwargs:
+            named[argument.name] = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            named[argument.name] = argument.default_value
+    return named
+
+
+def flatten_inputs(inputs: tuple[tuple, dict] | None, program: Any) -> list[Any] | None:
+    """The leaves of ``(args, kwargs)`` in the order of the exported program's user inputs
+    (``torch.fx._pytree.tree_flatten_spec`` over its ``call_spec.in_spec``, both private), or
+    None where either is missing or the inputs do not fit it: the tracer then reads no input's
+    values."""
+    if inputs is None:
+        return None
+    try:
+        from torch.fx._pytree import tree_flatten_spec
+
+        return list(tree_flatten_spec(inputs, program.call_spec.in_spec))
+    except Exception:  # an API that moved, or inputs another structure than the program's
+        return None
+
+
 def skip_weight_init() -> contextlib.AbstractContextManager:
     """transformers' ``no_init_weights`` (``transformers.initialization`` since v5,
     ``transformers.modeling_utils`` before): models are built without running their weight
@@ -78,4 +119,4 @@ def pyg_data() -> Any:
         return importlib.import_module("torch_geometric.data")
 
 
-__all__ = ["fx_flag", "aten_name", "skip_weight_init", "pyg_data"]
+__all__ = ["fx_flag", "aten_name", "op_schema", "call_arguments", "flatten_inputs", "skip_weight_init", "pyg_data"]

@@ -27,11 +27,13 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_file
+from graphkit.fileio import MARK, atomic_path, check_output_file, figure_metadata, version
 from graphkit.graph import ArchGraph, Node, attention_kind, window_text
 
 #: file types :func:`draw` writes
 SUFFIXES = (".svg", ".png", ".pdf")
+#: a PNG's longest side, in pixels (Agg's canvas holds 2^16; a longer picture would be unreadable)
+MAX_PNG_SIDE = 32768
 
 Point = tuple[float, float]
 
@@ -500,6 +502,7 @@ def _svg(scene: Scene) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{scene.width:.0f}" height="{scene.height:.0f}" '
         f'viewBox="0 0 {scene.width:.1f} {scene.height:.1f}" font-family="{_FONT}">',
+        f'<metadata>drawn by {MARK} {version()}</metadata>',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
         f'<rect width="100%" height="100%" fill="white"/>',
@@ -534,13 +537,20 @@ def _svg(scene: Scene) -> str:
     return "\n".join(out + ["</svg>"]) + "\n"
 
 
+def _png_scale(scene: Scene) -> float | None:
+    """Pixels per point of the scene's PNG: 2, or less for a large scene, down to 1 (10-point
+    labels 10 pixels tall, the smallest that stays readable); None below that."""
+    scale = min(2.0, MAX_PNG_SIDE / max(scene.width, scene.height))
+    return scale if scale >= 1.0 else None
+
+
 def _matplotlib(scene: Scene, path: Path, format: str) -> None:
-    """Draw the laid-out scene with matplotlib, one point per SVG unit (PNG at up to 2 pixels a point)."""
+    """Draw the laid-out scene with matplotlib, one point per SVG unit (PNG at 1 to 2 pixels a point)."""
     from matplotlib.figure import Figure  # not pyplot: a notebook's backend stays as it is
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     from matplotlib.path import Path as MplPath
 
-    scale = min(2.0, 30000 / max(scene.width, scene.height))  # stay within Agg's canvas limit
+    scale = _png_scale(scene) if format == "png" else 1.0
     fig = Figure(figsize=(scene.width / 72, scene.height / 72), dpi=72 * scale)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, scene.width)
@@ -566,7 +576,7 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
         for (style, text), dy in zip(box.lines, _line_offsets(box)):
             ax.text(box.x, box.y + dy, text, fontsize=_SIZES[style], ha="center", va="center", zorder=4,
                     fontweight="bold" if style == "op" else "normal", color="#111" if style == "op" else "#333")
-    fig.savefig(path, format=format, dpi=72 * scale, facecolor="white")
+    fig.savefig(path, format=format, dpi=72 * scale, facecolor="white", metadata=figure_metadata(format))
 
 
 def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing:
@@ -583,6 +593,10 @@ def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing
     scene = build_scene(graph, expand)
     layout(scene)
     suffix = path.suffix.lower()
+    if suffix == ".png" and _png_scale(scene) is None:
+        raise DrawError(f"{path}: the drawing is {scene.width:,.0f} x {scene.height:,.0f} points, too large for a PNG "
+                        f"with readable labels (at most {MAX_PNG_SIDE:,} pixels a side); write it as .svg or .pdf"
+                        + (", or fold its repeated blocks (without --expand)" if expand else ""))
     with atomic_path(path) as tmp:
         if suffix == ".svg":
             tmp.write_text(_svg(scene))

@@ -13,9 +13,6 @@ folded into its predecessor (activations) or carries no parameters GHN-3 would p
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
 
 OPS_VERSION = 2
 
@@ -130,19 +127,3 @@ def vocabulary_markdown() -> str:
 def is_known_op(op: str) -> bool:
     """True for a vocabulary op or an ``other:<aten op>`` fallback."""
     return op in OP_IDS or (op.startswith("other:") and len(op) > 6)
-
-
-#: the tracer's naming rules, which lived here before the tracer became one package
-_MOVED_TO_TRACER = frozenset({
-    "module_op", "functional_name", "is_float", "ATEN_OPS", "SHAPE_ONLY_ATEN", "SDPA_ATEN", "MATMUL_ATEN",
-    "SHAPE_DEPENDENT_ATEN",
-})
-
-
-def __getattr__(name: str) -> Any:
-    """Old imports of the tracer's rules keep working, with a FutureWarning (as timm's moved
-    ``timm.models.layers``): the vocabulary itself must import without the tracer."""
-    if name in _MOVED_TO_TRACER:
-        warnings.warn(f"graphkit.ops.{name} moved to graphkit.trace.naming.{name}", FutureWarning, stacklevel=2)
-        return getattr(importlib.import_module("graphkit.trace.naming"), name)
-    raise AttributeError(f"module 'graphkit.ops' has no attribute {name!r}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_file
+from graphkit.fileio import MARK, atomic_path, check_output_file, version
 
 Params = Mapping[str, torch.Tensor]
 
@@ -120,24 +119,11 @@ def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         raise ParamsError(f"{path}: not a safetensors file, or truncated ({' '.join(str(e).split())})") from e
 
 
-def _is_safetensors(path: Path) -> bool:
-    """Whether ``path`` starts with a safetensors header (8-byte length, then a JSON object)."""
-    try:
-        with open(path, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            return 1 < size < 100_000_000 and isinstance(json.loads(f.read(size)), dict)
-    except (OSError, struct.error, ValueError):
-        return False
-
-
 def check_params_output(path: str | Path, what: str = "--out") -> Path:
     """Check, before any work, that a parameter file can be written at ``path``: a file name,
-    not a folder, not under a file, and not an existing file other than safetensors (a model
-    file or anything else graphkit did not write is never overwritten)."""
-    path = check_output_file(path, what)
-    if path.exists() and not _is_safetensors(path):
-        raise ParamsError(f"{what} {path}: exists and is not a safetensors file; refusing to overwrite it")
-    return path
+    not a folder, not under a file, and new or a safetensors file graphkit wrote (a model file,
+    a downloaded checkpoint or anything else graphkit did not write is never overwritten)."""
+    return check_output_file(path, what)
 
 
 def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -160,9 +146,10 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
     if any(t.is_meta for t in tensors.values()):
         raise ParamsError(f"{path}: the model is on the meta device and has no values to save")
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    metadata = {**(metadata or {}), **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {})}
+    metadata = {MARK: version(), **(metadata or {}),
+                **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {})}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata or None)
+        save_file(tensors, str(tmp), metadata=metadata)
     return path
 
 

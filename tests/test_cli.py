@@ -52,7 +52,8 @@ def test_trace_text_format_and_json_to_stdout(tmp_path):
         ("file_raises.py", "file_raises.py:4: running the file raised RuntimeError: config file not found"),
         ("forward_raises.py", "Net.forward raised RuntimeError in module 'fc' (Linear) at forward_raises.py:11: a and b must have same reduction dim"),
         ("data_dependent.py", "cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"),
-        ("unused_param.py", "parameter 'unused.weight' of the model is owned by no node"),
+        ("unused_param.py", "parameter 'unused.weight' is not used by forward with these inputs (module 'unused' (Linear) "
+                            "never runs): remove it if it is spare, or pass example inputs that take the branch that uses it"),
         ("no_inputs.py", "cannot guess example inputs for Sequential"),
     ],
 )

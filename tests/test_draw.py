@@ -216,6 +216,18 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch,
     assert (tmp_path / "file.txt").read_text() == "mine"
 
 
+def test_a_png_too_tall_to_read_is_refused_with_a_way_out(tmp_path):
+    """An expanded 200-layer model once became a 92 x 30,000 px PNG with unreadable labels."""
+    graph = chain([("gelu" if i % 2 else "relu", f"m.{i}") for i in range(700)])
+    path = tmp_path / "graph.json"
+    path.write_text(graph.to_json())
+    result = run("draw", path, "--out", tmp_path / "tall.png", "--expand")
+    assert error_of(result).endswith("too large for a PNG with readable labels (at most 32,768 pixels a side); write it as "
+                                     ".svg or .pdf, or fold its repeated blocks (without --expand)")
+    assert not (tmp_path / "tall.png").exists()
+    assert run("draw", path, "--out", tmp_path / "tall.svg", "--expand").exit_code == 0
+
+
 def test_nested_repeats_fold_into_nested_frames(tmp_path):
     graph = chain([("gelu", f"s.{i}.b.{j}") for i in range(2) for j in range(3)])
     kept, _, frames = fold_repeats(graph)

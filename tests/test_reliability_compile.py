@@ -130,7 +130,7 @@ def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record,
     readme = tmp_path / "README.md"
     readme.write_text("# my project\n")
     refused(run("compile", dataset, record.id, "--out", readme),
-            f"--out {readme}: exists and is not a safetensors file; refusing to overwrite it")
+            f"--out {readme}: exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)")
     assert readme.read_text() == "# my project\n"
     earlier = tmp_path / "model.safetensors"  # one of ours is replaced
     assert run("compile", dataset, record.id, "--out", earlier).exit_code == 0
@@ -195,7 +195,7 @@ def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_pat
         save_params(params, tmp_path)
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    with pytest.raises(ParamsError, match="notes.txt: exists and is not a safetensors file; refusing to overwrite it"):
+    with pytest.raises(OutputError, match=r"notes.txt: exists and was not written by graphkit; refusing to overwrite it"):
         save_params(params, notes)
     assert listing(tmp_path) == {"notes.txt": b"mine"}
 
@@ -256,7 +256,7 @@ def test_convert_refuses_an_output_that_is_a_folder_or_not_ours(tmp_path):
     model_file = tmp_path / "model.py"
     model_file.write_text(VIT_FILE.read_text())
     refused(run("convert", model_file, "-a", "gqa", "-o", model_file),
-            f"--out {model_file}: exists and is not a safetensors file; refusing to overwrite it")
+            f"--out {model_file}: is a Python file name; graphkit never writes over model sources")
     assert model_file.read_text() == VIT_FILE.read_text()
 
 

@@ -8,7 +8,7 @@ from torch import nn
 from conftest import MODEL_FILES, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
 
 import graphkit
-from graphkit import TraceError
+from graphkit import TraceError, example_inputs_for
 from graphkit.modelfile import load_model_file
 
 
@@ -191,10 +191,49 @@ def test_data_dependent_control_flow_is_a_clear_error():
         graphkit.trace(loaded.model, loaded.example_inputs)
 
 
-def test_unused_parameter_fails_validation():
+def test_an_unused_parameter_is_named_as_unused():
     loaded = load_model_file(MODEL_FILES / "unused_param.py")
-    with pytest.raises(graphkit.GraphError, match="parameter 'unused.weight' of the model is owned by no node"):
+    with pytest.raises(TraceError, match=r"parameter 'unused.weight' is not used by forward with these inputs \(module "
+                                         r"'unused' \(Linear\) never runs\)"):
         graphkit.trace(loaded.model, loaded.example_inputs)
+
+
+class RootPositionsLM(nn.Module):
+    """minGPT's layout: the position table is a bare parameter of the model itself, registered
+    before the token embedding, and the model has no config."""
+
+    def __init__(self, vocab: int = 100, dim: int = 32, block_size: int = 6) -> None:
+        super().__init__()
+        self.pos_emb = nn.Parameter(torch.zeros(1, block_size, dim))
+        self.tok_emb = nn.Embedding(vocab, dim)
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln(self.tok_emb(idx) + self.pos_emb[:, :idx.shape[1]]))
+
+
+class NestedPositionsLM(nn.Module):
+    """The position table is a bare parameter beside the token embedding inside a submodule,
+    shorter than 8 positions; the model checks its length against ``max_seq_len``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = nn.Module()
+        self.embeddings.positions = nn.Parameter(torch.zeros(5, 16))
+        self.embeddings.tokens = nn.Embedding(40, 16)
+        self.head, self.max_seq_len = nn.Linear(16, 40), 5
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        assert idx.shape[1] <= self.max_seq_len
+        return self.head(self.embeddings.tokens(idx) + self.embeddings.positions[: idx.shape[1]])
+
+
+@pytest.mark.parametrize("build, length", [(RootPositionsLM, 6), (NestedPositionsLM, 5)])
+def test_hand_written_lms_with_bare_position_tables_get_token_inputs(build, length):
+    args, kwargs = example_inputs_for(build())
+    assert not kwargs and args[0].dtype == torch.long and tuple(args[0].shape) == (2, length)
+    graph = graphkit.trace(build())
+    assert [n.op for n in graph.nodes if n.params].count("pos_embedding") == 1
 
 
 def test_not_a_module():
@@ -299,28 +338,21 @@ def test_in_place_aten_ops_map_to_their_out_of_place_op():
     assert not any(op.startswith("other:") for op in counts) and counts["add"] == 4 and counts["attention"] == 2
 
 
-def test_the_tracer_is_one_package_and_old_imports_still_work():
-    """graphkit.trace is the function; its modules import from graphkit.trace.*; the modules and
-    names that moved there keep importing, with a FutureWarning naming the new place."""
+def test_the_tracer_is_one_package_whose_modules_import_by_their_dotted_path():
+    """graphkit.trace is the function, whatever was imported first; the package is
+    graphkit.tracing, so its modules import, and patch, by their dotted path."""
     import importlib
-    import sys
+    from unittest import mock
 
-    from graphkit.trace import example_inputs_for, trace
-    from graphkit.trace.builder import graph_from_export
-    from graphkit.trace.naming import module_op
+    from graphkit.tracing import example_inputs_for, trace
+    from graphkit.tracing.builder import graph_from_export
 
     assert graphkit.trace is trace and graphkit.example_inputs_for is example_inputs_for and callable(graph_from_export)
-    with pytest.warns(FutureWarning, match="graphkit.ops.module_op moved to graphkit.trace.naming.module_op"):
-        from graphkit.ops import module_op as old
-    assert old is module_op
-    for old_name, new_name, attr in (("graphkit.export_graph", "graphkit.trace.builder", "graph_from_export"),
-                                     ("graphkit.folding", "graphkit.trace.folding", "unfold")):
-        sys.modules.pop(old_name, None)
-        with pytest.warns(FutureWarning, match=f"{old_name} moved to {new_name}"):
-            module = importlib.import_module(old_name)
-        assert getattr(module, attr) is getattr(importlib.import_module(new_name), attr)
+    assert importlib.import_module("graphkit.tracing.naming").module_op is not None
+    with mock.patch("graphkit.tracing.builder.graph_from_export") as patched:
+        assert importlib.import_module("graphkit.tracing.builder").graph_from_export is patched
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        graphkit.ops.nothing  # noqa: B018
+        graphkit.nothing  # noqa: B018
 
 
 @pytest.mark.parametrize("build", [lambda: gpt2(), lambda: llama(kv_heads=2), lambda: mistral(window=16)],

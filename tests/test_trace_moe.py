@@ -226,6 +226,38 @@ def test_a_norm_and_a_residual_inside_the_block_stay_their_own_nodes():
     assert "norm.weight" not in graph.nodes[2].params
 
 
+class PiecesMoE(nn.Module):
+    """A top-k block that returns its experts' outputs and a masked sum of the top-k weights
+    per expert, leaving the weighted sum to the block that calls it."""
+
+    def __init__(self, dim: int = 16, num_experts: int = 4, top_k: int = 2) -> None:
+        super().__init__()
+        self.router, self.num_experts, self.top_k = nn.Linear(dim, num_experts, bias=False), num_experts, top_k
+        self.experts = nn.ModuleList(Expert(dim, 32) for _ in range(num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, chosen = self.router(x).topk(self.top_k, dim=-1)
+        mask = torch.nn.functional.one_hot(chosen, self.num_experts).to(x.dtype)  # (..., k, experts)
+        gates = (mask * weights.softmax(dim=-1).unsqueeze(-1)).sum(dim=-2)      # the masked sum
+        return torch.stack([expert(x) for expert in self.experts], dim=-2), gates
+
+
+class PiecesBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.moe = nn.LayerNorm(16), PiecesMoE()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outputs, gates = self.moe(self.norm(x))
+        return x + (outputs * gates.unsqueeze(-1)).sum(dim=-2)
+
+
+def test_a_block_that_leaves_the_weighted_sum_to_its_caller_is_still_one_moe_node():
+    graph = trace(PiecesBlock(), torch.zeros(2, 5, 16))
+    assert [n.op for n in graph.nodes] == ["input", "layer_norm", "moe", "add", "output"]
+    assert parents(graph, "add") == ["input", "moe.moe"]
+
+
 class TopKPool(nn.Module):
     """Keeps each token's 3 largest features: a topk with no experts around it."""
 

@@ -77,12 +77,14 @@ def trace(
     billion-parameter configurations in about a second without allocating weights.
     """
     from graphkit.modelfile import load_model_file
-    from graphkit.trace import trace as trace_model
+    from graphkit.tracing import trace as trace_model
 
+    if out is not None:
+        check_output_file(out, "--out")  # before the model runs: a bad --out costs nothing
     loaded = load_model_file(model_file)
     graph = trace_model(loaded.model, loaded.example_inputs, fold_repeats=fold)
     fmt = format or (GraphFormat.json if out else GraphFormat.text)
-    text = graph.to_json(indent=1) if fmt is GraphFormat.json else graph.summary() + "\n"
+    text = graph.to_json(indent=1) if fmt is GraphFormat.json else f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
     if out is None and fmt is GraphFormat.json:
         print(text)
         return
@@ -127,7 +129,7 @@ def draw(
 def _traced_graph(model_file: Path):
     """The graph of a MODEL.py, as `graphkit trace` makes it."""
     from graphkit.modelfile import load_model_file
-    from graphkit.trace import trace as trace_model
+    from graphkit.tracing import trace as trace_model
 
     loaded = load_model_file(model_file)
     return trace_model(loaded.model, loaded.example_inputs)
@@ -172,7 +174,7 @@ def convert(
     from graphkit.errors import GraphkitError
     from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
-    from graphkit.trace import trace as trace_model
+    from graphkit.tracing import trace as trace_model
 
     check_params_output(out)
     options = {name: value for name, value in dict(window=window, evolution=evolution, alpha=alpha).items() if value is not None}

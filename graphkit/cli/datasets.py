@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from graphkit.cli.app import app, command, console, errors, print_graph
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_file
+from graphkit.fileio import atomic_path, check_output_file, figure_metadata
 
 if TYPE_CHECKING:
     from graphkit.datasets.dataset import GraphDataset
@@ -77,6 +80,17 @@ def generate(
     console.print(f"{result.path}", highlight=False, soft_wrap=True)
 
 
+class ListFormat(str, enum.Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+#: the columns `ls` shows, with the table's short headers
+LS_COLUMNS = {"id": "id", "family": "family", "split": "split", "num_layers": "layers", "hidden": "hidden",
+              "heads": "heads", "kv_heads": "kv", "attention": "attn", "num_params": "params", "num_nodes": "nodes"}
+
+
 @app.command("ls")
 @command
 def list_records(
@@ -88,6 +102,7 @@ def list_records(
     min_params: Optional[int] = typer.Option(None, "--min-params", help="At least this many parameters."),
     max_params: Optional[int] = typer.Option(None, "--max-params", help="At most this many parameters."),
     limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
+    format: ListFormat = typer.Option(ListFormat.table, "--format", "-f", help="table (full values when piped), csv or json (a list of records)."),
 ) -> None:
     """List the records of a dataset, filtered."""
     _check_at_least(0, limit=limit, min_params=min_params, max_params=max_params)
@@ -101,16 +116,23 @@ def list_records(
     if min_params is not None or max_params is not None:
         conditions["num_params"] = (min_params, max_params)
     frame = dataset.filter(**conditions).metadata()
-    columns = {"id": "id", "family": "family", "split": "split", "num_layers": "layers", "hidden": "hidden",
-               "heads": "heads", "kv_heads": "kv", "attention": "attn", "num_params": "params", "num_nodes": "nodes"}
+    shown = (frame if limit == 0 else frame.head(limit))[list(LS_COLUMNS)]
+    if format is ListFormat.csv:
+        sys.stdout.write(shown.to_csv(index=False))
+        return
+    if format is ListFormat.json:
+        records = json.loads(shown.to_json(orient="records"))  # numpy numbers as plain JSON numbers
+        sys.stdout.write(json.dumps(records, indent=1) + "\n")
+        return
     table = Table(show_edge=False, box=None, pad_edge=False)
-    for column, header in columns.items():
+    for column, header in LS_COLUMNS.items():
         table.add_column(header, no_wrap=True, justify="left" if column in ("id", "family", "split", "attention") else "right")
-    shown = frame if limit == 0 else frame.head(limit)
-    for row in shown[list(columns)].itertuples(index=False):
+    for row in shown.itertuples(index=False):
         table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
-    console.print(table)
-    console.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
+    # a terminal gets the table at its width; a pipe or a file gets every value whole
+    out = console if console.is_terminal else Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
+    out.print(table)
+    out.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
 
 
 @app.command()
@@ -171,7 +193,7 @@ def _plot_params(params, bins: int, png: Path, title: str) -> None:
     fig.tight_layout()
     try:
         with atomic_path(png) as tmp:
-            fig.savefig(tmp, format=png.suffix[1:].lower())
+            fig.savefig(tmp, format=png.suffix[1:].lower(), metadata=figure_metadata(png.suffix[1:]))
     finally:
         plt.close(fig)
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from graphkit.cli.app import app, command, console
+from graphkit.cli.app import app, command, console, errors
 
 
 @app.command("train-ghn")
@@ -65,10 +65,11 @@ def predict(
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
-    from graphkit.ghn.checkpoint import bundled_checkpoint, describe
+    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
+    from graphkit.ghn.space import outside_training_space
     from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
-    from graphkit.trace import trace
+    from graphkit.tracing import trace
 
     if out is not None:
         check_params_output(out)
@@ -76,7 +77,13 @@ def predict(
     start = time.perf_counter()
     graph = trace(loaded.model, loaded.example_inputs)
     hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
+    check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
+    beyond = outside_training_space(hypernet.info, graph)
+    if beyond:
+        errors.print(f"warning: {model_file.name} lies outside the space this hypernetwork was trained on: {beyond}; "
+                     "the scores above were measured inside that space, not on this model",
+                     markup=False, highlight=False, soft_wrap=True)
     params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale)
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())

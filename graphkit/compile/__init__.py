@@ -64,7 +64,7 @@ def compile(source: Any, params: Params | str | Path | None = None, *, attention
     anything is allocated.
     """
     from graphkit.datasets.dataset import Record
-    from graphkit.trace import trace
+    from graphkit.tracing import trace
 
     if isinstance(source, Record):
         config, expected = source.config, source["fingerprint"]

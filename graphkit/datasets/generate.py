@@ -107,7 +107,7 @@ def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
     split left for the parent to fill in per record, so the conversion runs in parallel and the
     graph crosses processes once, as a row."""
     from graphkit.families import build_model
-    from graphkit.trace import trace
+    from graphkit.tracing import trace
 
     cache: dict = {}
     rows = []
@@ -128,7 +128,7 @@ def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
 def _warm_up() -> None:
     """One tiny export, so torch.export's one-time set-up happens once, before workers fork."""
     from graphkit.families import build_model
-    from graphkit.trace import trace
+    from graphkit.tracing import trace
 
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
 

@@ -24,7 +24,7 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path
+from graphkit.fileio import atomic_path, figure_metadata
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
@@ -230,5 +230,5 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
     held_ax.legend()
     fig.tight_layout()
     with atomic_path(png) as tmp:  # a PNG is complete or not there
-        fig.savefig(tmp, dpi=120, format="png")
+        fig.savefig(tmp, dpi=120, format="png", metadata=figure_metadata("png"))
     plt.close(fig)

@@ -77,7 +77,7 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     as the family's own init does (:func:`scale_residuals`); None: when the family does
     (:func:`scales_residuals`, GPT-2)."""
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
-    from graphkit.trace import trace
+    from graphkit.tracing import trace
 
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:

@@ -33,7 +33,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.func import functional_call
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_dir, write_text_atomic
+from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, write_text_atomic
+from graphkit.ghn.space import training_space
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from graphkit.ghn.encoding import EncodedGraph, encode
 from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
@@ -261,7 +262,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
     amp = device.type == "cuda" if config.amp is None else config.amp
     info = {"variant": config.variant, "family": pool.family, "trained_ops": pool.ops(), "data": data,
-            "train": asdict(config), "dataset": str(config.dataset)}
+            "train": asdict(config), "dataset": str(config.dataset), "space": training_space(r.graph for r in pool.records)}
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"
@@ -356,7 +357,7 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
                  title="feature constancy (high: output ignores input)")
     fig.tight_layout()
     with atomic_path(png) as tmp:  # a PNG is complete or not there
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", metadata=figure_metadata("png"))
     plt.close(fig)
 
 

@@ -1,22 +1,25 @@
 """The tracer: any PyTorch model -> :class:`~graphkit.ArchGraph`, one concept a file.
 
-- :mod:`~graphkit.trace.tracer`: :func:`trace`, the entry point (export, fold, build, validate);
-- :mod:`~graphkit.trace.inputs`: example inputs guessed from the model;
-- :mod:`~graphkit.trace.export`: ``torch.export`` on fake tensors, failures as one line;
-- :mod:`~graphkit.trace.naming`: which modules and ATen ops become which vocabulary op;
-- :mod:`~graphkit.trace.builder`: the exported ATen program -> architecture nodes and edges;
-- :mod:`~graphkit.trace.attention`: attention cores fused into one node with their attributes;
-- :mod:`~graphkit.trace.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
-- :mod:`~graphkit.trace.spatial`: token shifts (``roll``) and zero padding (``pad``) of images;
-- :mod:`~graphkit.trace.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
-- :mod:`~graphkit.trace.folding`: export two blocks of a repeated stack, replicate the rest.
+- :mod:`~graphkit.tracing.tracer`: :func:`trace`, the entry point (export, fold, build, validate);
+- :mod:`~graphkit.tracing.inputs`: example inputs guessed from the model;
+- :mod:`~graphkit.tracing.export`: ``torch.export`` on fake tensors, failures as one line;
+- :mod:`~graphkit.tracing.naming`: which modules and ATen ops become which vocabulary op;
+- :mod:`~graphkit.tracing.builder`: the exported ATen program -> architecture nodes and edges;
+- :mod:`~graphkit.tracing.mutation`: writes through views (``copy_`` into a slice) keep their edges;
+- :mod:`~graphkit.tracing.attention`: attention cores, in any spelling, fused into one node;
+- :mod:`~graphkit.tracing.masks`: whether an attention is causal, from its mask's values;
+- :mod:`~graphkit.tracing.moe`: mixture-of-experts blocks (router, gating, experts) as one node;
+- :mod:`~graphkit.tracing.spatial`: token shifts (``roll``) and zero padding (``pad``) of images;
+- :mod:`~graphkit.tracing.folding`: export two blocks of a repeated stack, replicate the rest.
 
-The vocabulary itself (:mod:`graphkit.ops`) does not import the tracer, so the hypernetwork
-reads graphs without it. docs/tracer.md explains every rule.
+The function is ``graphkit.trace``; this package is ``graphkit.tracing``, so that each module
+imports (and patches) by its dotted path. The vocabulary itself (:mod:`graphkit.ops`) does not
+import the tracer, so the hypernetwork reads graphs without it. docs/tracer.md explains every
+rule.
 """
 
-from graphkit.trace.builder import graph_from_export
-from graphkit.trace.inputs import example_inputs_for
-from graphkit.trace.tracer import trace
+from graphkit.tracing.builder import graph_from_export
+from graphkit.tracing.inputs import example_inputs_for
+from graphkit.tracing.tracer import trace
 
 __all__ = ["trace", "example_inputs_for", "graph_from_export"]

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
 
-from graphkit.trace.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
-from graphkit.trace.spatial import is_identity, spatial_op
+from graphkit.compat import call_arguments
+from graphkit.errors import TraceError
+from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
+from graphkit.tracing.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
+from graphkit.tracing.spatial import is_identity, spatial_op
 
 if TYPE_CHECKING:
-    from graphkit.trace.builder import _Group
+    from graphkit.tracing.builder import _Group
 
 _NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
 _PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
@@ -31,12 +35,32 @@ _SOFTMAX_ATEN = {"softmax", "_softmax", "_safe_softmax"}
 _ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fill", "tanh", "clamp", "_to_copy"}
 
 
-class AttentionRules:
-    """The attention half of the graph builder (:class:`graphkit.trace.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``prod``, ``param_names``, ``INPUT``, ``_scope`` and
-    ``_leaf``."""
+@dataclass(frozen=True)
+class _Core:
+    """An attention core as its anchor shows it: where its queries, keys and values come from,
+    its sizes, and what masks it (SDPA's flag and ``attn_mask``, or the eager path from the
+    scores to their softmax)."""
 
-    scores_of: dict[fx.Node, fx.Node]  # eager anchor (the product with V) -> its q k^T product
+    query: fx.Node
+    key: fx.Node
+    value: fx.Node
+    heads: int | None  # None when the heads are folded into the batch (3-D bmm)
+    value_heads: int | None  # V's head dimension before any repeat is undone (kv_heads' numerator)
+    head_dim: int
+    lengths: tuple[int, int]  # (queries, keys) each query sees
+    is_causal: bool = False  # SDPA's flag
+    mask: fx.Node | None = None  # SDPA's attn_mask
+    scores: fx.Node | None = None  # eager: the q k^T product...
+    softmax: fx.Node | None = None  # ...and the softmax over it
+    readable: bool = True  # False for a kernel whose masking is code, not a tensor (flex_attention's block mask)
+
+
+class AttentionRules:
+    """The attention half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
+    which provides ``model``, ``groups``, ``prod``, ``param_names``, ``aliases``, ``constants``,
+    ``INPUT``, ``_scope`` and ``_leaf``."""
+
+    cores: dict[fx.Node, _Core]  # anchor (SDPA, or the product of probabilities with V) -> its core
 
     def _attention_scope(self, anchor: fx.Node) -> str:
         """The module an attention anchor belongs to. A graphkit attention core (which has an
@@ -53,21 +77,23 @@ class AttentionRules:
     def _attention_regions(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
         """Map every FX op that belongs to an attention core to its anchor op. An eager core also
         takes the linear maps it applies to its scores or probabilities (talking heads), with
-        their parameters; ``self.scores_of`` keeps its ``q k^T`` product."""
+        their parameters; ``self.cores`` keeps what each anchor's attributes are read from."""
         region_of: dict[fx.Node, fx.Node] = {}
-        self.scores_of: dict[fx.Node, fx.Node] = {}
+        self.cores: dict[fx.Node, _Core] = {}
         for node in nodes:
             if node.op != "call_function" or self._leaf(node) is not None:
                 continue
             name = functional_name(node.target)
             mixers: set[fx.Node] = set()
             if name in MATMUL_ATEN:
-                path = self._eager_path(node)
-                if path is None:
+                found = self._eager_core(node)
+                if found is None:
                     continue
-                self.scores_of[node] = path[-1]
+                self.cores[node], path = found
                 mixers = {n for n in path if self._is_score_linear(n)}
-            elif name not in SDPA_ATEN:
+            elif name in SDPA_ATEN:
+                self.cores[node] = _sdpa_core(node)
+            else:
                 continue
             scope = self._attention_scope(node)
             region_of[node] = node
@@ -88,18 +114,26 @@ class AttentionRules:
                     continue
                 region_of[u] = node
                 stack.extend(u.all_input_nodes)
+                stack.extend(self.aliases.writers(u, node))  # K assembled by copies into slices (DeepSeek-V3)
         return region_of
 
-    def _eager_path(self, node: fx.Node) -> list[fx.Node] | None:
-        """For a matmul whose left operand is a softmax of a matmul (``softmax(q k^T) v``), the ops
-        from it back to ``q k^T``; else None. The path may cross linear maps over the scores
-        (talking heads: CaiT mixes the heads before and after the softmax)."""
-        probs = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        to_softmax = _path_back(probs, lambda n: functional_name(n.target) in _SOFTMAX_ATEN, self._score_op)
-        if to_softmax is None:
+    def _eager_core(self, node: fx.Node) -> tuple[_Core, list[fx.Node]] | None:
+        """For a matrix product of a softmax of a matrix product with V (``softmax(q k^T) v``,
+        spelled with ``@``, ``bmm`` or ``einsum``), its core and the ops from it back to ``q k^T``;
+        else None. The path may cross linear maps over the scores (talking heads: CaiT mixes the
+        heads before and after the softmax)."""
+        operands = _product_operands(node)
+        if operands is None:
             return None
-        to_scores = _path_back(to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op)
-        return None if to_scores is None else [node, *to_softmax, *to_scores]
+        for side, probs in enumerate(operands):
+            to_softmax = _path_back(probs, lambda n: functional_name(n.target) in _SOFTMAX_ATEN, self._score_op)
+            if to_softmax is None:
+                continue
+            to_scores = _path_back(to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op)
+            core = None if to_scores is None else _eager_layout(node, side, to_softmax[-1], to_scores[-1])
+            if core is not None:
+                return core, [node, *to_softmax, *to_scores]
+        return None
 
     def _score_op(self, node: fx.Node) -> bool:
         """Whether an op can lie between ``q k^T``, the softmax and the product with V: masking,
@@ -112,24 +146,13 @@ class AttentionRules:
         value = node.meta.get("val")
         return leaf is not None and leaf[1] == "linear" and isinstance(value, torch.Tensor) and value.dim() >= 4
 
-
     # -- attention attributes -------------------------------------------------------------------
     def _attention_attrs(self, anchor: fx.Node, group: "_Group") -> dict[str, Any]:
-        name = functional_name(anchor.target)
-        sdpa = name in SDPA_ATEN
-        if sdpa:
-            q, v = anchor.args[0], anchor.args[2]
-            heads_t, value = q.meta["val"], v
-            causal = bool(anchor.kwargs.get("is_causal", anchor.args[5] if len(anchor.args) > 5 else False))
-        else:
-            heads_t, value = anchor.args[0].meta["val"], anchor.args[1]
-            causal = False
-        v_val = value.meta["val"]
-        heads = int(heads_t.shape[-3]) if heads_t.dim() >= 4 else None
-        head_dim = int(v_val.shape[-1])
-        kv_heads = heads
-        if v_val.dim() >= 4:
-            kv_heads = round(int(v_val.shape[-3]) * _min_numel_back(value) / v_val.numel())
+        core = self.cores[anchor]
+        v_val = core.value.meta["val"]
+        heads, kv_heads = core.heads, core.heads
+        if core.value_heads is not None:
+            kv_heads = round(core.value_heads * _min_numel_back(core.value) / v_val.numel())
         try:
             module = self.model.get_submodule(group.module)
         except AttributeError:
@@ -139,30 +162,76 @@ class AttentionRules:
             kv_heads = first_attr(module, ("num_kv_heads", "num_key_value_heads", "n_kv_head")) or heads
         inputs_ops = {self.groups[i].op for i in group.inputs}
         ops_inside = {functional_name(n.target) for n in group.fx}
-        # causal: SDPA's flag, the module's own is_causal (HF), or a tril/triu mask built inside
-        causal = causal or bool(getattr(module, "is_causal", False)) or bool(ops_inside & {"tril", "triu"})
-        query, key = (anchor.args[0], anchor.args[1]) if sdpa else self.scores_of[anchor].args[:2]
-        # (queries, keys) per window: SDPA's q and k are (..., length, head_dim), eager probs (..., q, k)
-        lengths = (int(query.meta["val"].shape[-2]), int(key.meta["val"].shape[-2])) if sdpa else tuple(
-            int(d) for d in heads_t.shape[-2:])
+        window = _window(self.model, group.module, core.lengths[1])
         attrs: dict[str, Any] = {
             "heads": heads,
             "kv_heads": kv_heads,
-            "head_dim": head_dim,
-            "causal": causal,
-            "window": _window(self.model, group.module, lengths[1]),
+            "head_dim": core.head_dim,
+            "causal": self._causal(anchor, core, group, module, window),
+            "window": window,
             "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & {"neg", "view_as_complex", "complex"}),
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
-        core = next((m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None)
-        if core is not None:  # graphkit.attention: GQA and the key-driven variants
-            attrs["variant"] = core.attention_variant
+        core_module = next((m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None)
+        if core_module is not None:  # graphkit.attention: GQA and the key-driven variants
+            attrs["variant"] = core_module.attention_variant
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         # the rarer forms are flagged only where they occur, so other graphs keep their attrs
-        attrs.update({flag: True for flag, on in self._rarer_forms(group, query, key, lengths, attrs).items() if on})
+        attrs.update({flag: True for flag, on in self._rarer_forms(group, core.query, core.key, core.lengths, attrs).items() if on})
         return attrs
+
+    def _causal(self, anchor: fx.Node, core: _Core, group: "_Group", module: nn.Module | None,
+                window: int | list[int] | None) -> bool:
+        """Whether no query sees a later key: SDPA's flag, else the values of whatever masks the
+        scores (:mod:`graphkit.tracing.masks`). Where those have no values (a mask buffer of a model
+        on the meta device), the module's own ``is_causal`` (transformers), a ``tril``/``triu``
+        in the mask's ops, or image windows (never causal) decide; with none of them the model
+        is refused rather than given a guess."""
+        if core.is_causal:
+            return True
+        if not core.readable:
+            return self._causal_without_values(group, module, window, core, "it is a block mask, which is code")
+        gid = self.attention_group[anchor]
+
+        def live(node: fx.Node) -> str | None:  # an activation: computed by another node of the graph
+            other = self.prod.get(node, frozenset()) - {self.INPUT, gid}
+            return None if not other else f"it depends on the output of {self.groups[min(other)].module or 'the model'}"
+
+        try:
+            if core.softmax is not None:  # eager: the softmax's input with q and k set to zero
+                zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
+                values = self.constants.evaluate(core.softmax.args[0], zeros, live)
+                dim = core.softmax.args[1] if len(core.softmax.args) > 1 else -1
+                hidden = hidden_keys(values.movedim(dim, -1))
+            elif core.mask is not None:
+                mask = self.constants.evaluate(core.mask, {}, live)
+                hidden = ~mask if mask.dtype == torch.bool else hidden_keys(mask)
+            else:
+                return False
+        except Unknown as e:
+            return self._causal_without_values(group, module, window, core, str(e))
+        causal = is_causal_pattern(hidden, *core.lengths)
+        if causal is None:
+            return self._causal_without_values(group, module, window, core, "its shape does not match the scores")
+        return causal
+
+    def _causal_without_values(self, group: "_Group", module: nn.Module | None, window: int | list[int] | None,
+                               core: _Core, reason: str) -> bool:
+        """The fallbacks of :meth:`_causal` where the mask's values cannot be computed."""
+        flag = getattr(module, "is_causal", None)
+        if isinstance(flag, bool):
+            return flag
+        mask = core.mask if core.softmax is None else core.softmax.args[0]
+        mask_ops = {functional_name(n.target) for n in upstream(mask) if n.op == "call_function"}
+        if mask_ops & {"tril", "triu"} or {functional_name(n.target) for n in group.fx} & {"tril", "triu"}:
+            return True
+        if isinstance(window, list):  # attention inside image windows (Swin's shifted-window mask)
+            return False
+        raise TraceError(f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
+                         f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
+                         "example inputs that hold values")
 
     def _rarer_forms(self, group: "_Group", query: fx.Node, key: fx.Node, lengths: tuple[int, ...],
                      attrs: dict[str, Any]) -> dict[str, bool]:
@@ -226,6 +295,101 @@ class AttentionRules:
                 seen.add(gid)
                 stack.extend(self.groups[gid].inputs)
         return False
+
+
+def _sdpa_core(anchor: fx.Node) -> _Core:
+    """The core of an SDPA call: q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev). Its
+    arguments are read by their schema names; a kernel without a schema (``flex_attention``, a
+    higher-order op) takes q, k, v first and masks by code the tracer cannot read."""
+    arguments = call_arguments(anchor)
+    query, key, value = (arguments.get(n, anchor.args[i] if i < len(anchor.args) else None)
+                         for i, n in enumerate(("query", "key", "value")))
+    q, v = query.meta["val"], value.meta["val"]
+    mask = arguments.get("attn_mask")
+    return _Core(query=query, key=key, value=value, heads=int(q.shape[-3]) if q.dim() >= 4 else None,
+                 value_heads=int(v.shape[-3]) if v.dim() >= 4 else None, head_dim=int(v.shape[-1]),
+                 lengths=(int(q.shape[-2]), int(key.meta["val"].shape[-2])),
+                 is_causal=bool(arguments.get("is_causal", False)), mask=mask if isinstance(mask, fx.Node) else None,
+                 readable=bool(arguments))
+
+
+def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node) -> _Core | None:
+    """The core of ``probs @ v`` (``probs`` the operand on ``side``) whose probabilities are
+    ``softmax`` of ``scores = q k^T``, with the dimensions read from the products: leading
+    batch dimensions for ``@`` and ``bmm``, the letters of the equation for ``einsum``; None for
+    a product that is not shaped like attention."""
+    anchor_ops, score_ops = _product_operands(anchor), _product_operands(scores)
+    probs, value = anchor_ops[side], anchor_ops[1 - side]
+    p, v = probs.meta["val"], value.meta["val"]
+    if functional_name(anchor.target) != "einsum":
+        if side != 0:
+            return None
+        query, key = score_ops
+        return _Core(query=query, key=key, value=value, heads=int(p.shape[-3]) if p.dim() >= 4 else None,
+                     value_heads=int(v.shape[-3]) if v.dim() >= 4 else None, head_dim=int(v.shape[-1]),
+                     lengths=(int(p.shape[-2]), int(p.shape[-1])), scores=scores, softmax=softmax)
+    letters = _einsum_letters(anchor)
+    if letters is None:
+        return None
+    p_letters, v_letters, out = letters[0][side], letters[0][1 - side], letters[1]
+    size = dict(zip(p_letters, p.shape, strict=True)) | dict(zip(v_letters, v.shape, strict=True))
+    keys = [c for c in p_letters if c in v_letters and c not in out]
+    features = [c for c in v_letters if c in out and c not in p_letters]
+    queries = [c for c in p_letters if c in out and c not in v_letters]
+    shared = [c for c in p_letters if c in v_letters and c in out]
+    if len(keys) != 1 or len(queries) != 1 or not features:
+        return None
+    query, key = score_ops
+    if functional_name(scores.target) == "einsum":  # the query operand carries the scores' query letter
+        score_letters = _einsum_letters(scores)
+        if score_letters is not None and len(score_letters[1]) >= 2 and score_letters[1][-2] not in score_letters[0][0]:
+            query, key = key, query
+    head = shared[-1] if len(shared) >= 2 else None  # (batch, heads) are the dimensions all three share
+    return _Core(query=query, key=key, value=value, heads=size[head] if head else None,
+                 value_heads=size[head] if head else None, head_dim=math.prod(size[c] for c in features),
+                 lengths=(size[queries[0]], size[keys[0]]), scores=scores, softmax=softmax)
+
+
+def _zeros(node: fx.Node) -> torch.Tensor:
+    """Zeros, on the CPU, of the shape and type ``node`` has in the exported program."""
+    fake = node.meta["val"]
+    return torch.zeros(tuple(fake.shape), dtype=fake.dtype, device="cpu")
+
+
+def _product_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two tensors a matrix product multiplies (``baddbmm``'s batches, ``einsum``'s
+    operands), or None for another op or an einsum of other than two tensors."""
+    name = functional_name(node.target)
+    if name == "einsum":
+        operands = node.args[1] if len(node.args) > 1 else ()
+        ok = isinstance(operands, (list, tuple)) and len(operands) == 2 and all(isinstance(o, fx.Node) for o in operands)
+        return tuple(operands) if ok else None
+    args = node.args[1:3] if name == "baddbmm" else node.args[:2]
+    return tuple(args) if len(args) == 2 and all(isinstance(a, fx.Node) for a in args) else None
+
+
+def _einsum_letters(node: fx.Node) -> tuple[tuple[str, str], str] | None:
+    """The index letters of a two-operand einsum's operands and of its result, an ellipsis
+    spelled out as one stand-in letter per dimension it covers; None if the equation cannot be
+    read."""
+    equation, operands = node.args[0], _product_operands(node)
+    if not isinstance(equation, str) or operands is None:
+        return None
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    covered = [operand.meta["val"].dim() - len(term.replace("...", "")) for term, operand in zip(terms, operands)]
+    stand_ins = "".join(c for c in "0123456789" if c not in equation)[:max(covered)]
+    spelled = [term.replace("...", stand_ins[len(stand_ins) - n:]) for term, n in zip(terms, covered)]
+    if arrow:
+        out = out.replace("...", stand_ins)
+    else:  # implicit output: the ellipsis, then the letters used once, in alphabetical order
+        letters = "".join(spelled)
+        out = stand_ins + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in stand_ins))
+    if any(len(term) != operand.meta["val"].dim() for term, operand in zip(spelled, operands)):
+        return None
+    return (spelled[0], spelled[1]), out
 
 
 def _path_back(start: Any, match: Callable[[fx.Node], bool], passes: Callable[[fx.Node], bool],

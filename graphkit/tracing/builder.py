@@ -8,7 +8,7 @@
    application, head reshapes, scaling, masking, GQA K/V repetition), are fused into one
    ``attention`` node whose attrs say heads, kv_heads, head_dim, causal, window and rope.
    Likewise a mixture-of-experts block's router, gating and experts become one ``moe`` node
-   (:mod:`graphkit.trace.moe`).
+   (:mod:`graphkit.tracing.moe`).
 3. **Only data flow that matters stays.** Shape-only ops pass their inputs through; ops on
    values that depend on neither the input nor a parameter (position ids, causal masks) are
    constants and vanish; scaling by a constant is folded. A node left with no input (a
@@ -29,8 +29,8 @@ from torch import fx, nn
 
 from graphkit.errors import TraceError
 from graphkit.graph import ArchGraph, Node
-from graphkit.trace.attention import AttentionRules, first_attr
-from graphkit.trace.naming import (
+from graphkit.tracing.attention import AttentionRules, first_attr
+from graphkit.tracing.naming import (
     ATEN_OPS,
     MATMUL_ATEN,
     SDPA_ATEN,
@@ -40,16 +40,21 @@ from graphkit.trace.naming import (
     module_op,
     moves_data,
 )
-from graphkit.trace.moe import MoeRules, topk_k
-from graphkit.trace.spatial import is_identity, spatial_attrs, spatial_op
+from graphkit.tracing.moe import MoeRules, topk_k
+from graphkit.tracing.masks import ConstantEvaluator
+from graphkit.tracing.mutation import Aliases
+from graphkit.tracing.spatial import is_identity, spatial_attrs, spatial_op
 
 _SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
 
 
-def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram) -> ArchGraph:
-    """The architecture graph of an exported ``model`` (unvalidated, without meta)."""
-    return _GraphBuilder(model, program).build()
+def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram,
+                      inputs: tuple[tuple, dict] | None = None) -> ArchGraph:
+    """The architecture graph of an exported ``model`` (unvalidated, without meta). ``inputs``,
+    the ``(args, kwargs)`` it was exported with, lets the tracer read a mask passed in as an
+    argument (:mod:`graphkit.tracing.masks`)."""
+    return _GraphBuilder(model, program, inputs).build()
 
 
 @dataclass
@@ -72,8 +77,10 @@ class _Group:
 class _GraphBuilder(AttentionRules, MoeRules):
     INPUT = 0
 
-    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram) -> None:
+    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None) -> None:
         self.model = model
+        self.program = program
+        self.inputs = inputs
         self.graph = program.graph
         self.groups: list[_Group] = [_Group("input", "", live=True)]
         self.prod: dict[fx.Node, frozenset[int]] = {}      # value -> groups it comes from
@@ -121,10 +128,12 @@ class _GraphBuilder(AttentionRules, MoeRules):
         nodes = list(self.graph.nodes)
         for pos, node in enumerate(nodes):
             node.meta["_gk_pos"] = pos
-        region_of = self._attention_regions(nodes)
-        moe_call_of = self._moe_calls(nodes)
-        attention_group: dict[fx.Node, int] = {}
-        open_leaf: tuple[str, int] | None = None
+        self.aliases = Aliases(nodes)
+        self.constants = ConstantEvaluator(self.program, self.inputs, self.aliases)
+        self.region_of = self._attention_regions(nodes)
+        self.moe_call_of = self._moe_calls(nodes)
+        self.attention_group: dict[fx.Node, int] = {}
+        self.open_leaf: tuple[str, int] | None = None
         output_node = None
         for node in nodes:
             if node.op == "placeholder":
@@ -139,59 +148,90 @@ class _GraphBuilder(AttentionRules, MoeRules):
                 continue
             if node.op != "call_function":
                 continue
-            in_nodes = node.all_input_nodes
-            in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
-            in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
-            leaf = None if node in region_of else self._leaf(node)  # talking heads join their attention
-            call = moe_call_of.get(node)
-            if call is not None and self._joins_moe(call, node, leaf is not None, in_prod, in_params):
-                if call.group is None:
-                    self.groups.append(_Group("moe", call.path, live=True))
-                    call.group = len(self.groups) - 1
-                self._absorb(call.group, node, in_prod, in_params)
-                continue
-            if leaf is not None:
-                path, op = leaf
-                if open_leaf is None or open_leaf[0] != path:
-                    self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
-                    open_leaf = (path, len(self.groups) - 1)
-                self._absorb(open_leaf[1], node, in_prod, in_params)
-                if in_prod and open_leaf[1] not in in_prod and not in_params and moves_data(functional_name(node.target), node.meta.get("val")):
-                    # an alias of what enters the module (an RMSNorm's x.to(float32) on float32 x):
-                    # a residual read through it reads the module's input, not the module
-                    self.prod[node] = in_prod
-                continue
-            open_leaf = None
-            if node in region_of:
-                anchor = region_of[node]
-                if anchor not in attention_group:
-                    self.groups.append(_Group("attention", self._attention_scope(anchor), live=True))
-                    attention_group[anchor] = len(self.groups) - 1
-                self._absorb(attention_group[anchor], node, in_prod, in_params)
-                continue
-            name = functional_name(node.target)
-            if moves_data(name, node.meta.get("val")) or is_identity(node):
-                self.prod[node], self.param_src[node] = in_prod, in_params
-                continue
-            if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
-                self.prod[node] = frozenset()  # a constant: positions, masks, tables
-                continue
-            if not in_prod:  # a parameter reparametrised (SwinV2's clamped logit scale, its cat of
-                self.param_src[node] = in_params  # q and v biases): the op consuming it owns it
-                self.prod[node] = frozenset()
-                continue
-            op = self._single_op(node, name, in_nodes, in_params)
-            if op is None:  # arithmetic with constants: folded into its input
-                self.prod[node], self.param_src[node] = in_prod, in_params
-                continue
-            self.groups.append(_Group(op, self._scope(node), live=True))
-            self._absorb(len(self.groups) - 1, node, in_prod, in_params)
-        for anchor, gid in attention_group.items():
+            self._visit(node)
+            for root in self.aliases.written.get(node, ()):
+                self._write_through(root, node)
+        for anchor, gid in self.attention_group.items():
             self.groups[gid].attrs = self._attention_attrs(anchor, self.groups[gid])
-        for call in set(moe_call_of.values()):
+        for call in set(self.moe_call_of.values()):
             if call.group is not None:
                 self.groups[call.group].attrs.update(self._moe_attrs(call))
+        self._check_all_parameters_used()
         return self._finish(output_node)
+
+    def _visit(self, node: fx.Node) -> None:
+        """Give one op its place: part of a module's node, an attention or MoE node, passed
+        through (data movement, constants, folded scalars) or a node of its own."""
+        in_nodes = node.all_input_nodes
+        in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
+        in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
+        leaf = None if node in self.region_of else self._leaf(node)  # talking heads join their attention
+        call = self.moe_call_of.get(node)
+        if call is not None and self._joins_moe(call, node, leaf is not None, in_prod, in_params):
+            if call.group is None:
+                self.groups.append(_Group("moe", call.path, live=True))
+                call.group = len(self.groups) - 1
+                if call.open:
+                    self.open_moe_groups.add(call.group)
+            self._absorb(call.group, node, in_prod, in_params)
+            return
+        combine = None if call is not None else self._continues_moe(leaf is not None, in_prod, in_params)
+        if combine is not None and not moves_data(functional_name(node.target), node.meta.get("val")):
+            self._absorb(combine, node, in_prod, in_params)
+            return
+        if leaf is not None:
+            path, op = leaf
+            if self.open_leaf is None or self.open_leaf[0] != path:
+                self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
+                self.open_leaf = (path, len(self.groups) - 1)
+            gid = self.open_leaf[1]
+            self._absorb(gid, node, in_prod, in_params)
+            if in_prod and gid not in in_prod and not in_params and moves_data(functional_name(node.target), node.meta.get("val")):
+                # an alias of what enters the module (an RMSNorm's x.to(float32) on float32 x):
+                # a residual read through it reads the module's input, not the module
+                self.prod[node] = in_prod
+            return
+        self.open_leaf = None
+        if node in self.region_of:
+            anchor = self.region_of[node]
+            if anchor not in self.attention_group:
+                self.groups.append(_Group("attention", self._attention_scope(anchor), live=True))
+                self.attention_group[anchor] = len(self.groups) - 1
+            gid = self.attention_group[anchor]
+            self._absorb(gid, node, in_prod, in_params)
+            if gid not in in_prod and moves_data(functional_name(node.target), node.meta.get("val")):
+                # a reshape or split the attention shares with an op outside it (DeepSeek-V3 splits
+                # one projection into its latent and its rotary key): still its producer's value
+                self.prod[node] = in_prod
+            return
+        name = functional_name(node.target)
+        if moves_data(name, node.meta.get("val")) or is_identity(node):
+            self.prod[node], self.param_src[node] = in_prod, in_params
+            return
+        if (not in_prod and not in_params) or name in SHAPE_DEPENDENT_ATEN:
+            self.prod[node] = frozenset()  # a constant: positions, masks, tables
+            return
+        if not in_prod:  # a parameter reparametrised (SwinV2's clamped logit scale, its cat of
+            self.param_src[node] = in_params  # q and v biases): the op consuming it owns it
+            self.prod[node] = frozenset()
+            return
+        op = self._single_op(node, name, in_nodes, in_params)
+        if op is None:  # arithmetic with constants: folded into its input
+            self.prod[node], self.param_src[node] = in_prod, in_params
+            return
+        self.groups.append(_Group(op, self._scope(node), live=True))
+        self._absorb(len(self.groups) - 1, node, in_prod, in_params)
+
+    def _write_through(self, root: fx.Node, writer: fx.Node) -> None:
+        """``writer`` wrote into ``root``'s storage (``copy_`` into a slice, ``index_put_``):
+        every alias of it now also carries what was written, so the ops that read it later get
+        their edges from the writer's sources (:mod:`graphkit.tracing.mutation`)."""
+        written = self.prod.get(writer, frozenset())
+        params = self.param_src.get(writer, frozenset())
+        for alias in self.aliases.members(root):
+            if alias is not writer:
+                self.prod[alias] = self.prod.get(alias, frozenset()) | written
+                self.param_src[alias] = self.param_src.get(alias, frozenset()) | params
 
     def _absorb(self, gid: int, node: fx.Node, in_prod: frozenset[int], in_params: frozenset[str]) -> None:
         group = self.groups[gid]
@@ -240,6 +280,24 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if name in ATEN_OPS and (name != "addmm" or in_params):
             return ATEN_OPS[name]
         return f"other:aten.{name}"
+
+    def _check_all_parameters_used(self) -> None:
+        """Refuse a model with a parameter its forward never reads for these inputs (a spare
+        submodule, or a branch not taken such as ``if x.shape[1] > 8``): no node could own it,
+        so neither a hypernetwork nor the compiler could account for it."""
+        used: dict[str, bool] = {}  # a tied parameter has one placeholder per name; one read suffices
+        for node in self.graph.nodes:
+            if node.op == "placeholder" and node.name in self.param_names:
+                name = self.param_names[node.name]
+                used[name] = used.get(name, False) or bool(node.users)
+        unused = [name for name, read in used.items() if not read]
+        if unused:
+            name = unused[0]
+            path = name.rpartition(".")[0]
+            where = (f"module '{path}' ({type(self.model.get_submodule(path)).__name__}) never runs" if path
+                     else f"the model never reads its own parameter {name!r}")
+            raise TraceError(f"parameter {name!r} is not used by forward with these inputs ({where}): remove it if "
+                             "it is spare, or pass example inputs that take the branch that uses it")
 
     # -- assemble -------------------------------------------------------------------------------
     def _finish(self, output_node: fx.Node | None) -> ArchGraph:

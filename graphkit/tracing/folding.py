@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from torch import nn
 
 from graphkit.graph import ArchGraph, Node
-from graphkit.trace.moe import is_moe_block
+from graphkit.tracing.moe import is_moe_block
 
 # attributes that legitimately differ between otherwise identical blocks
 _INDEX_ATTRS = re.compile(r"^(layer_idx|layer_id|layer_index|layer_number|block_idx|block_id|idx|index)$")

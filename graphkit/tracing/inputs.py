@@ -20,8 +20,9 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
     Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
     ``pretrained_cfg['input_size']``) get a batch of two images; models with a
     ``config.vocab_size`` get two sequences of token ids (``use_cache=False`` when accepted);
-    hand-written language models whose first module is an ``nn.Embedding`` (nanoGPT) get token
-    ids below its ``num_embeddings``, as long as every position table and rotary cache allows.
+    hand-written language models whose first layer with parameters is an ``nn.Embedding``
+    (nanoGPT, minGPT) get token ids, as short as every position table, rotary cache and length
+    attribute allows.
     """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     config = getattr(model, "config", None)
@@ -39,30 +40,41 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         return (torch.zeros(2, length, dtype=torch.long, device=device),), {}
     raise TraceError(
         f"cannot guess example inputs for {type(model).__name__}: it is neither an image model "
-        "(no img_size / image_size) nor a language model (no config.vocab_size, and its first module "
-        "is not an nn.Embedding); pass example_inputs (or define example_inputs() in MODEL.py)"
+        "(no img_size / image_size) nor a language model (no config.vocab_size, and its first layer "
+        "with parameters is not an nn.Embedding); pass example_inputs (or define example_inputs() in MODEL.py)"
     )
 
 
 #: buffer names of precomputed rotary tables, whose first dimension bounds the sequence length
 _ROTARY_BUFFER = ("cos", "sin", "freq", "rope", "rotary")
+#: names of a bare position table (``nn.Parameter(torch.zeros(1, block_size, dim))``)
+_POSITION_PARAMETER = ("pos", "position", "wpe")
+#: attributes (of the model or its config) that bound the sequence length
+_LENGTH_ATTRIBUTES = ("block_size", "max_seq_len", "max_len", "context_length", "seq_len", "n_ctx", "n_positions",
+                      "max_position_embeddings")
 
 
 def _token_length(model: nn.Module) -> int | None:
-    """A sequence length for token-id inputs when ``model``'s first module holding parameters is
-    an ``nn.Embedding`` (a hand-written LM such as nanoGPT), else None: at most 8, and no longer
-    than any other embedding (a position table), any rotary buffer's first dimension or a
-    ``config.block_size`` (nanoGPT asserts it)."""
-    first = next((m for m in model.modules() if any(True for _ in m.parameters(recurse=False))), None)
+    """A sequence length for token-id inputs when ``model``'s first layer holding parameters is
+    an ``nn.Embedding`` (a hand-written LM such as nanoGPT or minGPT), else None: at most 8, and
+    no longer than any other embedding table, any bare position-table parameter
+    (``pos_emb = nn.Parameter(...)``, on the model or a submodule), any rotary buffer's first
+    dimension or a length attribute of the model or its config (``block_size``, which nanoGPT
+    asserts, ``max_seq_len``, ...)."""
+    first = next((m for m in model.modules() if not any(True for _ in m.children())
+                  and any(True for _ in m.parameters(recurse=False))), None)
     if not isinstance(first, nn.Embedding):
         return None
     limits = [8]
     limits += [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding) and m is not first]
+    limits += [p.shape[-2] for name, p in model.named_parameters()
+               if p.dim() >= 2 and any(key in name.rsplit(".", 1)[-1].lower() for key in _POSITION_PARAMETER)
+               and not isinstance(model.get_submodule(name.rpartition(".")[0]), nn.Embedding)]
     limits += [b.shape[0] for name, b in model.named_buffers()
                if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)]
-    block = getattr(getattr(model, "config", None), "block_size", None)
-    if isinstance(block, int):
-        limits.append(block)
+    for owner in (model, *(getattr(model, name, None) for name in ("config", "args", "params"))):
+        limits += [value for key in _LENGTH_ATTRIBUTES
+                   if isinstance(value := getattr(owner, key, None), int) and not isinstance(value, bool) and value > 0]
     return max(1, min(limits))
 
 

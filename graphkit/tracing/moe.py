@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from graphkit.trace.naming import MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+from graphkit.tracing.naming import MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
 
 #: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
 #: matmuls (or their fallback) transformers runs its 3-D expert weights with
@@ -62,11 +62,14 @@ class _MoeCall:
     experts: list[fx.Node]
     core: set[fx.Node]
     group: int | None = None
+    open: bool = False  # the block returns its pieces (expert outputs, weights) for its caller to combine
 
 
 class MoeRules:
-    """The mixture-of-experts half of the graph builder (:class:`graphkit.trace.builder._GraphBuilder`),
+    """The mixture-of-experts half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
     which provides ``model``, ``groups``, ``param_names`` and ``_stack``."""
+
+    open_moe_groups: set[int]  # the nodes of blocks that return their pieces, still being combined
 
     def _moe_calls(self, nodes: list[fx.Node]) -> dict[fx.Node, _MoeCall]:
         """Map every FX op inside a call of an MoE block (the outermost one) to that call. A block
@@ -96,9 +99,11 @@ class MoeRules:
             routed = _closure([router], lambda n: [u for u in n.users if u in inside])
             routing = _closure([router], lambda n: [a for a in n.all_input_nodes if a in inside],
                                stop=_tokens_read(experts, routed))
-            call = _MoeCall(path, router, experts, set(experts) | routing)
+            returned = {n for n in ops if is_float(n.meta.get("val")) and any(u not in inside for u in n.users)}
+            call = _MoeCall(path, router, experts, set(experts) | routing, open=len(returned) > 1)
             for n in ops:
                 call_of[n] = call
+        self.open_moe_groups: set[int] = set()
         return call_of
 
     def _joins_moe(self, call: _MoeCall, node: fx.Node, in_leaf: bool, in_prod: frozenset[int],
@@ -110,6 +115,15 @@ class MoeRules:
         if node in call.core:
             return in_leaf or not moves_data(functional_name(node.target), node.meta.get("val"))
         return not in_leaf and not in_params and call.group is not None and in_prod == {call.group}
+
+    def _continues_moe(self, in_leaf: bool, in_prod: frozenset[int], in_params: frozenset[str]) -> int | None:
+        """The MoE node an op outside every MoE block belongs to, or None: a block that returns
+        its pieces (expert outputs and their weights) leaves the weighted sum to its caller, and
+        the caller's ops that read those pieces alone and no parameter are that combine."""
+        if in_leaf or in_params or len(in_prod) != 1:
+            return None
+        (gid,) = in_prod
+        return gid if gid in self.open_moe_groups else None
 
     def _moe_attrs(self, call: _MoeCall) -> dict[str, Any]:
         """num_experts (the dim the expert-choosing topk ranks), top_k (its k) and

@@ -78,6 +78,16 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
     }
 )
 
+#: ATen ops that place one tensor's values into another (``x[idx] = y``, ``torch.scatter``,
+#: what slice assignment becomes): data movement, so the result carries both inputs' sources
+PLACE_ATEN: frozenset[str] = frozenset(
+    {
+        "index_put", "_index_put_impl", "index_copy", "index_fill", "index_add", "masked_scatter",
+        "scatter", "scatter_add", "scatter_reduce", "slice_scatter", "select_scatter",
+        "diagonal_scatter", "as_strided_scatter",
+    }
+)
+
 #: ATen ops the tracer names directly (all other ops are decided by context in trace.py).
 ATEN_OPS: dict[str, str] = {
     "linear": "linear",
@@ -137,9 +147,9 @@ def functional_name(target: object) -> str:
 
 
 def moves_data(name: str, value: object) -> bool:
-    """True for an op that only moves data or computes no activation (shape-only ops, integer and
-    boolean results such as indices and masks): it passes its inputs through and makes no node."""
-    return name in SHAPE_ONLY_ATEN or not is_float(value)
+    """True for an op that only moves data or computes no activation (shape-only ops, writes of
+    one tensor into another, integer and boolean results such as indices and masks): it passes its inputs through and makes no node."""
+    return name in SHAPE_ONLY_ATEN or name in PLACE_ATEN or not is_float(value)
 
 
 def is_float(value: object) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import fx
 
-from graphkit.trace.naming import functional_name
+from graphkit.tracing.naming import functional_name
 
 _PAD_ATEN = frozenset({"pad", "constant_pad_nd"})
 _ADAPTIVE_AVG_POOL_ATEN = {"adaptive_avg_pool1d": 1, "adaptive_avg_pool2d": 2, "_adaptive_avg_pool2d": 2,

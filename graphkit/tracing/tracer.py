@@ -14,10 +14,10 @@ from torch import nn
 
 from graphkit.errors import TraceError
 from graphkit.graph import ArchGraph, graph_meta
-from graphkit.trace.builder import graph_from_export
-from graphkit.trace.export import export_program
-from graphkit.trace.folding import repeated_blocks, signature, truncated, unfold
-from graphkit.trace.inputs import ExampleInputs, normalise_inputs, tensors_of
+from graphkit.tracing.builder import graph_from_export
+from graphkit.tracing.export import export_program
+from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfold
+from graphkit.tracing.inputs import ExampleInputs, normalise_inputs, tensors_of
 
 
 def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True,
@@ -70,7 +70,7 @@ def _traced(model: nn.Module, args: tuple, kwargs: dict, cache: dict | None, fol
         key = (type(model), signature(model), shapes, tuple(p for p, _ in folds))
         if key in cache:
             return cache[key]
-    graph = graph_from_export(model, export_program(model, args, kwargs))
+    graph = graph_from_export(model, export_program(model, args, kwargs), (args, kwargs))
     if key is not None:
         cache[key] = graph
     return graph

@@ -1,0 +1,229 @@
+"""Whether an attention is causal, read off the values of its mask, wherever the mask comes from.
+
+A model can make its attention causal in many ways: SDPA's ``is_causal`` flag; a ``tril``
+buffer registered in ``__init__`` (nanoGPT, minGPT), used with ``masked_fill`` or passed to SDPA
+as ``attn_mask``; a mask built in ``forward`` from ``arange`` comparisons (transformers); a mask
+passed in as an argument. Reading the op names catches some of these and misses the rest, so the
+tracer computes the mask instead: the ops that feed the scores' softmax (or SDPA's
+``attn_mask``) are constants of the program, since they depend on shapes, buffers and the
+inputs' values, not on the activations. :class:`ConstantEvaluator` runs them on the CPU, with
+the scores set to zero and every learned tensor (a relative-position bias, ALiBi slopes held as
+parameters) set to zero too: a learned bias is not a mask. A key a query cannot see is one whose
+pre-softmax value lies far below the best key of its row; the attention is causal when every
+future key is hidden from every query (:func:`is_causal_pattern`).
+
+What cannot be computed is named: a buffer or an input on the ``meta`` device has no values.
+The attention rules then fall back on what the code says (``is_causal`` attributes, a
+``tril`` in the mask's ops) and refuse the model when nothing does, rather than guess.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from graphkit.compat import flatten_inputs
+from graphkit.tracing.mutation import Aliases
+from graphkit.tracing.naming import functional_name, is_float
+
+#: a key whose pre-softmax value is this far below its row's best has weight below e^-20
+HIDDEN_GAP = 20.0
+#: ops evaluated for one mask at most: a mask is a handful of ops, more means it reads activations
+MAX_OPS = 2000
+#: elements of one tensor at most (a mask over a long context is still far below this)
+MAX_NUMEL = 1 << 24
+#: ops that check metadata and compute nothing
+_CHECKS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range"}
+
+
+class Unknown(Exception):
+    """A value the tracer cannot compute; the message names why (one phrase)."""
+
+
+class ConstantEvaluator:
+    """Concrete values, on the CPU, of the parts of an exported program that do not depend on
+    activations: masks, position tables, anything built from shapes, buffers and inputs."""
+
+    def __init__(self, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None,
+                 aliases: Aliases) -> None:
+        self.aliases = aliases
+        self.leaves: dict[str, tuple[Any, str]] = {}  # placeholder -> (value, what it is)
+        self.params: set[str] = set()
+        user = flatten_inputs(inputs, program)
+        specs = [s for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        if user is not None and len(user) == len(specs):
+            for spec, value in zip(specs, user, strict=True):
+                self.leaves[spec.arg.name] = (value, f"input {spec.arg.name!r}")
+        for spec in program.graph_signature.input_specs:
+            kind, name = spec.kind.name, spec.arg.name
+            if kind == "PARAMETER":
+                self.params.add(name)
+            elif kind in ("BUFFER", "CONSTANT_TENSOR"):
+                value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+                self.leaves[name] = (value, f"buffer {spec.target!r}" if kind == "BUFFER" else "a constant tensor")
+        self.inputs = {spec.arg.name for spec in specs}
+        self._learned: dict[fx.Node, bool] = {}
+        self._input_based: dict[fx.Node, bool] = {}
+
+    def evaluate(self, target: fx.Node, overrides: Mapping[fx.Node, torch.Tensor],
+                 live: Callable[[fx.Node], str | None]) -> Any:
+        """The value of ``target``, with ``overrides`` standing in for some nodes. ``live(node)``
+        says why a node computed from the inputs is an activation (not computable here: it is
+        another node's output), or returns None. Raises :class:`Unknown` with the reason when
+        something ``target`` needs has no value."""
+        needed: set[fx.Node] = set()
+        stack = [target]
+        while stack:
+            node = stack.pop()
+            if node in needed:
+                continue
+            needed.add(node)
+            if len(needed) > MAX_OPS:
+                raise Unknown(f"it is computed by more than {MAX_OPS} ops")
+            if node in overrides or node.op == "placeholder" or self.learned(node):
+                continue
+            if node.op != "call_function":
+                raise Unknown(f"it reads {node.op} {node.name!r}")
+            reason = live(node) if self._from_input(node) else None
+            if reason is not None:  # an activation; what depends on parameters and buffers alone is computed
+                raise Unknown(reason)
+            stack.extend(node.all_input_nodes)
+            stack.extend(self.aliases.writers(node, target))  # writes into its storage (copy_ into a slice)
+        env: dict[fx.Node, Any] = {}
+        with torch.device("cpu"):  # also inside a caller's `with torch.device("meta")`
+            for node in sorted(needed, key=lambda n: n.meta["_gk_pos"]):
+                self._run(node, env, overrides)
+        if isinstance(env[target], _Missing):
+            raise Unknown(env[target].reason)
+        return env[target]
+
+    def _run(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> None:
+        """Compute ``node`` into ``env``, or record why it cannot be."""
+        try:
+            env[node] = self._value(node, env, overrides)
+        except Unknown as e:
+            if not self._parametric(node):
+                env[node] = _Missing(str(e))
+                return
+            # a learned bias that cannot be computed (timm's relative-position MLP output,
+            # gathered by an index buffer on meta) is no mask: zero, like every learned value
+            fake = node.meta["val"]
+            env[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+
+    def learned(self, node: fx.Node) -> bool:
+        """True for a parameter, or a floating-point value computed from learned values alone and
+        not from the inputs (a relative-position bias gathered from its table by an index
+        buffer): zero here. Activations are computed from the inputs, so they never are."""
+        if node not in self._learned:
+            if node.op == "placeholder":
+                self._learned[node] = node.name in self.params
+            elif node.op == "call_function" and is_float(node.meta.get("val")) and not self._from_input(node):
+                floats = [a for a in node.all_input_nodes if is_float(a.meta.get("val"))]
+                self._learned[node] = bool(floats) and all(self.learned(a) for a in floats)
+            else:
+                self._learned[node] = False
+        return self._learned[node]
+
+    def _parametric(self, node: fx.Node) -> bool:
+        """Whether ``node`` is a floating-point value computed from a parameter and not from
+        the inputs (a learned bias, whatever else it reads)."""
+        if node.op != "call_function" or not is_float(node.meta.get("val")) or self._from_input(node):
+            return False
+        return any(n.op == "placeholder" and n.name in self.params for n in upstream(node))
+
+    def _from_input(self, node: fx.Node) -> bool:
+        """Whether ``node`` is computed from a user input (token ids, images, a mask argument)."""
+        if node not in self._input_based:
+            if node.op == "placeholder":
+                self._input_based[node] = node.name in self.inputs
+            else:
+                self._input_based[node] = any(self._from_input(a) for a in node.all_input_nodes)
+        return self._input_based[node]
+
+    def _value(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> Any:
+        if node in overrides:
+            return overrides[node]
+        if self.learned(node):
+            fake = node.meta["val"]
+            return torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+        if node.op == "placeholder":
+            if node.name not in self.leaves:
+                raise Unknown(f"input {node.name!r} was not given")
+            value, what = self.leaves[node.name]
+            if isinstance(value, torch.Tensor):
+                if value.is_meta:
+                    raise Unknown(f"{what} is on the meta device and holds no values")
+                if value.numel() > MAX_NUMEL:
+                    raise Unknown(f"{what} is too large to read")
+                return value.detach().to("cpu", copy=True)  # ops may write into it; the model's stays as it is
+            return value
+        name = functional_name(node.target)
+        if name in _CHECKS:
+            return None
+        missing = next((env[a] for a in node.all_input_nodes if isinstance(env[a], _Missing)), None)
+        if missing is not None:
+            raise Unknown(missing.reason)
+        args = fx.node.map_aggregate(node.args, lambda a: _on_cpu(env[a] if isinstance(a, fx.Node) else a))
+        kwargs = fx.node.map_aggregate(node.kwargs, lambda a: _on_cpu(env[a] if isinstance(a, fx.Node) else a))
+        try:
+            result = node.target(*args, **kwargs)
+        except Exception as e:  # an op that runs on fake tensors may still refuse these values
+            raise Unknown(f"{name} could not be computed ({type(e).__name__})") from e
+        if node.target is not operator.getitem and isinstance(result, torch.Tensor) and result.is_meta:
+            raise Unknown(f"{name} gave a value on the meta device")
+        return result
+
+
+def upstream(start: fx.Node | None, limit: int = MAX_OPS) -> Iterator[fx.Node]:
+    """``start`` and the nodes it is computed from (at most ``limit``), each once."""
+    seen: set[fx.Node] = set()
+    stack = [start] if isinstance(start, fx.Node) else []
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            yield node
+            stack.extend(node.all_input_nodes)
+
+
+@dataclass(frozen=True)
+class _Missing:
+    """A value that could not be computed, and why: what reads it cannot be computed either."""
+
+    reason: str
+
+
+def _on_cpu(value: Any) -> Any:
+    """A device argument pointed at the CPU: factory ops recorded on meta or a GPU run here."""
+    return torch.device("cpu") if isinstance(value, torch.device) else value
+
+
+def hidden_keys(pre_softmax: torch.Tensor) -> torch.Tensor:
+    """Which keys each query cannot see (True), from the values its softmax runs over (keys on
+    the last dimension): those far below the best key of their row, or minus infinity."""
+    values = pre_softmax.float()
+    best = values.amax(dim=-1, keepdim=True)
+    return ~(values > best - HIDDEN_GAP) | torch.isneginf(values)
+
+
+def is_causal_pattern(hidden: torch.Tensor, queries: int, keys: int) -> bool | None:
+    """Whether a (..., queries, keys) pattern of hidden keys hides every future key from every
+    query (queries aligned with the last keys, as with a KV cache); None if its last two
+    dimensions do not broadcast to (queries, keys). A pattern with no future to hide (one key)
+    is not causal."""
+    if hidden.dim() < 2:
+        hidden = hidden.reshape(*([1] * (2 - hidden.dim())), *hidden.shape)
+    try:
+        hidden = torch.broadcast_to(hidden, (*hidden.shape[:-2], queries, keys))
+    except RuntimeError:
+        return None
+    future = torch.ones(queries, keys, dtype=torch.bool, device=hidden.device).triu(keys - queries + 1)
+    return bool(future.any()) and bool(hidden[..., future].all())
+
+
+__all__ = ["ConstantEvaluator", "Unknown", "hidden_keys", "is_causal_pattern", "upstream"]

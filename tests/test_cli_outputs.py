@@ -1,0 +1,158 @@
+"""What the commands write and print (issue #24): every --out checked before any work, no file
+graphkit did not write overwritten, a model source never an output, `ls` whole when piped and as
+CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, and a `--help`
+that does not wait for torch."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import MODEL_FILES, ROOT
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from graphkit import ArchGraph
+from graphkit.cli import app
+from graphkit.fileio import written_by_graphkit
+
+runner = CliRunner()
+VIT = ROOT / "examples" / "vit_tiny_cifar.py"
+TINY = ROOT / "tests" / "recipes" / "tiny-vits.json"
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_trace_never_writes_over_the_model_source(tmp_path):
+    model = tmp_path / "m" / "lin.py"
+    model.parent.mkdir()
+    model.write_text(VIT.read_text())
+    line = one_line_error(run("trace", model, "--out", model))
+    assert line == f"error: --out {model}: is a Python file name; graphkit never writes over model sources"
+    assert model.read_text() == VIT.read_text()
+
+
+@pytest.mark.parametrize("target, message", [
+    ("folder", "is a folder; give a file name"),
+    ("notes.txt", "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)"),
+    ("graph.json", "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)"),
+])
+def test_trace_checks_its_output_before_the_model_runs(tmp_path, target, message):
+    """build_raises.py fails when it runs: the error is about --out, so the check came first."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "graph.json").write_text('{"my": "settings"}')
+    out = tmp_path / target
+    assert one_line_error(run("trace", MODEL_FILES / "build_raises.py", "--out", out)) == f"error: --out {out}: {message}"
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "graph.json").read_text() == '{"my": "settings"}'
+
+
+@pytest.mark.parametrize("name, fmt", [("graph.json", "json"), ("summary.txt", "text")])
+def test_trace_replaces_what_it_wrote(tmp_path, name, fmt):
+    out = tmp_path / name
+    for _ in range(2):
+        assert run("trace", VIT, "--out", out, "--format", fmt).exit_code == 0
+    assert written_by_graphkit(out)
+    if fmt == "json":
+        ArchGraph.from_json(out.read_text()).validate()
+    else:
+        assert out.read_text().splitlines()[-1].startswith("fingerprint ")
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_draw_replaces_its_own_pictures_and_no_one_elses(tmp_path, suffix, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # grandalf, whatever this machine has
+    ours, theirs = tmp_path / f"ours{suffix}", tmp_path / f"theirs{suffix}"
+    for _ in range(2):
+        assert run("draw", VIT, "--out", ours).exit_code == 0, "a second drawing replaces the first"
+    assert written_by_graphkit(ours)
+    picture = ours.read_bytes().replace(b"graphkit", b"someone")  # the same picture, another author
+    theirs.write_bytes(picture)
+    assert one_line_error(run("draw", VIT, "--out", theirs)).endswith("exists and was not written by graphkit; "
+                                                                      "refusing to overwrite it (remove it, or choose another name)")
+    assert theirs.read_bytes() == picture
+
+
+def test_parameter_outputs_never_replace_a_checkpoint_graphkit_did_not_write(tmp_path):
+    downloaded = tmp_path / "pretrained.safetensors"
+    save_file({"w": torch.ones(2)}, str(downloaded), metadata={"format": "pt"})
+    before = downloaded.read_bytes()
+    for args in (["predict", VIT], ["convert", VIT, "-a", "gqa", "-k", "1"]):
+        line = one_line_error(run(*args, "--out", downloaded))
+        assert line == f"error: --out {downloaded}: exists and was not written by graphkit; refusing to overwrite it " \
+                       "(remove it, or choose another name)"
+    assert downloaded.read_bytes() == before
+    ours = tmp_path / "predicted.safetensors"
+    for _ in range(2):
+        assert run("predict", VIT, "--out", ours).exit_code == 0
+    assert written_by_graphkit(ours)
+
+
+def test_generate_refuses_a_recipe_with_a_ratio_for_mlp_before_making_a_folder(tmp_path):
+    recipe = tmp_path / "ratio.json"
+    recipe.write_text(json.dumps({**json.loads(TINY.read_text()), "name": "ratio", "fixed": {"mlp": 0.5}}))
+    out = tmp_path / "ratio"
+    line = one_line_error(run("generate", recipe, "--out", out))
+    assert line.startswith("error: recipe 'ratio': vit config: mlp must be an integer >= 1 (the MLP's hidden width")
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def long_ids(tmp_path_factory):
+    """A dataset whose record ids are longer than a table fits in 80 columns."""
+    recipe = tmp_path_factory.mktemp("recipe") / "r.json"
+    recipe.write_text(json.dumps({**json.loads(TINY.read_text()), "name": "a-dataset-name-well-past-eighty-columns-wide"}))
+    out = tmp_path_factory.mktemp("datasets") / "long"
+    assert run("generate", recipe, "--out", out, "--num", "4").exit_code == 0
+    return out
+
+
+def test_ls_prints_whole_values_when_piped(long_ids):
+    result = run("ls", long_ids, "--limit", "0")  # CliRunner's stdout is not a terminal
+    assert result.exit_code == 0
+    ids = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("a-dataset")]
+    assert sorted(ids) == [f"a-dataset-name-well-past-eighty-columns-wide-{i:05d}" for i in range(4)]
+    assert "…" not in result.stdout
+
+
+def test_ls_writes_csv_and_json(long_ids):
+    rows = list(csv.DictReader(io.StringIO(run("ls", long_ids, "--format", "csv").stdout)))
+    records = json.loads(run("ls", long_ids, "-f", "json", "--split", "train").stdout)
+    assert len(rows) == 4 and all(r["id"].startswith("a-dataset-name-well-past-eighty-columns-wide-") for r in rows)
+    assert set(rows[0]) == {"id", "family", "split", "num_layers", "hidden", "heads", "kv_heads", "attention",
+                            "num_params", "num_nodes"}
+    assert records and all(r["split"] == "train" and isinstance(r["num_params"], int) for r in records)
+    assert run("ls", long_ids, "--format", "xml").exit_code == 2  # Typer names the accepted values
+
+
+def test_help_does_not_import_torch():
+    """`graphkit --help` took 3 s and 650 MB, importing torch it never used."""
+    code = "import sys; from graphkit.cli import app; import graphkit; graphkit.GraphkitError; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+    assert subprocess.run([sys.executable, "-m", "graphkit", "--help"], capture_output=True, text=True).returncode == 0
+
+
+def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_space():
+    inside = run("predict", MODEL_FILES.parent / "model_files" / "digits_vit.py")
+    assert inside.exit_code == 0 and "warning" not in inside.stderr
+    outside = run("predict", ROOT / "examples" / "vit_b16.py")
+    assert outside.exit_code == 0
+    (line,) = [line for line in outside.stderr.splitlines() if line.startswith("warning:")]
+    assert line == ("warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
+                    "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
+                    "28x the largest trained (8 px); the scores above were measured inside that space, not on this model")
