@@ -1,5 +1,5 @@
-"""Are the bundled hypernetworks worth using? `eval-ghn` on held-out architectures for both bundled
-LoGAH-tiny checkpoints: predicted parameters against the framework's random initialisation and
+"""Are the bundled hypernetworks worth using? `eval-ghn` on held-out architectures for the three
+bundled LoGAH-tiny checkpoints (ViTs, GPT-2s, LLaMAs): predicted parameters against the framework's random initialisation and
 orthogonal initialisation, held-out loss and accuracy at steps 0, 100 and 300 of fine-tuning; the
 verdicts are taken at step 300, where random initialisation has learned.
 
@@ -25,6 +25,7 @@ import common  # noqa: E402
 RUNS = {
     "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),
     "gpt2": dict(recipe="gpts-1k", label="GPT-2s (gpts-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8),
+    "llama": dict(recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8),
 }
 
 
@@ -51,7 +52,7 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     where = f"a GPU ({torch.cuda.get_device_name()})" if config.device != "cpu" and torch.cuda.is_available() else f"{common.cores()} CPU cores"
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4 fine-tuning, the same "
              f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
-             "--write` (or `make eval-bundled` for both).", "",
+             "--write` (or `make eval-bundled` for all three).", "",
              f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
              f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
              f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).", "",

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from conftest import MODEL_FILES, ROOT
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from graphkit import ArchGraph
@@ -152,7 +152,22 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
     assert inside.exit_code == 0 and "warning" not in inside.stderr
     outside = run("predict", ROOT / "examples" / "vit_b16.py")
     assert outside.exit_code == 0
+    assert "predicting it as its 256-wide twin (4 heads), grown to its width" in outside.stdout
     (line,) = [line for line in outside.stderr.splitlines() if line.startswith("warning:")]
     assert line == ("warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
                     "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
                     "28x the largest trained (8 px); the scores above were measured inside that space, not on this model")
+
+
+def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
+    model_file = MODEL_FILES.parent / "model_files" / "wide_digits_vit.py"
+    grown = run("predict", model_file, "--out", tmp_path / "grown.safetensors")
+    assert grown.exit_code == 0, grown.output
+    assert "predicting it as its 512-wide twin (8 heads)" in grown.stdout
+    direct = run("predict", model_file, "--no-grow", "--out", tmp_path / "direct.safetensors")
+    assert direct.exit_code == 0 and "twin" not in direct.stdout
+    a, b = load_file(tmp_path / "grown.safetensors"), load_file(tmp_path / "direct.safetensors")
+    assert a.keys() == b.keys() and not torch.equal(a["head.weight"], b["head.weight"])
+    # grown: every coordinate of the stream is a copy of one of the twin's 512
+    weight = a["patch_embed.proj.weight"]
+    torch.testing.assert_close(weight[512:], weight[:256])

@@ -215,10 +215,10 @@ def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
     # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (the GPT-2
-    # one v1's 29, the ViT one, retrained 2026-11-24, v2's 32); neither reads depth
+    # one v1's 29; the ViT one, retrained 2026-11-24, and the LLaMA one, v2's 32); none reads depth
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == {"gpt2": 1, "vit": 2}[family] and ghn.config.depth_buckets == 0
+    assert version == {"gpt2": 1, "vit": 2, "llama": 2}[family] and ghn.config.depth_buckets == 0
     tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version],
                          depth_buckets=ghn.config.depth_buckets))
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
@@ -270,15 +270,21 @@ def test_predict_cli_covers_every_parameter(example, tmp_path):
     assert all(torch.isfinite(t).all() for t in tensors.values())
 
 
-def test_predict_cli_bad_inputs(tmp_path):
-    result = run("predict", ROOT / "examples" / "llama_block.py")
-    assert result.exit_code == 1 and "no bundled hypernetwork for custom models" in result.stderr
+def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
     llama = tmp_path / "llama.py"
     llama.write_text("from graphkit.families import build_model\n"
-                     "model = build_model({'family': 'llama', 'num_layers': 1, 'hidden': 32, 'heads': 2, 'vocab_size': 300, 'context': 32})\n")
-    result = run("predict", llama)
+                     "model = build_model({'family': 'llama', 'num_layers': 4, 'hidden': 256, 'heads': 8, 'kv_heads': 2, 'mlp': 688})\n")
+    out = tmp_path / "predicted.safetensors"
+    result = run("predict", llama, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "trained on llamas-1k" in result.stdout and "(100.0%)" in result.stdout and "warning" not in result.stderr
+    assert all(torch.isfinite(t).all() for t in load_file(out).values())
+
+
+def test_predict_cli_bad_inputs(tmp_path):
+    result = run("predict", ROOT / "examples" / "llama_block.py")
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: no bundled hypernetwork for llama models (bundled: gpt2, vit); train one with `graphkit train-ghn` and pass --ghn")
+        "error: no bundled hypernetwork for custom models (bundled: gpt2, llama, vit); train one with `graphkit train-ghn` and pass --ghn")
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr
 

@@ -39,7 +39,7 @@ def test_one_registration_reaches_every_table(wide_vit):
 def test_tables_are_live_views():
     before = set(RECIPES), dict(BUNDLED), dict(DEFAULT_SOURCES)
     assert before == ({"vits-1k", "vits-digits", "gpts-1k", "llamas-1k"},
-                      {"vit": "logah-tiny-vits", "gpt2": "logah-tiny-gpts"},
+                      {"vit": "logah-tiny-vits", "gpt2": "logah-tiny-gpts", "llama": "logah-tiny-llamas"},
                       {"vit": "digits", "gpt2": "stdlib-text", "llama": "stdlib-text"})
     register_family(dataclasses.replace(get_family("gpt2"), name="gpt2-copy", recipes=(), data=None, bundled_ghn=None,
                                         attention_adapter=None, traced_as=()))
@@ -48,4 +48,4 @@ def test_tables_are_live_views():
     finally:
         del FAMILIES["gpt2-copy"]
     with pytest.raises(KeyError):
-        BUNDLED["llama"]
+        BUNDLED["gpt2-copy"]

@@ -20,7 +20,7 @@ def train_ghn(
     data: Optional[str] = typer.Option(None, "--data", help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs)."),
     variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
     decoder: str = typer.Option("low_rank", "--decoder", help="low_rank (LoGAH) or ghn3 (GHN-3's tiling decoder, the baseline)."),
-    depth_buckets: int = typer.Option(0, "--depth-buckets", help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and both bundled checkpoints."),
+    depth_buckets: int = typer.Option(0, "--depth-buckets", help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints."),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
@@ -58,14 +58,16 @@ def train_ghn(
 @command
 def predict(
     model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (build it on meta: no weights needed)."),
-    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs or GPT-2s)."),
+    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs, GPT-2s or LLaMAs)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
     residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2)."),
+    grow: bool = typer.Option(True, "--grow/--no-grow", help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to its width without changing what it computes (Net2Net); --no-grow decodes it directly."),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
+    from graphkit.ghn.grow import twin_of
     from graphkit.ghn.space import outside_training_space
     from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
@@ -84,7 +86,11 @@ def predict(
         errors.print(f"warning: {model_file.name} lies outside the space this hypernetwork was trained on: {beyond}; "
                      "the scores above were measured inside that space, not on this model",
                      markup=False, highlight=False, soft_wrap=True)
-    params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale)
+    twin = twin_of(hypernet, graph) if grow else None
+    if twin is not None:
+        console.print(f"predicting it as its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width "
+                      "without changing what it computes (--no-grow: decode it directly)", highlight=False, soft_wrap=True)
+    params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale, grow=grow)
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
     predicted = sum(t.numel() for t in params.values())

@@ -80,5 +80,6 @@ FAMILY = register_family(Family(
         "fixed": {"vocab_size": 32000, "context": 2048},
     },),
     data="stdlib-text",
+    bundled_ghn="logah-tiny-llamas",
     attention_adapter=LLAMA_ATTENTION,
 ))

@@ -191,7 +191,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def bundled_checkpoint(family: str | None) -> Path:
-    """The folder of the checkpoint that ships for ``family`` (vit or gpt2)."""
+    """The folder of the checkpoint that ships for ``family`` (vit, gpt2 or llama)."""
     if family not in BUNDLED:
         raise CheckpointError(f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
                               "train one with `graphkit train-ghn` and pass --ghn")

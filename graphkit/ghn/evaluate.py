@@ -119,7 +119,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     from graphkit.families import build_model
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.predict import scale_residuals, scales_residuals
+    from graphkit.ghn.predict import predicted_params, scales_residuals
     from graphkit.ghn.training import ArchPool
 
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -137,11 +137,8 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             record = pool.records[index]
             source.check(record.config)
             check_graph(ghn, record.graph)
-            with torch.no_grad():
-                predicted = ghn.predict(record.graph)
+            predicted = predicted_params(ghn, record.graph, config.residual_scale)
             scaled = scales_residuals(record.graph, config.residual_scale)
-            if scaled:
-                scale_residuals(record.graph, predicted)
             generator = torch.Generator().manual_seed(config.seed)
             held_out = [_to(source.batch(record.config, config.batch_size, generator, split="eval"), device)
                         for _ in range(config.eval_batches)]

@@ -8,7 +8,11 @@ Families whose own initialisation scales residual branches (GPT-2: the weights t
 branch into the residual stream start 1 / sqrt(2 n_layer) smaller than the rest) get the same
 factor on the predicted weights (:func:`scale_residuals`). Without it the branches of a predicted
 GPT-2 add up to a constant about 90 times the tokens' signal in the stream, and fine-tuning sits
-on the unigram plateau for some 150 steps (docs/hypernetwork.md has the measurements)."""
+on the unigram plateau for some 150 steps (docs/hypernetwork.md has the measurements).
+
+A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
+to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
+the rows past the trained width make it confidently wrong."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from torch import nn
 
 from graphkit.errors import GraphkitError
 from graphkit.ghn.encoding import targets
-from graphkit.ghn.model import LoGAH
+from graphkit.ghn.grow import GrownDecoding, growth
+from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
 from graphkit.params import available_memory, check_params, first_non_finite, memory_shortfall, replace_parameter, tied_names
 
@@ -58,9 +63,30 @@ def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[s
     return params
 
 
+def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool = True) -> LowRankDecoding | DecodedParams | GrownDecoding:
+    """``ghn``'s prediction of ``graph``, ready to be checked (``first_non_finite``) and written
+    (``write_into``): grown from the graph's narrow twin when ``grow`` and the graph is wider
+    than any width ``ghn`` trained on (:func:`graphkit.ghn.grow.growth`), else decoded directly."""
+    grown = growth(ghn, graph) if grow else None
+    return grown if grown is not None else ghn.decoding(graph)
+
+
+@torch.no_grad()
+def predicted_params(ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None = None, grow: bool = True) -> dict[str, torch.Tensor]:
+    """Every parameter of ``graph``'s model as :func:`predict` would write it (grown when the
+    model is wider than the training space, residual branches scaled as ``residual_scale`` and
+    :func:`scales_residuals` say), as new tensors by state-dict name: for evaluation, where no
+    model holds them yet."""
+    plan = targets(graph, ghn.config.max_slots)
+    params = decoding(ghn, graph, grow).write_into({t.name: torch.empty(t.shape, device="meta") for t in plan})
+    if scales_residuals(graph, residual_scale):
+        scale_residuals(graph, params)
+    return params
+
+
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
             memory_limit: int | None = None, graph: ArchGraph | None = None,
-            residual_scale: bool | None = None) -> dict[str, torch.Tensor]:
+            residual_scale: bool | None = None, grow: bool = True) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
@@ -75,7 +101,9 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     :class:`~graphkit.ghn.model.LowRankDecoding`). ``graph`` skips the trace when the caller
     already holds the model's graph. ``residual_scale`` scales the residual branches' weights
     as the family's own init does (:func:`scale_residuals`); None: when the family does
-    (:func:`scales_residuals`, GPT-2)."""
+    (:func:`scales_residuals`, GPT-2). ``grow`` predicts a model wider than any the
+    hypernetwork trained on as its narrow twin, grown (:mod:`graphkit.ghn.grow`); False
+    decodes it directly."""
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.tracing import trace
 
@@ -93,11 +121,11 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     if limit is not None:
         raise PredictError(f"{type(model).__name__}: its {graph.num_params:,} predicted parameters need {needed / 1e9:.2f} GB "
                            f"but {limit / 1e9:.2f} GB are available on {device}; free memory or predict on another device")
-    decoding = ghn.decoding(graph)
-    bad = decoding.first_non_finite()
+    prediction = decoding(ghn, graph, grow)
+    bad = prediction.first_non_finite()
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
-    written = decoding.write_into(destinations)
+    written = prediction.write_into(destinations)
     if scales_residuals(graph, residual_scale):
         scale_residuals(graph, written)
     if new:  # swap the new tensors in under every tied name
@@ -109,5 +137,5 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
+__all__ = ["predict", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
            "available_memory", "first_non_finite"]  # the last two now live in graphkit.params

@@ -237,6 +237,13 @@ def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[
     return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
 
 
+def machine(device: torch.device, world: int = 1) -> str:
+    """Where a run trains, for config.json: "2 CPU cores", "1 x NVIDIA H100 80GB HBM3"."""
+    if device.type == "cuda":
+        return f"{world} x {torch.cuda.get_device_name(device)}"
+    return f"{len(os.sched_getaffinity(0))} CPU cores" + (f", {world} processes" if world > 1 else "")
+
+
 def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
     """Train (or, with ``resume``, continue training) a LoGAH as ``config`` says; writes
     ``config.out/checkpoint`` every ``checkpoint_every`` steps and the final hypernetwork to
@@ -262,7 +269,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
     amp = device.type == "cuda" if config.amp is None else config.amp
     info = {"variant": config.variant, "family": pool.family, "trained_ops": pool.ops(), "data": data,
-            "train": asdict(config), "dataset": str(config.dataset), "space": training_space(r.graph for r in pool.records)}
+            "train": asdict(config), "dataset": str(config.dataset), "space": training_space(r.graph for r in pool.records),
+            "trained_on": machine(device, world)}
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"

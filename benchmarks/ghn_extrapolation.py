@@ -1,0 +1,176 @@
+"""Beyond the training space: the bundled hypernetworks on models wider and deeper than any they
+trained on, as a user's ViT-B or GPT-2-Medium is (issue #25).
+
+Two tables:
+
+- **Fine-tuning** (items 2 and 3): for hand-written out-of-space shapes (wider, deeper, both;
+  "how far out" is the ratio to the widest width and the deepest depth trained) the held-out
+  loss and accuracy at steps 0 and ``--steps`` of AdamW fine-tuning from ``predict``'s
+  parameters (wide models grown from their narrow twin, graphkit.ghn.grow), from the same
+  hypernetwork decoding them directly (``--no-grow``, the reference), and from the family's
+  random initialisation, on the same batches.
+- **Propagation** (item 1): at ViT-S/B/L's and GPT-2-Medium/Large's shapes, on random inputs,
+  the residual stream's RMS at the last block, the logits' standard deviation and the share of
+  the last block's stream that varies from token to token, predicted against the family's init.
+
+    .venv/bin/python benchmarks/ghn_extrapolation.py                 # print both tables
+    .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md
+    .venv/bin/python benchmarks/ghn_extrapolation.py --steps 300 --family vit
+
+Runs on the CPU in about 75 minutes on 2 cores at the default 100 steps; ``--device cuda`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
+GPT = {"family": "gpt2"}
+#: (what it is, config): out-of-space shapes for fine-tuning; head size 64 unless the width is smaller
+SHAPES = {
+    "vit": [("wider", dict(VIT, num_layers=3, hidden=768, heads=12)),
+            ("wider", dict(VIT, num_layers=3, hidden=1024, heads=16)),
+            ("deeper", dict(VIT, num_layers=18, hidden=256, heads=4)),
+            ("both, ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)),
+            ("both, ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12))],
+    "gpt2": [("wider", dict(GPT, num_layers=3, hidden=512, heads=8)),
+             ("deeper", dict(GPT, num_layers=18, hidden=128, heads=2)),
+             ("both", dict(GPT, num_layers=12, hidden=384, heads=6))],
+}
+#: shapes people use, for the propagation table (images at 32 px, patch 4)
+USER_SHAPES = {
+    "vit": [("ViT-S", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=384, heads=6)),
+            ("ViT-B", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=768, heads=12)),
+            ("ViT-L", dict(VIT, image_size=32, patch_size=4, num_layers=24, hidden=1024, heads=16))],
+    "gpt2": [("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16)),
+             ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20))],
+}
+BATCH = {"vit": 32, "gpt2": 8}
+
+
+def how_far(config: dict, space: dict) -> str:
+    """The shape's width and depth as multiples of the widest and deepest trained."""
+    return f"{config['hidden'] / space['width'][1]:.1f}x wide, {config['num_layers'] / space['depth'][1]:.1f}x deep"
+
+
+def fine_tuning(family: str, steps: int, device: str) -> str:
+    """The fine-tuning table of one family."""
+    import torch
+
+    from graphkit.families import build_model, resolve_config
+    from graphkit.ghn import load_checkpoint
+    from graphkit.ghn.checkpoint import bundled_checkpoint
+    from graphkit.ghn.data import default_source, load_source
+    from graphkit.ghn.evaluate import fine_tune, initialise
+    from graphkit.ghn.predict import predicted_params
+    from graphkit.tracing import trace
+
+    ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
+    source = load_source(default_source(family), seq_len=64)
+    space = ghn.info["space"]
+    rows = [f"**{family}** ({bundled_checkpoint(family)}; trained widths {space['width'][0]}-{space['width'][1]}, depths "
+            f"{space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps 0 and {steps}:", "",
+            f"| shape | how far out | grown (`predict`) @0 | @{steps} | direct (`--no-grow`) @0 | @{steps} | random @0 | @{steps} |",
+            "|---|---|---|---|---|---|---|---|"]
+    wins = {0: 0, steps: 0}
+    for what, config in SHAPES[family]:
+        config = resolve_config(config)
+        graph = trace(build_model(config, "meta"))
+        generator = torch.Generator().manual_seed(0)
+        held_out = [[t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)]
+        batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(steps)]
+        cells, loss = [], {}
+        for init, grow in (("grown", True), ("direct", False), ("random", None)):
+            torch.manual_seed(0)
+            model = build_model(config, "cpu")
+            if grow is not None:
+                initialise(model, "predicted", predicted_params(ghn, graph, grow=grow))
+            _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, [0, steps])
+            loss[init] = {h: scores[h][0] for h in (0, steps)}
+            cells += [f"{scores[h][0]:.2f} / {scores[h][1]:.2f}" for h in (0, steps)]
+        for h in wins:
+            wins[h] += loss["grown"][h] < loss["random"][h]
+        name = f"{config['num_layers']} x {config['hidden']}, {config['heads']} heads ({what})"
+        rows.append(f"| {name} | {how_far(config, space)} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    n = len(SHAPES[family])
+    rows += ["", f"Grown beats random on {wins[0]}/{n} shapes at step 0 and {wins[steps]}/{n} at step {steps}.", ""]
+    return "\n".join(rows)
+
+
+def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
+    """The last block's residual-stream RMS, the share of it that varies across tokens, and the
+    logits' standard deviation, on ``inputs``."""
+    import torch
+
+    from graphkit.families import get_family
+
+    last = model.get_submodule(get_family(family).blocks)[-1]
+    seen = []
+    hook = last.register_forward_hook(lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    hook.remove()
+    stream, logits = seen[0].float(), (out.logits if hasattr(out, "logits") else out).float()
+    varying = (stream - stream.mean(dim=1, keepdim=True)).pow(2).mean() / stream.pow(2).mean()
+    return stream.pow(2).mean().sqrt().item(), varying.item(), logits.std().item()
+
+
+def propagation(family: str) -> str:
+    """The propagation table of one family."""
+    import torch
+
+    from graphkit.families import build_model
+    from graphkit.ghn import load_checkpoint, predict
+    from graphkit.ghn.checkpoint import bundled_checkpoint
+
+    ghn = load_checkpoint(bundled_checkpoint(family))
+    rows = ["| shape | stream RMS, predicted / init | token-varying share, predicted / init | logit std, predicted / init |",
+            "|---|---|---|---|"]
+    for name, config in USER_SHAPES[family]:
+        generator = torch.Generator().manual_seed(0)
+        inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if family == "vit"
+                  else {"input_ids": torch.randint(0, 50257, (4, 64), generator=generator)})
+        torch.manual_seed(0)
+        init = stream_statistics(build_model(config, "cpu").eval(), family, inputs)
+        model = build_model(config, "meta")
+        predict(model, ghn)
+        got = stream_statistics(model.eval(), family, inputs)
+        rows.append(f"| {name} ({config['num_layers']} x {config['hidden']}) | " + " | ".join(
+            f"{p:.2f} / {i:.2f} ({p / i:.1f}x)" for p, i in zip(got, init)) + " |")
+        print(rows[-1], flush=True)
+        del model
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--family", choices=sorted(SHAPES), action="append", help="only this family (repeatable)")
+    parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps (scored at 0 and here)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    import warnings
+
+    import torch
+    warnings.filterwarnings("ignore")
+    where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
+    text = [f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4, the same batches for every "
+            "initialisation. Command: `.venv/bin/python benchmarks/ghn_extrapolation.py --write`.", ""]
+    for family in args.family or SHAPES:
+        text += [fine_tuning(family, args.steps, args.device), propagation(family)]
+    print("\n".join(text))
+    if args.write:
+        common.write_section("\n".join(text), "ghn_extrapolation")
+
+
+if __name__ == "__main__":
+    main()

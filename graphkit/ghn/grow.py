@@ -1,0 +1,214 @@
+"""Models wider than the hypernetwork's training space: predict the same architecture at the
+widest trained width, then grow it to the model's width without changing what it computes.
+
+Why: the decoder reads row ``i`` of a parameter from row ``i`` of its r -> K map. Rows past the
+widest trained residual width (512 for the bundled ViT hypernetwork, 256 for GPT-2) were never
+read *as residual-stream coordinates* in training, and predicting them directly breaks the
+model at once. Measured on digits, 3-layer ViTs, predicted parameters alone: width 512 scores
+0.53 accuracy; 576, whose first 512 x 512 blocks are the 512-wide prediction to a cosine of
+1.000, scores 0.12; 768 scores 0.05 (random init: 0.10). The extra 64 coordinates alone turn a
+good model into one that is confidently wrong.
+
+The rule is Net2WiderNet (Chen et al., 2016; bert2BERT's function-preserving init) applied to
+every parameter by its shape. The narrow twin has width ``T`` with the same head size, depth,
+vocabulary and MLP ratio, so every one of its shapes is the model's with ``D`` read as ``T``.
+``T`` is the widest width trained at the model's depth (or the nearest depth trained), rounded
+down to whole heads: the datasets make deeper models narrower, and the hypernetwork predicts
+well only near that envelope (:func:`graphkit.ghn.space.widest_at_depth`). An axis of the model's parameter of size
+``k D`` (the stream: k = 1; fused q, k, v: k = 3; a 4x MLP: k = 4) takes index ``i`` from the
+twin's ``(i // D) T + (i % D) % T``: whole heads and whole units are copied, never split. Any
+other axis that differs (an MLP of another ratio, GQA's k and v) takes ``i % n``. A weight that
+*reads* a grown axis (a linear or convolution's input) splits each of the twin's values among
+its copies, so that the copies sum to the twin's value; a weight that writes one, a bias, a
+norm, an embedding or a position table is copied. A norm that feeds only a tied output head is
+split as a reader, because the head reads the copied embedding.
+
+Each coordinate of the grown stream is then a copy of one of the twin's, and every linear map
+computes what the twin's does. When ``D`` is a multiple of ``T`` (ViT-L: 1024 = 2 x 512; the
+GPT-2 shapes from Medium up against 256) every coordinate has the same number of copies, layer
+and RMS norms see the twin's statistics, and the grown model computes exactly what the twin
+computes (tests/test_ghn_grow.py checks this to float precision). Otherwise (ViT-B: 768 =
+1.5 x 512) some coordinates have one copy more than others, and the norms' statistics weight
+them accordingly: close to the twin, not equal to it.
+
+The split is random, not even (each copy's share is u / sum(u) over its copies, u uniform in
+[0.5, 1.5), from a fixed seed): with even shares the copies of a unit or a stream coordinate
+would receive the same gradient at every step and stay copies for good, so the wide model could
+never use its width (Net2Net's symmetry problem, which it solves with noise; uneven shares
+solve it and keep the function exact).
+
+The twin's own width lies in the training space, but its depth need not: depth is left as it
+is, because the decoder extrapolates in depth (12-layer ViTs predicted from 3- to 9-layer ones
+score 0.29-0.69 on digits from the predicted parameters alone)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from graphkit.errors import GraphkitError
+from graphkit.ghn.encoding import Target, targets
+from graphkit.ghn.space import extent, widest_at_depth
+from graphkit.graph import ArchGraph
+
+#: ops whose weight's input axis reads a previous activation (its values are split among the copies)
+READERS = ("linear", "head", "patch_embed", "conv")
+
+
+class GrowError(GraphkitError, ValueError):
+    """A wide model whose narrow twin cannot be built (no whole number of heads fits)."""
+
+
+def twin_config(config: Mapping[str, Any], width: int) -> dict[str, Any]:
+    """``config`` (a resolved family config) at residual width ``width``: heads, GQA's kv heads
+    and the MLP scaled by the same factor, the head size kept (kv heads that would scale below
+    one become one, which every query head shares). GrowError when the heads do not scale to
+    whole numbers."""
+    hidden, heads = config["hidden"], config["heads"]
+    ratio = width / hidden
+    twin = {**config, "hidden": width, "heads": round(heads * ratio)}
+    if twin["heads"] * hidden != heads * width:
+        raise GrowError(f"{heads} heads of width {hidden} do not scale to whole heads at width {width}")
+    if config.get("kv_heads"):
+        kv = config["kv_heads"]
+        if kv * width < hidden:  # fewer than one: one kv head that every query head shares, as the model's groups do
+            twin["kv_heads"] = 1
+        else:
+            twin["kv_heads"] = round(kv * ratio)
+            if twin["kv_heads"] * hidden != kv * width or twin["heads"] % twin["kv_heads"]:
+                raise GrowError(f"{kv} kv heads do not scale to whole groups at width {width}")
+    if config.get("mlp"):
+        twin["mlp"] = max(1, round(config["mlp"] * ratio))
+    return twin
+
+
+def axis_map(size: int, twin_size: int, width: int, twin: int) -> torch.Tensor:
+    """For each index of an axis of ``size`` in the wide model, the index of the twin's axis of
+    ``twin_size`` it copies (see the module docstring)."""
+    i = torch.arange(size)
+    if size % width == 0 and twin_size % twin == 0 and size // width == twin_size // twin:
+        return (i // width) * twin + (i % width) % twin
+    return i % twin_size
+
+
+def _input_axis(target: Target, graph: ArchGraph) -> int | None:
+    node = graph.nodes[target.node]
+    if target.kind != "weight" or node.op not in READERS:
+        return None
+    return 0 if node.attrs.get("transposed") and len(target.shape) == 2 else 1
+
+
+def _tied_head_norms(graph: ArchGraph) -> set[int]:
+    """Norm nodes whose every consumer is an output head that reads a tied embedding."""
+    consumers: dict[int, list[int]] = {}
+    for src, dst in graph.edges:
+        consumers.setdefault(src, []).append(dst)
+    return {i for i, node in enumerate(graph.nodes) if node.op in ("layer_norm", "rms_norm")
+            and consumers.get(i) and all(graph.nodes[c].op == "head" and graph.nodes[c].attrs.get("tied")
+                                         for c in consumers[i])}
+
+
+def grow(target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin: int,
+         tied_norms: set[int] | None = None) -> torch.Tensor:
+    """The twin's ``value`` of ``target`` grown to the target's shape in ``graph`` (width
+    ``width``, twin width ``twin``): copied along every axis that differs; along a read axis
+    each value is split among its copies at random shares that sum to one, drawn from seed 0
+    (the same model, the same prediction)."""
+    tied_norms = _tied_head_norms(graph) if tied_norms is None else tied_norms
+    reads = _input_axis(target, graph)
+    generator = torch.Generator().manual_seed(0)
+    for axis, (size, twin_size) in enumerate(zip(target.shape, value.shape)):
+        if size == twin_size:
+            continue
+        index = axis_map(size, twin_size, width, twin).to(value.device)
+        value = value.index_select(axis, index)
+        if axis == reads or (target.node in tied_norms and len(target.shape) == 1):
+            share = 0.5 + torch.rand(value.shape, generator=generator)
+            total = torch.zeros(value.shape[:axis] + (twin_size,) + value.shape[axis + 1:], dtype=share.dtype)
+            total.index_add_(axis, index.cpu(), share)
+            value = value * (share / total.index_select(axis, index.cpu())).to(value.device, value.dtype)
+    return value
+
+
+class GrownDecoding:
+    """A wide model's parameters, decoded as its narrow twin's and grown one parameter at a time
+    into their destinations (the interface of :class:`~graphkit.ghn.model.LowRankDecoding`): the
+    twin's values are checked for NaN and Inf before anything is written, and the wide model
+    never exists twice in memory, only one grown parameter beside it."""
+
+    def __init__(self, graph: ArchGraph, twin_graph: ArchGraph, twin_params: dict[str, torch.Tensor],
+                 width: int, twin: int, max_slots: int) -> None:
+        self.graph, self.twin_graph, self.twin_params = graph, twin_graph, twin_params
+        self.width, self.twin = width, twin
+        self.targets = targets(graph, max_slots)
+        self._tied_norms = _tied_head_norms(graph)
+
+    def first_non_finite(self) -> str | None:
+        """The first parameter holding a NaN or Inf, or None (growing copies values and
+        multiplies them by shares in (0, 1), so the twin's values decide)."""
+        from graphkit.params import first_non_finite
+
+        return first_non_finite(self.twin_params)
+
+    def grown(self, target: Target) -> torch.Tensor:
+        """One parameter at the wide model's shape."""
+        return grow(target, self.twin_params[target.name], self.graph, self.width, self.twin, self._tied_norms)
+
+    @torch.no_grad()
+    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Grow every parameter into ``destinations[name]`` (a meta destination gets the grown
+        tensor, at its dtype). Returns the tensors written, by name."""
+        written = {}
+        for target in self.targets:
+            destination, value = destinations[target.name], self.grown(target)
+            written[target.name] = value.to(destination.dtype) if destination.is_meta else destination.copy_(value)
+        return written
+
+
+def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
+    """The config of ``graph``'s narrow twin when the graph is wider than any width ``ghn``
+    trained on (its ``info["space"]``). None when it is not wider, when the checkpoint records
+    no space, when the graph is not one of graphkit's families (nothing to build a twin from),
+    or when no width up to the widest trained at its depth holds whole heads and kv groups of
+    its own size."""
+    from graphkit.families import ConfigError, config_from_graph
+
+    space = (getattr(ghn, "info", None) or {}).get("space")
+    size = extent(graph)
+    bounds = space.get("width") if isinstance(space, Mapping) else None
+    if not (isinstance(bounds, list) and len(bounds) == 2) or size["width"] is None or size["width"] <= bounds[1]:
+        return None
+    try:
+        config = config_from_graph(graph)
+    except ConfigError:
+        return None
+    width, head_dim = config["hidden"], config["hidden"] // config["heads"]
+    widest = widest_at_depth(space, size["depth"] or 0)
+    if width != size["width"] or widest is None:
+        return None
+    for twin in range((widest // head_dim) * head_dim, 0, -head_dim):  # whole heads of the model's own size
+        try:
+            return twin_config(config, twin)
+        except GrowError:
+            continue
+    return None
+
+
+def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
+    """``ghn``'s prediction of ``graph`` as its narrow twin's, grown (see :func:`twin_of`); None
+    when the graph has no twin."""
+    from graphkit.families import build_model
+    from graphkit.tracing import trace
+
+    config = twin_of(ghn, graph)
+    if config is None:
+        return None
+    twin_graph = trace(build_model(config, "meta"))
+    with torch.no_grad():
+        params = ghn.predict(twin_graph)
+    return GrownDecoding(graph, twin_graph, params, extent(graph)["width"], config["hidden"], ghn.config.max_slots)
+
+
+__all__ = ["GrowError", "GrownDecoding", "axis_map", "grow", "growth", "twin_config", "twin_of"]

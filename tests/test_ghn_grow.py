@@ -1,0 +1,176 @@
+"""Models wider than the training space: predicted as a narrow twin, grown without changing what
+they compute (graphkit.ghn.grow)."""
+
+import pytest
+import torch
+
+import graphkit
+from graphkit.families import build_model, resolve_config
+from graphkit.ghn import load_checkpoint
+from graphkit.ghn.encoding import targets
+from graphkit.ghn.grow import GrowError, GrownDecoding, axis_map, twin_config, twin_of
+from graphkit.ghn.predict import predict, predicted_params
+from graphkit.ghn.space import training_space, widest_at_depth
+
+VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
+SMALL_VOCAB = {"vocab_size": 97, "context": 32}
+
+
+def test_axis_maps_copy_whole_heads_and_units():
+    # the stream: 8 -> 4 copies coordinate i from i % 4
+    assert axis_map(8, 4, 8, 4).tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    # fused q, k, v (3 D): each part from the same part of the twin, never across parts
+    assert axis_map(9, 6, 3, 2).tolist() == [0, 1, 0, 2, 3, 2, 4, 5, 4]
+    # an axis that is not a multiple of the width (GQA's k, an MLP of another ratio): i % n
+    assert axis_map(5, 3, 4, 2).tolist() == [0, 1, 2, 0, 1]
+
+
+def test_twin_config_keeps_the_head_size_and_the_mlp_ratio():
+    config = resolve_config({"family": "llama", "num_layers": 2, "hidden": 256, "heads": 8, "kv_heads": 2, "mlp": 688})
+    twin = twin_config(config, 128)
+    assert (twin["hidden"], twin["heads"], twin["kv_heads"], twin["mlp"]) == (128, 4, 1, 344)
+    tinyllama = resolve_config({"family": "llama", "num_layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4, "mlp": 5632})
+    assert twin_config(tinyllama, 256)["kv_heads"] == 1  # half a kv head: one, shared by the 4 query heads
+    with pytest.raises(GrowError, match="whole heads"):
+        twin_config(resolve_config({**VIT, "num_layers": 1, "hidden": 96, "heads": 3}), 48)
+
+
+def grown_from_random_twin(config: dict, twin_width: int):
+    """A random twin and the model grown from it, both in eval mode."""
+    config = resolve_config(config)
+    twin_cfg = twin_config(config, twin_width)
+    torch.manual_seed(0)
+    twin = build_model(twin_cfg, "cpu").eval()
+    graph, twin_graph = graphkit.trace(build_model(config, "meta")), graphkit.trace(build_model(twin_cfg, "meta"))
+    values = {t.name: twin.get_parameter(t.name).detach() for t in targets(twin_graph)}
+    for name, value in values.items():  # norms and biases away from 1 and 0, so that copying them is tested
+        if value.dim() == 1:
+            value.add_(torch.randn_like(value) * 0.1)
+    grown = build_model(config, "cpu")
+    decoding = GrownDecoding(graph, twin_graph, values, config["hidden"], twin_width, 8)
+    assert decoding.first_non_finite() is None
+    decoding.write_into({t.name: grown.get_parameter(t.name) for t in decoding.targets})
+    return twin, grown.eval()
+
+
+def logits(model, inputs):
+    with torch.no_grad():
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    return out.logits if hasattr(out, "logits") else out
+
+
+@pytest.mark.parametrize("config, twin_width", [
+    pytest.param(dict(VIT, num_layers=2, hidden=128, heads=4), 64, id="vit"),
+    pytest.param({"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, **SMALL_VOCAB}, 64, id="gpt2"),
+    pytest.param({"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, "tied": True, **SMALL_VOCAB}, 64, id="gpt2-tied"),
+    pytest.param({"family": "llama", "num_layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB}, 64, id="llama-gqa"),
+    pytest.param({"family": "llama", "num_layers": 2, "hidden": 128, "heads": 8, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB}, 32, id="llama-gqa-from-mqa"),
+])
+def test_a_model_grown_to_a_multiple_of_its_twins_width_computes_what_the_twin_computes(config, twin_width):
+    twin, grown = grown_from_random_twin(config, twin_width)
+    inputs = (torch.randn(2, 3, 8, 8) if config["family"] == "vit"
+              else {"input_ids": torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))})
+    expected = logits(twin, inputs)
+    assert expected.std() > 0.01
+    torch.testing.assert_close(logits(grown, inputs), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_grown_by_a_fraction_stays_close_to_its_twin():
+    twin, grown = grown_from_random_twin(dict(VIT, num_layers=2, hidden=96, heads=3), 64)
+    inputs = torch.randn(8, 3, 8, 8)
+    a, b = logits(twin, inputs).flatten(), logits(grown, inputs).flatten()
+    assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.95
+
+
+def test_the_copies_learn_apart():
+    """With even shares the copies of a stream coordinate get the same gradient at every step and
+    stay copies for good; the random shares must make them differ."""
+    _, grown = grown_from_random_twin(dict(VIT, num_layers=1, hidden=128, heads=4), 64)
+    grown.train()
+    for p in grown.parameters():
+        p.requires_grad_(True)
+    grown(torch.randn(4, 3, 8, 8)).logsumexp(-1).sum().backward()
+    grad = grown.patch_embed.proj.weight.grad  # rows c and c + 64 write copies of one coordinate
+    weight = grown.patch_embed.proj.weight
+    torch.testing.assert_close(weight[:64], weight[64:])
+    assert (grad[:64] - grad[64:]).abs().max() > 1e-3 * grad.abs().max()
+
+
+def test_the_space_records_the_widest_width_per_depth():
+    graphs = [graphkit.trace(build_model(dict(VIT, num_layers=n, hidden=w, heads=4), "meta")) for n, w in ((2, 128), (2, 64), (4, 64))]
+    space = training_space(graphs)
+    assert space["width_by_depth"] == {"2": [64, 128], "4": [64, 64]}
+    assert [widest_at_depth(space, d) for d in (1, 2, 3, 4, 12)] == [128, 128, 64, 64, 64]
+    assert widest_at_depth({"width": [8, 32]}, 3) == 32
+
+
+@pytest.fixture(scope="module")
+def vits():
+    return load_checkpoint("logah-tiny-vits")
+
+
+def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
+    def twin(**shape):
+        found = twin_of(vits, graphkit.trace(build_model(dict(VIT, **shape), "meta")))
+        return found and (found["hidden"], found["heads"])
+
+    assert twin(num_layers=3, hidden=512, heads=8) is None      # inside: decoded directly
+    assert twin(num_layers=3, hidden=768, heads=12) == (512, 8)  # the widest trained at 3 layers
+    assert twin(num_layers=12, hidden=768, heads=12) == (256, 4)  # 9 layers, the deepest trained, are at most 256 wide
+
+
+def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
+    config = resolve_config(dict(VIT, num_layers=3, hidden=1024, heads=16))
+    model = build_model(config, "meta")
+    predict(model, vits)
+    twin_cfg = twin_of(vits, graphkit.trace(build_model(config, "meta")))
+    twin = build_model(twin_cfg, "meta")
+    predict(twin, vits)
+    inputs = torch.randn(4, 3, 8, 8)
+    torch.testing.assert_close(logits(model.eval(), inputs), logits(twin.eval(), inputs), rtol=1e-4, atol=1e-4)
+    direct = predicted_params(vits, graphkit.trace(build_model(config, "meta")), grow=False)
+    assert not torch.equal(direct["head.weight"], model.head.weight)
+
+
+def stream_and_logits(model, blocks, inputs):
+    seen = []
+    hook = blocks[-1].register_forward_hook(lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    out = logits(model, inputs)
+    hook.remove()
+    stream = seen[0]
+    varying = ((stream - stream.mean(1, keepdim=True)).pow(2).mean() / stream.pow(2).mean()).item()
+    return varying, out.std().item()
+
+
+def test_predicted_vit_large_propagates_like_its_init(vits):
+    """ViT-L's shape (24 x 1024, 16 heads) at digits' resolution: decoded directly, its logits
+    are 11x as spread as init's; grown from its 256-wide twin, 3.8x, and its last block's stream
+    varies from token to token more than init's does."""
+    config = dict(VIT, num_layers=24, hidden=1024, heads=16)
+    inputs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    init = build_model(config, "cpu").eval()
+    init_varying, init_std = stream_and_logits(init, init.blocks, inputs)
+    del init
+    model = build_model(config, "meta")
+    predict(model, vits)
+    varying, std = stream_and_logits(model.eval(), model.blocks, inputs)
+    assert torch.isfinite(torch.tensor(std)) and std < 4 * init_std
+    assert varying > 0.5 * init_varying
+
+
+def test_predicted_gpt2_large_is_finite_and_its_logits_spread_like_inits():
+    """GPT-2-Large's shape (36 x 1280, 20 heads), with a small vocabulary to stay cheap: grown
+    from its 128-wide twin, its logits spread 3.7x as far as init's (decoded directly: 11x)."""
+    gpts = load_checkpoint("logah-tiny-gpts")
+    config = {"family": "gpt2", "num_layers": 36, "hidden": 1280, "heads": 20, "vocab_size": 1000, "context": 64}
+    inputs = {"input_ids": torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))}
+    torch.manual_seed(0)
+    init = build_model(config, "cpu").eval()
+    _, init_std = stream_and_logits(init, init.transformer.h, inputs)
+    del init
+    model = build_model(config, "meta")
+    assert twin_of(gpts, graphkit.trace(model))["hidden"] == 128
+    predict(model, gpts)
+    _, std = stream_and_logits(model.eval(), model.transformer.h, inputs)
+    assert torch.isfinite(torch.tensor(std)) and std < 4 * init_std
