@@ -16,9 +16,10 @@ stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one t
   1-D parameters free from the framework's init: what rank 32 and the normalisation cost alone;
 - **LoGAH-tiny / LoGAH-small**: the hypernetwork trained on the one architecture (its
   fan-in-scaled learning rates, the norm penalty);
-- **LoGAH-tiny, one map per role**: the same, but its decoder's matrices go through one r -> K map
-  per parameter role (the state-dict name without its block index: 17 for this GPT-2) instead of
-  one for all, so that matrices of different roles no longer share one subspace.
+- **LoGAH-tiny, role maps**: the same with ``--role-maps``: its decoder's matrices go through one
+  r -> K map per parameter role (the state-dict name without its block index: 17 for this GPT-2;
+  its own first 4,096 rows, the vocabulary's rows beyond them shared) instead of one for all, so
+  that matrices of different roles no longer share one subspace.
 
 Every arm but the two direct ones trains as ``train()`` trains a hypernetwork (gradients clipped to
 5, the norm penalty); the direct arms fine-tune as ``eval-ghn`` does (no clipping).
@@ -44,7 +45,7 @@ ARMS = {"direct": ("direct", None), "direct, blocks tied": ("tied", None),
         "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"), "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
         "free A, B per matrix, rank 32 (no shared map)": ("per_matrix", None),
         "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small"),
-        "LoGAH-tiny, one map per role": ("roles", "tiny")}
+        "LoGAH-tiny, role maps (--role-maps)": ("roles", "tiny")}
 
 
 def tie_blocks(model) -> None:
@@ -99,53 +100,6 @@ def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
     return PerMatrix()
 
 
-def role(name: str) -> str:
-    """A parameter's role: its state-dict name without block indices (``h.3.attn.c_attn.weight``
-    -> ``h_attn_c_attn_weight``), a ParameterDict key."""
-    import re
-
-    return re.sub(r"\.\d+\.", "_", name).replace(".", "_")
-
-
-def role_maps(ghn, graph):
-    """The ``roles`` arm's predictor: ``ghn`` (LoGAH with the low-rank decoder) decoding ``graph``
-    with one r -> K map per role instead of its one shared map (the maps are added to the decoder,
-    so ``make_optimizer`` trains them as it trains the rest). Everything else is the decoder's:
-    its MLP's factors, gains, RMS rule and 1-D output functions. It decodes one target at a time,
-    a control rather than a fast path."""
-    import torch
-    from torch import nn
-
-    from graphkit.ghn.encoding import activate
-
-    decoder, c = ghn.decoder, ghn.config
-    keys = [role(t.name) for t in graph.targets]  # each target's map, named once
-    decoder.role_maps = nn.ParameterDict({
-        key: nn.Parameter(nn.Linear(c.rank, c.max_mask, bias=False).weight.detach().clone()) for key in sorted(set(keys))})
-
-    class RoleMaps(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ghn = ghn
-
-        def forward(self) -> tuple[dict, torch.Tensor]:
-            query = decoder.queries(ghn.encoder([graph]), graph.queries)
-            fa, fb = decoder.mlp(query).view(-1, 2, c.rank, c.rank).unbind(1)
-            gains = 2 * torch.sigmoid(decoder.gain(query)[:, 0] / 2)
-            params, norms, k = {}, [], c.max_mask
-            for t, key, first, (nr, nc) in zip(graph.targets, keys, graph.first_query, graph.grid):
-                w, (rows, cols) = decoder.role_maps[key], t.matrix_shape
-                matrix = torch.cat([torch.cat([
-                    w[:min(k, rows - i * k)] @ fa[first + i * nc + j] @ fb[first + i * nc + j].t() @ w[:min(k, cols - j * k)].t()
-                    for j in range(nc)], 1) for i in range(nr)], 0)
-                matrix = at_decoder_rms(matrix, t, gains[first]) if t.kind == "weight" else activate(t.kind, matrix)
-                norms.append(matrix.norm())
-                params[t.name] = t.reshape(matrix)
-            return params, torch.stack(norms).sum()
-
-    return RoleMaps()
-
-
 def one(arm: str, steps: str) -> dict:
     """One arm's held-out loss and accuracy after ``steps`` steps, and its training-loss curve."""
     import warnings
@@ -157,6 +111,7 @@ def one(arm: str, steps: str) -> dict:
     import graphkit
     from graphkit.families import build_model
     from graphkit.ghn import LoGAH
+    from graphkit.ghn.encoding import role_of, targets
     from graphkit.ghn.data import load_source
     from graphkit.ghn.evaluate import fine_tune, score
     from graphkit.ghn.training import TrainConfig, make_optimizer
@@ -180,8 +135,9 @@ def one(arm: str, steps: str) -> dict:
         predictor = per_matrix_factors(model)
         optimizer = torch.optim.AdamW(predictor.parameters(), lr=3e-4)
         return train_predictor(predictor, optimizer, model, batches, held_out, source.task, config)
-    ghn = LoGAH.from_variant(variant)
-    graph = ghn.encode(graphkit.trace(model))
+    traced = graphkit.trace(model)
+    ghn = LoGAH.from_variant(variant, roles=sorted({role_of(t.name) for t in targets(traced)}) if kind == "roles" else ())
+    graph = ghn.encode(traced)
     if kind == "free":
         class FreeFactors(nn.Module):
             """The decoder MLP's output for this one graph, as a free parameter (set from the MLP's
@@ -201,19 +157,16 @@ def one(arm: str, steps: str) -> dict:
             ghn([graph])  # makes the table, so that the optimiser sees it
         ghn.decoder.mlp.mlp.requires_grad_(False)
 
-    if kind == "roles":
-        predictor = role_maps(ghn, graph)
-    else:
-        class Hypernetwork(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ghn = ghn
+    class Hypernetwork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ghn = ghn
 
-            def forward(self) -> tuple[dict, torch.Tensor]:
-                prediction = ghn([graph], details=True)
-                return prediction.params[0], prediction.norms.mean()
+        def forward(self) -> tuple[dict, torch.Tensor]:
+            prediction = ghn([graph], details=True)
+            return prediction.params[0], prediction.norms.mean()
 
-        predictor = Hypernetwork()
+    predictor = Hypernetwork()
     return train_predictor(predictor, make_optimizer(ghn, config), model, batches, held_out, source.task, config)
 
 

@@ -47,7 +47,7 @@ def grown_from_random_twin(config: dict, twin_width: int):
         if value.dim() == 1:
             value.add_(torch.randn_like(value) * 0.1)
     grown = build_model(config, "cpu")
-    decoding = GrownDecoding(graph, twin_graph, values, config["hidden"], twin_width, 8)
+    decoding = GrownDecoding(graph, values, config["hidden"], twin_width, 8)
     assert decoding.first_non_finite() is None
     decoding.write_into({t.name: grown.get_parameter(t.name) for t in decoding.targets})
     return twin, grown.eval()

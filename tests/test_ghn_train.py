@@ -174,6 +174,31 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     assert result.exit_code == 1 and "missing" in result.stderr
 
 
+def test_a_run_with_role_maps_records_them_and_predicts_with_them(gpts, tmp_path):
+    """``--role-maps``: the LoGAH gets a map for every role of the train split, the maps train
+    (their gradient norm is logged), the checkpoint stores the roles, and the loaded
+    hypernetwork predicts a model with them; a resume must repeat the option."""
+    dataset = gpts
+    out = tmp_path / "run"
+    train(TrainConfig(dataset=str(dataset), out=str(out), meta_batch=2, batch_size=4, seq_len=16, steps=2,
+                      log_every=1, role_maps=True), progress=False)
+    roles = ArchPool(dataset).roles()
+    assert "transformer.h.attn.c_attn.weight" in roles and "transformer.wte.weight" in roles
+    assert json.loads((out / "config.json").read_text())["logah"]["roles"] == roles
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["grad_norms"]["role_maps"] > 0 for m in logged)
+    ghn = load_checkpoint(out)
+    assert list(ghn.config.roles) == roles and ghn.decoder.role_maps.abs().sum() > 0
+    model = build_model(ArchPool(dataset, "eval").records[0].config)
+    predict(model, ghn)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    result = run("train-ghn", "--dataset", dataset, "--out", out, "--steps", "3", "--meta-batch", "2", "--batch-size", "4",
+                 "--seq-len", "16", "--resume")
+    assert result.exit_code == 1 and "was trained with --role-maps True, not False" in result.stderr
+    with pytest.raises(TrainError, match="--role-maps needs the low_rank decoder, not 'ghn3'"):
+        TrainConfig(dataset=str(dataset), out=str(tmp_path / "bad"), decoder="ghn3", role_maps=True)
+
+
 def test_checkpoint_errors(tmp_path):
     ghn = LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096))
     folder = save_checkpoint(tmp_path / "ckpt", ghn, {"variant": "custom"})

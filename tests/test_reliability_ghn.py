@@ -274,6 +274,11 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
     ({"depth_buckets": -1}, "config.json: logah.depth_buckets must be an integer >= 0; got -1"),
     ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
     ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
+    ({"roles": "h.attn.c_attn.weight"}, "config.json: logah.roles must be a list of parameter names; got 'h.attn"),
+    ({"roles": ["a.weight", "a.weight"]}, "config.json: logah.roles: roles must be distinct parameter names"),
+    ({"roles": [3]}, "config.json: logah.roles: roles must be distinct parameter names"),
+    ({"roles": ["a.weight"], "decoder": "ghn3"}, "config.json: logah.roles: role maps need the low_rank decoder, not 'ghn3'"),
+    ({"roles": ["a.weight"]}, "model.safetensors: does not match its config.json (the file holds"),
 ])
 def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint, monkeypatch, change, message):
     build = LoGAH.__init__

@@ -21,6 +21,7 @@ def train_ghn(
     variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
     decoder: str = typer.Option("low_rank", "--decoder", help="low_rank (LoGAH) or ghn3 (GHN-3's tiling decoder, the baseline)."),
     depth_buckets: int = typer.Option(0, "--depth-buckets", help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints."),
+    role_maps: bool = typer.Option(False, "--role-maps/--no-role-maps", help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md)."),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
@@ -44,7 +45,7 @@ def train_ghn(
     from graphkit.ghn.training import TrainConfig, train
 
     config = TrainConfig(dataset=str(dataset), out=str(out), data=data, variant=variant, decoder=decoder,
-                         depth_buckets=depth_buckets,
+                         depth_buckets=depth_buckets, role_maps=role_maps,
                          meta_batch=meta_batch, batch_size=batch_size, seq_len=seq_len, steps=steps, lr=lr,
                          lr_fan_in=lr_fan_in, weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
                          checkpoint_every=checkpoint_every, log_every=log_every, device=device)

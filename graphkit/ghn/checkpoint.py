@@ -145,12 +145,14 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
         least = 0 if name == "depth_buckets" else 1
-        if name != "decoder" and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        if name not in ("decoder", "roles") and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")
+    if not isinstance(fields.get("roles", []), list):
+        raise CheckpointError(f"{file}: logah.roles must be a list of parameter names; got {fields['roles']!r}")
     try:
         config = LoGAHConfig(**fields)
     except VariantError as e:
-        raise CheckpointError(f"{file}: logah.decoder: {e}") from None
+        raise CheckpointError(f"{file}: logah.{e.field}: {e}") from None
     if config.hidden % config.heads:
         raise CheckpointError(f"{file}: logah.hidden {config.hidden} must be a multiple of logah.heads {config.heads}")
     return config

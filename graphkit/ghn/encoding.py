@@ -3,8 +3,8 @@
 An :class:`EncodedGraph` holds everything LoGAH needs about one architecture as small CPU
 tensors and Python tuples: node op ids, shape buckets, clamped degrees, the dense directed
 shortest-path matrix, the parameters to predict (:class:`Target`) and the decoder's queries, one
-per parameter and chunk, already grouped by the ``(kind, rows, cols)`` of the block they decode
-to. A training step only concatenates and pads these; nothing is traced, walked or sorted again.
+per parameter and chunk, already grouped by the ``(kind, role map, rows, cols)`` of the block
+they decode to. A training step only concatenates and pads these; nothing is traced, walked or sorted again.
 ``ArchGraph.to_pyg()`` stays the export for PyG users; it is not the hypernetwork's input.
 
     >>> encoded = encode(graph, ghn.config)
@@ -14,6 +14,7 @@ to. A training step only concatenates and pads these; nothing is traced, walked 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,14 @@ def activate(kind: str, values: Tensor) -> Tensor:
     return values
 
 
+def role_of(name: str) -> str:
+    """A parameter's role: its state-dict name without block indices, so that every block's
+    query projection shares one (``transformer.h.3.attn.c_attn.weight`` ->
+    ``transformer.h.attn.c_attn.weight``, ``blocks.11.mlp.fc1.bias`` -> ``blocks.mlp.fc1.bias``).
+    A decoder with role maps (``LoGAHConfig.roles``) decodes each role through its own map."""
+    return re.sub(r"\.\d+(?=\.)", "", name)
+
+
 def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
     """Every parameter of ``graph`` as a :class:`Target`, in node order."""
     out = []
@@ -114,7 +123,8 @@ class EncodedGraph:
     queries: Tensor    # (Q, 4): node, slot, row chunk, column chunk of each decoder query
     first_query: tuple[int, ...]  # per target, its first query; its chunks follow row-major
     grid: tuple[tuple[int, int], ...]  # per target, (row chunks, column chunks)
-    groups: dict[tuple[str, int, int], tuple[int, ...]]  # (kind, rows, cols) -> its queries
+    roles: tuple[int, ...]  # per target, its role map: 0 the shared map alone, i + 1 config.roles[i]'s
+    groups: dict[tuple[str, int, int, int], tuple[int, ...]]  # (kind, role, rows, cols) -> its queries
 
     @property
     def num_nodes(self) -> int:
@@ -160,8 +170,10 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
 
     k = config.max_mask
     plan = targets(graph, config.max_slots)
+    role_index = {role: i + 1 for i, role in enumerate(config.roles)}
+    roles = tuple(role_index.get(role_of(t.name), 0) for t in plan)
     queries, first, grid, groups = [], [], [], {}
-    for t in plan:
+    for t, role in zip(plan, roles):
         rows, cols = t.matrix_shape
         grid.append((math.ceil(rows / k), math.ceil(cols / k)))
         if max(grid[-1]) > config.max_chunks:
@@ -169,7 +181,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
         first.append(len(queries))
         for i in range(0, rows, k):
             for j in range(0, cols, k):
-                groups.setdefault((t.kind, min(k, rows - i), min(k, cols - j)), []).append(len(queries))
+                groups.setdefault((t.kind, role, min(k, rows - i), min(k, cols - j)), []).append(len(queries))
                 queries.append((t.node, t.slot, i // k, j // k))
     return EncodedGraph(
         ops=torch.tensor(ops, dtype=torch.long),
@@ -182,5 +194,6 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
         queries=torch.tensor(queries, dtype=torch.long).reshape(-1, 4),
         first_query=tuple(first),
         grid=tuple(grid),
+        roles=roles,
         groups={key: tuple(v) for key, v in groups.items()},
     )

@@ -138,9 +138,9 @@ class GrownDecoding:
     twin's values are checked for NaN and Inf before anything is written, and the wide model
     never exists twice in memory, only one grown parameter beside it."""
 
-    def __init__(self, graph: ArchGraph, twin_graph: ArchGraph, twin_params: dict[str, torch.Tensor],
-                 width: int, twin: int, max_slots: int) -> None:
-        self.graph, self.twin_graph, self.twin_params = graph, twin_graph, twin_params
+    def __init__(self, graph: ArchGraph, twin_params: dict[str, torch.Tensor], width: int, twin: int,
+                 max_slots: int) -> None:
+        self.graph, self.twin_params = graph, twin_params
         self.width, self.twin = width, twin
         self.targets = targets(graph, max_slots)
         self._tied_norms = _tied_head_norms(graph)
@@ -208,7 +208,7 @@ def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
     twin_graph = trace(build_model(config, "meta"))
     with torch.no_grad():
         params = ghn.predict(twin_graph)
-    return GrownDecoding(graph, twin_graph, params, extent(graph)["width"], config["hidden"], ghn.config.max_slots)
+    return GrownDecoding(graph, params, extent(graph)["width"], config["hidden"], ghn.config.max_slots)
 
 
 __all__ = ["GrowError", "GrownDecoding", "axis_map", "grow", "growth", "twin_config", "twin_of"]

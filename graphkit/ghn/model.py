@@ -26,6 +26,14 @@ Choices beyond the paper:
   state where gradients vanish (GHN-3's plain 1/sqrt(fan-in) factor did both here). The RMS comes
   from r x r Gram matrices and is folded into A, so no pass over the full matrix is needed.
   Norm weights 2 sigmoid(p / 2) and biases tanh(p / 5), as GHN-3.
+- **Role maps** (``LoGAHConfig.roles``, off by default; ``train-ghn --role-maps``). One shared r -> K
+  map makes every matrix live in the same row and column subspaces: a GPT-2's query projection,
+  MLP and embedding all get the same ``W[:rows]``. With role maps each parameter role (its name
+  without the block index, :func:`~graphkit.ghn.encoding.role_of`) has its own first ``role_rows``
+  rows of the map, drawn independently (rows beyond them, a vocabulary's, stay shared); a role
+  the checkpoint never saw (a hand-written model's names) uses the shared map. On one GPT-2 this
+  left the unigram plateau where the shared map did not; a residual on the shared map, zero or
+  random at init, did not (``benchmarks/ghn_controls.py``, docs/hypernetwork.md).
 
 ``LoGAHConfig(decoder="ghn3")`` swaps in GHN-3's decoder (eq. 2: a d x d x 16 x 16 block,
 cropped and tiled to the target shape) as the baseline the paper compares against.
@@ -33,6 +41,7 @@ cropped and tiled to the target shape) as the baseline the paper compares agains
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -53,7 +62,11 @@ INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm
 
 
 class VariantError(GraphkitError, ValueError):
-    """An unknown LoGAH variant or decoder."""
+    """An unknown LoGAH variant or decoder, or bad role maps; ``field`` names the config field."""
+
+    def __init__(self, message: str, field: str = "decoder") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,8 @@ class LoGAHConfig:
     max_distance: int = 32
     depth_buckets: int = 0   # relative-depth embeddings (see encoding.relative_depth); 0: none
     max_chunks: int = 64     # rows or columns up to max_chunks * K
+    roles: tuple[str, ...] = ()  # parameter roles with their own map (see the module docstring); (): none
+    role_rows: int = 4096    # rows of the map each role has to itself
     max_slots: int = 8       # parameters per node
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     spatial: int = 16        # the ghn3 decoder's block is d x d x spatial x spatial
@@ -77,6 +92,12 @@ class LoGAHConfig:
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
             raise VariantError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
+        roles = tuple(self.roles)  # config.json gives a list; the config must stay hashable
+        if not all(isinstance(role, str) and role for role in roles) or len(set(roles)) < len(roles):
+            raise VariantError(f"roles must be distinct parameter names without block indices; got {self.roles!r}", "roles")
+        if roles and self.decoder != "low_rank":
+            raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
+        object.__setattr__(self, "roles", roles)
 
 
 #: the variants of the paper's Table 1 (d, layers, heads, r)
@@ -167,6 +188,11 @@ class LowRankDecoder(nn.Module):
         # same column to every A and B^T, and their product is then one rank-1 term r b b^T that
         # swamps the rest (every predicted matrix at init had 97% of its energy in one direction)
         self.low_rank = nn.Linear(c.rank, c.max_mask, bias=False)
+        # per role its own first rows of the map (see the module docstring), drawn as the map is
+        self.role_maps = None
+        if c.roles:
+            bound = 1 / math.sqrt(c.rank)  # nn.Linear's init of the shared map
+            self.role_maps = nn.Parameter(torch.empty(len(c.roles), min(c.role_rows, c.max_mask), c.rank).uniform_(-bound, bound))
         # one scalar per parameter for its scale (see forward); zero: every weight starts at INIT_GAIN
         self.gain = nn.Linear(d, 1)
         nn.init.zeros_(self.gain.weight)
@@ -177,21 +203,24 @@ class LowRankDecoder(nn.Module):
         per graph the sum of its parameters' L2 norms (GHN-3's regulariser).
 
         The work is batched so that its kernel count does not grow with the number of parameters:
-        weights are decoded one ``(rows, cols)`` group at a time across graphs, ``W[:rows] M
-        W[:cols]^T`` as two batched matmuls; every 1-D parameter at once, since ``W[:C] M
-        W[:1]^T = W[:C] (M w_0)`` is a row of one (n, max C) product. The norms take no pass over
-        the decoded weights: a weight's norm is fixed by its predicted scale (see :meth:`products`)."""
+        weights are decoded one ``(role, rows, cols)`` group at a time across graphs, ``W[:rows] M
+        W[:cols]^T`` as two batched matmuls; every 1-D parameter at once (one run per role map),
+        since ``W[:C] M W[:1]^T = W[:C] (M w_0)`` is a row of one (n, max C) product. The norms take
+        no pass over the decoded weights: a weight's norm is fixed by its predicted scale (see :meth:`products`)."""
         batch = _DecodeBatch(graphs)
         index = batch.on(nodes.device)
         products, head, norms = self.products(nodes, batch)
         blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
         if batch.weight_groups:
             grouped = products[index["weight_order"]].split([len(m) for m in batch.weight_groups.values()])
-            for ((rows, cols), members), m in zip(batch.weight_groups.items(), grouped):
-                for q, block in zip(members, (head(rows) @ m @ head(cols).t()).unbind(0)):
+            for ((role, rows, cols), members), m in zip(batch.weight_groups.items(), grouped):
+                for q, block in zip(members, (head(role, rows) @ m @ head(role, cols).t()).unbind(0)):
                     blocks[q] = block
         if batch.vector_queries:
-            values = (products[index["vector_queries"]] @ head(1)[0]) @ head(max(batch.vector_lengths)).t()
+            width = max(batch.vector_lengths)
+            runs = products[index["vector_queries"]].split([n for _, n in batch.vector_roles])
+            values = [(m @ head(role, 1)[0]) @ head(role, width).t() for (role, _), m in zip(batch.vector_roles, runs)]
+            values = values[0] if len(values) == 1 else torch.cat(values)
             values = torch.where(index["is_norm"].unsqueeze(1), activate("norm", values), activate("bias", values))
             flat = values.flatten()[index["vector_entries"]]  # each query's first C values, end to end
             square = torch.zeros_like(norms).index_add(0, index["entry_owner"], flat.float().square())
@@ -207,15 +236,15 @@ class LowRankDecoder(nn.Module):
         return out, torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
 
     def products(self, nodes: torch.Tensor, batch: _DecodeBatch
-                 ) -> tuple[torch.Tensor, Callable[[int], torch.Tensor], torch.Tensor]:
+                 ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor]:
         """Per query of ``batch`` (in query order) the r x r matrix ``M = F_A F_B^T``, a weight's
-        scale folded in; ``head(size)``, the low-rank map's first ``size`` rows (a block is
-        ``head(rows) @ M @ head(cols).t()``); and per target the L2 norm of a weight (float32;
-        a 1-D target's entry is left for :meth:`forward` to fill).
+        scale folded in; ``head(role, size)``, the first ``size`` rows of role map ``role`` (0: the
+        shared map; a block is ``head(role, rows) @ M @ head(role, cols).t()``); and per target the
+        L2 norm of a weight (float32; a 1-D target's entry is left for :meth:`forward` to fill).
 
         All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
         its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
-        one r x r Gram matrix per distinct size, gathered per query. It is scaled to RMS
+        one r x r Gram matrix per distinct (role, size), gathered per query. It is scaled to RMS
         ``INIT_GAIN g / sqrt(fan-in)``, so its norm is that times ``sqrt(size)``: exact (up to the
         1e-12 guard), with the same gradient."""
         r, device = self.config.rank, nodes.device
@@ -226,16 +255,21 @@ class LowRankDecoder(nn.Module):
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
         w = self.low_rank.weight[:batch.max_size]
-        rows_of: dict[int, torch.Tensor] = {}
+        maps = self.role_maps.unbind(0) if self.role_maps is not None else ()  # one backward op, not one per role
+        rows_of: dict[tuple[int, int], torch.Tensor] = {}
 
-        def head(size: int) -> torch.Tensor:  # W[:size], one slice per distinct size
-            if size not in rows_of:
-                rows_of[size] = w[:size]
-            return rows_of[size]
+        def head(role: int, size: int) -> torch.Tensor:  # role map ``role``'s first rows, made once per (role, size)
+            if (role, size) not in rows_of:
+                rows = w[:size]
+                if role:
+                    own = maps[role - 1][:len(rows)]
+                    rows = own if len(own) == len(rows) else torch.cat([own, rows[len(own):]])
+                rows_of[role, size] = rows
+            return rows_of[role, size]
 
         # gathers that repeat an index use index_select: its backward is a deterministic index_add,
         # where advanced indexing's accumulates in a thread-dependent order on the CPU
-        grams = torch.stack([head(size).t() @ head(size) for size in batch.sizes])
+        grams = torch.stack([head(role, size).t() @ head(role, size) for role, size in batch.sizes])
         row_grams, col_grams = (grams.index_select(0, index[key]) for key in ("row_size", "col_size"))
         square = ((fa.mT @ row_grams @ fa) * (fb.mT @ col_grams @ fb)).sum((1, 2))
         square = torch.zeros(len(batch.targets), device=device, dtype=square.dtype).index_add(0, index["owner"], square)
@@ -275,10 +309,10 @@ class LowRankDecoder(nn.Module):
 class _DecodeBatch:
     """The queries of several encoded graphs as one batch, and the index tensors that let the
     decoder treat them together: node indices offset into the concatenated node embeddings; the
-    weight queries grouped by (rows, cols) across graphs; the 1-D queries with their lengths and
-    where their values lie in one padded product; per query its target and the Gram matrices of
-    its sizes; per target its graph, first query, chunk grid, fan-in and size. Built on the CPU
-    from the graphs' cached encodings (Python over groups and targets, no tensor work per
+    weight queries grouped by (role map, rows, cols) across graphs; the 1-D queries, in runs of one
+    role map, with their lengths and where their values lie in one padded product; per query its
+    target and the Gram matrices of its (role, size)s; per target its graph, first query, chunk
+    grid, fan-in and size. Built on the CPU from the graphs' cached encodings (Python over groups and targets, no tensor work per
     parameter); :meth:`on` moves the index tensors once per device."""
 
     def __init__(self, graphs: Sequence[EncodedGraph]) -> None:
@@ -286,12 +320,10 @@ class _DecodeBatch:
         self.targets: list[tuple[int, Target]] = []
         self.first_query: list[int] = []
         self.grid: list[tuple[int, int]] = []
-        self.weight_groups: dict[tuple[int, int], list[int]] = {}
-        self.vector_queries: list[int] = []
-        self.vector_lengths: list[int] = []
+        self.weight_groups: dict[tuple[int, int, int], list[int]] = {}
+        vectors: list[tuple[int, int, int, bool]] = []  # role, query, length, is a norm scale
         owner: list[int] = []
-        shape_of: dict[int, tuple[int, int]] = {}
-        is_norm: list[bool] = []
+        shape_of: dict[int, tuple[int, int, int]] = {}
         nodes = 0
         for index, g in enumerate(graphs):
             offset = len(owner)
@@ -301,20 +333,24 @@ class _DecodeBatch:
                 self.targets.append((index, t))
                 self.first_query.append(offset + first)
                 self.grid.append((nr, nc))
-            for (kind, rows, cols), members in g.groups.items():
-                shape_of.update((offset + m, (rows, cols)) for m in members)
+            for (kind, role, rows, cols), members in g.groups.items():
+                shape_of.update((offset + m, (role, rows, cols)) for m in members)
                 if kind == "weight":
-                    self.weight_groups.setdefault((rows, cols), []).extend(offset + m for m in members)
+                    self.weight_groups.setdefault((role, rows, cols), []).extend(offset + m for m in members)
                 else:
-                    self.vector_queries.extend(offset + m for m in members)
-                    self.vector_lengths.extend([rows] * len(members))
-                    is_norm.extend([kind == "norm"] * len(members))
+                    vectors.extend((role, offset + m, rows, kind == "norm") for m in members)
             nodes += g.num_nodes
+        vectors.sort(key=lambda v: v[0])  # stable: runs of one role map, each in query order
+        self.vector_queries = [q for _, q, _, _ in vectors]
+        self.vector_lengths = [length for _, _, length, _ in vectors]
+        is_norm = [norm for _, _, _, norm in vectors]
+        self.vector_roles = [(role, len(list(run))) for role, run in itertools.groupby(v[0] for v in vectors)]  # (role, queries)
         self.queries = torch.cat(queries)
         shapes = [shape_of[q] for q in range(len(owner))]
-        self.sizes = sorted({size for shape in shapes for size in shape})  # those with a Gram matrix
-        self.max_size = self.sizes[-1]
-        position = {size: i for i, size in enumerate(self.sizes)}
+        # the (role, size)s with a Gram matrix
+        self.sizes = sorted({(role, size) for role, rows, cols in shapes for size in (rows, cols)})
+        self.max_size = max(size for _, size in self.sizes)
+        position = {key: i for i, key in enumerate(self.sizes)}
         owner_t = torch.tensor(owner, dtype=torch.long)
         vector = torch.tensor(self.vector_queries, dtype=torch.long)
         lengths = torch.tensor(self.vector_lengths, dtype=torch.long)
@@ -323,8 +359,8 @@ class _DecodeBatch:
         kinds = [t.kind for _, t in self.targets]
         self._cpu = {
             "owner": owner_t,
-            "row_size": torch.tensor([position[rows] for rows, _ in shapes], dtype=torch.long),
-            "col_size": torch.tensor([position[cols] for _, cols in shapes], dtype=torch.long),
+            "row_size": torch.tensor([position[role, rows] for role, rows, _ in shapes], dtype=torch.long),
+            "col_size": torch.tensor([position[role, cols] for role, _, cols in shapes], dtype=torch.long),
             "is_weight_query": torch.tensor([kinds[o] == "weight" for o in owner]),
             "weight_order": torch.tensor([q for members in self.weight_groups.values() for q in members], dtype=torch.long),
             "vector_queries": vector,
@@ -354,8 +390,8 @@ class LowRankDecoding:
     """One graph's predicted parameters, decoded block by block into their destinations.
 
     ``first_non_finite`` proves every value finite *before* anything is written, without
-    decoding: a block is ``A M B^T`` with ``A = W[:rows]``, ``B = W[:cols]``, so each value, and
-    each value of ``A M``, is at most ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A
+    decoding: a block is ``A M B^T`` with ``A = W[:rows]``, ``B = W[:cols]`` (``W`` the
+    parameter's role map), so each value, and each value of ``A M``, is at most ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A
     NaN or Inf anywhere in ``W`` or ``M`` makes that bound NaN or Inf; a finite bound below
     :data:`SAFE_BOUND` means no float32 product can overflow. The 1-D output functions (sigmoid,
     tanh) are finite on finite input. So a model is either written whole or not touched.
@@ -365,7 +401,7 @@ class LowRankDecoding:
     one parameter-sized buffer that is copied over (another dtype or device, 4-D weights):
     never a second copy of the whole model. A meta destination gets a new tensor."""
 
-    def __init__(self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int], torch.Tensor], chunk: int) -> None:
+    def __init__(self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int, int], torch.Tensor], chunk: int) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
 
     def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
@@ -378,9 +414,11 @@ class LowRankDecoding:
 
     def first_non_finite(self) -> str | None:
         """The first parameter some value of which could be NaN or Inf (see the class), or None."""
-        reach = self.head(self.chunk).double().norm(dim=1).cummax(0).values  # reach[n - 1]: the largest of the first n row norms
+        # per role map, reach[n - 1]: the largest of its first n row norms
+        reaches = {role: self.head(role, self.chunk).double().norm(dim=1).cummax(0).values for role in set(self.graph.roles)}
         frobenius = self.products.double().flatten(1).norm(dim=1)
         for index, target in enumerate(self.targets):
+            reach = reaches[self.graph.roles[index]]
             for q, rows, cols in self._blocks(index):
                 inner = reach[rows.stop - rows.start - 1] * frobenius[q]
                 if not (inner < SAFE_BOUND and inner * reach[cols.stop - cols.start - 1] < SAFE_BOUND):
@@ -401,8 +439,9 @@ class LowRankDecoding:
             written[target.name] = destination
             direct = writes_in_place(destination, target, dtype, device)
             matrix = destination.view(target.matrix_shape) if direct else torch.empty(target.matrix_shape, dtype=dtype, device=device)
+            role = self.graph.roles[index]
             for q, rows, cols in self._blocks(index):
-                a, b = self.head(rows.stop - rows.start), self.head(cols.stop - cols.start)
+                a, b = self.head(role, rows.stop - rows.start), self.head(role, cols.stop - cols.start)
                 if target.kind == "weight":
                     torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
                 else:
@@ -512,12 +551,15 @@ class LoGAH(nn.Module):
         self.decoder = LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
 
     @classmethod
-    def from_variant(cls, name: str, decoder: str = "low_rank", depth_buckets: int = LoGAHConfig.depth_buckets) -> LoGAH:
+    def from_variant(cls, name: str, decoder: str = "low_rank", depth_buckets: int = LoGAHConfig.depth_buckets,
+                     roles: Sequence[str] = ()) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
-        ``depth_buckets`` > 0 adds the encoder's relative-depth embedding."""
+        ``depth_buckets`` > 0 adds the encoder's relative-depth embedding; ``roles`` (parameter
+        names without block indices, :func:`~graphkit.ghn.encoding.role_of`) get role maps."""
         if name not in VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
-        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets}))
+        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets,
+                                  "roles": tuple(roles)}))
 
     def config_dict(self) -> dict:
         """The config as plain data (saved beside checkpoints)."""

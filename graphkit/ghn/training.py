@@ -36,7 +36,7 @@ from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, write_text_atomic
 from graphkit.ghn.space import training_space
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from graphkit.ghn.encoding import EncodedGraph, encode
+from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
 from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
@@ -68,6 +68,7 @@ class TrainConfig:
     variant: str = "tiny"
     decoder: str = "low_rank"    # or "ghn3", the tiling baseline
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
+    role_maps: bool = False      # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     meta_batch: int = 4          # architectures per step (per process)
     batch_size: int = 32         # images or sequences per architecture
     seq_len: int = 64
@@ -98,6 +99,10 @@ class TrainConfig:
             raise TrainError(f"unknown LoGAH variant {self.variant!r}; known: {', '.join(VARIANTS)}")
         if self.decoder not in DECODERS:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
+        if not isinstance(self.role_maps, bool):
+            raise TrainError(f"role-maps must be true or false; got {self.role_maps!r}")
+        if self.role_maps and self.decoder != "low_rank":
+            raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
 
 
 class ArchPool:
@@ -139,6 +144,10 @@ class ArchPool:
         """Every op the pool's graphs use."""
         return sorted({node.op for r in self.records for node in r.graph.nodes})
 
+    def roles(self) -> list[str]:
+        """Every parameter role (:func:`~graphkit.ghn.encoding.role_of`) of the pool's graphs."""
+        return sorted({role_of(name) for r in self.records for node in r.graph.nodes for name in node.params})
+
 
 def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:
     """The model of ``config`` on ``device`` with its parameters on meta (ties kept): a shell for
@@ -158,8 +167,8 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
 
 def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[dict[str, Any]]:
     """AdamW parameter groups: every ``nn.Linear`` weight at ``lr * min(1, fan_in / its fan-in)``,
-    the decoder's gain head at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at
-    ``lr``.
+    the decoder's role maps as its low-rank map (they are rows of it), the decoder's gain head
+    at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at ``lr``.
 
     Why (docs/hypernetwork.md has the measurements): Adam moves every weight by about ``lr`` a step
     whatever its gradient's size, so when the updates of a Linear layer agree, its output moves by
@@ -182,6 +191,10 @@ def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[d
             if module is gain and module.bias is not None:
                 groups.append({"params": [module.bias], "lr": lr * GAIN_LR})
                 seen.add(id(module.bias))
+    role_maps = getattr(ghn.decoder, "role_maps", None)
+    if role_maps is not None:
+        groups.append({"params": [role_maps], "lr": lr * min(1.0, fan_in / ghn.config.rank)})
+        seen.add(id(role_maps))
     rest = [p for p in ghn.parameters() if id(p) not in seen]
     return groups + [{"params": rest, "lr": lr}]
 
@@ -261,7 +274,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
-    ghn = LoGAH.from_variant(config.variant, config.decoder, config.depth_buckets).to(device)
+    ghn = LoGAH.from_variant(config.variant, config.decoder, config.depth_buckets,
+                             pool.roles() if config.role_maps else ()).to(device)
     optimizer = make_optimizer(ghn, config)
     start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
@@ -431,7 +445,7 @@ def _factor_similarity(ghn: LoGAH, nodes: torch.Tensor, graphs: Sequence[Encoded
 RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
 #: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
 #: checkpointing and the device may change)
-RESUMED_OPTIONS = ("variant", "decoder", "depth_buckets", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
+RESUMED_OPTIONS = ("variant", "decoder", "depth_buckets", "role_maps", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
                    "lr_fan_in", "weight_decay", "gamma", "clip", "amp", "seed")
 
 
@@ -465,8 +479,8 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
     if state.get("world_size", world) != world:
         raise TrainError(f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
                          f"resume it with {state['world_size']} processes")
-    # a run recorded before the encoder read depth has no depth_buckets: its LoGAH reads none
-    recorded = {"depth_buckets": 0, **state["config"], "data": state["config"].get("data") or default_data}
+    # a run recorded before the encoder read depth or had role maps has neither
+    recorded = {"depth_buckets": 0, "role_maps": False, **state["config"], "data": state["config"].get("data") or default_data}
     given = {**asdict(config), "data": data}
     for name in RESUMED_OPTIONS:
         if name not in recorded:  # an option added after the run was recorded: it cannot be checked
