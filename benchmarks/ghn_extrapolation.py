@@ -14,7 +14,7 @@ Two tables:
   the last block's stream that varies from token to token, predicted against the family's init.
 
     .venv/bin/python benchmarks/ghn_extrapolation.py                 # print both tables
-    .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md
+    .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md (a section a family)
     .venv/bin/python benchmarks/ghn_extrapolation.py --steps 300 --family vit
 
 Runs on the CPU in about 75 minutes on 2 cores at the default 100 steps; ``--device cuda`` on a GPU.
@@ -163,13 +163,13 @@ def main() -> None:
     import torch
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
-    text = [f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4, the same batches for every "
-            "initialisation. Command: `.venv/bin/python benchmarks/ghn_extrapolation.py --write`.", ""]
     for family in args.family or SHAPES:
-        text += [fine_tuning(family, args.steps, args.device), propagation(family)]
-    print("\n".join(text))
-    if args.write:
-        common.write_section("\n".join(text), "ghn_extrapolation")
+        text = "\n".join([f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4, the same batches for every "
+                          f"initialisation. Command: `.venv/bin/python benchmarks/ghn_extrapolation.py --family {family} "
+                          "--write`.", "", fine_tuning(family, args.steps, args.device), propagation(family)])
+        print(text, flush=True)
+        if args.write:  # one section a family, so that rerunning one leaves the other's
+            common.write_section(text, f"ghn_extrapolation_{family}")
 
 
 if __name__ == "__main__":

@@ -183,17 +183,20 @@ def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[d
     gain = getattr(ghn.decoder, "gain", None)
     groups: list[dict[str, Any]] = []
     seen: set[int] = set()
+
+    def scaled(width: int) -> float:
+        return lr * min(1.0, fan_in / width)
+
     for module in ghn.modules():
         if isinstance(module, nn.Linear):
-            factor = GAIN_LR if module is gain else min(1.0, fan_in / module.in_features)
-            groups.append({"params": [module.weight], "lr": lr * factor})
+            groups.append({"params": [module.weight], "lr": lr * GAIN_LR if module is gain else scaled(module.in_features)})
             seen.add(id(module.weight))
             if module is gain and module.bias is not None:
                 groups.append({"params": [module.bias], "lr": lr * GAIN_LR})
                 seen.add(id(module.bias))
     role_maps = getattr(ghn.decoder, "role_maps", None)
     if role_maps is not None:
-        groups.append({"params": [role_maps], "lr": lr * min(1.0, fan_in / ghn.config.rank)})
+        groups.append({"params": [role_maps], "lr": scaled(role_maps.shape[-1])})  # rows of an r-in map
         seen.add(id(role_maps))
     rest = [p for p in ghn.parameters() if id(p) not in seen]
     return groups + [{"params": rest, "lr": lr}]
