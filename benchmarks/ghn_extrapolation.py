@@ -6,12 +6,14 @@ Two tables:
 - **Fine-tuning** (items 2 and 3): for hand-written out-of-space shapes (wider, deeper, both;
   "how far out" is the ratio to the widest width and the deepest depth trained) the held-out
   loss and accuracy at steps 0 and ``--steps`` of AdamW fine-tuning from ``predict``'s
-  parameters (wide models grown from their narrow twin, graphkit.ghn.grow), from the same
-  hypernetwork decoding them directly (``--no-grow``, the reference), and from the family's
-  random initialisation, on the same batches.
-- **Propagation** (item 1): at ViT-S/B/L's and GPT-2-Medium/Large's shapes, on random inputs,
-  the residual stream's RMS at the last block, the logits' standard deviation and the share of
-  the last block's stream that varies from token to token, predicted against the family's init.
+  parameters (wide models grown from their narrow twin, graphkit.ghn.grow; the stream
+  calibrated to the init's, graphkit.ghn.calibrate), from the same prediction uncalibrated
+  (``--no-calibrate``, the reference), and from the family's random initialisation, on the
+  same batches.
+- **Propagation** (item 1): at ViT-S/B/L's and GPT-2-Medium/Large/XL's shapes, on random inputs
+  the calibration did not see, the residual stream's RMS at the last block, the share of it that
+  varies from token to token and the logits' standard deviation: ``predict``'s model, the same
+  prediction uncalibrated, and the family's init.
 
     .venv/bin/python benchmarks/ghn_extrapolation.py                 # print both tables
     .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md (a section a family)
@@ -49,7 +51,8 @@ USER_SHAPES = {
             ("ViT-B", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=768, heads=12)),
             ("ViT-L", dict(VIT, image_size=32, patch_size=4, num_layers=24, hidden=1024, heads=16))],
     "gpt2": [("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16)),
-             ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20))],
+             ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20)),
+             ("GPT-2-XL", dict(GPT, num_layers=48, hidden=1600, heads=25))],
 }
 BATCH = {"vit": 32, "gpt2": 8}
 
@@ -68,7 +71,8 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
     from graphkit.ghn.checkpoint import bundled_checkpoint
     from graphkit.ghn.data import default_source, load_source
     from graphkit.ghn.evaluate import fine_tune, initialise
-    from graphkit.ghn.predict import predicted_params
+    from graphkit.ghn.calibrate import calibrate
+    from graphkit.ghn.predict import calibrates, predicted_params
     from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
@@ -76,7 +80,7 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
     space = ghn.info["space"]
     rows = [f"**{family}** ({bundled_checkpoint(family)}; trained widths {space['width'][0]}-{space['width'][1]}, depths "
             f"{space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps 0 and {steps}:", "",
-            f"| shape | how far out | grown (`predict`) @0 | @{steps} | direct (`--no-grow`) @0 | @{steps} | random @0 | @{steps} |",
+            f"| shape | how far out | `predict` @0 | @{steps} | uncalibrated (`--no-calibrate`) @0 | @{steps} | random @0 | @{steps} |",
             "|---|---|---|---|---|---|---|---|"]
     wins = {0: 0, steps: 0}
     for what, config in SHAPES[family]:
@@ -86,21 +90,24 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
         held_out = [[t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)]
         batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(steps)]
         cells, loss = [], {}
-        for init, grow in (("grown", True), ("direct", False), ("random", None)):
+        predicted = predicted_params(ghn, graph)
+        for init in ("predict", "uncalibrated", "random"):
             torch.manual_seed(0)
             model = build_model(config, "cpu")
-            if grow is not None:
-                initialise(model, "predicted", predicted_params(ghn, graph, grow=grow))
+            if init != "random":
+                initialise(model, "predicted", predicted)
+            if init == "predict" and calibrates(ghn, graph):
+                calibrate(model, graph)
             _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, [0, steps])
             loss[init] = {h: scores[h][0] for h in (0, steps)}
             cells += [f"{scores[h][0]:.2f} / {scores[h][1]:.2f}" for h in (0, steps)]
         for h in wins:
-            wins[h] += loss["grown"][h] < loss["random"][h]
+            wins[h] += loss["predict"][h] < loss["random"][h]
         name = f"{config['num_layers']} x {config['hidden']}, {config['heads']} heads ({what})"
         rows.append(f"| {name} | {how_far(config, space)} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     n = len(SHAPES[family])
-    rows += ["", f"Grown beats random on {wins[0]}/{n} shapes at step 0 and {wins[steps]}/{n} at step {steps}.", ""]
+    rows += ["", f"`predict`'s parameters beat random on {wins[0]}/{n} shapes at step 0 and {wins[steps]}/{n} at step {steps}.", ""]
     return "\n".join(rows)
 
 
@@ -123,29 +130,37 @@ def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
 
 
 def propagation(family: str) -> str:
-    """The propagation table of one family."""
+    """The propagation table of one family: ``predict``'s model (calibrated, as it is outside the
+    training space), the same prediction with ``--no-calibrate``, and the family's init, measured
+    on a batch the calibration did not see."""
     import torch
 
     from graphkit.families import build_model
     from graphkit.ghn import load_checkpoint, predict
+    from graphkit.ghn.calibrate import calibrate
     from graphkit.ghn.checkpoint import bundled_checkpoint
+    from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family))
-    rows = ["| shape | stream RMS, predicted / init | token-varying share, predicted / init | logit std, predicted / init |",
-            "|---|---|---|---|"]
+    rows = ["| shape | stream RMS: `predict` / uncalibrated / init | token-varying share | logit std |", "|---|---|---|---|"]
     for name, config in USER_SHAPES[family]:
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(1)  # the calibration batch is seed 0's
         inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if family == "vit"
                   else {"input_ids": torch.randint(0, 50257, (4, 64), generator=generator)})
-        torch.manual_seed(0)
-        init = stream_statistics(build_model(config, "cpu").eval(), family, inputs)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # the init calibrate() reads, built once for both
+            init_model = build_model(config, "cpu").eval()
+        init = stream_statistics(init_model, family, inputs)
         model = build_model(config, "meta")
-        predict(model, ghn)
+        graph = trace(model)
+        predict(model, ghn, graph=graph, calibrate=False)
+        raw = stream_statistics(model.eval(), family, inputs)
+        calibrate(model, graph, reference=init_model)
         got = stream_statistics(model.eval(), family, inputs)
         rows.append(f"| {name} ({config['num_layers']} x {config['hidden']}) | " + " | ".join(
-            f"{p:.2f} / {i:.2f} ({p / i:.1f}x)" for p, i in zip(got, init)) + " |")
+            f"{p:.2f} ({p / i:.1f}x) / {r:.2f} ({r / i:.1f}x) / {i:.2f}" for p, r, i in zip(got, raw, init)) + " |")
         print(rows[-1], flush=True)
-        del model
+        del model, init_model
     return "\n".join(rows) + "\n"
 
 

@@ -122,7 +122,7 @@ def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
 def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=1024, heads=16))
     model = build_model(config, "meta")
-    predict(model, vits)
+    predict(model, vits, calibrate=False)  # the grown model itself, before the stream is calibrated
     twin_cfg = twin_of(vits, graphkit.trace(build_model(config, "meta")))
     twin = build_model(twin_cfg, "meta")
     predict(twin, vits)
@@ -130,47 +130,3 @@ def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     torch.testing.assert_close(logits(model.eval(), inputs), logits(twin.eval(), inputs), rtol=1e-4, atol=1e-4)
     direct = predicted_params(vits, graphkit.trace(build_model(config, "meta")), grow=False)
     assert not torch.equal(direct["head.weight"], model.head.weight)
-
-
-def stream_and_logits(model, blocks, inputs):
-    seen = []
-    hook = blocks[-1].register_forward_hook(lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out))
-    out = logits(model, inputs)
-    hook.remove()
-    stream = seen[0]
-    varying = ((stream - stream.mean(1, keepdim=True)).pow(2).mean() / stream.pow(2).mean()).item()
-    return varying, out.std().item()
-
-
-def test_predicted_vit_large_propagates_like_its_init(vits):
-    """ViT-L's shape (24 x 1024, 16 heads) at digits' resolution: decoded directly, its logits
-    are 11x as spread as init's; grown from its 256-wide twin, 3.8x, and its last block's stream
-    varies from token to token more than init's does."""
-    config = dict(VIT, num_layers=24, hidden=1024, heads=16)
-    inputs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    init = build_model(config, "cpu").eval()
-    init_varying, init_std = stream_and_logits(init, init.blocks, inputs)
-    del init
-    model = build_model(config, "meta")
-    predict(model, vits)
-    varying, std = stream_and_logits(model.eval(), model.blocks, inputs)
-    assert torch.isfinite(torch.tensor(std)) and std < 4 * init_std
-    assert varying > 0.5 * init_varying
-
-
-def test_predicted_gpt2_large_is_finite_and_its_logits_spread_like_inits():
-    """GPT-2-Large's shape (36 x 1280, 20 heads), with a small vocabulary to stay cheap: grown
-    from its 128-wide twin, its logits spread 3.7x as far as init's (decoded directly: 11x)."""
-    gpts = load_checkpoint("logah-tiny-gpts")
-    config = {"family": "gpt2", "num_layers": 36, "hidden": 1280, "heads": 20, "vocab_size": 1000, "context": 64}
-    inputs = {"input_ids": torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))}
-    torch.manual_seed(0)
-    init = build_model(config, "cpu").eval()
-    _, init_std = stream_and_logits(init, init.transformer.h, inputs)
-    del init
-    model = build_model(config, "meta")
-    assert twin_of(gpts, graphkit.trace(model))["hidden"] == 128
-    predict(model, gpts)
-    _, std = stream_and_logits(model.eval(), model.transformer.h, inputs)
-    assert torch.isfinite(torch.tensor(std)) and std < 4 * init_std

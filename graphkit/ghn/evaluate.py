@@ -52,6 +52,7 @@ class EvalConfig:
     seed: int = 0
     device: str | None = None  # None: cuda if available, else cpu
     residual_scale: bool | None = None  # scale residual branches as the family's init does; None: when it does (GPT-2)
+    calibrate: bool | None = None  # calibrate the predicted stream (graphkit.ghn.calibrate); None: as predict, out of space
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
@@ -119,7 +120,8 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     from graphkit.families import build_model
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.predict import predicted_params, scales_residuals
+    from graphkit.ghn.calibrate import calibrate
+    from graphkit.ghn.predict import calibrates, predicted_params, scales_residuals
     from graphkit.ghn.training import ArchPool
 
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -139,16 +141,20 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             check_graph(ghn, record.graph)
             predicted = predicted_params(ghn, record.graph, config.residual_scale)
             scaled = scales_residuals(record.graph, config.residual_scale)
+            calibrated = calibrates(ghn, record.graph, config.calibrate)
             generator = torch.Generator().manual_seed(config.seed)
             held_out = [_to(source.batch(record.config, config.batch_size, generator, split="eval"), device)
                         for _ in range(config.eval_batches)]
             train_batches = [_to(source.batch(record.config, config.batch_size, generator), device) for _ in range(config.steps)]
             for init in INITS:
                 torch.manual_seed(config.seed)
-                model = initialise(build_model(record.config, "cpu"), init, predicted).to(device)
+                model = initialise(build_model(record.config, "cpu"), init, predicted)
+                if init == "predicted" and calibrated:
+                    calibrate(model, record.graph)
+                model = model.to(device)
                 curve, scores = fine_tune(model, train_batches, source.task, config.lr, held_out, at)
                 row = {"id": record.id, "task": source.task, "num_params": record["num_params"], "init": init,
-                       "residual_scale": scaled, "horizons": at, "curve": curve}
+                       "residual_scale": scaled, "calibrated": calibrated and init == "predicted", "horizons": at, "curve": curve}
                 for h in at:
                     row[f"loss_{h}"], row[f"accuracy_{h}"] = scores[h]
                 row["loss"], row["accuracy"] = scores[config.steps]
@@ -165,7 +171,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means per initialisation at every horizon, and at each horizon the fraction of
     architectures where ``predicted`` has a lower held-out loss than ``random`` and than
     ``orthogonal``; ``residual_scale``, whether the predictions had their residual branches
-    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``predicted_beats_random`` /
+    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many
+    architectures the predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random`` /
     ``predicted_beats_orthogonal`` are the verdicts at the final step."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
@@ -179,6 +186,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     loss = {(r["id"], r["init"], h): r[f"loss_{h}"] for r in rows for h in at}
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
+    summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
     summary["wins"] = {str(h): {other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
                                 for other in ("random", "orthogonal")} for h in at}
     summary["predicted_beats_random"] = summary["wins"][str(at[-1])]["random"]

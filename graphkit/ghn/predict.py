@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.ghn.calibrate import calibrate as calibrate_stream
+from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import GrownDecoding, growth
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
@@ -29,15 +31,6 @@ from graphkit.params import available_memory, check_params, first_non_finite, me
 
 class PredictError(GraphkitError):
     """The hypernetwork cannot predict this model, or produced unusable parameters."""
-
-
-def residual_writers(graph: ArchGraph) -> list[str]:
-    """The weights that write a residual branch into the stream: those of every linear node whose
-    output feeds an ``add`` (GPT-2's ``attn.c_proj`` and ``mlp.c_proj``, timm's ``attn.proj`` and
-    ``mlp.fc2``, LLaMA's ``o_proj`` and ``down_proj``), in graph order."""
-    feeds_add = {src for src, dst in graph.edges if graph.nodes[dst].op == "add"}
-    return [name for i, node in enumerate(graph.nodes) if i in feeds_add and node.op == "linear"
-            for name, shape in node.params.items() if len(shape) >= 2]
 
 
 def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
@@ -50,6 +43,26 @@ def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
         return choice
     family = FAMILIES.get(graph.meta.get("family"))
     return bool(family is not None and family.scaled_residuals)
+
+
+def calibrates(ghn: LoGAH, graph: ArchGraph, choice: bool | None = None) -> bool:
+    """Whether ``graph``'s prediction gets its stream calibrated (:mod:`graphkit.ghn.calibrate`):
+    ``choice`` when given (the ``calibrate`` of :func:`predict` and ``eval-ghn``), else when the
+    graph lies outside the space ``ghn`` was trained on (there the branches of every block add up
+    to a stream many times the init's; inside, the predictions are used as trained) and is of one
+    of graphkit's families, whose init the rule reads."""
+    from graphkit.families import ConfigError, config_from_graph
+    from graphkit.ghn.space import outside_training_space
+
+    if choice is not None:
+        return choice
+    if outside_training_space(getattr(ghn, "info", None) or {}, graph) is None:
+        return False
+    try:
+        config_from_graph(graph)
+    except ConfigError:
+        return False
+    return True
 
 
 @torch.no_grad()
@@ -86,7 +99,7 @@ def predicted_params(ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None =
 
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
             memory_limit: int | None = None, graph: ArchGraph | None = None,
-            residual_scale: bool | None = None, grow: bool = True) -> dict[str, torch.Tensor]:
+            residual_scale: bool | None = None, grow: bool = True, calibrate: bool | None = None) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
@@ -103,7 +116,10 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     as the family's own init does (:func:`scale_residuals`); None: when the family does
     (:func:`scales_residuals`, GPT-2). ``grow`` predicts a model wider than any the
     hypernetwork trained on as its narrow twin, grown (:mod:`graphkit.ghn.grow`); False
-    decodes it directly."""
+    decodes it directly. ``calibrate`` rescales the residual branches and the output layer so
+    that the stream and logits are no larger than the family's init gives
+    (:func:`graphkit.ghn.calibrate.calibrate`); None: for a model outside the hypernetwork's
+    training space (:func:`calibrates`)."""
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.tracing import trace
 
@@ -111,6 +127,9 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     if ghn is None:
         ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
     check_graph(ghn, graph)
+    calibrated = calibrates(ghn, graph, calibrate)
+    if calibrated:
+        check_calibration(graph)
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
     check_params(model, {t.name: torch.empty(t.shape, device="meta") for t in plan}, source=f"{type(model).__name__}: ")
@@ -134,8 +153,10 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
         for name, param in destinations.items():
             if param.is_meta:
                 replace_parameter(model, canonical[id(param)], written[name], names)
+    if calibrated:
+        calibrate_stream(model, graph)
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
+__all__ = ["predict", "calibrates", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
            "available_memory", "first_non_finite"]  # the last two now live in graphkit.params

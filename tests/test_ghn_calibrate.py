@@ -1,0 +1,159 @@
+"""Stream calibration (graphkit.ghn.calibrate): predicted models outside the training space get
+the residual stream and logit spread of their family's init, at the sizes people use."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import graphkit
+from graphkit.families import build_model
+from graphkit.ghn import load_checkpoint
+from graphkit.ghn.calibrate import CalibrationError, calibrate, check_calibration, factor
+from graphkit.ghn.predict import calibrates, predict, predicted_params
+
+VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
+
+
+def statistics(model: nn.Module, blocks: nn.Module, inputs) -> tuple[float, float, float]:
+    """The last block's stream RMS, the share of it that varies from token to token, and the
+    logits' standard deviation."""
+    seen = []
+    hook = blocks[-1].register_forward_hook(lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    hook.remove()
+    stream, out = seen[0].float(), (out.logits if hasattr(out, "logits") else out).float()
+    varying = ((stream - stream.mean(1, keepdim=True)).pow(2).mean() / stream.pow(2).mean()).item()
+    return stream.pow(2).mean().sqrt().item(), varying, out.std().item()
+
+
+def test_factor_keeps_what_fits_and_meets_the_target_exactly_where_it_does_not():
+    generator = torch.Generator().manual_seed(0)
+    stream, branch = torch.randn(64, 32, generator=generator), torch.randn(64, 32, generator=generator)
+    rms = lambda x: x.pow(2).mean().sqrt().item()  # noqa: E731
+    assert factor(stream, branch, 10.0) == 1.0  # the whole branch keeps the stream below 10
+    a = factor(stream, 5 * branch, 2.0)
+    assert 0 < a < 1 and math.isclose(rms(stream + a * 5 * branch), 2.0, rel_tol=1e-6)
+    # already above the target: the factor that brings the stream lowest (here it takes the branch out)
+    assert factor(3 * stream, branch, 1.0) == pytest.approx(0.0, abs=0.05)
+    assert factor(stream, -0.5 * stream, 0.6) == 1.0  # a branch that brings the stream down is kept whole
+    assert factor(stream, torch.zeros_like(branch), 0.1) == 1.0
+
+
+@pytest.fixture(scope="module")
+def vits():
+    return load_checkpoint("logah-tiny-vits")
+
+
+def test_predicted_vit_large_propagates_like_its_init(vits):
+    """ViT-L's shape (24 x 1024, 16 heads) at digits' resolution, as `predict` gives it: grown
+    from its twin and calibrated. Uncalibrated, its stream was 9x init's and its logits 3-4x
+    as spread; now both are within 2x on a batch the calibration did not see."""
+    config = dict(VIT, num_layers=24, hidden=1024, heads=16)
+    inputs = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    init = build_model(config, "cpu").eval()
+    init_rms, init_varying, init_std = statistics(init, init.blocks, inputs)
+    del init
+    model = build_model(config, "meta")
+    graph = graphkit.trace(model)
+    assert calibrates(vits, graph)  # outside the training space: calibrated by default
+    predict(model, vits, graph=graph)
+    rms, varying, std = statistics(model.eval(), model.blocks, inputs)
+    assert 0.5 < rms / init_rms < 2 and 0.5 < std / init_std < 2, (rms, init_rms, std, init_std)
+    assert varying > 0.5 * init_varying
+
+
+def test_predicted_gpt2_large_propagates_like_its_init():
+    """GPT-2-Large's shape (36 x 1280, 20 heads), with a small vocabulary to stay cheap: the
+    stream RMS and logit spread within 2x of init's, and a stream that varies from token to
+    token at least half as much (uncalibrated: 26x the RMS, 2% varying at Medium's shape)."""
+    gpts = load_checkpoint("logah-tiny-gpts")
+    config = {"family": "gpt2", "num_layers": 36, "hidden": 1280, "heads": 20, "vocab_size": 1000, "context": 64}
+    inputs = {"input_ids": torch.randint(0, 1000, (4, 32), generator=torch.Generator().manual_seed(1))}
+    torch.manual_seed(0)
+    init = build_model(config, "cpu").eval()
+    init_rms, init_varying, init_std = statistics(init, init.transformer.h, inputs)
+    del init
+    model = build_model(config, "meta")
+    predict(model, gpts)
+    rms, varying, std = statistics(model.eval(), model.transformer.h, inputs)
+    assert math.isfinite(std)
+    assert 0.5 < rms / init_rms < 2 and 0.5 < std / init_std < 2, (rms, init_rms, std, init_std)
+    assert varying > 0.5 * init_varying, (varying, init_varying)
+
+
+def test_a_model_inside_the_training_space_is_left_as_predicted(vits):
+    config = dict(VIT, num_layers=4, hidden=256, heads=4)
+    model = build_model(config, "meta")
+    graph = graphkit.trace(model)
+    assert not calibrates(vits, graph) and calibrates(vits, graph, True)
+    written = predict(model, vits, graph=graph)
+    for name, value in predicted_params(vits, graph).items():
+        torch.testing.assert_close(written[name], value, msg=name)
+
+
+def test_calibration_only_shrinks_and_leaves_an_init_as_it_is():
+    """A model at its own init is its own target: every factor is 1 and nothing changes."""
+    config = dict(VIT, num_layers=3, hidden=64, heads=2)
+    torch.manual_seed(0)
+    model = build_model(config, "cpu")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = calibrate(model, graphkit.trace(build_model(config, "meta")))
+    assert len(result.factors) == 6 and all(a == pytest.approx(1.0) for a in result.factors.values())
+    assert result.head_factor == pytest.approx(1.0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name], msg=name)
+
+
+def test_calibration_scales_each_branch_in_flight_as_the_weights_then_compute(vits):
+    """The factors found with the branches rescaled in flight are the factors the weights get:
+    after calibration the stream is at the init's on the calibration batch itself."""
+    config = dict(VIT, num_layers=12, hidden=384, heads=6)
+    model = build_model(config, "meta")
+    graph = graphkit.trace(model)
+    predict(model, vits, graph=graph, calibrate=False)
+    result = calibrate(model, graph)
+    assert result.stream["before"] > 5 * result.stream["init"]
+    assert result.stream["after"] == pytest.approx(result.stream["init"], rel=1e-3)
+    assert result.logit_std["after"] == pytest.approx(result.logit_std["init"], rel=1e-3)
+    assert min(result.factors.values()) < 0.2 and max(result.factors.values()) <= 1.0
+
+
+def test_a_tied_output_layer_is_not_rescaled():
+    """Scaling an LM head tied to the token embedding would scale the stream's input too."""
+    gpts = load_checkpoint("logah-tiny-gpts")
+    config = {"family": "gpt2", "num_layers": 12, "hidden": 128, "heads": 2, "vocab_size": 1000, "context": 64, "tied": True}
+    model = build_model(config, "meta")
+    graph = graphkit.trace(model)
+    predict(model, gpts, graph=graph, calibrate=False)
+    embedding = model.transformer.wte.weight.clone()
+    result = calibrate(model, graph)
+    assert result.head_factor == 1.0 and model.lm_head.weight is model.transformer.wte.weight
+    torch.testing.assert_close(model.transformer.wte.weight, embedding)
+
+
+class Handwritten(nn.Module):
+    """Not one of graphkit's families: no config to read its init from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.block, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 50)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        return self.head(x + self.block(x))
+
+
+def test_a_model_of_no_family_is_refused_before_anything_is_written():
+    model = Handwritten()
+    graph = graphkit.trace(model, ((torch.zeros(2, 8, dtype=torch.long),), {}))
+    with pytest.raises(CalibrationError, match="graphkit's families"):
+        check_calibration(graph)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CalibrationError):
+        calibrate(model, graph)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[name], msg=name)
