@@ -23,12 +23,37 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
 from graphkit.errors import GraphkitError
 from graphkit.fileio import MARK, atomic_path, check_output_file, figure_metadata, version
-from graphkit.graph import ArchGraph, Node, attention_kind, window_text
+from graphkit.ops import attention_kind, window_text
+
+
+class NodeLike(Protocol):
+    """What a drawing reads from a node (:class:`graphkit.graph.Node`). ``ArchGraph.draw`` calls
+    this module, so it names the graph's parts by what it needs instead of importing them back."""
+
+    name: str
+    op: str
+    module: str
+    params: dict[str, tuple[int, ...]]
+    attrs: dict[str, Any]
+
+    @property
+    def num_params(self) -> int: ...
+
+
+class GraphLike(Protocol):
+    """What a drawing reads from a graph (:class:`graphkit.graph.ArchGraph`)."""
+
+    nodes: list[NodeLike]
+    edges: list[tuple[int, int]]
+    meta: dict[str, Any]
+
+    @property
+    def num_params(self) -> int: ...
 
 #: file types :func:`draw` writes
 SUFFIXES = (".svg", ".png", ".pdf")
@@ -87,7 +112,7 @@ def op_kind(op: str) -> str:
 class Box:
     """One drawn node: its label lines (style, text), hover text, colour group, size and centre."""
 
-    node: Node
+    node: NodeLike
     lines: list[tuple[str, str]]
     tooltip: str
     kind: str
@@ -161,7 +186,7 @@ def _relative(value: Any, stack: str, index: int) -> Any:
     return value
 
 
-def _block_signature(nodes: list[Node], members: list[int], edges: set[tuple[int, int]], stack: str, index: int) -> str:
+def _block_signature(nodes: list[NodeLike], members: list[int], edges: set[tuple[int, int]], stack: str, index: int) -> str:
     """What must match for two blocks to fold: their nodes with the block path made relative,
     and the edges among them."""
     local = {n: i for i, n in enumerate(members)}
@@ -208,7 +233,7 @@ def _runs(signatures: list[str]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def fold_repeats(graph: ArchGraph) -> tuple[list[int], list[tuple[int, int]], list[Frame]]:
+def fold_repeats(graph: GraphLike) -> tuple[list[int], list[tuple[int, int]], list[Frame]]:
     """Collapse runs of identical consecutive blocks to their first block (or first pair).
 
     Returns the kept node indices (in order), the edges between them (an edge into or out of a
@@ -279,7 +304,7 @@ _ATTENTION_FLAGS = (("rope", "rope"), ("alibi", "alibi"), ("softcap", "softcap")
                     ("class_attention", "class-attn"), ("latent_query", "latent query"))
 
 
-def _details(node: Node) -> list[str]:
+def _details(node: NodeLike) -> list[str]:
     """The op-specific facts worth reading without hovering."""
     a = node.attrs
     if node.op == "attention":
@@ -302,7 +327,7 @@ def _details(node: Node) -> list[str]:
     return []
 
 
-def _box(node: Node) -> Box:
+def _box(node: NodeLike) -> Box:
     head = node.op
     if node.op == "attention":
         head = f"attention · {attention_kind(node.attrs)}"
@@ -318,7 +343,7 @@ def _box(node: Node) -> Box:
                w=max(width, 96.0), h=len(lines) * _LINE + _PAD)
 
 
-def build_scene(graph: ArchGraph, expand: bool = False) -> Scene:
+def build_scene(graph: GraphLike, expand: bool = False) -> Scene:
     """The boxes, edges and frames to draw, before layout."""
     if expand:
         kept, edges, frames = list(range(len(graph.nodes))), list(graph.edges), []
@@ -579,7 +604,7 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
     fig.savefig(path, format=format, dpi=72 * scale, facecolor="white", metadata=figure_metadata(format))
 
 
-def draw(graph: ArchGraph, path: str | Path, *, expand: bool = False) -> Drawing:
+def draw(graph: GraphLike, path: str | Path, *, expand: bool = False) -> Drawing:
     """Draw ``graph`` top to bottom to ``path`` (.svg, .png or .pdf, written atomically).
 
     Repeated blocks are folded into one frame marked "x N" unless ``expand``. Attention boxes

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from graphkit.errors import GraphError
-from graphkit.ops import OPS_VERSION, is_known_op, op_id
+from graphkit.ops import OPS_VERSION, attention_kind, is_known_op, op_id, window_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -341,17 +341,6 @@ class ArchGraph:
         for (num_experts, top_k, width), layers in experts.items():
             lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
         return "\n".join(lines)
-
-
-def window_text(window: int | list[int]) -> str:
-    """An attention window for people: a sliding window's size, or an image window's sides (7×7)."""
-    return "×".join(map(str, window)) if isinstance(window, (list, tuple)) else str(window)
-
-
-def attention_kind(attrs: Mapping[str, Any]) -> str:
-    """MHA, MQA or GQA from an attention node's head counts, or its recorded variant (e.g. KDGQA)."""
-    heads, kv = attrs.get("heads"), attrs.get("kv_heads")
-    return str(attrs.get("variant") or "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
 
 
 def graph_meta(**meta: Any) -> dict[str, Any]:

@@ -13,6 +13,9 @@ folded into its predecessor (activations) or carries no parameters GHN-3 would p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 OPS_VERSION = 2
 
@@ -127,3 +130,14 @@ def vocabulary_markdown() -> str:
 def is_known_op(op: str) -> bool:
     """True for a vocabulary op or an ``other:<aten op>`` fallback."""
     return op in OP_IDS or (op.startswith("other:") and len(op) > 6)
+
+
+def window_text(window: int | list[int]) -> str:
+    """An attention window for people: a sliding window's size, or an image window's sides (7×7)."""
+    return "×".join(map(str, window)) if isinstance(window, (list, tuple)) else str(window)
+
+
+def attention_kind(attrs: Mapping[str, Any]) -> str:
+    """MHA, MQA or GQA from an attention node's head counts, or its recorded variant (e.g. KDGQA)."""
+    heads, kv = attrs.get("heads"), attrs.get("kv_heads")
+    return str(attrs.get("variant") or "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")

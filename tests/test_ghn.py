@@ -8,7 +8,8 @@ from torch.func import functional_call
 
 import graphkit
 from graphkit.families import build_model
-from graphkit.ghn.model import VARIANTS, LoGAH, LoGAHConfig
+from graphkit.ghn.config import VARIANTS, LoGAHConfig
+from graphkit.ghn.model import LoGAH
 
 TABLE_1 = {"tiny": 2.54e6, "small": 21.41e6, "base": 78.23e6, "large": 289.42e6}
 
@@ -114,7 +115,7 @@ def test_ghn3_decoder_matches_equation_2_and_tiles():
 
 
 def test_one_batched_pass_equals_one_graph_at_a_time():
-    from graphkit.ghn.model import targets
+    from graphkit.ghn.encoding import targets
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
@@ -169,7 +170,8 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
     """An untrained LoGAH must start where a model can learn: weights at RMS INIT_GAIN / sqrt(fan-in)
     and no matrix collapsed onto one direction (a bias in the r -> K map made 97% of every
     matrix's energy one rank-1 term)."""
-    from graphkit.ghn.model import INIT_GAIN, targets
+    from graphkit.ghn.encoding import targets
+    from graphkit.ghn.model import INIT_GAIN
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
@@ -187,7 +189,8 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
 
 def test_weight_scale_stays_bounded_whatever_the_gain_head_says():
     """The predicted scale can neither blow up nor reach zero: RMS in (0, 2 INIT_GAIN / sqrt(fan-in))."""
-    from graphkit.ghn.model import INIT_GAIN, targets
+    from graphkit.ghn.encoding import targets
+    from graphkit.ghn.model import INIT_GAIN
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()

@@ -8,7 +8,8 @@ import torch
 import graphkit
 from graphkit.families import build_model
 from graphkit.ghn.encoding import role_of, targets
-from graphkit.ghn.model import LoGAH, LoGAHConfig, VariantError
+from graphkit.ghn.config import LoGAHConfig, VariantError
+from graphkit.ghn.model import LoGAH
 
 CONFIGS = (dict(family="gpt2", num_layers=2, hidden=96, heads=2, vocab_size=300),
            dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2),

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from graphkit.attention.convert import TIMM_ATTENTION, adapters
+from graphkit.attention.convert import ADAPTERS, TIMM_ATTENTION, AttentionAdapter
 from graphkit.datasets.recipes import RECIPES, get_recipe
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import BUNDLED
@@ -18,12 +18,14 @@ RECIPE = {"name": "wide-vits", "family": "wide-vit", "bins": [{"layers": [2, 3],
 @pytest.fixture
 def wide_vit():
     """A new family declared the way families/vit.py declares ViTs, removed afterwards."""
+    adapter = dataclasses.replace(TIMM_ATTENTION, claims=lambda module: TIMM_ATTENTION.claims(module))  # its own
     family = dataclasses.replace(get_family("vit"), name="wide-vit", mlp_ratio=8.0, recipes=(RECIPE,),
-                                 data="digits", bundled_ghn="logah-tiny-vits", attention_adapter=TIMM_ATTENTION,
+                                 data="digits", bundled_ghn="logah-tiny-vits", attention_adapter=adapter,
                                  traced_as=())
     register_family(family)
     yield family
     del FAMILIES["wide-vit"]
+    ADAPTERS.remove(adapter)
 
 
 def test_one_registration_reaches_every_table(wide_vit):
@@ -31,7 +33,7 @@ def test_one_registration_reaches_every_table(wide_vit):
     assert {c["hidden"] for _, c, _ in get_recipe("wide-vits").sample(10, seed=0)} <= {64, 128}
     assert default_source("wide-vit") == DEFAULT_SOURCES["wide-vit"] == "digits"
     assert BUNDLED["wide-vit"] == "logah-tiny-vits"
-    assert adapters().count(TIMM_ATTENTION) == 2
+    assert ADAPTERS.count(wide_vit.attention_adapter) == 1 and ADAPTERS[-1] is wide_vit.attention_adapter
     model = build_model({"family": "wide-vit", "num_layers": 2, "hidden": 64, "heads": 2, "attention": "gqa", "kv_heads": 1})
     assert model.blocks[0].mlp.fc1.out_features == 512 and model.blocks[0].attn.core.kv_heads == 1
 

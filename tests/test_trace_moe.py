@@ -15,7 +15,7 @@ from graphkit.draw import build_scene, layout
 from graphkit.ghn import CheckpointError, load_checkpoint
 from graphkit.ghn.checkpoint import check_graph
 from graphkit.ghn.encoding import EncodingError, encode
-from graphkit.ghn.model import LoGAHConfig
+from graphkit.ghn.config import LoGAHConfig
 from graphkit.ops import VOCABULARY_SIZES
 
 transformers = pytest.importorskip("transformers")

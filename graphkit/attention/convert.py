@@ -223,7 +223,7 @@ def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
 @dataclass(frozen=True)
 class AttentionAdapter:
     """How :func:`convert` handles one kind of attention module, declared by the family whose
-    models hold it (``Family.attention_adapter``): ``claims(module)`` recognises it,
+    models hold it (``Family.attention_adapter``, :func:`register_adapter`): ``claims(module)`` recognises it,
     ``check(path, module, kv_heads)`` refuses a conversion before anything changes, and
     ``convert(path, module, kv_heads, variant, options)`` returns the converted module."""
 
@@ -237,11 +237,16 @@ GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2)
 LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama)
 
 
-def adapters() -> list[AttentionAdapter]:
-    """The attention adapters of every registered family."""
-    from graphkit.families import FAMILIES
+#: every adapter :func:`convert` tries, in order: graphkit's own families' and those registered
+ADAPTERS: list[AttentionAdapter] = [TIMM_ATTENTION, GPT2_ATTENTION, LLAMA_ATTENTION]
 
-    return [f.attention_adapter for f in FAMILIES.values() if f.attention_adapter is not None]
+
+def register_adapter(adapter: AttentionAdapter) -> AttentionAdapter:
+    """Let :func:`convert` handle the attention modules ``adapter`` claims (a family registers
+    its own through ``Family.attention_adapter``); registering one twice is a no-op."""
+    if adapter not in ADAPTERS:
+        ADAPTERS.append(adapter)
+    return adapter
 
 
 def conversion_metadata(model: nn.Module) -> dict[str, str]:
@@ -306,7 +311,7 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
             continue
-        adapter = next((a for a in adapters() if a.claims(module)), None)
+        adapter = next((a for a in ADAPTERS if a.claims(module)), None)
         if adapter is None:
             if "attention" in type(module).__name__.lower():
                 raise ConvertError(f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet")

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from graphkit.attention.convert import TIMM_ATTENTION
-from graphkit.families import Family, register_family
+from graphkit.families.registry import ConfigError, Family, register_family
 from graphkit.graph import ArchGraph
 
 
@@ -30,7 +30,6 @@ def build(config: dict[str, Any], init: bool = True) -> nn.Module:
 
 
 def _check(config: dict[str, Any]) -> None:
-    from graphkit.families import ConfigError
 
     if config["image_size"] % config["patch_size"]:
         raise ConfigError(f"vit config: image_size {config['image_size']} is not divisible by patch_size {config['patch_size']}")

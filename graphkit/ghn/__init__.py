@@ -8,8 +8,10 @@ orthogonal initialisation.
 """
 
 from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, load_checkpoint, save_checkpoint
+from graphkit.ghn.config import VARIANTS, LoGAHConfig
 from graphkit.ghn.data import DataError, load_source
-from graphkit.ghn.model import VARIANTS, LoGAH, LoGAHConfig, targets
+from graphkit.ghn.encoding import targets
+from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import PredictError, predict
 from graphkit.ghn.training import TrainConfig, TrainError, train
 

@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 from graphkit.errors import GraphkitError
 from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, write_text_atomic
-from graphkit.ghn.model import LoGAH, LoGAHConfig, VariantError
+from graphkit.ghn.config import VARIANTS, LoGAHConfig, VariantError
+from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 
@@ -102,8 +103,6 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
         logah = {"num_ops": VOCABULARY_SIZES[version], **logah}
     config = _logah_config(path / "config.json", logah)
     if variant is not None:
-        from graphkit.ghn.model import VARIANTS
-
         expected = VARIANTS.get(variant)
         if expected is None:
             raise CheckpointError(f"unknown LoGAH variant {variant!r}; known: {', '.join(VARIANTS)}")

@@ -16,18 +16,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from graphkit.errors import GraphkitError
+from graphkit.ghn.config import LoGAHConfig
 from graphkit.graph import ArchGraph
 from graphkit.ops import op_id
-
-if TYPE_CHECKING:
-    from graphkit.ghn.model import LoGAHConfig
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 

@@ -37,7 +37,8 @@ from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, writ
 from graphkit.ghn.space import training_space
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from graphkit.ghn.encoding import EncodedGraph, encode, role_of
-from graphkit.ghn.model import DECODERS, VARIANTS, LoGAH, LoGAHConfig
+from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
+from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
 
 

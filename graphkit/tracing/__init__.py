@@ -5,6 +5,7 @@
 - :mod:`~graphkit.tracing.export`: ``torch.export`` on fake tensors, failures as one line;
 - :mod:`~graphkit.tracing.naming`: which modules and ATen ops become which vocabulary op;
 - :mod:`~graphkit.tracing.builder`: the exported ATen program -> architecture nodes and edges;
+- :mod:`~graphkit.tracing.state`: the node in the making, shared by the builder and its rules;
 - :mod:`~graphkit.tracing.mutation`: writes through views (``copy_`` into a slice) keep their edges;
 - :mod:`~graphkit.tracing.attention`: attention cores, in any spelling, fused into one node;
 - :mod:`~graphkit.tracing.masks`: whether an attention is causal, from its mask's values;

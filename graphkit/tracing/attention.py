@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -23,9 +23,8 @@ from graphkit.errors import TraceError
 from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
 from graphkit.tracing.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
 from graphkit.tracing.spatial import is_identity, spatial_op
+from graphkit.tracing.state import Group
 
-if TYPE_CHECKING:
-    from graphkit.tracing.builder import _Group
 
 _NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
 _PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
@@ -147,7 +146,7 @@ class AttentionRules:
         return leaf is not None and leaf[1] == "linear" and isinstance(value, torch.Tensor) and value.dim() >= 4
 
     # -- attention attributes -------------------------------------------------------------------
-    def _attention_attrs(self, anchor: fx.Node, group: "_Group") -> dict[str, Any]:
+    def _attention_attrs(self, anchor: fx.Node, group: Group) -> dict[str, Any]:
         core = self.cores[anchor]
         v_val = core.value.meta["val"]
         heads, kv_heads = core.heads, core.heads
@@ -182,7 +181,7 @@ class AttentionRules:
         attrs.update({flag: True for flag, on in self._rarer_forms(group, core.query, core.key, core.lengths, attrs).items() if on})
         return attrs
 
-    def _causal(self, anchor: fx.Node, core: _Core, group: "_Group", module: nn.Module | None,
+    def _causal(self, anchor: fx.Node, core: _Core, group: Group, module: nn.Module | None,
                 window: int | list[int] | None) -> bool:
         """Whether no query sees a later key: SDPA's flag, else the values of whatever masks the
         scores (:mod:`graphkit.tracing.masks`). Where those have no values (a mask buffer of a model
@@ -217,7 +216,7 @@ class AttentionRules:
             return self._causal_without_values(group, module, window, core, "its shape does not match the scores")
         return causal
 
-    def _causal_without_values(self, group: "_Group", module: nn.Module | None, window: int | list[int] | None,
+    def _causal_without_values(self, group: Group, module: nn.Module | None, window: int | list[int] | None,
                                core: _Core, reason: str) -> bool:
         """The fallbacks of :meth:`_causal` where the mask's values cannot be computed."""
         flag = getattr(module, "is_causal", None)
@@ -233,7 +232,7 @@ class AttentionRules:
                          f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
                          "example inputs that hold values")
 
-    def _rarer_forms(self, group: "_Group", query: fx.Node, key: fx.Node, lengths: tuple[int, ...],
+    def _rarer_forms(self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...],
                      attrs: dict[str, Any]) -> dict[str, bool]:
         """talking_heads, latent_query, class_attention and shifted (docs/tracer.md says why each
         is read this way), from the ``query`` and ``key`` ops and the (queries, keys) ``lengths``."""
@@ -247,7 +246,7 @@ class AttentionRules:
             "shifted": isinstance(attrs["window"], list) and self._rolled(query, group),
         }
 
-    def _rolled(self, query: fx.Node, group: "_Group") -> bool:
+    def _rolled(self, query: fx.Node, group: Group) -> bool:
         """Whether the tokens were rolled on their grid before being split into windows (Swin's
         shifted windows): a roll by something upstream of the queries, through reshapes,
         padding and the query projection (a module or F.linear). Read off the ops, not off a
@@ -264,7 +263,7 @@ class AttentionRules:
 
         return _path_back(query, _rolls_tokens, passes, depth=32) is not None
 
-    def _sources(self, value: fx.Node, group: "_Group") -> set[int]:
+    def _sources(self, value: fx.Node, group: Group) -> set[int]:
         """The groups outside the attention ``group`` that ``value``, an op inside it, is computed from."""
         inside, seen, found = set(group.fx), set(), set()
         stack = [value]

@@ -21,7 +21,6 @@ docs/tracer.md gives every rule with its reason.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +43,7 @@ from graphkit.tracing.moe import MoeRules, topk_k
 from graphkit.tracing.masks import ConstantEvaluator
 from graphkit.tracing.mutation import Aliases
 from graphkit.tracing.spatial import is_identity, spatial_attrs, spatial_op
+from graphkit.tracing.state import Group
 
 _SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
@@ -57,23 +57,6 @@ def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram,
     return _GraphBuilder(model, program, inputs).build()
 
 
-@dataclass
-class _Group:
-    """What becomes one node: the FX ops fused into it and what it reads and owns."""
-
-    op: str
-    module: str
-    fx: list[fx.Node] = field(default_factory=list)
-    inputs: set[int] = field(default_factory=set)
-    params: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    live: bool = False
-
-    @property
-    def order(self) -> int:
-        return self.fx[-1].meta["_gk_pos"] if self.fx else -1
-
-
 class _GraphBuilder(AttentionRules, MoeRules):
     INPUT = 0
 
@@ -82,7 +65,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         self.program = program
         self.inputs = inputs
         self.graph = program.graph
-        self.groups: list[_Group] = [_Group("input", "", live=True)]
+        self.groups: list[Group] = [Group("input", "", live=True)]
         self.prod: dict[fx.Node, frozenset[int]] = {}      # value -> groups it comes from
         self.param_src: dict[fx.Node, frozenset[str]] = {}  # value -> parameters it is a view of
         self.owner: dict[str, int] = {}
@@ -169,7 +152,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         call = self.moe_call_of.get(node)
         if call is not None and self._joins_moe(call, node, leaf is not None, in_prod, in_params):
             if call.group is None:
-                self.groups.append(_Group("moe", call.path, live=True))
+                self.groups.append(Group("moe", call.path, live=True))
                 call.group = len(self.groups) - 1
                 if call.open:
                     self.open_moe_groups.add(call.group)
@@ -182,7 +165,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if leaf is not None:
             path, op = leaf
             if self.open_leaf is None or self.open_leaf[0] != path:
-                self.groups.append(_Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
+                self.groups.append(Group(op, path, live=op in _LEAF_KEEP_WITHOUT_INPUT))
                 self.open_leaf = (path, len(self.groups) - 1)
             gid = self.open_leaf[1]
             self._absorb(gid, node, in_prod, in_params)
@@ -195,7 +178,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if node in self.region_of:
             anchor = self.region_of[node]
             if anchor not in self.attention_group:
-                self.groups.append(_Group("attention", self._attention_scope(anchor), live=True))
+                self.groups.append(Group("attention", self._attention_scope(anchor), live=True))
                 self.attention_group[anchor] = len(self.groups) - 1
             gid = self.attention_group[anchor]
             self._absorb(gid, node, in_prod, in_params)
@@ -219,7 +202,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if op is None:  # arithmetic with constants: folded into its input
             self.prod[node], self.param_src[node] = in_prod, in_params
             return
-        self.groups.append(_Group(op, self._scope(node), live=True))
+        self.groups.append(Group(op, self._scope(node), live=True))
         self._absorb(len(self.groups) - 1, node, in_prod, in_params)
 
     def _write_through(self, root: fx.Node, writer: fx.Node) -> None:
@@ -301,7 +284,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
 
     # -- assemble -------------------------------------------------------------------------------
     def _finish(self, output_node: fx.Node | None) -> ArchGraph:
-        out = _Group("output", "", live=True)
+        out = Group("output", "", live=True)
         if output_node is not None:
             for a in output_node.all_input_nodes:
                 out.inputs |= self.prod.get(a, frozenset())
@@ -355,14 +338,14 @@ class _GraphBuilder(AttentionRules, MoeRules):
         edges = sorted((index[s], index[gid]) for gid in order for s in groups[gid].inputs)
         return ArchGraph(nodes=nodes, edges=edges)
 
-    def _name(self, g: _Group) -> str:
+    def _name(self, g: Group) -> str:
         if g.op in ("input", "output"):
             return g.op
         if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention", "moe"):
             return g.module
         return f"{g.module}.{g.op}" if g.module else g.op
 
-    def _attrs(self, g: _Group) -> dict[str, Any]:
+    def _attrs(self, g: Group) -> dict[str, Any]:
         """Op attributes worth a hypernetwork's or a compiler's attention."""
         attrs: dict[str, Any] = {}
         module = None
@@ -395,7 +378,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         return attrs
 
 
-def _topological(ids: list[int], groups: list[_Group]) -> list[int]:
+def _topological(ids: list[int], groups: list[Group]) -> list[int]:
     """Kahn's algorithm, ties broken by position in the exported graph (deterministic)."""
     alive = set(ids)
     indeg = {i: len(groups[i].inputs & alive) for i in ids}

@@ -1,0 +1,63 @@
+"""The config of a LoGAH hypernetwork (:mod:`graphkit.ghn.model`) and the paper's variants.
+
+It sits in its own file, as a Hugging Face ``configuration_*.py`` sits beside its model, because
+the graph encoding (:mod:`graphkit.ghn.encoding`) reads its limits too and the model reads the
+encoding: one module under both keeps the imports one-way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphkit.errors import GraphkitError
+from graphkit.ops import OPS
+
+DECODERS = ("low_rank", "ghn3")
+
+
+class VariantError(GraphkitError, ValueError):
+    """An unknown LoGAH variant or decoder, or bad role maps; ``field`` names the config field."""
+
+    def __init__(self, message: str, field: str = "decoder") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class LoGAHConfig:
+    """Sizes of a LoGAH model (defaults: LoGAH-tiny)."""
+
+    hidden: int = 64         # d
+    layers: int = 3
+    heads: int = 8
+    rank: int = 32           # r
+    max_mask: int = 2048 * 16  # K
+    max_degree: int = 64
+    max_distance: int = 32
+    depth_buckets: int = 0   # relative-depth embeddings (see encoding.relative_depth); 0: none
+    max_chunks: int = 64     # rows or columns up to max_chunks * K
+    roles: tuple[str, ...] = ()  # parameter roles with their own map (see the module docstring); (): none
+    role_rows: int = 4096    # rows of the map each role has to itself
+    max_slots: int = 8       # parameters per node
+    decoder: str = "low_rank"  # or "ghn3", the tiling baseline
+    spatial: int = 16        # the ghn3 decoder's block is d x d x spatial x spatial
+    num_ops: int = len(OPS)  # op ids it reads: the vocabulary's size when it was made (ids never change meaning)
+
+    def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise VariantError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
+        roles = tuple(self.roles)  # config.json gives a list; the config must stay hashable
+        if not all(isinstance(role, str) and role for role in roles) or len(set(roles)) < len(roles):
+            raise VariantError(f"roles must be distinct parameter names without block indices; got {self.roles!r}", "roles")
+        if roles and self.decoder != "low_rank":
+            raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
+        object.__setattr__(self, "roles", roles)
+
+
+#: the variants of the paper's Table 1 (d, layers, heads, r)
+VARIANTS: dict[str, LoGAHConfig] = {
+    "tiny": LoGAHConfig(hidden=64, layers=3, heads=8, rank=32),
+    "small": LoGAHConfig(hidden=128, layers=5, heads=16, rank=90),
+    "base": LoGAHConfig(hidden=256, layers=5, heads=16, rank=128),
+    "large": LoGAHConfig(hidden=256, layers=12, heads=16, rank=256),
+}

@@ -1,0 +1,72 @@
+"""graphkit's imports point one way: no module imports, even lazily or for a type hint, a module
+that imports it back. A cycle is how layers start leaking into each other (a registry that
+imports its entries, a data class that imports its drawing), so the test reads every import
+statement with ``ast`` instead of trusting what happens to load."""
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+PACKAGE = Path(__file__).resolve().parent.parent / "graphkit"
+
+
+def modules(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name (a package by its own name)."""
+    found = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def import_graph(package: Path) -> nx.DiGraph:
+    """Module -> the package's modules it names in any import statement: at the top, inside a
+    function, under ``if TYPE_CHECKING`` or relative. ``from a.b import c`` names ``a.b.c`` when
+    that is a module, else ``a.b``."""
+    found, root = modules(package), package.name
+    graph = nx.DiGraph()
+    graph.add_nodes_from(found)
+    for name, path in found.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[:len(here) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module or ""
+                named = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in found else base for alias in node.names]
+            else:
+                continue
+            for target in named:
+                while target and target not in found:  # a name inside a module: the module
+                    target = target.rpartition(".")[0]
+                if target.split(".")[0] == root and target != name:
+                    graph.add_edge(name, target)
+    return graph
+
+
+def test_graphkit_has_no_import_cycle():
+    cycles = sorted(" -> ".join([*c, c[0]]) for c in nx.simple_cycles(import_graph(PACKAGE)))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_checker_finds_cycles_in_every_kind_of_import(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from . import b\n")
+    (package / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.b import B\n")
+    (package / "sub" / "b.py").write_text("def f():\n    from ..a import A\n")
+    (package / "c.py").write_text("import pkg.a\nimport os\n")
+    graph = import_graph(package)
+    assert set(graph.edges) == {("pkg.a", "pkg.sub.b"), ("pkg.sub.b", "pkg.a"), ("pkg.sub", "pkg.sub.b"), ("pkg.c", "pkg.a")}
+    assert [sorted(c) for c in nx.simple_cycles(graph)] == [["pkg.a", "pkg.sub.b"]]
+
+
+def test_the_family_registry_and_attention_import_no_family():
+    graph = import_graph(PACKAGE)
+    families = {"graphkit.families.gpt2", "graphkit.families.llama", "graphkit.families.vit", "graphkit.families"}
+    for module in ["graphkit.families.registry", *(m for m in graph if m.startswith("graphkit.attention"))]:
+        assert not families & nx.descendants(graph, module), module
