@@ -199,6 +199,7 @@ def calibrate(model: nn.Module, graph: ArchGraph, reference: nn.Module | None = 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             reference = build_model(config, "cpu")
+    _fill_meta_buffers(model, reference)
     training = model.training
     model.eval()
     targets: list[list[float]] = [[0.0, 0.0] for _ in writers]
@@ -235,6 +236,19 @@ def calibrate(model: nn.Module, graph: ArchGraph, reference: nn.Module | None = 
     result.stream = {"before": before_stream, "after": after_stream, "init": targets[-1][1]}
     result.logit_std = {"before": before_logits, "after": after_logits, "init": init_logits.std().item()}
     return result
+
+
+def _fill_meta_buffers(model: nn.Module, reference: nn.Module) -> None:
+    """Give a model predicted on the meta device the buffers it still lacks (LLaMA's rotary
+    frequencies: computed at build time, not predicted), from its init, which computed them."""
+    device = next(model.parameters()).device
+    computed = dict(reference.named_buffers())
+    for name, buffer in list(model.named_buffers()):
+        if buffer.is_meta:
+            if name not in computed:
+                raise CalibrationError(f"buffer {name!r} of the meta model has no value to run the calibration batch with")
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, computed[name].to(device))
 
 
 def _measure(model: nn.Module, blocks: list[nn.Module], inputs: dict[str, torch.Tensor]) -> tuple[float, float]:
