@@ -6,14 +6,13 @@ Two tables:
 - **Fine-tuning** (items 2 and 3): for hand-written out-of-space shapes (wider, deeper, both;
   "how far out" is the ratio to the widest width and the deepest depth trained) the held-out
   loss and accuracy at steps 0 and ``--steps`` of AdamW fine-tuning from ``predict``'s
-  parameters (wide models grown from their narrow twin, graphkit.ghn.grow; the stream
-  calibrated to the init's, graphkit.ghn.calibrate), from the same prediction uncalibrated
-  (``--no-calibrate``, the reference), and from the family's random initialisation, on the
-  same batches.
+  parameters (wide models grown from their narrow twin, graphkit.ghn.grow), from the same
+  prediction with its stream calibrated to the init's (``--calibrate``, graphkit.ghn.calibrate),
+  and from the family's random initialisation (the reference), on the same batches.
 - **Propagation** (item 1): at ViT-S/B/L's and GPT-2-Medium/Large/XL's shapes, on random inputs
   the calibration did not see, the residual stream's RMS at the last block, the share of it that
   varies from token to token and the logits' standard deviation: ``predict``'s model, the same
-  prediction uncalibrated, and the family's init.
+  prediction calibrated (``--calibrate``), and the family's init.
 
     .venv/bin/python benchmarks/ghn_extrapolation.py                 # print both tables
     .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md (a section a family)
@@ -72,7 +71,7 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
     from graphkit.ghn.data import default_source, load_source
     from graphkit.ghn.evaluate import fine_tune, initialise
     from graphkit.ghn.calibrate import calibrate
-    from graphkit.ghn.predict import calibrates, predicted_params
+    from graphkit.ghn.predict import predicted_params
     from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
@@ -80,7 +79,7 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
     space = ghn.info["space"]
     rows = [f"**{family}** ({bundled_checkpoint(family)}; trained widths {space['width'][0]}-{space['width'][1]}, depths "
             f"{space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps 0 and {steps}:", "",
-            f"| shape | how far out | `predict` @0 | @{steps} | uncalibrated (`--no-calibrate`) @0 | @{steps} | random @0 | @{steps} |",
+            f"| shape | how far out | `predict` @0 | @{steps} | `--calibrate` @0 | @{steps} | random @0 | @{steps} |",
             "|---|---|---|---|---|---|---|---|"]
     wins = {0: 0, steps: 0}
     for what, config in SHAPES[family]:
@@ -91,12 +90,12 @@ def fine_tuning(family: str, steps: int, device: str) -> str:
         batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(steps)]
         cells, loss = [], {}
         predicted = predicted_params(ghn, graph)
-        for init in ("predict", "uncalibrated", "random"):
+        for init in ("predict", "calibrated", "random"):
             torch.manual_seed(0)
             model = build_model(config, "cpu")
             if init != "random":
                 initialise(model, "predicted", predicted)
-            if init == "predict" and calibrates(ghn, graph):
+            if init == "calibrated":
                 calibrate(model, graph)
             _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, [0, steps])
             loss[init] = {h: scores[h][0] for h in (0, steps)}
@@ -130,9 +129,8 @@ def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
 
 
 def propagation(family: str) -> str:
-    """The propagation table of one family: ``predict``'s model (calibrated, as it is outside the
-    training space), the same prediction with ``--no-calibrate``, and the family's init, measured
-    on a batch the calibration did not see."""
+    """The propagation table of one family: ``predict``'s model, the same prediction calibrated
+    (``--calibrate``), and the family's init, measured on a batch the calibration did not see."""
     import torch
 
     from graphkit.families import build_model
@@ -142,7 +140,7 @@ def propagation(family: str) -> str:
     from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family))
-    rows = ["| shape | stream RMS: `predict` / uncalibrated / init | token-varying share | logit std |", "|---|---|---|---|"]
+    rows = ["| shape | stream RMS: `predict` / `--calibrate` / init | token-varying share | logit std |", "|---|---|---|---|"]
     for name, config in USER_SHAPES[family]:
         generator = torch.Generator().manual_seed(1)  # the calibration batch is seed 0's
         inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if family == "vit"
@@ -153,12 +151,12 @@ def propagation(family: str) -> str:
         init = stream_statistics(init_model, family, inputs)
         model = build_model(config, "meta")
         graph = trace(model)
-        predict(model, ghn, graph=graph, calibrate=False)
+        predict(model, ghn, graph=graph)
         raw = stream_statistics(model.eval(), family, inputs)
         calibrate(model, graph, reference=init_model)
         got = stream_statistics(model.eval(), family, inputs)
         rows.append(f"| {name} ({config['num_layers']} x {config['hidden']}) | " + " | ".join(
-            f"{p:.2f} ({p / i:.1f}x) / {r:.2f} ({r / i:.1f}x) / {i:.2f}" for p, r, i in zip(got, raw, init)) + " |")
+            f"{r:.2f} ({r / i:.1f}x) / {p:.2f} ({p / i:.1f}x) / {i:.2f}" for p, r, i in zip(got, raw, init)) + " |")
         print(rows[-1], flush=True)
         del model, init_model
     return "\n".join(rows) + "\n"

@@ -122,7 +122,7 @@ def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
 def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=1024, heads=16))
     model = build_model(config, "meta")
-    predict(model, vits, calibrate=False)  # the grown model itself, before the stream is calibrated
+    predict(model, vits)
     twin_cfg = twin_of(vits, graphkit.trace(build_model(config, "meta")))
     twin = build_model(twin_cfg, "meta")
     predict(twin, vits)

@@ -338,6 +338,12 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert recorded["predicted_beats_orthogonal"] == summary["predicted_beats_orthogonal"]
     assert recorded["predicted_alone"]["accuracy"] == summary["predicted"]["accuracy_0"]
     assert load_checkpoint(tmp_path / "run").info["evaluation"] == recorded  # the weights are untouched, still loadable
+    assert summary["calibrated"] == 0
+    calibrated = run("eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", tmp_path / "calibrated", "--archs", "1",
+                     "--steps", "1", "--batch-size", "4", "--calibrate")
+    assert calibrated.exit_code == 0, calibrated.output
+    rows = json.loads((tmp_path / "calibrated" / "eval.json").read_text())["rows"]
+    assert [r["calibrated"] for r in rows] == [r["init"] == "predicted" for r in rows]
 
 
 def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect(vits, tmp_path):

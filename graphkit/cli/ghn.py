@@ -63,14 +63,13 @@ def predict(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
     residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2)."),
     grow: bool = typer.Option(True, "--grow/--no-grow", help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to its width without changing what it computes (Net2Net); --no-grow decodes it directly."),
-    calibrate: Optional[bool] = typer.Option(None, "--calibrate/--no-calibrate", help="Shrink each residual branch and the output layer so that the stream and logits are no larger than the family's init gives, on a calibration batch (default: for a model outside the hypernetwork's training space)."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Then shrink each residual branch and the output layer so that the stream and logits are no larger than the family's init gives on a random batch (graphkit's families; see docs/hypernetwork.md for what it costs in fine-tuning)."),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
     from graphkit.ghn.grow import twin_of
-    from graphkit.ghn.predict import calibrates
     from graphkit.ghn.space import outside_training_space
     from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
@@ -93,9 +92,8 @@ def predict(
     if twin is not None:
         console.print(f"predicting it as its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width "
                       "without changing what it computes (--no-grow: decode it directly)", highlight=False, soft_wrap=True)
-    if calibrates(hypernet, graph, calibrate):
-        console.print("calibrating its residual stream and logits to its family's init on a random batch, so that "
-                      "blocks outside the training space do not add up (--no-calibrate: the raw prediction)",
+    if calibrate:
+        console.print("calibrating its residual stream and logits to its family's init on a random batch",
                       highlight=False, soft_wrap=True)
     params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale, grow=grow, calibrate=calibrate)
     seconds = time.perf_counter() - start
@@ -125,7 +123,7 @@ def eval_ghn(
     seed: int = typer.Option(0, "--seed"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the GPU if there is one, else cpu)."),
     residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2)."),
-    calibrate: Optional[bool] = typer.Option(None, "--calibrate/--no-calibrate", help="Calibrate the predicted stream as `predict` does (default: for architectures outside the hypernetwork's training space)."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."),
     record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""

@@ -52,13 +52,15 @@ class EvalConfig:
     seed: int = 0
     device: str | None = None  # None: cuda if available, else cpu
     residual_scale: bool | None = None  # scale residual branches as the family's init does; None: when it does (GPT-2)
-    calibrate: bool | None = None  # calibrate the predicted stream (graphkit.ghn.calibrate); None: as predict, out of space
+    calibrate: bool = False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
         check_number("lr", self.lr, EvalError, positive=True)
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
+        if not isinstance(self.calibrate, bool):
+            raise EvalError(f"calibrate must be true or false; got {self.calibrate!r}")
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -121,7 +123,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.ghn.data import default_source, load_source
     from graphkit.ghn.calibrate import calibrate
-    from graphkit.ghn.predict import calibrates, predicted_params, scales_residuals
+    from graphkit.ghn.predict import predicted_params, scales_residuals
     from graphkit.ghn.training import ArchPool
 
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -141,7 +143,6 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             check_graph(ghn, record.graph)
             predicted = predicted_params(ghn, record.graph, config.residual_scale)
             scaled = scales_residuals(record.graph, config.residual_scale)
-            calibrated = calibrates(ghn, record.graph, config.calibrate)
             generator = torch.Generator().manual_seed(config.seed)
             held_out = [_to(source.batch(record.config, config.batch_size, generator, split="eval"), device)
                         for _ in range(config.eval_batches)]
@@ -149,12 +150,12 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             for init in INITS:
                 torch.manual_seed(config.seed)
                 model = initialise(build_model(record.config, "cpu"), init, predicted)
-                if init == "predicted" and calibrated:
+                if init == "predicted" and config.calibrate:
                     calibrate(model, record.graph)
                 model = model.to(device)
                 curve, scores = fine_tune(model, train_batches, source.task, config.lr, held_out, at)
                 row = {"id": record.id, "task": source.task, "num_params": record["num_params"], "init": init,
-                       "residual_scale": scaled, "calibrated": calibrated and init == "predicted", "horizons": at, "curve": curve}
+                       "residual_scale": scaled, "calibrated": config.calibrate and init == "predicted", "horizons": at, "curve": curve}
                 for h in at:
                     row[f"loss_{h}"], row[f"accuracy_{h}"] = scores[h]
                 row["loss"], row["accuracy"] = scores[config.steps]

@@ -45,26 +45,6 @@ def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
     return bool(family is not None and family.scaled_residuals)
 
 
-def calibrates(ghn: LoGAH, graph: ArchGraph, choice: bool | None = None) -> bool:
-    """Whether ``graph``'s prediction gets its stream calibrated (:mod:`graphkit.ghn.calibrate`):
-    ``choice`` when given (the ``calibrate`` of :func:`predict` and ``eval-ghn``), else when the
-    graph lies outside the space ``ghn`` was trained on (there the branches of every block add up
-    to a stream many times the init's; inside, the predictions are used as trained) and is of one
-    of graphkit's families, whose init the rule reads."""
-    from graphkit.families import ConfigError, config_from_graph
-    from graphkit.ghn.space import outside_training_space
-
-    if choice is not None:
-        return choice
-    if outside_training_space(getattr(ghn, "info", None) or {}, graph) is None:
-        return False
-    try:
-        config_from_graph(graph)
-    except ConfigError:
-        return False
-    return True
-
-
 @torch.no_grad()
 def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Multiply, in place, each of ``graph``'s :func:`residual_writers` in ``params`` by
@@ -99,7 +79,7 @@ def predicted_params(ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None =
 
 def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
             memory_limit: int | None = None, graph: ArchGraph | None = None,
-            residual_scale: bool | None = None, grow: bool = True, calibrate: bool | None = None) -> dict[str, torch.Tensor]:
+            residual_scale: bool | None = None, grow: bool = True, calibrate: bool = False) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
@@ -116,10 +96,10 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     as the family's own init does (:func:`scale_residuals`); None: when the family does
     (:func:`scales_residuals`, GPT-2). ``grow`` predicts a model wider than any the
     hypernetwork trained on as its narrow twin, grown (:mod:`graphkit.ghn.grow`); False
-    decodes it directly. ``calibrate`` rescales the residual branches and the output layer so
-    that the stream and logits are no larger than the family's init gives
-    (:func:`graphkit.ghn.calibrate.calibrate`); None: for a model outside the hypernetwork's
-    training space (:func:`calibrates`)."""
+    decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
+    so that the stream and logits are no larger than the family's init gives
+    (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
+    graphkit family."""
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
     from graphkit.tracing import trace
 
@@ -127,8 +107,7 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     if ghn is None:
         ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
     check_graph(ghn, graph)
-    calibrated = calibrates(ghn, graph, calibrate)
-    if calibrated:
+    if calibrate:
         check_calibration(graph)
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
@@ -153,10 +132,10 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
         for name, param in destinations.items():
             if param.is_meta:
                 replace_parameter(model, canonical[id(param)], written[name], names)
-    if calibrated:
+    if calibrate:
         calibrate_stream(model, graph)
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "calibrates", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
+__all__ = ["predict", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
            "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
