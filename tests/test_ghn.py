@@ -241,11 +241,12 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
                 torch.testing.assert_close(scaled[name], value * factor, msg=name)
 
 
-def test_scaled_residuals_let_the_tokens_through_a_predicted_gpt2():
-    """Why the scaling (docs/hypernetwork.md): the bundled GPT-2 hypernetwork's blocks each write
-    the same direction, so what reaches the LM head of a predicted gpts-1k model is a constant
-    some 180x its token-to-token spread (random init: 0.25x), and fine-tuning sits on the unigram
-    plateau. At GPT-2's own branch scale that constant is a third as large."""
+def test_a_predicted_gpt2_lets_the_tokens_through():
+    """What reaches the LM head of a predicted gpts-1k model varies from token to token: the
+    bundled GPT-2 hypernetwork decodes each parameter role through its own map (role maps), and
+    its features' constancy (mean over their token-to-token spread) is about 1-2, scaled or not
+    (random init: 0.25). The shared-map checkpoint before it wrote the same direction from every
+    block: 180 unscaled, 60 at GPT-2's branch scale, a unigram model."""
     from graphkit.ghn import load_checkpoint, predict
     from graphkit.ghn.data import load_source
     from graphkit.ghn.training import feature_constancy
@@ -260,4 +261,4 @@ def test_scaled_residuals_let_the_tokens_through_a_predicted_gpt2():
         if flag is not None:  # None: random init, the control
             predict(model, ghn, residual_scale=flag)
         constancy[flag] = feature_constancy(model, dict(model.named_parameters()), x, "lm_head")
-    assert constancy[None] < 1 and constancy[False] > 100 and constancy[True] < constancy[False] / 2.5, constancy
+    assert constancy[None] < 1 and constancy[False] < 5 and constancy[True] < 5, constancy

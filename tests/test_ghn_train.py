@@ -239,13 +239,14 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating():
 def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
-    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (the GPT-2
-    # one v1's 29; the ViT one, retrained 2026-11-24, and the LLaMA one, v2's 32); none reads depth
+    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (all
+    # three v2's 32); none reads depth; the GPT-2 one decodes each parameter role through its own map
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == {"gpt2": 1, "vit": 2, "llama": 2}[family] and ghn.config.depth_buckets == 0
+    assert version == 2 and ghn.config.depth_buckets == 0
+    assert (len(ghn.config.roles) > 0) == (family == "gpt2") and ghn.info["train"].get("role_maps", False) == (family == "gpt2")
     tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version],
-                         depth_buckets=ghn.config.depth_buckets))
+                         depth_buckets=ghn.config.depth_buckets, roles=ghn.config.roles))
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
 
 
