@@ -165,17 +165,17 @@ def _head(graph: ArchGraph) -> str | None:
     return None if last is None else next(iter(last.params)).rpartition(".")[0]
 
 
-def check_calibration(graph: ArchGraph) -> dict[str, Any]:
-    """The config of ``graph``'s model when :func:`calibrate` can read it; else a
-    CalibrationError saying why (checked before any weight is written)."""
+def check_calibration(graph: ArchGraph) -> tuple[dict[str, Any], list[list[str]]]:
+    """The config of ``graph``'s model and its writers by block (:func:`writers_by_block`) when
+    :func:`calibrate` can read it; else a CalibrationError saying why (checked before any weight
+    is written)."""
     from graphkit.families import ConfigError, config_from_graph, get_family
 
     try:
         config = config_from_graph(graph)
     except ConfigError as e:
         raise CalibrationError(f"stream calibration reads the blocks of graphkit's families only: {e}") from e
-    writers_by_block(graph, get_family(config["family"]).blocks, config["num_layers"])
-    return config
+    return config, writers_by_block(graph, get_family(config["family"]).blocks, config["num_layers"])
 
 
 @torch.no_grad()
@@ -191,9 +191,8 @@ def calibrate(model: nn.Module, graph: ArchGraph, reference: nn.Module | None = 
     from graphkit.families import build_model, get_family
     from graphkit.params import tied_names
 
-    config = check_calibration(graph)
+    config, writers = check_calibration(graph)
     blocks_path = get_family(config["family"]).blocks
-    writers = writers_by_block(graph, blocks_path, config["num_layers"])
     inputs = inputs if inputs is not None else calibration_inputs(config)
     if reference is None:
         with torch.random.fork_rng(devices=[]):

@@ -26,7 +26,7 @@ from torch import nn
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, figure_metadata
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
+from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed
 
 INITS = ("predicted", "random", "orthogonal")
 
@@ -59,8 +59,7 @@ class EvalConfig:
         check_number("lr", self.lr, EvalError, positive=True)
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
-        if not isinstance(self.calibrate, bool):
-            raise EvalError(f"calibrate must be true or false; got {self.calibrate!r}")
+        check_flag("calibrate", self.calibrate, EvalError)
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:

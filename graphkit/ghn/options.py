@@ -40,6 +40,12 @@ def check_number(name: str, value: Any, error: type[GraphkitError], *, positive:
         raise error(f"{_flag(name)} must be {'a positive number' if positive else 'a number >= 0'}; got {value!r}")
 
 
+def check_flag(name: str, value: Any, error: type[GraphkitError]) -> None:
+    """``value`` must be true or false (a config.json or a caller can hand over 1 or "no")."""
+    if not isinstance(value, bool):
+        raise error(f"{_flag(name)} must be true or false; got {value!r}")
+
+
 def check_seed(value: Any, error: type[GraphkitError]) -> None:
     """A seed is an integer from 0 to MAX_SEED."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:

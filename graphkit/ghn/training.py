@@ -39,7 +39,7 @@ from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_
 from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.options import check_counts, check_device, check_number, check_seed
+from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed
 
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
@@ -100,8 +100,7 @@ class TrainConfig:
             raise TrainError(f"unknown LoGAH variant {self.variant!r}; known: {', '.join(VARIANTS)}")
         if self.decoder not in DECODERS:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
-        if not isinstance(self.role_maps, bool):
-            raise TrainError(f"role-maps must be true or false; got {self.role_maps!r}")
+        check_flag("role_maps", self.role_maps, TrainError)
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
 
