@@ -1,24 +1,32 @@
 """Beyond the training space: the bundled hypernetworks on models wider and deeper than any they
 trained on, as a user's ViT-B or GPT-2-Medium is (issue #25).
 
-Two tables:
+Three tables, each a BENCHMARKS.md section per family (``--table`` picks):
 
-- **Fine-tuning** (items 2 and 3): for hand-written out-of-space shapes (wider, deeper, both;
-  "how far out" is the ratio to the widest width and the deepest depth trained) the held-out
-  loss and accuracy at steps 0 and ``--steps`` of AdamW fine-tuning from ``predict``'s
-  parameters (wide models grown from their narrow twin, graphkit.ghn.grow), from the same
-  prediction with its stream calibrated to the init's (``--calibrate``, graphkit.ghn.calibrate),
-  and from the family's random initialisation (the reference), on the same batches.
-- **Propagation** (item 1): at ViT-S/B/L's and GPT-2-Medium/Large/XL's shapes, on random inputs
-  the calibration did not see, the residual stream's RMS at the last block, the share of it that
-  varies from token to token and the logits' standard deviation: ``predict``'s model, the same
-  prediction calibrated (``--calibrate``), and the family's init.
+- **extrapolation** (item 2): for hand-written out-of-space shapes (wider, deeper, both; "how far
+  out" is the ratio to the widest width and the deepest depth trained) the held-out loss and
+  accuracy at steps 0 and 100 (``--steps``) of AdamW fine-tuning from ``predict``'s parameters
+  (wide models grown from their narrow twin, graphkit.ghn.grow), from the same prediction with
+  its stream calibrated to the init's (``--calibrate``, graphkit.ghn.calibrate), and from the
+  family's random initialisation (the reference), on the same batches.
+- **paper** (item 3): ViT-S- and ViT-B-shaped models at digits resolution from ``predict``'s
+  parameters, random and orthogonal initialisation at 0, 100 and 300 steps; a GPT-2-Medium-shaped
+  model on the bundled text, ``predict`` against random at 0 and 100 steps (``--steps`` runs
+  longer, on a GPU with ``--device cuda``).
+- **propagation** (item 1): at ViT-S/B/L's, GPT-2-Medium/Large/XL's and LLaMA shapes up to
+  TinyLlama-1.1B's, on random inputs the calibration did not see, the residual stream's RMS at the
+  last block, the share of it that varies from token to token and the logits' standard deviation:
+  ``predict``'s model, the same prediction calibrated (``--calibrate``), and the family's init.
+  For language models also the share on held-out text, and the control: the share of an in-space
+  model trained directly, at 0, 50, 300 and 600 steps.
 
-    .venv/bin/python benchmarks/ghn_extrapolation.py                 # print both tables
-    .venv/bin/python benchmarks/ghn_extrapolation.py --write         # also update BENCHMARKS.md (a section a family)
-    .venv/bin/python benchmarks/ghn_extrapolation.py --steps 300 --family vit
+    .venv/bin/python benchmarks/ghn_extrapolation.py                      # print every table
+    .venv/bin/python benchmarks/ghn_extrapolation.py --write              # also update BENCHMARKS.md
+    .venv/bin/python benchmarks/ghn_extrapolation.py --family vit --table paper --write
+    .venv/bin/python benchmarks/ghn_extrapolation.py --family gpt2 --table paper --steps 300 --device cuda
 
-Runs on the CPU in about 75 minutes on 2 cores at the default 100 steps; ``--device cuda`` on a GPU.
+On 2 CPU cores: extrapolation about 40 min for ViTs and 25 for GPT-2s, paper 15 and 40,
+propagation a few minutes each (GPT-2 and LLaMA with their 10-minute control).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import common  # noqa: E402
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 GPT = {"family": "gpt2"}
+LLAMA = {"family": "llama"}
 #: (what it is, config): out-of-space shapes for fine-tuning; head size 64 unless the width is smaller
 SHAPES = {
     "vit": [("wider", dict(VIT, num_layers=3, hidden=768, heads=12)),
@@ -52,8 +61,22 @@ USER_SHAPES = {
     "gpt2": [("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16)),
              ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20)),
              ("GPT-2-XL", dict(GPT, num_layers=48, hidden=1600, heads=25))],
+    "llama": [("LLaMA, 16 heads on 4 key/value heads", dict(LLAMA, num_layers=16, hidden=1024, heads=16, kv_heads=4, mlp=2816)),
+              ("TinyLlama-1.1B", dict(LLAMA, num_layers=22, hidden=2048, heads=32, kv_heads=4, mlp=5632))],
 }
-BATCH = {"vit": 32, "gpt2": 8}
+#: a language model inside each checkpoint's training space, trained directly for the token-varying control
+IN_SPACE = {"gpt2": dict(GPT, num_layers=6, hidden=128, heads=2), "llama": dict(LLAMA, num_layers=6, hidden=256, heads=4, kv_heads=2)}
+#: the direct training's horizons at which the control measures the share
+TRAINED = (0, 50, 300, 600)
+BATCH = {"vit": 32, "gpt2": 8, "llama": 8}
+#: the tables, each a BENCHMARKS.md section per family: out-of-space fine-tuning, the paper's shapes, propagation
+TABLES = ("extrapolation", "paper", "propagation")
+#: the paper's experiment at small scale (``--paper``, issue #25 item 3): its shapes, inits, horizons
+PAPER = {
+    "vit": ([("ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)), ("ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12))],
+            ("predict", "random", "orthogonal"), (0, 100, 300)),
+    "gpt2": ([("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16))], ("predict", "random"), (0, 100)),
+}
 
 
 def how_far(config: dict, space: dict) -> str:
@@ -61,52 +84,56 @@ def how_far(config: dict, space: dict) -> str:
     return f"{config['hidden'] / space['width'][1]:.1f}x wide, {config['num_layers'] / space['depth'][1]:.1f}x deep"
 
 
-def fine_tuning(family: str, steps: int, device: str) -> str:
-    """The fine-tuning table of one family."""
+def fine_tuning(family: str, shapes: list[tuple[str, dict]], inits: tuple[str, ...], at: tuple[int, ...],
+                device: str) -> str:
+    """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
+    step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
+    parameters; "calibrated": the same, calibrated; "random" and "orthogonal" as in eval-ghn)."""
     import torch
 
     from graphkit.families import build_model, resolve_config
     from graphkit.ghn import load_checkpoint
+    from graphkit.ghn.calibrate import calibrate
     from graphkit.ghn.checkpoint import bundled_checkpoint
     from graphkit.ghn.data import default_source, load_source
     from graphkit.ghn.evaluate import fine_tune, initialise
-    from graphkit.ghn.calibrate import calibrate
     from graphkit.ghn.predict import predicted_params
     from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
     source = load_source(default_source(family), seq_len=64)
     space = ghn.info["space"]
-    rows = [f"**{family}** ({bundled_checkpoint(family)}; trained widths {space['width'][0]}-{space['width'][1]}, depths "
-            f"{space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps 0 and {steps}:", "",
-            f"| shape | how far out | `predict` @0 | @{steps} | `--calibrate` @0 | @{steps} | random @0 | @{steps} |",
-            "|---|---|---|---|---|---|---|---|"]
-    wins = {0: 0, steps: 0}
-    for what, config in SHAPES[family]:
+    heads = {"predict": "`predict`", "calibrated": "`--calibrate`", "random": "random", "orthogonal": "orthogonal"}
+    rows = [f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
+            f"depths {space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps {', '.join(map(str, at))}:", "",
+            "| shape | how far out | " + " | ".join(f"{heads[init]} @{h}" if h == at[0] else f"@{h}" for init in inits for h in at)
+            + " |", "|---" * (2 + len(inits) * len(at)) + "|"]
+    wins = dict.fromkeys(at, 0)
+    for what, config in shapes:
         config = resolve_config(config)
         graph = trace(build_model(config, "meta"))
         generator = torch.Generator().manual_seed(0)
         held_out = [[t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)]
-        batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(steps)]
+        batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(max(at))]
         cells, loss = [], {}
         predicted = predicted_params(ghn, graph)
-        for init in ("predict", "calibrated", "random"):
+        for init in inits:
             torch.manual_seed(0)
             model = build_model(config, "cpu")
-            if init != "random":
-                initialise(model, "predicted", predicted)
+            initialise(model, "predicted" if init in ("predict", "calibrated") else init, predicted)
             if init == "calibrated":
                 calibrate(model, graph)
-            _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, [0, steps])
-            loss[init] = {h: scores[h][0] for h in (0, steps)}
-            cells += [f"{scores[h][0]:.2f} / {scores[h][1]:.2f}" for h in (0, steps)]
-        for h in wins:
+            _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, list(at))
+            loss[init] = {h: scores[h][0] for h in at}
+            cells += [f"{scores[h][0]:.2f} / {scores[h][1]:.2f}" for h in at]
+            del model
+        for h in at:
             wins[h] += loss["predict"][h] < loss["random"][h]
         name = f"{config['num_layers']} x {config['hidden']}, {config['heads']} heads ({what})"
         rows.append(f"| {name} | {how_far(config, space)} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
-    n = len(SHAPES[family])
-    rows += ["", f"`predict`'s parameters beat random on {wins[0]}/{n} shapes at step 0 and {wins[steps]}/{n} at step {steps}.", ""]
+    rows += ["", f"`predict`'s parameters beat random on " + ", ".join(
+        f"{wins[h]}/{len(shapes)} shapes at step {h}" for h in at) + ".", ""]
     return "\n".join(rows)
 
 
@@ -130,59 +157,122 @@ def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
 
 def propagation(family: str) -> str:
     """The propagation table of one family: ``predict``'s model, the same prediction calibrated
-    (``--calibrate``), and the family's init, measured on a batch the calibration did not see."""
+    (``--calibrate``), and the family's init, measured on a batch the calibration did not see (random
+    images, or random token ids over the whole vocabulary). For a language model also the
+    token-varying share on held-out text, where the hypernetwork's own tokens (bytes) are, and the
+    same share of a model trained directly (:func:`trained_shares`), the control that says what
+    share trained models have."""
+    import copy
+
     import torch
 
-    from graphkit.families import build_model
+    from graphkit.families import build_model, resolve_config
     from graphkit.ghn import load_checkpoint, predict
     from graphkit.ghn.calibrate import calibrate
     from graphkit.ghn.checkpoint import bundled_checkpoint
+    from graphkit.ghn.data import default_source, load_source
     from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family))
-    rows = ["| shape | stream RMS: `predict` / `--calibrate` / init | token-varying share | logit std |", "|---|---|---|---|"]
-    for name, config in USER_SHAPES[family]:
+    text = family != "vit"
+    source = load_source(default_source(family), seq_len=64) if text else None
+    rows = ["| shape | stream RMS: `predict` / `--calibrate` / init | token-varying share | logit std |"
+            + (" token-varying share on held-out text: `predict` / init |" if text else ""), "|---" * (5 if text else 4) + "|"]
+    shapes = USER_SHAPES[family] + ([("in the training space", IN_SPACE[family])] if text else [])
+    for name, config in shapes:
+        config = resolve_config(config)
         generator = torch.Generator().manual_seed(1)  # the calibration batch is seed 0's
-        inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if family == "vit"
-                  else {"input_ids": torch.randint(0, 50257, (4, 64), generator=generator)})
+        inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if not text
+                  else {"input_ids": torch.randint(0, config["vocab_size"], (4, 64), generator=generator)})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the init calibrate() reads, built once for both
             init_model = build_model(config, "cpu").eval()
         init = stream_statistics(init_model, family, inputs)
-        model = build_model(config, "meta")
-        graph = trace(model)
+        graph = trace(build_model(config, "meta"))
+        model = copy.deepcopy(init_model)  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
         predict(model, ghn, graph=graph)
         raw = stream_statistics(model.eval(), family, inputs)
+        cells = [f"{r:.2f} ({r / i:.1f}x) / {{}} / {i:.2f}" for r, i in zip(raw, init)]
+        if text:
+            held_out = {"input_ids": source.batch(config, 4, generator, split="eval")[0]}
+            shares = [stream_statistics(m, family, held_out)[1] for m in (model, init_model)]
         calibrate(model, graph, reference=init_model)
         got = stream_statistics(model.eval(), family, inputs)
-        rows.append(f"| {name} ({config['num_layers']} x {config['hidden']}) | " + " | ".join(
-            f"{r:.2f} ({r / i:.1f}x) / {p:.2f} ({p / i:.1f}x) / {i:.2f}" for p, r, i in zip(got, raw, init)) + " |")
+        cells = [cell.format(f"{p:.2f} ({p / i:.1f}x)") for cell, p, i in zip(cells, got, init)]
+        if text:
+            cells.append(f"{shares[0]:.2f} ({shares[0] / shares[1]:.1f}x) / {shares[1]:.2f}")
+        rows.append(f"| {name} ({config['num_layers']} x {config['hidden']}) | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
         del model, init_model
+    if text:
+        rows += ["", trained_shares(family, source)]
     return "\n".join(rows) + "\n"
+
+
+def trained_shares(family: str, source) -> str:
+    """The control for the token-varying target: the in-space model's share on held-out text
+    while it is trained directly from its init (AdamW lr 3e-4, the framework's own batches),
+    at the steps in :data:`TRAINED`."""
+    import torch
+
+    from graphkit.families import build_model, resolve_config
+    from graphkit.ghn.data import output_loss
+
+    config = resolve_config(IN_SPACE[family])
+    generator = torch.Generator().manual_seed(1)
+    held_out = {"input_ids": source.batch(config, 4, generator, split="eval")[0]}
+    torch.manual_seed(0)
+    model = build_model(config, "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    generator = torch.Generator().manual_seed(0)
+    shares = {}
+    for step in range(max(TRAINED) + 1):
+        if step in TRAINED:
+            shares[step] = stream_statistics(model.eval(), family, held_out)[1]
+        if step == max(TRAINED):
+            break
+        x, y = source.batch(config, BATCH[family], generator)
+        loss, _ = output_loss(source.task, model.train()(input_ids=x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return (f"Trained directly, the same in-space {config['num_layers']} x {config['hidden']} model's token-varying share on "
+            "held-out text is " + ", ".join(f"{shares[h]:.2f} at step {h}" for h in TRAINED) + ".\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
-    parser.add_argument("--family", choices=sorted(SHAPES), action="append", help="only this family (repeatable)")
-    parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps (scored at 0 and here)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md (a section a table and family)")
+    parser.add_argument("--family", choices=sorted(USER_SHAPES), action="append", help="only this family (repeatable)")
+    parser.add_argument("--table", choices=TABLES, action="append",
+                        help="only this table (repeatable; default: every table the family has)")
+    parser.add_argument("--steps", type=int, help="the last fine-tuning horizon (default: 100; paper: 300 for ViTs, 100 for GPT-2s)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the fine-tuning tables)")
     args = parser.parse_args()
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
     import warnings
 
     import torch
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
-    for family in args.family or SHAPES:
-        text = "\n".join([f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4, the same batches for every "
-                          f"initialisation. Command: `.venv/bin/python benchmarks/ghn_extrapolation.py --family {family} "
-                          "--write`.", "", fine_tuning(family, args.steps, args.device), propagation(family)])
-        print(text, flush=True)
-        if args.write:  # one section a family, so that rerunning one leaves the other's
-            common.write_section(text, f"ghn_extrapolation_{family}")
+    for family in args.family or USER_SHAPES:
+        for name in args.table or TABLES:
+            if name != "propagation" and family not in SHAPES:
+                continue  # the fine-tuning tables are the issue's ViTs and GPT-2s
+            command = f"benchmarks/ghn_extrapolation.py --family {family} --table {name} --write"
+            text = f"Measured {time.strftime('%Y-%m-%d')} on {where}; "
+            if name == "propagation":
+                text += f"forward passes only. Command: `.venv/bin/python {command}`.\n\n" + propagation(family)
+            else:
+                shapes, inits, at = PAPER[family] if name == "paper" else (SHAPES[family], ("predict", "calibrated", "random"), (0, 100))
+                if args.steps is not None:
+                    at = tuple(sorted({0, *(h for h in at if h < args.steps), args.steps}))
+                text += (f"AdamW lr 3e-4, the same batches for every initialisation. Command: `.venv/bin/python {command}`.\n\n"
+                         + fine_tuning(family, shapes, inits, at, args.device))
+            print(text, flush=True)
+            if args.write:  # one section a table and family, so that rerunning one leaves the others
+                common.write_section(text, f"ghn_{name}_{family}")
 
 
 if __name__ == "__main__":
