@@ -240,11 +240,12 @@ def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
     # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (all
-    # three v2's 32); none reads depth; the GPT-2 one decodes each parameter role through its own map
+    # three v2's 32); none reads depth; the language models' decode each parameter role through its own map
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
     assert version == 2 and ghn.config.depth_buckets == 0
-    assert (len(ghn.config.roles) > 0) == (family == "gpt2") and ghn.info["train"].get("role_maps", False) == (family == "gpt2")
+    language = family in ("gpt2", "llama")
+    assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
     tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version],
                          depth_buckets=ghn.config.depth_buckets, roles=ghn.config.roles))
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
