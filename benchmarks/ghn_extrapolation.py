@@ -71,7 +71,7 @@ TRAINED = (0, 50, 300, 600)
 BATCH = {"vit": 32, "gpt2": 8, "llama": 8}
 #: the tables, each a BENCHMARKS.md section per family: out-of-space fine-tuning, the paper's shapes, propagation
 TABLES = ("extrapolation", "paper", "propagation")
-#: the paper's experiment at small scale (``--paper``, issue #25 item 3): its shapes, inits, horizons
+#: the paper's experiment at small scale (``--table paper``, issue #25 item 3): its shapes, inits, horizons
 PAPER = {
     "vit": ([("ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)), ("ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12))],
             ("predict", "random", "orthogonal"), (0, 100, 300)),

@@ -241,45 +241,30 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
                 torch.testing.assert_close(scaled[name], value * factor, msg=name)
 
 
-def test_a_predicted_gpt2_lets_the_tokens_through():
-    """What reaches the LM head of a predicted gpts-1k model varies from token to token: the
-    bundled GPT-2 hypernetwork decodes each parameter role through its own map (role maps), and
-    its features' constancy (mean over their token-to-token spread) is about 1-2, scaled or not
-    (random init: 0.25). The shared-map checkpoint before it wrote the same direction from every
-    block: 180 unscaled, 60 at GPT-2's branch scale, a unigram model."""
+@pytest.mark.parametrize("checkpoint, config, scales", [
+    # gpts-1k's first eval model, unscaled and at GPT-2's branch scale
+    ("logah-tiny-gpts", dict(family="gpt2", num_layers=6, hidden=88, heads=22, vocab_size=50257, context=1024), (False, True)),
+    # a llamas-1k-sized LLaMA with GQA, as predict() leaves it
+    ("logah-tiny-llamas", dict(family="llama", num_layers=6, hidden=256, heads=4, kv_heads=2), (None,)),
+])
+def test_a_predicted_language_model_lets_the_tokens_through(checkpoint, config, scales):
+    """What reaches the LM head of a predicted in-space model varies from token to token: the
+    bundled GPT-2 and LLaMA hypernetworks decode each parameter role through its own map (role
+    maps), and their features' constancy (mean over their token-to-token spread) is about 1-2,
+    scaled or not (random init: below 1). The shared-map checkpoints before them wrote the same
+    direction from every block: GPT-2 180 unscaled, 60 at its branch scale, LLaMA 380; unigram
+    models."""
     from graphkit.ghn import load_checkpoint, predict
     from graphkit.ghn.data import load_source
     from graphkit.ghn.training import feature_constancy
 
-    ghn = load_checkpoint("logah-tiny-gpts")
-    config = dict(family="gpt2", num_layers=6, hidden=88, heads=22, vocab_size=50257, context=1024)  # gpts-1k's first eval model
-    x, _ = load_source("stdlib-text").batch(config, 8, torch.Generator().manual_seed(0), split="eval")
-    constancy = {}
-    for flag in (False, True, None):
-        torch.manual_seed(0)
-        model = build_model(config, "cpu")
-        if flag is not None:  # None: random init, the control
-            predict(model, ghn, residual_scale=flag)
-        constancy[flag] = feature_constancy(model, dict(model.named_parameters()), x, "lm_head")
-    assert constancy[None] < 1 and constancy[False] < 5 and constancy[True] < 5, constancy
-
-
-def test_a_predicted_llama_lets_the_tokens_through():
-    """The bundled LLaMA hypernetwork, trained with role maps as the GPT-2 one, also predicts
-    features that vary from token to token (constancy about 1; the shared-map checkpoint before
-    it: 380, a unigram model) for a llamas-1k-sized LLaMA with GQA."""
-    from graphkit.ghn import load_checkpoint, predict
-    from graphkit.ghn.data import load_source
-    from graphkit.ghn.training import feature_constancy
-
-    ghn = load_checkpoint("logah-tiny-llamas")
-    config = dict(family="llama", num_layers=6, hidden=256, heads=4, kv_heads=2)
+    ghn = load_checkpoint(checkpoint)
     x, _ = load_source("stdlib-text").batch(resolve_config(config), 8, torch.Generator().manual_seed(0), split="eval")
     constancy = {}
-    for predicted in (False, True):
+    for scale in ("random init", *scales):  # random init: the control
         torch.manual_seed(0)
         model = build_model(config, "cpu")
-        if predicted:
-            predict(model, ghn)
-        constancy[predicted] = feature_constancy(model, dict(model.named_parameters()), x, "lm_head")
-    assert constancy[False] < 1 and constancy[True] < 5, constancy
+        if scale != "random init":
+            predict(model, ghn, residual_scale=scale)
+        constancy[scale] = feature_constancy(model, dict(model.named_parameters()), x, "lm_head")
+    assert constancy.pop("random init") < 1 and all(c < 5 for c in constancy.values()), constancy
