@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -191,3 +192,53 @@ def test_unknown_attention_modules_are_named():
         convert(model, "gqa", kv_heads=1)
     with pytest.raises(ConvertError, match="Linear has no attention module"):
         convert(torch.nn.Linear(2, 2))
+
+
+def test_pgqa_subtracts_noise_of_each_groups_statistics_off_the_diagonal():
+    """Eq. 9: per group, noise standardised to the group output's mean and spread, zero on each
+    head's diagonal (the mask is cached per shape: a second call draws new noise, same rule)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 12, 32, 32), torch.randn(4, 3, 32, 32) * 3, torch.randn(4, 3, 32, 32) * 3 + 1
+    plain = GroupedQueryAttention(12, 3, "gqa")(q, k, v)
+    layer = GroupedQueryAttention(12, 3, "pgqa", perturb_in_eval=True).eval()
+    for _ in range(2):
+        noise = (plain - layer(q, k, v)).reshape(4, 3, 4, 32, 32)
+        diagonal = torch.eye(32, dtype=torch.bool)
+        assert (noise[..., diagonal] == 0).all() and (noise[..., ~diagonal] != 0).all()
+        grouped = plain.reshape(4, 3, 4, 32, 32)
+        for g in range(3):
+            off = noise[:, g][..., ~diagonal]
+            assert torch.allclose(off.mean(), grouped[:, g].mean(), atol=0.02 * grouped[:, g].std())
+            assert torch.allclose(off.std(), grouped[:, g].std(), rtol=0.02)
+
+
+def test_kdgqa_allocation_compiles_into_one_graph_and_gives_the_eager_index(monkeypatch):
+    """On a GPU the allocation runs compiled (kdgqa_index(fused=True)); dynamo must capture it
+    whole (fullgraph) and give the eager index. The eager backend checks the capture on any machine."""
+    from graphkit.attention import core, kdgqa_index
+
+    compiled = torch.compile(core._allocation_index, fullgraph=True, dynamic=False, backend="eager")
+    monkeypatch.setitem(core._COMPILED, "index", compiled)
+    generator = torch.Generator().manual_seed(0)
+    for groups, heads, allow_empty in [(4, 12, False), (6, 12, True), (4, 12, False)]:
+        norms = torch.rand(groups, generator=generator) * 5
+        assert torch.equal(kdgqa_index(norms, heads, allow_empty, fused=True), kdgqa_index(norms, heads, allow_empty))
+
+
+def test_kdgqa_falls_back_to_eager_once_when_compiling_fails(monkeypatch):
+    from graphkit.attention import core, kdgqa_index
+
+    def broken(*args):
+        raise RuntimeError("no compiler for this device")
+
+    monkeypatch.setitem(core._COMPILED, "index", broken)
+    monkeypatch.delitem(core._COMPILED, "failed", raising=False)
+    norms = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    with pytest.warns(RuntimeWarning, match="KDGQA: compiling the head allocation failed .*no compiler"):
+        index = kdgqa_index(norms, 12, fused=True)
+    assert index.tolist() == query_groups(torch.tensor([1, 2, 4, 5]), 12).tolist()
+    assert core._COMPILED["failed"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later calls go straight to the eager path
+        assert torch.equal(kdgqa_index(norms, 12, fused=True), index)
+    monkeypatch.delitem(core._COMPILED, "failed")

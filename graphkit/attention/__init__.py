@@ -6,7 +6,7 @@ module, ``convert`` turns MHA models into any variant by mean-pooling K/V heads.
 
 from graphkit.attention.allocation import allocate_queries, key_norms, query_groups
 from graphkit.attention.convert import ConvertError, ViTGroupedAttention, convert, mean_pool_heads
-from graphkit.attention.core import VARIANTS, GroupedQueryAttention
+from graphkit.attention.core import VARIANTS, GroupedQueryAttention, kdgqa_index
 
-__all__ = ["GroupedQueryAttention", "VARIANTS", "allocate_queries", "key_norms", "query_groups", "convert",
+__all__ = ["GroupedQueryAttention", "VARIANTS", "allocate_queries", "key_norms", "query_groups", "kdgqa_index", "convert",
            "mean_pool_heads", "ViTGroupedAttention", "ConvertError"]

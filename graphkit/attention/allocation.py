@@ -27,7 +27,7 @@ import torch
 def key_norms(k: torch.Tensor) -> torch.Tensor:
     """Per-group importance (eq. 1): mean L2 norm of the key vectors of each KV head.
     ``k`` is (batch, groups, positions, head_dim); returns (groups,)."""
-    return k.detach().float().norm(dim=-1).mean(dim=(0, 2))
+    return torch.linalg.vector_norm(k.detach(), dim=-1, dtype=torch.float32).mean(dim=(0, 2))  # no float32 copy of k
 
 
 def allocate_queries(importance: torch.Tensor, num_queries: int, *, allow_empty: bool = False) -> torch.Tensor:
@@ -36,19 +36,17 @@ def allocate_queries(importance: torch.Tensor, num_queries: int, *, allow_empty:
     groups = importance.shape[0]
     if not allow_empty and num_queries < groups:
         raise ValueError(f"{num_queries} query heads cannot give each of {groups} groups one; pass allow_empty=True")
-    spread = importance.max() - importance.min()
-    scaled = (importance - importance.min()) / spread.clamp_min(torch.finfo(torch.float32).tiny)
-    uniform = torch.ones_like(scaled)
-    weights = torch.where(spread > 1e-12 * importance.abs().max().clamp_min(1.0), scaled, uniform)
-    base = torch.full((groups,), 0 if allow_empty else 1, dtype=torch.long, device=importance.device)
+    lo, hi = torch.aminmax(importance)
+    spread = hi - lo
+    scaled = (importance - lo) / spread.clamp_min(torch.finfo(torch.float32).tiny)
+    weights = torch.where(spread > 1e-12 * importance.abs().amax().clamp_min(1.0), scaled, 1.0)
     free = num_queries if allow_empty else num_queries - groups
     share = weights / weights.sum() * free
-    counts = share.floor().long()
+    counts = share.floor()
     remainder = free - counts.sum()
-    # largest fractional parts first, ties to the lower group index
-    order = torch.argsort(share - counts, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(groups, device=order.device))
-    return base + counts + (rank < remainder).long()
+    # largest fractional parts first, ties to the lower group index: a group's rank in that order
+    rank = torch.argsort(share - counts, descending=True, stable=True).argsort()
+    return (counts + (rank < remainder)).long() + (0 if allow_empty else 1)
 
 
 def query_groups(counts: torch.Tensor, num_queries: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,10 @@ VARIANTS = ("gqa", "kdgqa", "dgqa", "pgqa")
 #: how uniform groups reach SDPA; "auto" measures them on a GPU (see the module docstring)
 GQA_PATHS = ("auto", "enable_gqa", "repeat")
 _FASTEST: dict[tuple, str] = {}
+#: PGQA's off-diagonal masks by (length, d, dtype, device); see _off_diagonal
+_MASKS: dict[tuple, torch.Tensor] = {}
+#: KDGQA's compiled allocation ("index"), or "failed" once compiling did not work; see kdgqa_index
+_COMPILED: dict[str, object] = {}
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: str, **kwargs) -> torch.Tensor:
@@ -93,6 +98,32 @@ def fastest_gqa_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_
     return _FASTEST[key]
 
 
+def _allocation_index(norms: torch.Tensor, heads: int, allow_empty: bool) -> torch.Tensor:
+    return query_groups(allocate_queries(norms, heads, allow_empty=allow_empty), heads)
+
+
+def kdgqa_index(norms: torch.Tensor, heads: int, allow_empty: bool = False, *, fused: bool = False) -> torch.Tensor:
+    """KDGQA's K/V head for each query head, from the key norms of this forward pass
+    (:func:`~graphkit.attention.allocation.allocate_queries`, then
+    :func:`~graphkit.attention.allocation.query_groups`).
+
+    With ``fused`` (the forward passes it for real GPU tensors outside tracing) the allocation's
+    twenty-odd operations on a handful of numbers run as one ``torch.compile``d graph, compiled
+    once per (groups, heads): on a GPU each would be a kernel launch, and their launches, not
+    their arithmetic, made KDGQA 1.5x GQA's time on an H100. Where compiling fails (no compiler
+    for this device or torch), it warns once and runs eagerly, as on the CPU."""
+    if fused and not _COMPILED.get("failed"):
+        try:
+            if "index" not in _COMPILED:
+                _COMPILED["index"] = torch.compile(_allocation_index, fullgraph=True, dynamic=False)
+            return _COMPILED["index"](norms, heads, allow_empty)
+        except Exception as e:  # noqa: BLE001 - any compiler failure degrades to the eager path
+            _COMPILED["failed"] = True
+            warnings.warn(f"KDGQA: compiling the head allocation failed ({type(e).__name__}: {e}); it runs eagerly",
+                          RuntimeWarning, stacklevel=2)
+    return _allocation_index(norms, heads, allow_empty)
+
+
 class GroupedQueryAttention(nn.Module):
     """Scaled dot-product attention with ``heads`` query heads over ``kv_heads`` K/V heads."""
 
@@ -127,10 +158,11 @@ class GroupedQueryAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                 attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+        if self.variant == "dgqa":
+            index = query_groups(self._dgqa_counts(k), self.heads)
+        elif self.variant == "kdgqa":
+            index = kdgqa_index(key_norms(k), self.heads, self.allow_empty, fused=_measurable(q))
         if self.variant in ("kdgqa", "dgqa"):
-            counts = self._dgqa_counts(k) if self.variant == "dgqa" else allocate_queries(
-                key_norms(k), self.heads, allow_empty=self.allow_empty)
-            index = query_groups(counts, self.heads)
             k, v = k[:, index], v[:, index]  # one gather each (advanced indexing beats index_select on CPU)
         sdpa = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
         path = self.path
@@ -138,7 +170,7 @@ class GroupedQueryAttention(nn.Module):
             path = fastest_gqa_path(q, k, v, **sdpa) if k.shape[1] != q.shape[1] and _measurable(q) else "enable_gqa"
         out = _sdpa(q, k, v, path, **sdpa)
         if self.variant == "pgqa" and (self.training or self.perturb_in_eval):
-            out = out - self._perturbation(out)
+            out = self._perturbed(out)
         return out
 
     def _dgqa_counts(self, k: torch.Tensor) -> torch.Tensor:
@@ -158,15 +190,32 @@ class GroupedQueryAttention(nn.Module):
             self.step.add_(1)
         return self.counts
 
-    def _perturbation(self, out: torch.Tensor) -> torch.Tensor:
+    def _perturbed(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` minus its perturbation (eq. 9): per group, Gaussian noise standardised to the
+        group output's mean and standard deviation, zero on each head's diagonal. The diagonal
+        mask is made once per shape and the subtraction is one fused multiply-add, so the
+        perturbation takes five passes over the output's size (two statistics, the draw, the
+        standardisation, the subtraction) and no more."""
         b, h, length, d = out.shape
-        grouped = out.detach().reshape(b, self.kv_heads, h // self.kv_heads, length, d)
+        grouped = out.reshape(b, self.kv_heads, h // self.kv_heads, length, d)
         dims = (0, 2, 3, 4)
-        sigma, mu = torch.std_mean(grouped, dims, keepdim=True)
+        sigma, mu = torch.std_mean(grouped.detach(), dims, keepdim=True)
         # contiguous on purpose: randn_like keeps SDPA's transposed strides and samples ~8x slower
-        noise = torch.randn(grouped.shape, dtype=grouped.dtype, device=grouped.device)
+        noise = torch.randn(grouped.shape, dtype=out.dtype, device=out.device)
         noise_sigma, noise_mu = torch.std_mean(noise, dims, keepdim=True)
         scale = sigma / noise_sigma.clamp_min(1e-6)
         noise = torch.addcmul(mu - noise_mu * scale, noise, scale)  # sigma (R - mean R) / std R + mu
-        diagonal = torch.eye(length, d, dtype=torch.bool, device=out.device)
-        return noise.masked_fill(diagonal, 0.0).reshape(b, h, length, d)
+        return torch.addcmul(grouped, noise, _off_diagonal(length, d, out.dtype, out.device), value=-1).reshape(b, h, length, d)
+
+
+def _off_diagonal(length: int, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """1 off and 0 on the diagonal of a head's ``length x d`` output, as ``dtype``: made once per
+    shape and device outside tracing (a cached fake or meta tensor would leak into real runs)."""
+    key = (length, d, dtype, str(device))
+    mask = _MASKS.get(key)
+    if mask is None:
+        mask = (~torch.eye(length, d, dtype=torch.bool, device=device)).to(dtype)
+        if type(mask) is torch.Tensor and not mask.is_meta and len(_MASKS) < 64:
+            _MASKS[key] = mask
+    return mask
+
