@@ -111,10 +111,12 @@ def skip_weight_init() -> contextlib.AbstractContextManager:
 
 
 def pyg_data() -> Any:
-    """``torch_geometric.data``, imported without the ``torch.jit.script`` FutureWarning that
+    """``torch_geometric.data``, imported without the ``torch.jit.script`` deprecation warning that
     PyG's import triggers on recent torch (it scripts helpers at import time): otherwise the
-    first line a user sees from ``to_pyg()`` is a warning about code that is not theirs."""
+    first line a user sees from ``to_pyg()`` is a warning about code that is not theirs. torch
+    2.11 warns with a DeprecationWarning, later releases with a FutureWarning: both are hidden."""
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
         return importlib.import_module("torch_geometric.data")
 

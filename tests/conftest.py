@@ -4,6 +4,7 @@ no weights allocated."""
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,12 @@ import torch
 from torch import nn
 
 warnings.filterwarnings("ignore")
+# every run that picks its own device (train-ghn, eval-ghn) runs on the CPU, so a GPU machine runs
+# the suite as a CPU one does; a test of the GPU names cuda itself (ON_GPU)
+os.environ["GRAPHKIT_DEVICE"] = "cpu"
+
+#: the devices a test that must hold on every device runs on: cpu, and cuda where there is a GPU
+ON_EVERY_DEVICE = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here"))]
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_FILES = Path(__file__).resolve().parent / "model_files"

@@ -94,3 +94,22 @@ def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
     result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "torch.jit.script" not in result.stderr and result.stdout.strip().isdigit()
+
+
+@pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning])
+def test_pyg_import_hides_the_torch_jit_warning_of_every_torch_release(category, monkeypatch):
+    """torch 2.11 (with PyG 2.8.0) deprecates torch.jit.script with a DeprecationWarning, later
+    releases with a FutureWarning: pyg_data() hides both, and nothing else."""
+    import warnings
+
+    def import_warning(name):
+        warnings.warn("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.", category)
+        warnings.warn("something else", UserWarning)
+        return name
+
+    with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        patch.setattr(compat.importlib, "import_module", import_warning)
+        warnings.simplefilter("always")
+        imported = compat.pyg_data()
+    assert imported == "torch_geometric.data"
+    assert [str(w.message) for w in caught] == ["something else"]

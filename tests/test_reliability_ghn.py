@@ -17,9 +17,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import ON_EVERY_DEVICE
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
-from graphkit.ghn import CheckpointError, DataError, LoGAH, LoGAHConfig, TrainConfig, load_checkpoint, save_checkpoint, train
+from graphkit.ghn import CheckpointError, DataError, LoGAH, LoGAHConfig, TrainConfig, TrainError, load_checkpoint, save_checkpoint, train
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -85,6 +86,29 @@ def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, v
     result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", option, value)
     assert result.exit_code == 1 and result.stderr == f"error: {message}\n", result.output
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["train-ghn", "eval-ghn"])
+@pytest.mark.parametrize("value, message", [
+    ("tpu", "unknown device 'tpu'; accepted: cpu, cuda, cuda:N"),
+    *[(device, text) for device, text in (("cuda:7", "device 'cuda:7': no CUDA GPU is available here; use --device cpu"),)
+      if not torch.cuda.is_available()],
+])
+def test_a_bad_graphkit_device_variable_is_refused_before_any_work(command, value, message, gpts, tmp_path, monkeypatch):
+    """$GRAPHKIT_DEVICE stands in for --device and is checked as it is, naming the variable."""
+    monkeypatch.setenv("GRAPHKIT_DEVICE", value)
+    result = run(command, "--dataset", gpts, "--out", tmp_path / "out", *(TINY if command == "train-ghn" else ()))
+    assert result.exit_code == 1 and result.stderr == f"error: $GRAPHKIT_DEVICE: {message}\n", result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_without_the_variable_a_run_picks_the_gpu_if_there_is_one(monkeypatch):
+    from graphkit.ghn.options import default_device
+
+    monkeypatch.delenv("GRAPHKIT_DEVICE")
+    assert default_device(TrainError, local_rank=0) == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("GRAPHKIT_DEVICE", "cpu")
+    assert default_device(TrainError) == "cpu"
 
 
 @pytest.mark.parametrize("option, value, message", [  # --steps -2, --archs 0, --batch-size 0: tests/test_ghn_train.py
@@ -216,14 +240,15 @@ def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_
     assert listing(out) == before
 
 
-def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(gpts, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ON_EVERY_DEVICE)
+def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(device, gpts, tmp_path, monkeypatch):
     """GPT-2s train with dropout, which draws from the global generator: the resumed steps repeat
-    only because every step seeds it."""
+    only because every step seeds it. On a GPU with --deterministic (train-ghn's option for it)."""
     import graphkit.ghn.training as training
 
     def config(out):
         return TrainConfig(dataset=str(gpts), out=str(out), meta_batch=2, batch_size=2, seq_len=8, steps=5,
-                           checkpoint_every=2, log_every=1)
+                           checkpoint_every=2, log_every=1, device=device, deterministic=device != "cpu")
 
     train(config(tmp_path / "straight"), progress=False)
     original, calls = training.run_models, []

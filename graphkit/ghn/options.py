@@ -9,12 +9,15 @@ EvalError while the wording stays the same for both.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
 from graphkit.errors import GraphkitError
 
+#: the environment variable naming the device train-ghn and eval-ghn use when --device is not given
+DEVICE_VARIABLE = "GRAPHKIT_DEVICE"
 #: seeds are combined with step and rank into one 64-bit generator seed; this keeps that in range
 MAX_SEED = 2**32 - 1
 
@@ -67,3 +70,20 @@ def check_device(device: str | None, error: type[GraphkitError]) -> None:
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise error(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
                     f"cuda:{torch.cuda.device_count() - 1}")
+
+
+def default_device(error: type[GraphkitError], local_rank: int = 0) -> str:
+    """The device of a run given no ``--device``: ``$GRAPHKIT_DEVICE`` when it is set (checked as
+    ``--device`` is), else this process's GPU (``cuda:LOCAL_RANK``) if there is one, else cpu.
+
+    Why the variable: a GPU machine otherwise moves every default run onto the GPU, tests
+    included, where hundreds of tiny steps are slower than on the CPU; the test suite sets it to
+    cpu and asks for cuda by name where it tests the GPU."""
+    chosen = os.environ.get(DEVICE_VARIABLE)
+    if chosen:
+        try:
+            check_device(chosen, error)
+        except GraphkitError as e:
+            raise error(f"${DEVICE_VARIABLE}: {e}") from None
+        return chosen
+    return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
