@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bundled eval-bundled clean
+.PHONY: run test bench bench-gpu bundled eval-bundled clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/attention_speed.py --write
 	$(BIN)/python benchmarks/predict_speed.py --write
 	$(BIN)/python benchmarks/train_speed.py --write
+
+# On a GPU machine, with its own Python (BENCH_PYTHON="python3", PYTHONPATH=.): the sections of
+# BENCHMARKS.md that only a GPU can fill (issue #26), each labelled with the device
+BENCH_PYTHON ?= $(BIN)/python
+bench-gpu:
+	$(BENCH_PYTHON) benchmarks/train_speed.py --gpu --write
+	$(BENCH_PYTHON) benchmarks/attention_speed.py --gpu --write
+	$(BENCH_PYTHON) benchmarks/predict_speed.py --device cuda --write
+	$(BENCH_PYTHON) benchmarks/ghn_eval.py --device cuda --write
 
 # The three bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
 # the bundled data (about 2 hours on 2 cores: ViTs 39 min, GPT-2s 36, LLaMAs 49 with the cores shared), then their held-out

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/attention_speed.py            # print the table
     .venv/bin/python benchmarks/attention_speed.py --write    # also update BENCHMARKS.md
+    python benchmarks/attention_speed.py --gpu --write        # on a GPU machine: its rows, own section
 
 One ViT-B attention layer (dim 768, 12 heads, 6 K/V heads where grouped, batch 32, 197
 tokens): qkv projection, attention core, output projection, in inference mode, on CPU (and on
@@ -73,8 +74,10 @@ def timing(layer: torch.nn.Module, x: torch.Tensor, repeat: int) -> float:
     return statistics.median(times)
 
 
-def table(repeat: int) -> str:
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+def table(repeat: int, gpu: bool = False) -> str:
+    if gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu: no CUDA GPU here")
+    devices = ["cuda"] if gpu else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = ["| device | variant | median forward | vs GQA (enable_gqa) | vs fastest GQA path |", "|---|---|---|---|---|"]
     for device in devices:
         x = torch.randn(BATCH, TOKENS, DIM, device=device)
@@ -92,15 +95,19 @@ def table(repeat: int) -> str:
             label = f"GQA (auto: {', '.join(chosen)})" if name == "GQA (auto)" else name
             rows.append(f"| {device} | {label} | {seconds * 1000:.1f} ms | {seconds / base:.3f} | {seconds / fastest:.3f} |")
             print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}; one ViT-B "
+    where = torch.cuda.get_device_name() if gpu else f"{common.cores()} CPU cores"
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {where}, torch {torch.__version__}; one ViT-B "
             f"attention layer (dim {DIM}, {HEADS} heads, {KV} K/V heads where grouped, batch {BATCH}, {TOKENS} tokens), "
             f"inference mode, median of 3 interleaved rounds of {repeat}. Command: "
-            "`.venv/bin/python benchmarks/attention_speed.py --write`.")
+            f"`python benchmarks/attention_speed.py{' --gpu' if gpu else ''} --write`.")
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
-    common.main(__doc__, "attention_speed", lambda args: table(args.repeat),
+    gpu = "--gpu" in sys.argv  # the GPU's rows alone, in a section of their own
+    if gpu:
+        sys.argv.remove("--gpu")
+    common.main(__doc__, "attention_speed_gpu" if gpu else "attention_speed", lambda args: table(args.repeat, gpu),
                 lambda parser: parser.add_argument("--repeat", type=int, default=5))
 
 

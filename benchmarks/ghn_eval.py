@@ -7,6 +7,7 @@ verdicts are taken at step 300, where random initialisation has learned.
     .venv/bin/python benchmarks/ghn_eval.py --write             # also update BENCHMARKS.md, docs/img/ and the
                                                                 # evaluation recorded in each bundled config.json
     .venv/bin/python benchmarks/ghn_eval.py --family vit --write   # one family (its own section)
+    python benchmarks/ghn_eval.py --device cuda --write         # on a GPU: sections ghn_eval_<family>_gpu only
 
 The datasets are generated first if out/ lacks them (same recipe and seed: the same records).
 The reference approach is random initialisation, in the same run on the same batches.
@@ -45,12 +46,14 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     if not dataset.exists():
         generate(run["recipe"], dataset, workers=2)
     config = EvalConfig(dataset=str(dataset), archs=run["archs"], steps=run["steps"], batch_size=run["batch_size"], device=device)
-    rows = evaluate(config, progress=False)
+    tic = time.perf_counter()
+    rows = evaluate(config)  # a progress bar: the slower families take an hour on 2 cores
+    minutes = (time.perf_counter() - tic) / 60
     summary = summarize(rows)
     steps, at = run["steps"], summary["horizons"]
     scaled = ", residual branches scaled as the family's init does (`predict`'s default)" if summary["residual_scale"] else ""
-    where = f"a GPU ({torch.cuda.get_device_name()})" if config.device != "cpu" and torch.cuda.is_available() else f"{common.cores()} CPU cores"
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {where}; AdamW lr 3e-4 fine-tuning, the same "
+    where = f"a GPU ({torch.cuda.get_device_name()})" if on_gpu(config.device) else f"{common.cores()} CPU cores"
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {where} ({minutes:.1f} min); AdamW lr 3e-4 fine-tuning, the same "
              f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
              "--write` (or `make eval-bundled` for all three).", "",
              f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
@@ -62,7 +65,7 @@ def table(family: str, write: bool, device: str | None = None) -> str:
         lines.append(f"| {init} | " + " | ".join(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at) + " |")
     lines.append("| predicted wins vs random / orthogonal | " + " | ".join(
         f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%" for h in at) + " |")
-    if write:
+    if write and not on_gpu(device):  # the CPU run is the record; a GPU's is a section of its own (speed, agreement)
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
         from graphkit.ghn.data import default_source
 
@@ -75,6 +78,13 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def on_gpu(device: str | None) -> bool:
+    """Whether a run given ``device`` evaluates on a GPU (None: the GPU if there is one)."""
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md (one section per family)")
@@ -85,7 +95,7 @@ def main() -> None:
         text = table(family, args.write, args.device)
         print(text, flush=True)
         if args.write:
-            common.write_section(text, f"ghn_eval_{family}")
+            common.write_section(text, f"ghn_eval_{family}" + ("_gpu" if on_gpu(args.device) else ""))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ gpts-1k); the first 2 steps (model building, caches) are not timed.
 
 Kernel launches: one meta-batch-8 training step on vits-digits as each code's ``train`` takes it
 (forward with the norm regulariser, backward, gradient clipping, optimiser), after two warm-up
-steps on the same architectures, counted with ``torch.profiler`` on the CPU as the ATen operators
-that do work (leaf operators, without views, reshapes and allocations, which launch no kernel on
-a GPU).
+steps on the same architectures, with bf16 autocast on as ``train`` has it on a GPU, counted with
+``torch.profiler`` on the CPU the way a GPU sees them (:func:`kernel_launches`): every ATen
+operator that does work of its own, views, reshapes and allocations left out.
+
+    .venv/bin/python benchmarks/train_speed.py --one launches 8        # the CPU proxy, one number
+    .venv/bin/python benchmarks/train_speed.py --gpu --write           # on a GPU machine: see gpu_table
 """
 
 from __future__ import annotations
@@ -40,13 +43,32 @@ RUNS = {
     "gpt2": ("gpts-1k", dict(meta_batch=2, batch_size=8, seq_len=64)),
 }
 HYPERNETS = {"LoGAH-tiny": ("tiny", "low_rank"), "GHN-3-tiny (tiling)": ("tiny", "ghn3")}
-NO_KERNEL = {"view", "_unsafe_view", "as_strided", "t", "transpose", "expand", "unsqueeze", "squeeze", "select", "slice",
-             "permute", "detach", "alias", "empty", "empty_strided", "resize_", "reshape", "_reshape_alias", "unbind",
-             "split", "chunk", "narrow", "lift_fresh", "numpy_T", "view_as", "expand_as", "split_with_sizes", "contiguous",
-             "to", "_to_copy", "result_type", "is_nonzero", "item", "_local_scalar_dense", "empty_like", "set_",
-             "resolve_conj", "resolve_neg", "detach_",
+#: operators that launch no kernel of their own on a GPU: views, reshapes, allocations, host reads,
+#: and wrappers whose work (a copy, a cast) is a child operator that counts instead
+NO_KERNEL = {"view", "_unsafe_view", "as_strided", "as_strided_", "t", "mT", "mH", "adjoint", "transpose", "expand",
+             "unsqueeze", "squeeze", "select", "slice", "permute", "detach", "alias", "empty", "empty_strided", "new_empty",
+             "resize_", "reshape", "_reshape_alias", "flatten", "unflatten", "unbind", "split", "chunk", "narrow",
+             "lift_fresh", "numpy_T", "view_as", "expand_as", "split_with_sizes", "contiguous", "to", "_to_copy",
+             "result_type", "is_nonzero", "item", "_local_scalar_dense", "empty_like", "set_", "resolve_conj",
+             "resolve_neg", "detach_",
              # a dropout of p = 0 returns its input; one that draws a mask does it in child operators, which count
              "dropout"}
+
+
+def kernel_launches(events) -> int:
+    """Kernel launches among ``torch.profiler`` CPU events, as a GPU would see them: an ATen
+    operator counts when it is not in :data:`NO_KERNEL` and no operator below it counts (its work
+    is its own: ``mm``, ``native_layer_norm``, a cast's ``copy_``), so a wrapper and its child are
+    one launch, and an operator whose only children are allocations or views still counts."""
+    seen: dict[int, tuple[bool, bool]] = {}  # per event: (it counts, something below it counts)
+
+    def visit(event) -> tuple[bool, bool]:
+        if id(event) not in seen:
+            below = any(any(visit(c)) for c in event.cpu_children if c.name.startswith("aten::"))
+            seen[id(event)] = (event.name.removeprefix("aten::") not in NO_KERNEL and not below, below)
+        return seen[id(event)]
+
+    return sum(visit(e)[0] for e in events if e.name.startswith("aten::"))
 
 
 def one(family: str, hypernet: str, steps: str) -> dict:
@@ -127,9 +149,12 @@ def peak(seconds: str = "3") -> dict:
     return {"flops_per_s": 2 * 2048 ** 3 * count / (time.perf_counter() - tic)}
 
 
-def launches(meta_batch: str) -> dict:
-    """Leaf ATen operators of one training step as each code's ``train`` takes it (see the module
-    docstring)."""
+def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str = "vit") -> dict:
+    """Kernel launches of one training step as each code's ``train`` takes it, with bf16 autocast
+    on (``amp`` "1") as on a GPU (see the module docstring and :func:`kernel_launches`). On a
+    GPU (``device`` cuda) also the kernels the GPU ran (``gpu_kernels``, memory copies and sets
+    included) and the share of the step's wall time they kept it busy (``gpu_busy``), over
+    ``PROFILED`` steps."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -140,26 +165,30 @@ def launches(meta_batch: str) -> dict:
     from graphkit.ghn import LoGAH, training
     from graphkit.ghn.data import load_source
 
+    recipe, options = RUNS[family]
     with tempfile.TemporaryDirectory() as tmp:
-        generate("vits-digits", Path(tmp) / "data", num=40)
-        pool = training.ArchPool(Path(tmp) / "data")
+        generate(recipe, Path(tmp) / "data", num=40)
+        pool = training.ArchPool(Path(tmp) / "data", device=device)
         torch.manual_seed(0)
-        ghn = LoGAH.from_variant("tiny")
-        source, config = load_source("digits"), training.TrainConfig(dataset="-", out="-", batch_size=32)
+        ghn = LoGAH.from_variant("tiny").to(device)
+        options = {k: v for k, v in options.items() if k != "meta_batch"}
+        source = load_source("digits" if family == "vit" else "stdlib-text", seq_len=options.get("seq_len", 64))
+        config = training.TrainConfig(dataset="-", out="-", **options)
         indices = list(range(int(meta_batch)))
         data = lambda: torch.Generator().manual_seed(0)  # noqa: E731
         if hasattr(training, "meta_batch_loss"):  # this code: train's own forward and optimiser
             optimizer = training.make_optimizer(ghn, config)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            forward = lambda: training.meta_batch_loss(ghn, graphs, pool, indices, source, config, data(), False)[0]  # noqa: E731
+            forward = lambda: training.meta_batch_loss(ghn, graphs, pool, indices, source, config, data(), amp == "1")[0]  # noqa: E731
         else:  # the baseline's train(): PyG data plus targets, the norms summed over the decoded parameters
             optimizer = torch.optim.AdamW(ghn.parameters(), lr=config.lr, weight_decay=config.weight_decay)
             inputs = tuple(map(list, zip(*(pool.graph(i) for i in indices))))
 
             def forward() -> torch.Tensor:
-                predicted = ghn(*inputs)
-                ce, _ = training.run_models(pool, indices, predicted, source, config, data())
-                return ce + config.gamma * torch.stack([training.norm_penalty(p) for p in predicted]).mean()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "1"):
+                    predicted = ghn(*inputs)
+                    ce, _ = training.run_models(pool, indices, predicted, source, config, data())
+                    return ce + config.gamma * torch.stack([training.norm_penalty(p) for p in predicted]).mean()
 
         def step() -> None:
             loss = forward()
@@ -171,10 +200,67 @@ def launches(meta_batch: str) -> dict:
         step(), step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
-    leaves = [e for e in prof.events() if e.name.startswith("aten::")
-              and not any(c.name.startswith("aten::") for c in e.cpu_children)
-              and e.name.removeprefix("aten::") not in NO_KERNEL]
-    return {"launches": len(leaves)}
+        result = {"launches": kernel_launches(prof.events())}
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                tic = time.perf_counter()
+                for _ in range(PROFILED):
+                    step()
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - tic
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+            result |= {"gpu_kernels": len(kernels) / PROFILED, "gpu_busy": busy / wall, "step_ms": 1e3 * wall / PROFILED}
+    return result
+
+
+#: steps profiled on a GPU (launches): enough to average out one slow step
+PROFILED = 5
+#: train()'s targets on one H100 at meta-batch 8, steps/s over a whole run (issue #26)
+GPU_TARGETS = {"vit": 13.0, "gpt2": 6.0}
+
+
+def gpu_run(family: str, steps: str) -> dict:
+    """Steps/s of a whole ``train`` run at meta-batch 8 on the GPU (bf16 autocast, as train picks
+    there), model building and the first steps included, on the family's full recipe."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from graphkit.datasets.generate import generate
+    from graphkit.ghn.training import TrainConfig, train
+
+    recipe, options = RUNS[family]
+    options = {k: v for k, v in options.items() if k != "meta_batch"}
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(recipe, Path(tmp) / "data")
+        config = TrainConfig(dataset=str(Path(tmp) / "data"), out=str(Path(tmp) / "run"), meta_batch=8, steps=int(steps),
+                             device="cuda", log_every=int(steps), checkpoint_every=10 * int(steps), **options)
+        tic = time.perf_counter()
+        train(config, progress=False)
+        return {"steps_per_s": int(steps) / (time.perf_counter() - tic)}
+
+
+def gpu_table(args) -> str:
+    """BENCHMARKS' GPU section: per family, steps/s over a whole run at meta-batch 8 against the
+    issue's targets, and one profiled step's kernels, GPU-busy share and the CPU proxy's count."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu: no CUDA GPU here; the CPU proxy is `--one launches 8`")
+    rows = ["| family (recipe) | steps/s, whole run, meta-batch 8 | target | GPU kernels per step | GPU busy | "
+            "CPU-proxy launches |", "|---|---|---|---|---|---|"]
+    for family, (recipe, _) in RUNS.items():
+        speed = fresh(None, "gpu_run", family, str(args.steps))["steps_per_s"]
+        profiled = fresh(None, "launches", "8", "1", "cuda", family)
+        rows.append(f"| {family} ({recipe}) | {speed:.1f} | {GPU_TARGETS[family]:.0f} | {profiled['gpu_kernels']:.0f} | "
+                    f"{100 * profiled['gpu_busy']:.0f}% | {profiled['launches']} |")
+        print(rows[-1], flush=True)
+    head = (f"Measured {time.strftime('%Y-%m-%d')} on {torch.cuda.get_device_name()} (torch {torch.__version__}): "
+            f"`train` at meta-batch 8 for {args.steps} steps per family, the whole run timed (model building included); "
+            f"one step profiled with torch.profiler ({PROFILED} steps averaged). Command: "
+            "`python benchmarks/train_speed.py --gpu --write`.")
+    return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def baseline_tree(rev: str, into: str) -> str:
@@ -193,7 +279,7 @@ def fresh(pythonpath: str | None, *args: str) -> dict:
 
 def table(args) -> str:
     rows = ["| code | hypernetwork | ViTs (vits-digits), architectures/s | GPT-2s (gpts-1k), architectures/s | "
-            "kernel launches, one meta-batch-8 ViT step |", "|---|---|---|---|---|"]
+            "kernel launches, one meta-batch-8 ViT step, bf16 autocast (CPU proxy) |", "|---|---|---|---|---|"]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         old = baseline_tree(args.baseline, tmp)
@@ -243,7 +329,11 @@ def main() -> None:
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
         kind, rest = sys.argv[i + 1], sys.argv[i + 2:]
-        print(json.dumps({"speed": one, "floor": floor, "launches": launches, "peak": peak}[kind](*rest)))
+        print(json.dumps({"speed": one, "floor": floor, "launches": launches, "peak": peak, "gpu_run": gpu_run}[kind](*rest)))
+        return
+    if "--gpu" in sys.argv:
+        sys.argv.remove("--gpu")
+        common.main(__doc__, "train_speed_gpu", gpu_table, lambda p: p.add_argument("--steps", type=int, default=300))
         return
     common.main(__doc__, "train_speed", table, lambda p: (p.add_argument("--steps", type=int, default=10),
                                                          p.add_argument("--baseline", default="3096027")))

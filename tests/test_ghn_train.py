@@ -17,12 +17,14 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import graphkit
+from conftest import ON_EVERY_DEVICE
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
 from graphkit.ghn import (BUNDLED, CheckpointError, LoGAH, LoGAHConfig, PredictError, TrainConfig, TrainError,
                           load_checkpoint, predict, save_checkpoint, train)
 from graphkit.ghn.training import ArchPool, parameter_groups, run_models
+from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate
 from graphkit.ops import VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +96,12 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     assert sum(t.numel() for t in params.values()) == sum(p.numel() for p in model.parameters())
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(vits, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ON_EVERY_DEVICE)
+def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, monkeypatch):
+    """On a GPU only with --deterministic: atomic adds sum in a varying order otherwise."""
     straight = tmp_path / "straight"
-    train(quick(vits, straight, steps=6), progress=False)
+    options = dict(steps=6, device=device, deterministic=device != "cpu")
+    train(quick(vits, straight, **options), progress=False)
 
     import graphkit.ghn.training as train_module
 
@@ -112,14 +117,34 @@ def test_an_interrupted_run_resumes_to_the_same_weights(vits, tmp_path, monkeypa
     interrupted = tmp_path / "interrupted"
     monkeypatch.setattr(train_module, "run_models", crash_on_fifth_step)
     with pytest.raises(KeyboardInterrupt):
-        train(quick(vits, interrupted, steps=6), progress=False)
+        train(quick(vits, interrupted, **options), progress=False)
     monkeypatch.setattr(train_module, "run_models", original)
     assert json.loads((interrupted / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
-    train(quick(vits, interrupted, steps=6), resume=True, progress=False)
+    train(quick(vits, interrupted, **options), resume=True, progress=False)
     a, b = load_file(straight / "model.safetensors"), load_file(interrupted / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     steps = [json.loads(line)["step"] for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_afterwards(vits, tmp_path, monkeypatch):
+    """--deterministic changes how kernels accumulate and which attention kernel runs, not what
+    is computed: on the CPU it trains the weights a default run does, to rounding, and leaves
+    torch's global settings as it found them."""
+    train(quick(vits, tmp_path / "default", steps=2, device="cpu"), progress=False)
+    import graphkit.ghn.training as train_module
+
+    during = []
+    original = train_module.run_models
+    monkeypatch.setattr(train_module, "run_models",
+                        lambda *a, **k: during.append(torch.are_deterministic_algorithms_enabled()) or original(*a, **k))
+    train(quick(vits, tmp_path / "deterministic", steps=2, device="cpu", deterministic=True), progress=False)
+    assert during == [True, True]
+    a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("default", "deterministic"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(TrainError, match="deterministic must be true or false; got 1"):
+        quick(vits, tmp_path / "bad", deterministic=1)
 
 
 def test_two_process_ddp_on_cpu(gpts, tmp_path):
@@ -380,6 +405,21 @@ def test_eval_ghn_refuses_bad_options_before_any_work(vits, tmp_path, option, va
     result = run("eval-ghn", "--dataset", vits, "--out", tmp_path / "eval", option, value)
     assert result.exit_code == 1 and result.stderr.strip() == f"error: {message}", result.output
     assert not (tmp_path / "eval").exists()
+
+
+def test_eval_rows_do_not_depend_on_the_number_of_workers(vits, tmp_path):
+    """Two worker processes (the default on 2 cores) and one inline run fine-tune on one thread
+    each: the same rows, bit for bit, in the same order."""
+    train(quick(vits, tmp_path / "run", steps=1), progress=False)
+    common = dict(dataset=str(vits), ghn=str(tmp_path / "run"), archs=2, steps=3, batch_size=4, device="cpu")
+    threads = torch.get_num_threads()
+    inline = evaluate(EvalConfig(**common, workers=1), progress=False)
+    parallel = evaluate(EvalConfig(**common, workers=2), progress=False)
+    assert [(r["id"], r["init"]) for r in inline] == [(r["id"], r["init"]) for r in parallel]
+    assert inline == parallel and len(inline) == 6
+    assert torch.get_num_threads() == threads  # evaluate gives the caller its threads back
+    with pytest.raises(EvalError, match="workers must be an integer >= 1; got 0"):
+        EvalConfig(dataset="-", workers=0)
 
 
 def test_eval_horizons_are_0_100_and_the_final_step():

@@ -35,7 +35,8 @@ def train_ghn(
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
     log_every: int = typer.Option(10, "--log-every", help="Steps between metrics.jsonl lines."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the local GPU, else cpu)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic GPU kernels, so that a run and its resume give the same weights on a GPU (slower; CPU runs repeat without it)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
 ) -> None:
     """Train a LoGAH hypernetwork on a graph dataset.
@@ -48,7 +49,8 @@ def train_ghn(
                          depth_buckets=depth_buckets, role_maps=role_maps,
                          meta_batch=meta_batch, batch_size=batch_size, seq_len=seq_len, steps=steps, lr=lr,
                          lr_fan_in=lr_fan_in, weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
-                         checkpoint_every=checkpoint_every, log_every=log_every, device=device)
+                         checkpoint_every=checkpoint_every, log_every=log_every, device=device,
+                         deterministic=deterministic)
     last = train(config, resume=resume)
     if last:
         console.print(f"step {last['step']}: loss {last['loss']:.4f}, accuracy {last['metric']:.3f}, "
@@ -121,9 +123,10 @@ def eval_ghn(
     seq_len: int = typer.Option(64, "--seq-len"),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
     seed: int = typer.Option(0, "--seed"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: the GPU if there is one, else cpu)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the GPU if there is one, else cpu)."),
     residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2)."),
     calibrate: bool = typer.Option(False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="CPU processes fine-tuning side by side, one thread each (default: one per core; the rows do not depend on it). A GPU runs them one after another."),
     record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
@@ -134,7 +137,7 @@ def eval_ghn(
 
     config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
                         batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device, residual_scale=residual_scale,
-                        calibrate=calibrate)
+                        calibrate=calibrate, workers=workers)
     check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
     for name in ("eval.json", "eval.png"):
         check_output_file(out / name)

@@ -178,7 +178,7 @@ def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor
         raise ValueError(f"task must be one of {', '.join(dims)}; got {task!r}")
     if logits.dim() != dims[task] or logits.shape[:-1] != targets.shape:
         raise ValueError(f"{task} logits {tuple(logits.shape)} do not fit targets {tuple(targets.shape)}")
-    loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())  # float32 whatever the model ran in
     return loss, (logits.detach().argmax(-1) == targets).float().mean()
 
 

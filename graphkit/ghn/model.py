@@ -204,8 +204,11 @@ class LowRankDecoder(nn.Module):
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
-        w = self.low_rank.weight[:batch.max_size]
-        maps = self.role_maps.unbind(0) if self.role_maps is not None else ()  # one backward op, not one per role
+        w, maps = self.low_rank.weight[:batch.max_size], self.role_maps
+        if torch.is_autocast_enabled(device.type):  # one cast of each map, not one per slice and product
+            dtype = torch.get_autocast_dtype(device.type)
+            w, maps = w.to(dtype), (None if maps is None else maps.to(dtype))
+        maps = () if maps is None else maps.unbind(0)  # one backward op, not one per role
         rows_of: dict[tuple[int, int], torch.Tensor] = {}
 
         def head(role: int, size: int) -> torch.Tensor:  # role map ``role``'s first rows, made once per (role, size)

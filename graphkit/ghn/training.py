@@ -16,12 +16,13 @@ rank, so a resumed run draws the same ones) and DDP averages the gradients.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_
 from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed
+from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
@@ -80,11 +81,12 @@ class TrainConfig:
     gamma: float = 3e-5          # predicted-parameter norm penalty
     clip: float = 5.0
     amp: bool | None = None      # bf16 autocast; None: on when training on a GPU
+    deterministic: bool = False  # deterministic kernels on a GPU (see repeatable); CPU runs repeat without
     seed: int = 0
     checkpoint_every: int = 100
     log_every: int = 10
     split: str = "train"
-    device: str | None = None    # None: cuda:LOCAL_RANK if available, else cpu
+    device: str | None = None    # None: $GRAPHKIT_DEVICE, else cuda:LOCAL_RANK if available, else cpu
 
     def __post_init__(self) -> None:
         check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
@@ -101,6 +103,7 @@ class TrainConfig:
         if self.decoder not in DECODERS:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         check_flag("role_maps", self.role_maps, TrainError)
+        check_flag("deterministic", self.deterministic, TrainError)
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
 
@@ -231,26 +234,65 @@ def meta_batch_loss(model: nn.Module, graphs: Sequence[EncodedGraph], pool: Arch
     is the LoGAH, or its DDP wrapper; ``graphs`` are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
         predicted, norms, nodes = model(graphs, details=True)
-        ce, metric = run_models(pool, indices, predicted, source, config, generator)
-        penalty = norms.mean()
-        return ce + config.gamma * penalty, ce, metric, penalty, nodes
+    ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if amp else None)
+    penalty = norms.mean()
+    return ce + config.gamma * penalty, ce, metric, penalty, nodes
 
 
 def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[str, torch.Tensor]], source,
-               config: TrainConfig, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+               config: TrainConfig, generator: torch.Generator, dtype: torch.dtype | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean loss and mean metric (accuracy) of the models ``indices`` with ``predicted``
-    parameters, each on its own data batch."""
+    parameters, each on its own data batch; with ``dtype``, the models run in it throughout
+    (parameters and images; the loss in float32).
+
+    Why a dtype and not autocast for the target models: the hypernetwork decodes in bf16 under
+    autocast, and autocast would cast every LayerNorm's input, weight and bias to float32 and
+    back, and each Linear's input to bf16, in the forward and again in the backward: about 1,000
+    of a meta-batch-8 step's kernel launches. bf16 norms accumulate in float32 and round their
+    output, as the next Linear's cast did, so little else changes."""
     from graphkit.ghn.data import output_loss
 
     losses, metrics = [], []
     for index, params in zip(indices, predicted):
         model = pool.model(index).train()
         inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
-        output = functional_call(model, params, (inputs.to(pool.device),))
+        inputs = inputs.to(pool.device)
+        if dtype is not None:
+            params = {name: value.to(dtype) for name, value in params.items()}  # no copy for those already in it
+            inputs = inputs.to(dtype) if inputs.is_floating_point() else inputs
+        output = functional_call(model, params, (inputs,))
         loss, metric = output_loss(source.task, output, labels.to(pool.device))
         losses.append(loss)
         metrics.append(metric)
     return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
+
+
+@contextlib.contextmanager
+def repeatable(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels for the block, when ``enabled``: ``torch.use_deterministic_algorithms``
+    (an op that has no deterministic kernel raises), cuBLAS with a fixed workspace
+    (``CUBLAS_WORKSPACE_CONFIG``, set if unset) and SDPA's math kernel (the flash and
+    memory-efficient backwards accumulate in a varying order). The global settings are restored
+    afterwards.
+
+    Why: on a GPU, atomic adds (index_add, the scatter in an embedding's or a gather's backward)
+    sum in a varying order, so two runs, or a run and its resume, drift apart in the last bits
+    and then further. CPU runs repeat exactly without this. The price is speed: the math
+    attention kernel and the sorted accumulations are slower than the defaults."""
+    if not enabled:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def machine(device: torch.device, world: int = 1) -> str:
@@ -297,7 +339,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     last: dict[str, float] = {}
     columns = (TextColumn("train-ghn"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                TimeRemainingColumn())
-    with Progress(*columns, disable=not (progress and rank == 0)) as bar:
+    with repeatable(config.deterministic), Progress(*columns, disable=not (progress and rank == 0)) as bar:
         task = bar.add_task("train", total=config.steps, completed=start, loss="-")
         tic, diagnostics = time.perf_counter(), _Stopwatch()  # archs_per_s leaves out what only the log needs
         for step in range(start, config.steps):
@@ -519,9 +561,7 @@ def _distributed(device: str | None) -> tuple[int, int, torch.device]:
     """(rank, world size, device); joins the process group torchrun describes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device is None:
-        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = torch.device(device or default_device(TrainError, local))
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
