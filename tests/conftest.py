@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-warnings.filterwarnings("ignore")
 # every run that picks its own device (train-ghn, eval-ghn) runs on the CPU, so a GPU machine runs
 # the suite as a CPU one does; a test of the GPU names cuda itself (ON_GPU)
 os.environ["GRAPHKIT_DEVICE"] = "cpu"

@@ -147,6 +147,7 @@ def family(request):
     return request.param, build_model(FAMILIES[request.param], device="cpu")
 
 
+@pytest.mark.slow
 def test_conversion_at_full_kv_heads_reproduces_the_model(family):
     name, model = family
     converted = convert(copy.deepcopy(model), "gqa")
@@ -154,6 +155,7 @@ def test_conversion_at_full_kv_heads_reproduces_the_model(family):
     assert not converted.training  # modes are kept
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["gqa", "kdgqa", "dgqa", "pgqa"])
 def test_graphs_see_the_variant(family, variant):
     name, model = family

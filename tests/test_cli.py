@@ -99,6 +99,7 @@ def test_vocabulary_doc_is_in_sync():
 TINY = ROOT / "tests" / "recipes" / "tiny-vits.json"
 
 
+@pytest.mark.slow
 def test_dataset_commands(tmp_path, monkeypatch):
     out = tmp_path / "tiny"
     result = run("generate", TINY, "--out", out, "--num", "12", "--seed", "2")
@@ -131,6 +132,7 @@ def test_dataset_command_errors(args, message, tmp_path, monkeypatch):
     assert result.stderr.strip() == f"error: {message}"
 
 
+@pytest.mark.slow
 def test_show_unknown_id(tmp_path):
     out = tmp_path / "tiny"
     assert run("generate", TINY, "--out", out, "--num", "3").exit_code == 0

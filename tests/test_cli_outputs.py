@@ -73,6 +73,7 @@ def test_trace_replaces_what_it_wrote(tmp_path, name, fmt):
         assert out.read_text().splitlines()[-1].startswith("fingerprint ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
 def test_draw_replaces_its_own_pictures_and_no_one_elses(tmp_path, suffix, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")  # grandalf, whatever this machine has
@@ -147,6 +148,7 @@ def test_help_does_not_import_torch():
     assert subprocess.run([sys.executable, "-m", "graphkit", "--help"], capture_output=True, text=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_space():
     inside = run("predict", MODEL_FILES.parent / "model_files" / "digits_vit.py")
     assert inside.exit_code == 0 and "warning" not in inside.stderr
@@ -162,6 +164,7 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
                     "28x the largest trained (8 px); the scores above were measured inside that space, not on this model")
 
 
+@pytest.mark.slow
 def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     model_file = MODEL_FILES.parent / "model_files" / "wide_digits_vit.py"
     grown = run("predict", model_file, "--out", tmp_path / "grown.safetensors")

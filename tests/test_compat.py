@@ -15,6 +15,7 @@ from tests.conftest import gpt2, llama, meta, timm_vit
 
 @pytest.mark.parametrize("build", [lambda: timm_vit("vit_tiny_patch16_224", img_size=32, patch_size=8),
                                    lambda: gpt2(layers=2), lambda: llama(layers=2)], ids=["vit", "gpt2", "llama"])
+@pytest.mark.slow
 def test_trace_without_the_private_fx_flag(monkeypatch, build):
     """torch 2.11 has no torch.fx.config.do_not_emit_stack_traces; tracing must not need it.
     (This torch reads the flag itself, so it stays in torch; graphkit's view of it is removed.)"""
@@ -81,6 +82,7 @@ def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatc
     assert {n: p.shape for n, p in model.named_parameters()} == before
 
 
+@pytest.mark.slow
 def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
     """Importing torch_geometric warns that torch.jit.script is deprecated; graphkit hides
     exactly that warning, so to_pyg() prints nothing."""

@@ -104,6 +104,7 @@ def dataset(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_compile_a_record_and_its_graph(dataset):
     record = load(dataset)[0]
     model = compile(record)
@@ -144,6 +145,7 @@ def test_compile_command(dataset, tmp_path):
     assert Path(out).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [VIT, dict(GPT, tied=False), LLAMA], ids=["vit", "gpt2", "llama"])
 @pytest.mark.parametrize("variant", ["gqa", "dgqa"])
 def test_graphs_of_converted_models_compile_back(config, variant):

@@ -29,6 +29,7 @@ def folder(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_layout_card_and_manifest(folder):
     names = sorted(p.name for p in (folder / "data").iterdir())
     assert names == ["eval-00000-of-00002.parquet", "train-00000-of-00002.parquet", "train-00001-of-00002.parquet"]

@@ -216,6 +216,7 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch,
     assert (tmp_path / "file.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_png_too_tall_to_read_is_refused_with_a_way_out(tmp_path):
     """An expanded 200-layer model once became a 92 x 30,000 px PNG with unreadable labels."""
     graph = chain([("gelu" if i % 2 else "relu", f"m.{i}") for i in range(700)])

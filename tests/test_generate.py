@@ -30,6 +30,7 @@ def reference(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_layout_and_manifest(reference):
     files = sorted(p.name for p in (reference / "data").iterdir())
     assert files == [f"{s}-{j:05d}-of-00004.parquet" for s in ("eval", "train") for j in range(4)]
@@ -38,12 +39,14 @@ def test_layout_and_manifest(reference):
     assert m["seed"] == 1 and m["recipe"]["name"] == "tiny-vits"
 
 
+@pytest.mark.slow
 def test_same_content_with_two_workers(reference, tmp_path):
     generate(TINY, tmp_path / "two", seed=1, part_size=8, workers=2)
     assert manifest(tmp_path / "two")["content_hash"] == manifest(reference)["content_hash"]
     assert rows(tmp_path / "two") == rows(reference)
 
 
+@pytest.mark.slow
 def test_shards_fill_one_folder(reference, tmp_path):
     for i in range(3):
         result = generate(TINY, tmp_path / "sharded", seed=1, part_size=8, num_shards=3, shard_index=i)
@@ -51,6 +54,7 @@ def test_shards_fill_one_folder(reference, tmp_path):
     assert manifest(tmp_path / "sharded")["content_hash"] == manifest(reference)["content_hash"]
 
 
+@pytest.mark.slow
 def test_resume_after_an_interrupted_run(reference, tmp_path):
     out = tmp_path / "resumed"
     generate(TINY, out, seed=1, part_size=8)
@@ -64,11 +68,13 @@ def test_resume_after_an_interrupted_run(reference, tmp_path):
     assert not list((out / "data").glob(".*"))
 
 
+@pytest.mark.slow
 def test_records_rebuild_to_the_stored_graph(reference):
     for record in list(load(reference))[::5]:
         assert graphkit.trace(record.build_model()).fingerprint() == record["fingerprint"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe,family", [("gpts-1k", "gpt2"), ("llamas-1k", "llama")])
 def test_language_model_recipes(recipe, family, tmp_path):
     out = tmp_path / recipe
@@ -87,6 +93,7 @@ def test_bad_options(tmp_path):
         generate(TINY, tmp_path / "file")
 
 
+@pytest.mark.slow
 def test_attention_variant_datasets(tmp_path):
     out = tmp_path / "kdgqa"
     generate(TINY, out, num=8, seed=0, attention="kdgqa")
@@ -101,6 +108,7 @@ def test_attention_variant_datasets(tmp_path):
         generate(TINY, tmp_path / "bad", attention="mqa")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["gpts-1k", "vits-1k"])
 def test_head_counts_share_one_export_and_match_direct_traces(recipe):
     """generate traces one head count per width and relabels the others: the rows must be

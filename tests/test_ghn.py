@@ -86,6 +86,7 @@ def test_predict_loads_into_a_meta_model_that_then_runs(ghn):
     assert torch.isfinite(model(torch.randn(2, 3, 8, 8))).all()
 
 
+@pytest.mark.slow
 def test_predict_refuses_nan(ghn):
     import copy
 
@@ -128,6 +129,7 @@ def test_one_batched_pass_equals_one_graph_at_a_time():
             assert all(torch.allclose(alone[n], batched[n], atol=1e-5) for n in alone)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoder", ["low_rank", "ghn3"])
 def test_prediction_norms_are_the_parameters_norms_with_their_gradient(decoder):
     """Training's regulariser comes from ``Prediction.norms`` without a pass over the decoded
@@ -221,6 +223,7 @@ def test_residual_writers_are_the_weights_that_end_each_branch(config, writers):
     assert residual_writers(graphkit.trace(build_model(config))) == writers
 
 
+@pytest.mark.slow
 def test_predict_scales_residual_branches_where_the_family_init_does():
     """GPT-2's init makes each branch's output weights 1 / sqrt(2 n_layer) smaller; predictions
     for GPT-2 follow it by default (a ViT's, whose timm init does not, are left as predicted),
@@ -247,6 +250,7 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
     # a llamas-1k-sized LLaMA with GQA, as predict() leaves it
     ("logah-tiny-llamas", dict(family="llama", num_layers=6, hidden=256, heads=4, kv_heads=2), (None,)),
 ])
+@pytest.mark.slow
 def test_a_predicted_language_model_lets_the_tokens_through(checkpoint, config, scales):
     """What reaches the LM head of a predicted in-space model varies from token to token: the
     bundled GPT-2 and LLaMA hypernetworks decode each parameter role through its own map (role

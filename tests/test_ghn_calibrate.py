@@ -47,6 +47,7 @@ def vits():
     return load_checkpoint("logah-tiny-vits")
 
 
+@pytest.mark.slow
 def test_predicted_vit_large_propagates_like_its_init(vits):
     """ViT-L's shape (24 x 1024, 16 heads) at digits' resolution, grown from its twin and
     calibrated: uncalibrated, its stream is 9x init's and its logits 3-4x as spread; calibrated,
@@ -65,6 +66,7 @@ def test_predicted_vit_large_propagates_like_its_init(vits):
     assert varying > 0.5 * init_varying
 
 
+@pytest.mark.slow
 def test_predicted_gpt2_large_propagates_like_its_init():
     """GPT-2-Large's shape (36 x 1280, 20 heads), with a small vocabulary to stay cheap: the
     stream RMS and logit spread within 2x of init's. (The share of the stream that varies from
@@ -84,6 +86,7 @@ def test_predicted_gpt2_large_propagates_like_its_init():
     assert 0.5 < rms / init_rms < 2 and 0.5 < std / init_std < 2, (rms, init_rms, std, init_std)
 
 
+@pytest.mark.slow
 def test_predict_calibrates_only_when_asked(vits):
     config = dict(VIT, num_layers=12, hidden=384, heads=6)
     graph = graphkit.trace(build_model(config, "meta"))

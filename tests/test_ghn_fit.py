@@ -64,6 +64,7 @@ def assert_alive(metrics: list[dict]) -> None:
     assert {"encoder", "mlp", "low_rank", "gain", "embed"} <= set(metrics[-1]["grad_norms"])
 
 
+@pytest.mark.slow
 def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
     logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(tmp_path, "fit-vit.json", "digits", seeds=(0, 1, 2, 3),
                                                                     batch_size=64)
@@ -77,6 +78,7 @@ def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
     assert loss < 2.0, loss  # ln 10 = 2.30 is the uniform output of the collapse
 
 
+@pytest.mark.slow
 def test_a_single_gpt2_fits_text_below_the_unigram_loss_at_the_default_lr(tmp_path):
     logs, (loss, _), (direct_loss, _), source = fit(tmp_path, "fit-gpt.json", "stdlib-text", batch_size=16, seq_len=64)
     for metrics in logs:

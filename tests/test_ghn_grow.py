@@ -75,6 +75,7 @@ def test_a_model_grown_to_a_multiple_of_its_twins_width_computes_what_the_twin_c
     torch.testing.assert_close(logits(grown, inputs), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_model_grown_by_a_fraction_stays_close_to_its_twin():
     twin, grown = grown_from_random_twin(dict(VIT, num_layers=2, hidden=96, heads=3), 64)
     inputs = torch.randn(8, 3, 8, 8)
@@ -119,6 +120,7 @@ def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
     assert twin(num_layers=12, hidden=768, heads=12) == (256, 4)  # 9 layers, the deepest trained, are at most 256 wide
 
 
+@pytest.mark.slow
 def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=1024, heads=16))
     model = build_model(config, "meta")

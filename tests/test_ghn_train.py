@@ -54,6 +54,7 @@ def quick(dataset, out, **overrides) -> TrainConfig:
                                checkpoint_every=2, log_every=1), **overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["vits", "gpts"])
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
     from graphkit.ghn.data import load_source
@@ -78,6 +79,7 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.95 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, tmp_path):
     last = train(quick(vits, tmp_path / "run"), progress=False)
     run_dir = tmp_path / "run"
@@ -96,6 +98,7 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     assert sum(t.numel() for t in params.values()) == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ON_EVERY_DEVICE)
 def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, monkeypatch):
     """On a GPU only with --deterministic: atomic adds sum in a varying order otherwise."""
@@ -127,6 +130,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, 
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_afterwards(vits, tmp_path, monkeypatch):
     """--deterministic changes how kernels accumulate and which attention kernel runs, not what
     is computed: on the CPU it trains the weights a default run does, to rounding, and leaves
@@ -147,6 +151,7 @@ def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_after
         quick(vits, tmp_path / "bad", deterministic=1)
 
 
+@pytest.mark.slow
 def test_two_process_ddp_on_cpu(gpts, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,6 +168,7 @@ def test_two_process_ddp_on_cpu(gpts, tmp_path):
     assert load_checkpoint(out).info["family"] == "gpt2"
 
 
+@pytest.mark.slow
 def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     out = tmp_path / "cli"
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "2", "--meta-batch", "1", "--batch-size", "2",
@@ -199,6 +205,7 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     assert result.exit_code == 1 and "missing" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_run_with_role_maps_records_them_and_predicts_with_them(gpts, tmp_path):
     """``--role-maps``: the LoGAH gets a map for every role of the train split, the maps train
     (their gradient norm is logged), the checkpoint stores the roles, and the loaded
@@ -276,6 +283,7 @@ def test_bundled_checkpoints(family):
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
 
 
+@pytest.mark.slow
 def test_the_bundled_vit_checkpoint_predicts_vits_that_classify_held_out_digits():
     """What the bundled ViT hypernetwork is for, measured in the suite: on vits-digits
     architectures of the recipe's eval split (never trained on), the predicted parameters alone
@@ -312,6 +320,7 @@ def test_an_old_checkpoint_refuses_an_op_newer_than_its_vocabulary():
         old.encode(graph)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["vit_tiny_cifar.py", "gpt2.py"])
 def test_predict_cli_covers_every_parameter(example, tmp_path):
     out = tmp_path / "predicted.safetensors"
@@ -341,6 +350,7 @@ def test_predict_cli_bad_inputs(tmp_path):
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr
 
 
+@pytest.mark.slow
 def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     train(quick(vits, tmp_path / "run", steps=2), progress=False)
     out = tmp_path / "eval"
@@ -373,6 +383,7 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert [r["calibrated"] for r in rows] == [r["init"] == "predicted" for r in rows]
 
 
+@pytest.mark.slow
 def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect(vits, tmp_path):
     from graphkit.ghn.checkpoint import describe, record_evaluation
 
@@ -407,6 +418,7 @@ def test_eval_ghn_refuses_bad_options_before_any_work(vits, tmp_path, option, va
     assert not (tmp_path / "eval").exists()
 
 
+@pytest.mark.slow
 def test_eval_rows_do_not_depend_on_the_number_of_workers(vits, tmp_path):
     """Two worker processes (the default on 2 cores) and one inline run fine-tune on one thread
     each: the same rows, bit for bit, in the same order."""
@@ -429,6 +441,7 @@ def test_eval_horizons_are_0_100_and_the_final_step():
     assert horizons(300) == [0, 100, 300] and horizons(50) == [0, 50] and horizons(100) == [0, 100]
 
 
+@pytest.mark.slow
 def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
     """The factor similarity logged each step comes from the node embeddings that step's forward
     made: one encoder pass per step, not a second one for the metrics."""

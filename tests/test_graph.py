@@ -36,6 +36,7 @@ def test_dict_shape_is_readable_without_graphkit(vit_graph):
     assert data["meta"]["ops_version"] >= 1 and data["meta"]["num_params"] == vit_graph.num_params
 
 
+@pytest.mark.slow
 def test_fingerprint_is_stable_across_processes(vit_graph):
     code = (
         "import warnings; warnings.filterwarnings('ignore');"

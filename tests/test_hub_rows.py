@@ -37,6 +37,7 @@ def plain_rows(folder: Path) -> list[dict]:
     return pq.read_table(folder / "data").to_pylist()
 
 
+@pytest.mark.slow
 def test_rows_hold_the_hub_layout(folder):
     rows = plain_rows(folder)
     assert len(rows) == 24

@@ -60,6 +60,7 @@ def params(record) -> dict[str, torch.Tensor]:
 # -- compile -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("break_it", [lambda t: t.fill_(float("nan")), lambda t: t.view(-1)[3:5].fill_(float("-inf"))],
                          ids=["all-nan", "some-inf"])
+@pytest.mark.slow
 def test_compile_refuses_non_finite_parameters(dataset, record, params, tmp_path, break_it):
     name = list(params)[2]
     break_it(params[name])
@@ -70,6 +71,7 @@ def test_compile_refuses_non_finite_parameters(dataset, record, params, tmp_path
     assert listing(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_compile_refuses_integer_tensors_but_casts_float_ones(dataset, record, params, tmp_path):
     name = list(params)[0]
     params[name] = (params[name] * 100).to(torch.int8)
@@ -232,6 +234,7 @@ def test_convert_checks_every_option(tmp_path, args, message):
     assert listing(tmp_path) == {}
 
 
+@pytest.mark.slow
 def test_convert_saves_what_dgqa_used(tmp_path):
     out = tmp_path / "dgqa.safetensors"
     assert run("convert", VIT_FILE, "-a", "dgqa", "-k", "2", "--window", "7", "--alpha", "0.25", "-o", out).exit_code == 0
@@ -248,6 +251,7 @@ def test_convert_saves_what_dgqa_used(tmp_path):
     assert (metadata["graphkit_attention"], metadata["graphkit_kv_heads"]) == ("pgqa", "3") and "graphkit_window" not in metadata
 
 
+@pytest.mark.slow
 def test_convert_refuses_an_output_that_is_a_folder_or_not_ours(tmp_path):
     folder = tmp_path / "existing"
     folder.mkdir()

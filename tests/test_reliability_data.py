@@ -182,6 +182,7 @@ def test_out_under_a_file_is_refused(recipe, tmp_path):
             f"--out {tmp_path / 'file' / 'ds'}: {tmp_path / 'file'} is a file, not a folder")
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_locked_folder_is_refused(reference, recipe, tmp_path):
     out = copy_of(reference, tmp_path)
     (out / "data" / "train-00001-of-00003.parquet").unlink()  # work the second run would do
@@ -231,6 +232,7 @@ def test_another_recipe_is_refused_even_as_a_shard(reference, tmp_path):
     assert listing(out) == before
 
 
+@pytest.mark.slow
 def test_an_interrupted_first_run_records_what_it_makes(reference, recipe, tmp_path):
     out = tmp_path / "interrupted"
 
@@ -246,6 +248,7 @@ def test_an_interrupted_first_run_records_what_it_makes(reference, recipe, tmp_p
     assert dataset_rows(out) == dataset_rows(reference) and content_hash(out) == content_hash(reference)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_recorded_num_and_part_size(recipe, tmp_path):
     out = tmp_path / "four"
     generate(recipe, out, num=4, part_size=2)  # the recipe draws 6 records, the part size is 100 by default
@@ -274,6 +277,7 @@ def swap_in_another_part(path: Path) -> None:
     (corrupt, "corrupted Parquet data"),
     (swap_in_another_part, "holds other rows than this part's (1 found, 2 expected)"),
 ])
+@pytest.mark.slow
 def test_resume_redoes_damaged_parts_to_the_uninterrupted_result(damage, reason, reference, recipe, tmp_path):
     out = copy_of(reference, tmp_path)
     (out / "manifest.json").unlink()  # the run was interrupted before its end
@@ -337,6 +341,7 @@ def test_ls_and_stats_warn_about_an_interrupted_dataset(reference, recipe, tmp_p
     assert "4 of 4 matching records" in run("ls", out).stdout
 
 
+@pytest.mark.slow
 def test_the_warning_names_a_built_in_recipe(tmp_path):
     out = tmp_path / "ds"
     generate("vits-digits", out, num=1, part_size=1, attention="gqa")

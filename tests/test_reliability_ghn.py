@@ -82,6 +82,7 @@ NO_GPU = [] if torch.cuda.is_available() else [("--device", "cuda", "device 'cud
     ("--decoder", "dense", "unknown decoder 'dense'; accepted: low_rank, ghn3"),
     ("--depth-buckets", "-1", "depth-buckets must be an integer >= 0; got -1"),
 ] + NO_GPU)
+@pytest.mark.slow
 def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
     result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", option, value)
     assert result.exit_code == 1 and result.stderr == f"error: {message}\n", result.output
@@ -140,6 +141,7 @@ def test_eval_json_never_holds_a_bare_nan():
 
 # -- outputs are checked before the work; "." is a run folder ------------------------------------
 
+@pytest.mark.slow
 def test_train_ghn_into_the_current_folder_writes_the_final_model_and_keeps_the_users_files(gpts, tmp_path, monkeypatch):
     project = tmp_path / "project"
     project.mkdir()
@@ -207,6 +209,7 @@ def copy_of(run_folder: Path, tmp_path: Path) -> Path:
     (("--data", "text:{readme}"), "was trained with --data stdlib-text, not text:{readme}"),
     (("--batch-size", "4"), "was trained with --batch-size 2, not 4"),
 ])
+@pytest.mark.slow
 def test_a_resume_with_other_options_is_refused_and_nothing_changes(gpts, trained, tmp_path, extra, message):
     out = copy_of(trained, tmp_path)
     before = listing(out)
@@ -217,6 +220,7 @@ def test_a_resume_with_other_options_is_refused_and_nothing_changes(gpts, traine
     assert listing(out) == before
 
 
+@pytest.mark.slow
 def test_a_resume_over_another_dataset_or_below_the_steps_done_is_refused(gpts, trained, tmp_path):
     out = copy_of(trained, tmp_path)
     before = listing(out)
@@ -240,6 +244,7 @@ def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_
     assert listing(out) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ON_EVERY_DEVICE)
 def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(device, gpts, tmp_path, monkeypatch):
     """GPT-2s train with dropout, which draws from the global generator: the resumed steps repeat
@@ -411,6 +416,7 @@ def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
     ["train-ghn", "--dataset", "{gpts}", "--out", "{tmp}/run", "--data", "digits"],
     ["eval-ghn", "--dataset", "{gpts}", "--ghn", "{tmp}/nowhere", "--out", "{tmp}/eval"],
 ])
+@pytest.mark.slow
 def test_an_error_is_the_first_line_of_stderr(gpts, tmp_path, command):
     """torch_geometric's import scripts a function with torch.jit.script, whose FutureWarning came
     first on every predict, train-ghn and eval-ghn while ghn/model.py imported it; these commands
@@ -477,6 +483,7 @@ def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_p
     assert listing(out) == before
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, trained, tmp_path, monkeypatch):
     import graphkit.ghn.checkpoint as checkpoint_module
 

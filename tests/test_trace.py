@@ -89,6 +89,7 @@ def test_gpt2_model_without_head():
     assert len(attention_nodes(graph)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads,kind", [(8, "MHA"), (2, "GQA"), (1, "MQA")])
 def test_hf_llama_attention_layouts(kv_heads, kind):
     graph = graphkit.trace(llama(kv_heads=kv_heads))
@@ -128,6 +129,7 @@ def graphkit_root():
      lambda: timm_vit("vit_tiny_patch16_224", depth=5)],
     ids=["gpt2", "llama", "mistral", "vit"],
 )
+@pytest.mark.slow
 def test_folding_repeated_blocks_changes_nothing(build):
     model = build()
     folded, full = graphkit.trace(model), graphkit.trace(model, fold_repeats=False)
@@ -255,6 +257,7 @@ def test_large_configuration_traces_on_meta():
     assert graph.nodes[-3].name == "transformer.ln_f"
 
 
+@pytest.mark.slow
 def test_cache_reuses_exports_between_depths_and_changes_nothing():
     cache: dict = {}
     deep, shallow = gpt2(layers=6), gpt2(layers=4)

@@ -50,6 +50,7 @@ def fused(model, on: bool):
     return model
 
 
+@pytest.mark.slow
 def test_a_24_block_cait_has_26_attention_nodes_owning_the_talking_heads_maps():
     model = cait()
     graph = graphkit.trace(model)
@@ -68,6 +69,7 @@ def test_a_24_block_cait_has_26_attention_nodes_owning_the_talking_heads_maps():
     assert_faithful(graph, model)
 
 
+@pytest.mark.slow
 def test_cait_folds_to_the_full_graph_and_eager_class_attention_matches_sdpa():
     folded = graphkit.trace(cait(depth=4))
     assert_golden_fingerprint("cait_depth4", folded)
@@ -117,6 +119,7 @@ def test_class_attention_is_one_query_from_the_tokens_it_attends_to(queries, exp
     assert flags(node) == expected and node.attrs["heads"] == 2
 
 
+@pytest.mark.slow
 def test_swin_windows_shifts_and_rolls():
     model = swin()
     graph = graphkit.trace(model)
@@ -146,6 +149,7 @@ def test_swin_pads_a_grid_that_is_not_a_multiple_of_its_window():
     assert_faithful(graph, model)
 
 
+@pytest.mark.slow
 def test_hugging_face_swin_keeps_its_window_on_the_block():
     from transformers import SwinConfig, SwinModel
 
@@ -183,6 +187,7 @@ def test_zero_padding_is_the_pad_op_and_other_padding_is_not():
     assert [n.op for n in graphkit.trace(Pads("reflect"), torch.randn(2, 3, 6)).nodes[1:-2]] == ["other:aten.pad"]
 
 
+@pytest.mark.slow
 def test_drawings_show_the_attention_forms(tmp_path):
     texts = []
     for name, model in (("cait", cait(depth=2)), ("swin", swin())):
@@ -192,6 +197,7 @@ def test_drawings_show_the_attention_forms(tmp_path):
         assert text in texts
 
 
+@pytest.mark.slow
 def test_a_parameter_reparametrised_by_ops_on_parameters_alone_belongs_to_its_consumer():
     """SwinV2 clamps and exponentiates its attention's logit scale and (as BEiT and EVA do)
     assembles the qkv bias as cat(q_bias, zeros, v_bias): neither makes a node of its own."""

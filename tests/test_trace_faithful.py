@@ -172,6 +172,7 @@ def test_a_mask_buffer_without_values_is_refused_naming_the_module_and_the_buffe
         graphkit.trace(model)
 
 
+@pytest.mark.slow
 def test_hugging_face_decoders_are_causal_by_their_masks_with_either_backend():
     from conftest import gpt2, llama
 

@@ -123,6 +123,7 @@ def test_mixtral_has_one_moe_node_per_layer_owning_router_and_experts():
     assert graph.summary().splitlines()[-1] == "moe: 3 x experts=4 top_k=2 intermediate_size=64"
 
 
+@pytest.mark.slow
 def test_mixtral_folded_and_retraced_graphs_are_identical():
     folded = trace(mixtral())
     assert_golden_fingerprint("mixtral", folded)
@@ -131,6 +132,7 @@ def test_mixtral_folded_and_retraced_graphs_are_identical():
     assert folded.fingerprint() != trace(mixtral(layers=2)).fingerprint()
 
 
+@pytest.mark.slow
 def test_deepseek_v3_keeps_the_dense_layer_and_the_shared_experts_apart():
     model = deepseek_v3()
     graph = trace(model)
@@ -275,6 +277,7 @@ def test_a_topk_outside_an_moe_block_stays_a_router_op():
     assert graph.nodes[3].attrs == {"k": 3}
 
 
+@pytest.mark.slow
 def test_the_bundled_hypernetworks_refuse_a_moe_node():
     """They never saw one: their prediction for it would be untrained noise."""
     refusal = r"^node 'blocks.0.moe.moe' has op 'moe', which this hypernetwork was not trained on"
