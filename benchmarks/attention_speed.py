@@ -41,7 +41,9 @@ class RepeatKV(torch.nn.Module):
         self.groups = groups
 
     def forward(self, q, k, v, **kwargs):
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(self.groups, 1), v.repeat_interleave(self.groups, 1))
+        return F.scaled_dot_product_attention(
+            q, k.repeat_interleave(self.groups, 1), v.repeat_interleave(self.groups, 1)
+        )
 
 
 def layers(device: str) -> dict[str, torch.nn.Module]:
@@ -78,7 +80,10 @@ def table(repeat: int, gpu: bool = False) -> str:
     if gpu and not torch.cuda.is_available():
         raise SystemExit("--gpu: no CUDA GPU here")
     devices = ["cuda"] if gpu else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    rows = ["| device | variant | median forward | vs GQA (enable_gqa) | vs fastest GQA path |", "|---|---|---|---|---|"]
+    rows = [
+        "| device | variant | median forward | vs GQA (enable_gqa) | vs fastest GQA path |",
+        "|---|---|---|---|---|",
+    ]
     for device in devices:
         x = torch.randn(BATCH, TOKENS, DIM, device=device)
         # interleave the variants over rounds, so drift on a noisy machine hits them alike
@@ -93,13 +98,17 @@ def table(repeat: int, gpu: bool = False) -> str:
         chosen = sorted({path for key, path in core._FASTEST.items() if key[0].startswith(device)}) or ["enable_gqa"]
         for name, seconds in medians.items():
             label = f"GQA (auto: {', '.join(chosen)})" if name == "GQA (auto)" else name
-            rows.append(f"| {device} | {label} | {seconds * 1000:.1f} ms | {seconds / base:.3f} | {seconds / fastest:.3f} |")
+            rows.append(
+                f"| {device} | {label} | {seconds * 1000:.1f} ms | {seconds / base:.3f} | {seconds / fastest:.3f} |"
+            )
             print(rows[-1], flush=True)
     where = torch.cuda.get_device_name() if gpu else f"{common.cores()} CPU cores"
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {where}, torch {torch.__version__}; one ViT-B "
-            f"attention layer (dim {DIM}, {HEADS} heads, {KV} K/V heads where grouped, batch {BATCH}, {TOKENS} tokens), "
-            f"inference mode, median of 3 interleaved rounds of {repeat}. Command: "
-            f"`python benchmarks/attention_speed.py{' --gpu' if gpu else ''} --write`.")
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {where}, torch {torch.__version__}; one ViT-B "
+        f"attention layer (dim {DIM}, {HEADS} heads, {KV} K/V heads where grouped, batch {BATCH}, {TOKENS} tokens), "
+        f"inference mode, median of 3 interleaved rounds of {repeat}. Command: "
+        f"`python benchmarks/attention_speed.py{' --gpu' if gpu else ''} --write`."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -107,8 +116,12 @@ def main() -> None:
     gpu = "--gpu" in sys.argv  # the GPU's rows alone, in a section of their own
     if gpu:
         sys.argv.remove("--gpu")
-    common.main(__doc__, "attention_speed_gpu" if gpu else "attention_speed", lambda args: table(args.repeat, gpu),
-                lambda parser: parser.add_argument("--repeat", type=int, default=5))
+    common.main(
+        __doc__,
+        "attention_speed_gpu" if gpu else "attention_speed",
+        lambda args: table(args.repeat, gpu),
+        lambda parser: parser.add_argument("--repeat", type=int, default=5),
+    )
 
 
 if __name__ == "__main__":

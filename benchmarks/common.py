@@ -37,8 +37,12 @@ def write_section(text: str, key: str, path: Path = ROOT / "BENCHMARKS.md") -> N
     path.write_text(body)
 
 
-def main(doc: str, key: str, table: Callable[[argparse.Namespace], str],
-         options: Callable[[argparse.ArgumentParser], None] = lambda parser: None) -> None:
+def main(
+    doc: str,
+    key: str,
+    table: Callable[[argparse.Namespace], str],
+    options: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+) -> None:
     """Parse ``--write`` and the script's own ``options``, print the table, update BENCHMARKS.md."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")

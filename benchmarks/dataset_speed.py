@@ -39,8 +39,11 @@ def graphkit_figures(recipe: str, root: Path) -> dict:
     out = root / recipe
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([str(BIN / "graphkit"), "generate", recipe, "--out", str(out), "--workers", "2"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(BIN / "graphkit"), "generate", recipe, "--out", str(out), "--workers", "2"],
+        check=True,
+        capture_output=True,
+    )
     generate_s = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -63,8 +66,13 @@ print(json.dumps({{"records": len(pyg), "load_pyg_s": load_s, "fetch_ms": 1000 *
 """
     result = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
     architectures = json.loads((out / "manifest.json").read_text())["architectures"]
-    return {"generate_s": generate_s, "generate_cpu_s": cpu_s, "architectures": architectures,
-            "size_mb": folder_size(out) / 1e6, **result}
+    return {
+        "generate_s": generate_s,
+        "generate_cpu_s": cpu_s,
+        "architectures": architectures,
+        "size_mb": folder_size(out) / 1e6,
+        **result,
+    }
 
 
 def pickle_figures(recipe: str, root: Path, count: int) -> dict:
@@ -84,8 +92,11 @@ def pickle_figures(recipe: str, root: Path, count: int) -> dict:
         torch.load(path, weights_only=False)
         loads.append(time.perf_counter() - start)
         path.unlink()
-    return {"size_mb_per_1k": statistics.mean(sizes) * 1000 / 1e6, "load_all_s": statistics.mean(loads) * 1000,
-            "fetch_ms": 1000 * statistics.median(loads)}
+    return {
+        "size_mb_per_1k": statistics.mean(sizes) * 1000 / 1e6,
+        "load_all_s": statistics.mean(loads) * 1000,
+        "fetch_ms": 1000 * statistics.median(loads),
+    }
 
 
 def table(pickles: int) -> str:
@@ -100,24 +111,36 @@ def table(pickles: int) -> str:
         root = Path(tmp)
         for recipe in ("vits-1k", "gpts-1k"):
             ours = graphkit_figures(recipe, root)
-            rows.append(f"| {recipe} ({ours['architectures']} architectures) | graphkit Parquet | **{ours['generate_s']:.1f} s** | "
-                        f"{ours['generate_cpu_s']:.1f} s | **{ours['size_mb']:.1f} MB** | "
-                        f"**{ours['load_pyg_s']:.2f} s** ({ours['records']:,} records) | **{ours['fetch_ms']:.1f} ms** |")
+            rows.append(
+                f"| {recipe} ({ours['architectures']} architectures) | graphkit Parquet | **{ours['generate_s']:.1f} s** | "
+                f"{ours['generate_cpu_s']:.1f} s | **{ours['size_mb']:.1f} MB** | "
+                f"**{ours['load_pyg_s']:.2f} s** ({ours['records']:,} records) | **{ours['fetch_ms']:.1f} ms** |"
+            )
             print(rows[-1], flush=True)
             ref = pickle_figures(recipe, root, pickles)
-            rows.append(f"| {recipe} | pickled models (original release), {pickles} measured, scaled to 1,000 | - | - | "
-                        f"{ref['size_mb_per_1k']:,.0f} MB | {ref['load_all_s']:.0f} s (unpickling alone) | {ref['fetch_ms']:.0f} ms |")
+            rows.append(
+                f"| {recipe} | pickled models (original release), {pickles} measured, scaled to 1,000 | - | - | "
+                f"{ref['size_mb_per_1k']:,.0f} MB | {ref['load_all_s']:.0f} s (unpickling alone) | {ref['fetch_ms']:.0f} ms |"
+            )
             print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (1-minute load average {load:.1f} when it "
-            f"started), torch {torch.__version__}. Command: "
-            "`.venv/bin/python benchmarks/dataset_speed.py --write`. Generation is the CLI's wall time, imports "
-            "included, and its CPU time, workers included; loading and fetching run in a fresh process, imports excluded.")
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (1-minute load average {load:.1f} when it "
+        f"started), torch {torch.__version__}. Command: "
+        "`.venv/bin/python benchmarks/dataset_speed.py --write`. Generation is the CLI's wall time, imports "
+        "included, and its CPU time, workers included; loading and fetching run in a fresh process, imports excluded."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
-    common.main(__doc__, "dataset_speed", lambda args: table(args.pickles),
-                lambda parser: parser.add_argument("--pickles", type=int, default=10, help="records measured in the pickle format"))
+    common.main(
+        __doc__,
+        "dataset_speed",
+        lambda args: table(args.pickles),
+        lambda parser: parser.add_argument(
+            "--pickles", type=int, default=10, help="records measured in the pickle format"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -41,11 +41,16 @@ import common  # noqa: E402
 
 CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
 #: each arm's kind and the LoGAH variant it uses (its rank r)
-ARMS = {"direct": ("direct", None), "direct, blocks tied": ("tied", None),
-        "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"), "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
-        "free A, B per matrix, rank 32 (no shared map)": ("per_matrix", None),
-        "LoGAH-tiny": ("hypernetwork", "tiny"), "LoGAH-small": ("hypernetwork", "small"),
-        "LoGAH-tiny, role maps (--role-maps)": ("roles", "tiny")}
+ARMS = {
+    "direct": ("direct", None),
+    "direct, blocks tied": ("tied", None),
+    "free factors, rank 32 (LoGAH-tiny's)": ("free", "tiny"),
+    "free factors, rank 90 (LoGAH-small's)": ("free", "small"),
+    "free A, B per matrix, rank 32 (no shared map)": ("per_matrix", None),
+    "LoGAH-tiny": ("hypernetwork", "tiny"),
+    "LoGAH-small": ("hypernetwork", "small"),
+    "LoGAH-tiny, role maps (--role-maps)": ("roles", "tiny"),
+}
 
 
 def tie_blocks(model) -> None:
@@ -111,8 +116,8 @@ def one(arm: str, steps: str) -> dict:
     import graphkit
     from graphkit.families import build_model
     from graphkit.ghn import LoGAH
-    from graphkit.ghn.encoding import role_of, targets
     from graphkit.ghn.data import load_source
+    from graphkit.ghn.encoding import role_of, targets
     from graphkit.ghn.evaluate import fine_tune, score
     from graphkit.ghn.training import TrainConfig, make_optimizer
 
@@ -136,9 +141,12 @@ def one(arm: str, steps: str) -> dict:
         optimizer = torch.optim.AdamW(predictor.parameters(), lr=3e-4)
         return train_predictor(predictor, optimizer, model, batches, held_out, source.task, config)
     traced = graphkit.trace(model)
-    ghn = LoGAH.from_variant(variant, roles=sorted({role_of(t.name) for t in targets(traced)}) if kind == "roles" else ())
+    ghn = LoGAH.from_variant(
+        variant, roles=sorted({role_of(t.name) for t in targets(traced)}) if kind == "roles" else ()
+    )
     graph = ghn.encode(traced)
     if kind == "free":
+
         class FreeFactors(nn.Module):
             """The decoder MLP's output for this one graph, as a free parameter (set from the MLP's
             output at init)."""
@@ -211,10 +219,12 @@ def table(args) -> str:
         (loss, accuracy), curve = result["loss"], result["curve"]
         rows.append(f"| {arm} | {loss:.3f} | {accuracy:.3f} | {sum(curve[-50:]) / len(curve[-50:]):.3f} |")
         print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores; one GPT-2 (6 layers, width 128, 50,257 "
-            f"tokens, untied head), {args.steps} AdamW steps at lr 3e-4 on the same batches of 8 x 64 bytes; held-out "
-            f"loss of the final parameters (unigram: {unigram:.2f}, uniform over the vocabulary: "
-            f"{math.log(50257):.2f}). Command: `.venv/bin/python benchmarks/ghn_controls.py --write`.")
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores; one GPT-2 (6 layers, width 128, 50,257 "
+        f"tokens, untied head), {args.steps} AdamW steps at lr 3e-4 on the same batches of 8 x 64 bytes; held-out "
+        f"loss of the final parameters (unigram: {unigram:.2f}, uniform over the vocabulary: "
+        f"{math.log(50257):.2f}). Command: `.venv/bin/python benchmarks/ghn_controls.py --write`."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -223,7 +233,7 @@ def main() -> None:
 
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
-        print(json.dumps(one(*sys.argv[i + 1:])))
+        print(json.dumps(one(*sys.argv[i + 1 :])))
         return
     common.main(__doc__, "ghn_controls", table, lambda p: p.add_argument("--steps", type=int, default=300))
 

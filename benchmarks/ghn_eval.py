@@ -26,7 +26,9 @@ import common  # noqa: E402
 RUNS = {
     "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),
     "gpt2": dict(recipe="gpts-1k", label="GPT-2s (gpts-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8),
-    "llama": dict(recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8),
+    "llama": dict(
+        recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8
+    ),
 }
 
 
@@ -45,32 +47,54 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     dataset = common.ROOT / "out" / run["recipe"]
     if not dataset.exists():
         generate(run["recipe"], dataset, workers=2)
-    config = EvalConfig(dataset=str(dataset), archs=run["archs"], steps=run["steps"], batch_size=run["batch_size"], device=device)
+    config = EvalConfig(
+        dataset=str(dataset), archs=run["archs"], steps=run["steps"], batch_size=run["batch_size"], device=device
+    )
     tic = time.perf_counter()
     rows = evaluate(config)  # a progress bar: the slower families take an hour on 2 cores
     minutes = (time.perf_counter() - tic) / 60
     summary = summarize(rows)
     steps, at = run["steps"], summary["horizons"]
-    scaled = ", residual branches scaled as the family's init does (`predict`'s default)" if summary["residual_scale"] else ""
+    scaled = (
+        ", residual branches scaled as the family's init does (`predict`'s default)"
+        if summary["residual_scale"]
+        else ""
+    )
     where = f"a GPU ({torch.cuda.get_device_name()})" if on_gpu(config.device) else f"{common.cores()} CPU cores"
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {where} ({minutes:.1f} min); AdamW lr 3e-4 fine-tuning, the same "
-             f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
-             "--write` (or `make eval-bundled` for all three).", "",
-             f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
-             f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
-             f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).", "",
-             "| init | " + " | ".join(f"loss / accuracy @{h}" for h in at) + " |", "|---" * (len(at) + 1) + "|"]
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {where} ({minutes:.1f} min); AdamW lr 3e-4 fine-tuning, the same "
+        f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
+        "--write` (or `make eval-bundled` for all three).",
+        "",
+        f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
+        f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
+        f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).",
+        "",
+        "| init | " + " | ".join(f"loss / accuracy @{h}" for h in at) + " |",
+        "|---" * (len(at) + 1) + "|",
+    ]
     for init in INITS:
         s = summary[init]
         lines.append(f"| {init} | " + " | ".join(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at) + " |")
-    lines.append("| predicted wins vs random / orthogonal | " + " | ".join(
-        f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%" for h in at) + " |")
+    lines.append(
+        "| predicted wins vs random / orthogonal | "
+        + " | ".join(
+            f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
+            for h in at
+        )
+        + " |"
+    )
     if write and not on_gpu(device):  # the CPU run is the record; a GPU's is a section of its own (speed, agreement)
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
         from graphkit.ghn.data import default_source
 
-        record_evaluation(bundled_checkpoint(family), summary, dataset=f"out/{run['recipe']}", split="eval",
-                          data=default_source(family))
+        record_evaluation(
+            bundled_checkpoint(family),
+            summary,
+            dataset=f"out/{run['recipe']}",
+            split="eval",
+            data=default_source(family),
+        )
         png = Path("docs/img") / f"eval-{family}.png"
         (common.ROOT / png).parent.mkdir(parents=True, exist_ok=True)
         plot(rows, str(common.ROOT / png), run["label"])

@@ -44,28 +44,44 @@ GPT = {"family": "gpt2"}
 LLAMA = {"family": "llama"}
 #: (what it is, config): out-of-space shapes for fine-tuning; head size 64 unless the width is smaller
 SHAPES = {
-    "vit": [("wider", dict(VIT, num_layers=3, hidden=768, heads=12)),
-            ("wider", dict(VIT, num_layers=3, hidden=1024, heads=16)),
-            ("deeper", dict(VIT, num_layers=18, hidden=256, heads=4)),
-            ("both, ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)),
-            ("both, ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12))],
-    "gpt2": [("wider", dict(GPT, num_layers=3, hidden=512, heads=8)),
-             ("deeper", dict(GPT, num_layers=18, hidden=128, heads=2)),
-             ("both", dict(GPT, num_layers=12, hidden=384, heads=6))],
+    "vit": [
+        ("wider", dict(VIT, num_layers=3, hidden=768, heads=12)),
+        ("wider", dict(VIT, num_layers=3, hidden=1024, heads=16)),
+        ("deeper", dict(VIT, num_layers=18, hidden=256, heads=4)),
+        ("both, ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)),
+        ("both, ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12)),
+    ],
+    "gpt2": [
+        ("wider", dict(GPT, num_layers=3, hidden=512, heads=8)),
+        ("deeper", dict(GPT, num_layers=18, hidden=128, heads=2)),
+        ("both", dict(GPT, num_layers=12, hidden=384, heads=6)),
+    ],
 }
 #: shapes people use, for the propagation table (images at 32 px, patch 4)
 USER_SHAPES = {
-    "vit": [("ViT-S", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=384, heads=6)),
-            ("ViT-B", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=768, heads=12)),
-            ("ViT-L", dict(VIT, image_size=32, patch_size=4, num_layers=24, hidden=1024, heads=16))],
-    "gpt2": [("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16)),
-             ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20)),
-             ("GPT-2-XL", dict(GPT, num_layers=48, hidden=1600, heads=25))],
-    "llama": [("LLaMA, 16 heads on 4 key/value heads", dict(LLAMA, num_layers=16, hidden=1024, heads=16, kv_heads=4, mlp=2816)),
-              ("TinyLlama-1.1B", dict(LLAMA, num_layers=22, hidden=2048, heads=32, kv_heads=4, mlp=5632))],
+    "vit": [
+        ("ViT-S", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=384, heads=6)),
+        ("ViT-B", dict(VIT, image_size=32, patch_size=4, num_layers=12, hidden=768, heads=12)),
+        ("ViT-L", dict(VIT, image_size=32, patch_size=4, num_layers=24, hidden=1024, heads=16)),
+    ],
+    "gpt2": [
+        ("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16)),
+        ("GPT-2-Large", dict(GPT, num_layers=36, hidden=1280, heads=20)),
+        ("GPT-2-XL", dict(GPT, num_layers=48, hidden=1600, heads=25)),
+    ],
+    "llama": [
+        (
+            "LLaMA, 16 heads on 4 key/value heads",
+            dict(LLAMA, num_layers=16, hidden=1024, heads=16, kv_heads=4, mlp=2816),
+        ),
+        ("TinyLlama-1.1B", dict(LLAMA, num_layers=22, hidden=2048, heads=32, kv_heads=4, mlp=5632)),
+    ],
 }
 #: a language model inside each checkpoint's training space, trained directly for the token-varying control
-IN_SPACE = {"gpt2": dict(GPT, num_layers=6, hidden=128, heads=2), "llama": dict(LLAMA, num_layers=6, hidden=256, heads=4, kv_heads=2)}
+IN_SPACE = {
+    "gpt2": dict(GPT, num_layers=6, hidden=128, heads=2),
+    "llama": dict(LLAMA, num_layers=6, hidden=256, heads=4, kv_heads=2),
+}
 #: the direct training's horizons at which the control measures the share
 TRAINED = (0, 50, 300, 600)
 BATCH = {"vit": 32, "gpt2": 8, "llama": 8}
@@ -73,8 +89,14 @@ BATCH = {"vit": 32, "gpt2": 8, "llama": 8}
 TABLES = ("extrapolation", "paper", "propagation")
 #: the paper's experiment at small scale (``--table paper``, issue #25 item 3): its shapes, inits, horizons
 PAPER = {
-    "vit": ([("ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)), ("ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12))],
-            ("predict", "random", "orthogonal"), (0, 100, 300)),
+    "vit": (
+        [
+            ("ViT-S", dict(VIT, num_layers=12, hidden=384, heads=6)),
+            ("ViT-B", dict(VIT, num_layers=12, hidden=768, heads=12)),
+        ],
+        ("predict", "random", "orthogonal"),
+        (0, 100, 300),
+    ),
     "gpt2": ([("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16))], ("predict", "random"), (0, 100)),
 }
 
@@ -84,8 +106,9 @@ def how_far(config: dict, space: dict) -> str:
     return f"{config['hidden'] / space['width'][1]:.1f}x wide, {config['num_layers'] / space['depth'][1]:.1f}x deep"
 
 
-def fine_tuning(family: str, shapes: list[tuple[str, dict]], inits: tuple[str, ...], at: tuple[int, ...],
-                device: str) -> str:
+def fine_tuning(
+    family: str, shapes: list[tuple[str, dict]], inits: tuple[str, ...], at: tuple[int, ...], device: str
+) -> str:
     """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
     step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
     parameters; "calibrated": the same, calibrated; "random" and "orthogonal" as in eval-ghn)."""
@@ -104,16 +127,23 @@ def fine_tuning(family: str, shapes: list[tuple[str, dict]], inits: tuple[str, .
     source = load_source(default_source(family), seq_len=64)
     space = ghn.info["space"]
     heads = {"predict": "`predict`", "calibrated": "`--calibrate`", "random": "random", "orthogonal": "orthogonal"}
-    rows = [f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
-            f"depths {space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps {', '.join(map(str, at))}:", "",
-            "| shape | how far out | " + " | ".join(f"{heads[init]} @{h}" if h == at[0] else f"@{h}" for init in inits for h in at)
-            + " |", "|---" * (2 + len(inits) * len(at)) + "|"]
+    rows = [
+        f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
+        f"depths {space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps {', '.join(map(str, at))}:",
+        "",
+        "| shape | how far out | "
+        + " | ".join(f"{heads[init]} @{h}" if h == at[0] else f"@{h}" for init in inits for h in at)
+        + " |",
+        "|---" * (2 + len(inits) * len(at)) + "|",
+    ]
     wins = dict.fromkeys(at, 0)
     for what, config in shapes:
         config = resolve_config(config)
         graph = trace(build_model(config, "meta"))
         generator = torch.Generator().manual_seed(0)
-        held_out = [[t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)]
+        held_out = [
+            [t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)
+        ]
         batches = [[t.to(device) for t in source.batch(config, BATCH[family], generator)] for _ in range(max(at))]
         cells, loss = [], {}
         predicted = predicted_params(ghn, graph)
@@ -132,8 +162,13 @@ def fine_tuning(family: str, shapes: list[tuple[str, dict]], inits: tuple[str, .
         name = f"{config['num_layers']} x {config['hidden']}, {config['heads']} heads ({what})"
         rows.append(f"| {name} | {how_far(config, space)} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
-    rows += ["", f"`predict`'s parameters beat random on " + ", ".join(
-        f"{wins[h]}/{len(shapes)} shapes at step {h}" for h in at) + ".", ""]
+    rows += [
+        "",
+        "`predict`'s parameters beat random on "
+        + ", ".join(f"{wins[h]}/{len(shapes)} shapes at step {h}" for h in at)
+        + ".",
+        "",
+    ]
     return "\n".join(rows)
 
 
@@ -176,20 +211,28 @@ def propagation(family: str) -> str:
     ghn = load_checkpoint(bundled_checkpoint(family))
     text = family != "vit"
     source = load_source(default_source(family), seq_len=64) if text else None
-    rows = ["| shape | stream RMS: `predict` / `--calibrate` / init | token-varying share | logit std |"
-            + (" token-varying share on held-out text: `predict` / init |" if text else ""), "|---" * (5 if text else 4) + "|"]
+    rows = [
+        "| shape | stream RMS: `predict` / `--calibrate` / init | token-varying share | logit std |"
+        + (" token-varying share on held-out text: `predict` / init |" if text else ""),
+        "|---" * (5 if text else 4) + "|",
+    ]
     shapes = USER_SHAPES[family] + ([("in the training space", IN_SPACE[family])] if text else [])
     for name, config in shapes:
         config = resolve_config(config)
         generator = torch.Generator().manual_seed(1)  # the calibration batch is seed 0's
-        inputs = (torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator) if not text
-                  else {"input_ids": torch.randint(0, config["vocab_size"], (4, 64), generator=generator)})
+        inputs = (
+            torch.randn(4, 3, config["image_size"], config["image_size"], generator=generator)
+            if not text
+            else {"input_ids": torch.randint(0, config["vocab_size"], (4, 64), generator=generator)}
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the init calibrate() reads, built once for both
             init_model = build_model(config, "cpu").eval()
         init = stream_statistics(init_model, family, inputs)
         graph = trace(build_model(config, "meta"))
-        model = copy.deepcopy(init_model)  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
+        model = copy.deepcopy(
+            init_model
+        )  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
         predict(model, ghn, graph=graph)
         raw = stream_statistics(model.eval(), family, inputs)
         cells = [f"{r:.2f} ({r / i:.1f}x) / {{}} / {i:.2f}" for r, i in zip(raw, init)]
@@ -236,17 +279,25 @@ def trained_shares(family: str, source) -> str:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return (f"Trained directly, the same in-space {config['num_layers']} x {config['hidden']} model's token-varying share on "
-            "held-out text is " + ", ".join(f"{shares[h]:.2f} at step {h}" for h in TRAINED) + ".\n")
+    return (
+        f"Trained directly, the same in-space {config['num_layers']} x {config['hidden']} model's token-varying share on "
+        "held-out text is " + ", ".join(f"{shares[h]:.2f} at step {h}" for h in TRAINED) + ".\n"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md (a section a table and family)")
     parser.add_argument("--family", choices=sorted(USER_SHAPES), action="append", help="only this family (repeatable)")
-    parser.add_argument("--table", choices=TABLES, action="append",
-                        help="only this table (repeatable; default: every table the family has)")
-    parser.add_argument("--steps", type=int, help="the last fine-tuning horizon (default: 100; paper: 300 for ViTs, 100 for GPT-2s)")
+    parser.add_argument(
+        "--table",
+        choices=TABLES,
+        action="append",
+        help="only this table (repeatable; default: every table the family has)",
+    )
+    parser.add_argument(
+        "--steps", type=int, help="the last fine-tuning horizon (default: 100; paper: 300 for ViTs, 100 for GPT-2s)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the fine-tuning tables)")
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
@@ -254,6 +305,7 @@ def main() -> None:
     import warnings
 
     import torch
+
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
     for family in args.family or USER_SHAPES:
@@ -265,11 +317,17 @@ def main() -> None:
             if name == "propagation":
                 text += f"forward passes only. Command: `.venv/bin/python {command}`.\n\n" + propagation(family)
             else:
-                shapes, inits, at = PAPER[family] if name == "paper" else (SHAPES[family], ("predict", "calibrated", "random"), (0, 100))
+                shapes, inits, at = (
+                    PAPER[family]
+                    if name == "paper"
+                    else (SHAPES[family], ("predict", "calibrated", "random"), (0, 100))
+                )
                 if args.steps is not None:
                     at = tuple(sorted({0, *(h for h in at if h < args.steps), args.steps}))
-                text += (f"AdamW lr 3e-4, the same batches for every initialisation. Command: `.venv/bin/python {command}`.\n\n"
-                         + fine_tuning(family, shapes, inits, at, args.device))
+                text += (
+                    f"AdamW lr 3e-4, the same batches for every initialisation. Command: `.venv/bin/python {command}`.\n\n"
+                    + fine_tuning(family, shapes, inits, at, args.device)
+                )
             print(text, flush=True)
             if args.write:  # one section a table and family, so that rerunning one leaves the others
                 common.write_section(text, f"ghn_{name}_{family}")

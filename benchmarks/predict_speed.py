@@ -27,8 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 MODELS = {
-    "vit-b16": ("ViT-B/16", {"family": "vit", "num_layers": 12, "hidden": 768, "heads": 12, "image_size": 224,
-                             "patch_size": 16, "num_classes": 1000}),
+    "vit-b16": (
+        "ViT-B/16",
+        {
+            "family": "vit",
+            "num_layers": 12,
+            "hidden": 768,
+            "heads": 12,
+            "image_size": 224,
+            "patch_size": 16,
+            "num_classes": 1000,
+        },
+    ),
     "gpt2-large": ("GPT-2-Large", {"family": "gpt2", "num_layers": 36, "hidden": 1280, "heads": 20, "tied": True}),
 }
 
@@ -56,28 +66,42 @@ def one(key: str, decoder: str = "low_rank", build: str = "meta", device: str = 
     sync()
     seconds = time.perf_counter() - start
     size = sum(p.numel() for p in model.parameters()) * 4
-    return {"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "model_mb": size / 1e6, "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "model_mb": size / 1e6,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def table(args) -> str:
     load = os.getloadavg()[0]
-    rows = ["| model | parameters | built | hypernetwork | predict | peak RSS | model fp32 size | peak / size |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | parameters | built | hypernetwork | predict | peak RSS | model fp32 size | peak / size |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for key, (label, _) in MODELS.items():
         for build, built in BUILDS.items():
             for decoder, name in (("low_rank", "LoGAH-tiny"), ("ghn3", "GHN-3 decoder, tiny (reference)")):
                 r = common.run_fresh(__file__, key, decoder, build, args.device)
-                rows.append(f"| {label} | {r['params'] / 1e6:.0f}M | {built} | {name} | {r['seconds']:.1f} s | "
-                            f"{r['peak_rss_mb']:,.0f} MB | {r['model_mb']:,.0f} MB | {r['peak_rss_mb'] / r['model_mb']:.2f} |")
+                rows.append(
+                    f"| {label} | {r['params'] / 1e6:.0f}M | {built} | {name} | {r['seconds']:.1f} s | "
+                    f"{r['peak_rss_mb']:,.0f} MB | {r['model_mb']:,.0f} MB | {r['peak_rss_mb'] / r['model_mb']:.2f} |"
+                )
                 print(rows[-1], flush=True)
-    where = f"{common.cores()} cores" if args.device == "cpu" else f"{args.device} ({gpu_name()}), the model with weights built there"
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {where}, OMP_NUM_THREADS="
-            f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load average {load:.1f} at the start (other work shares the "
-            "machine: timings are noisy); each row a fresh process, one at a time. Timed: `predict(model)`, i.e. trace, predict, "
-            "check and write into the model; not the imports or the build (peak RSS includes both). The GHN-3 "
-            "decoder tiles one d x d block over each parameter, the approach LoGAH replaces. Command: "
-            "`.venv/bin/python benchmarks/predict_speed.py --write`.")
+    where = (
+        f"{common.cores()} cores"
+        if args.device == "cpu"
+        else f"{args.device} ({gpu_name()}), the model with weights built there"
+    )
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {where}, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load average {load:.1f} at the start (other work shares the "
+        "machine: timings are noisy); each row a fresh process, one at a time. Timed: `predict(model)`, i.e. trace, predict, "
+        "check and write into the model; not the imports or the build (peak RSS includes both). The GHN-3 "
+        "decoder tiles one d x d block over each parameter, the approach LoGAH replaces. Command: "
+        "`.venv/bin/python benchmarks/predict_speed.py --write`."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -89,9 +113,11 @@ def gpu_name() -> str:
 
 def main() -> None:
     if "--one" in sys.argv:
-        print(json.dumps(one(*sys.argv[sys.argv.index("--one") + 1:])))
+        print(json.dumps(one(*sys.argv[sys.argv.index("--one") + 1 :])))
         return
-    key = "predict_speed_gpu" if any("cuda" in a for a in sys.argv) else "predict_speed"  # a GPU's rows get their own section
+    key = (
+        "predict_speed_gpu" if any("cuda" in a for a in sys.argv) else "predict_speed"
+    )  # a GPU's rows get their own section
     common.main(__doc__, key, table, lambda p: p.add_argument("--device", default="cpu", help="cpu or cuda"))
 
 

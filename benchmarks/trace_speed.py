@@ -64,8 +64,11 @@ def ghn3_way(name: str) -> int:
     edges = []
 
     def saved(fn) -> dict:
-        return {a[7:]: "[tensor]" if torch.is_tensor(getattr(fn, a)) else str(getattr(fn, a))
-                for a in dir(fn) if a.startswith("_saved_")}
+        return {
+            a[7:]: "[tensor]" if torch.is_tensor(getattr(fn, a)) else str(getattr(fn, a))
+            for a in dir(fn)
+            if a.startswith("_saved_")
+        }
 
     stack = [out.grad_fn]
     while stack:
@@ -142,8 +145,10 @@ def table(repeat: int) -> str:
         base = results.get("ghn3", {}).get("warm")
         for method, r in results.items():
             ratio = f"**{base / r['warm']:.1f}x**" if base and method != "ghn3" else ""
-            rows.append(f"| {label} | {METHODS[method]} | {r['warm']:.2f} s | {r['cold']:.2f} s | "
-                        f"{r['peak_rss_mb']:.0f} MB | {r['nodes']} | {ratio} |")
+            rows.append(
+                f"| {label} | {METHODS[method]} | {r['warm']:.2f} s | {r['cold']:.2f} s | "
+                f"{r['peak_rss_mb']:.0f} MB | {r['nodes']} | {ratio} |"
+            )
             print(rows[-1], flush=True)
     import torch
 
@@ -163,8 +168,12 @@ def main() -> None:
         repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
         print(json.dumps(one(sys.argv[i + 1], sys.argv[i + 2], repeat)))
         return
-    common.main(__doc__, "trace_speed", lambda args: table(args.repeat),
-                lambda parser: parser.add_argument("--repeat", type=int, default=3))
+    common.main(
+        __doc__,
+        "trace_speed",
+        lambda args: table(args.repeat),
+        lambda parser: parser.add_argument("--repeat", type=int, default=3),
+    )
 
 
 if __name__ == "__main__":

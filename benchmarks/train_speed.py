@@ -45,14 +45,56 @@ RUNS = {
 HYPERNETS = {"LoGAH-tiny": ("tiny", "low_rank"), "GHN-3-tiny (tiling)": ("tiny", "ghn3")}
 #: operators that launch no kernel of their own on a GPU: views, reshapes, allocations, host reads,
 #: and wrappers whose work (a copy, a cast) is a child operator that counts instead
-NO_KERNEL = {"view", "_unsafe_view", "as_strided", "as_strided_", "t", "mT", "mH", "adjoint", "transpose", "expand",
-             "unsqueeze", "squeeze", "select", "slice", "permute", "detach", "alias", "empty", "empty_strided", "new_empty",
-             "resize_", "reshape", "_reshape_alias", "flatten", "unflatten", "unbind", "split", "chunk", "narrow",
-             "lift_fresh", "numpy_T", "view_as", "expand_as", "split_with_sizes", "contiguous", "to", "_to_copy",
-             "result_type", "is_nonzero", "item", "_local_scalar_dense", "empty_like", "set_", "resolve_conj",
-             "resolve_neg", "detach_",
-             # a dropout of p = 0 returns its input; one that draws a mask does it in child operators, which count
-             "dropout"}
+NO_KERNEL = {
+    "view",
+    "_unsafe_view",
+    "as_strided",
+    "as_strided_",
+    "t",
+    "mT",
+    "mH",
+    "adjoint",
+    "transpose",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "select",
+    "slice",
+    "permute",
+    "detach",
+    "alias",
+    "empty",
+    "empty_strided",
+    "new_empty",
+    "resize_",
+    "reshape",
+    "_reshape_alias",
+    "flatten",
+    "unflatten",
+    "unbind",
+    "split",
+    "chunk",
+    "narrow",
+    "lift_fresh",
+    "numpy_T",
+    "view_as",
+    "expand_as",
+    "split_with_sizes",
+    "contiguous",
+    "to",
+    "_to_copy",
+    "result_type",
+    "is_nonzero",
+    "item",
+    "_local_scalar_dense",
+    "empty_like",
+    "set_",
+    "resolve_conj",
+    "resolve_neg",
+    "detach_",
+    # a dropout of p = 0 returns its input; one that draws a mask does it in child operators, which count
+    "dropout",
+}
 
 
 def kernel_launches(events) -> int:
@@ -82,8 +124,14 @@ def one(family: str, hypernet: str, steps: str) -> dict:
     variant, decoder = HYPERNETS[hypernet]
     with tempfile.TemporaryDirectory() as tmp:
         generate(recipe, Path(tmp) / "data", num=40)
-        common_args = dict(dataset=str(Path(tmp) / "data"), variant=variant, decoder=decoder, log_every=1,
-                           checkpoint_every=10_000, **options)
+        common_args = dict(
+            dataset=str(Path(tmp) / "data"),
+            variant=variant,
+            decoder=decoder,
+            log_every=1,
+            checkpoint_every=10_000,
+            **options,
+        )
         train(TrainConfig(out=str(Path(tmp) / "run"), steps=int(steps) + 2, **common_args), progress=False)
         lines = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     elapsed = [options["meta_batch"] * m["step"] / m["archs_per_s"] for m in lines]  # seconds since the start
@@ -117,8 +165,10 @@ def floor(family: str, steps: str) -> dict:
         def step_of(step: int) -> Callable[[], None]:
             generator = torch.Generator().manual_seed(step * 4099)  # train's draw at seed 0
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
-            params = [{name: (torch.randn(p.shape) * 0.02).requires_grad_() for name, p in pool.model(i).named_parameters()}
-                      for i in indices]
+            params = [
+                {name: (torch.randn(p.shape) * 0.02).requires_grad_() for name, p in pool.model(i).named_parameters()}
+                for i in indices
+            ]
             return lambda: run_models(pool, indices, params, source, config, generator)[0].backward()
 
         seconds = 0.0
@@ -146,7 +196,7 @@ def peak(seconds: str = "3") -> dict:
     while time.perf_counter() - tic < float(seconds):
         a @ b
         count += 1
-    return {"flops_per_s": 2 * 2048 ** 3 * count / (time.perf_counter() - tic)}
+    return {"flops_per_s": 2 * 2048**3 * count / (time.perf_counter() - tic)}
 
 
 def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str = "vit") -> dict:
@@ -179,7 +229,9 @@ def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str =
         if hasattr(training, "meta_batch_loss"):  # this code: train's own forward and optimiser
             optimizer = training.make_optimizer(ghn, config)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            forward = lambda: training.meta_batch_loss(ghn, graphs, pool, indices, source, config, data(), amp == "1")[0]  # noqa: E731
+
+            def forward() -> torch.Tensor:
+                return training.meta_batch_loss(ghn, graphs, pool, indices, source, config, data(), amp == "1")[0]
         else:  # the baseline's train(): PyG data plus targets, the norms summed over the decoded parameters
             optimizer = torch.optim.AdamW(ghn.parameters(), lr=config.lr, weight_decay=config.weight_decay)
             inputs = tuple(map(list, zip(*(pool.graph(i) for i in indices))))
@@ -211,7 +263,11 @@ def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str =
                 wall = time.perf_counter() - tic
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
-            result |= {"gpu_kernels": len(kernels) / PROFILED, "gpu_busy": busy / wall, "step_ms": 1e3 * wall / PROFILED}
+            result |= {
+                "gpu_kernels": len(kernels) / PROFILED,
+                "gpu_busy": busy / wall,
+                "step_ms": 1e3 * wall / PROFILED,
+            }
     return result
 
 
@@ -234,8 +290,16 @@ def gpu_run(family: str, steps: str) -> dict:
     options = {k: v for k, v in options.items() if k != "meta_batch"}
     with tempfile.TemporaryDirectory() as tmp:
         generate(recipe, Path(tmp) / "data")
-        config = TrainConfig(dataset=str(Path(tmp) / "data"), out=str(Path(tmp) / "run"), meta_batch=8, steps=int(steps),
-                             device="cuda", log_every=int(steps), checkpoint_every=10 * int(steps), **options)
+        config = TrainConfig(
+            dataset=str(Path(tmp) / "data"),
+            out=str(Path(tmp) / "run"),
+            meta_batch=8,
+            steps=int(steps),
+            device="cuda",
+            log_every=int(steps),
+            checkpoint_every=10 * int(steps),
+            **options,
+        )
         tic = time.perf_counter()
         train(config, progress=False)
         return {"steps_per_s": int(steps) / (time.perf_counter() - tic)}
@@ -248,55 +312,80 @@ def gpu_table(args) -> str:
 
     if not torch.cuda.is_available():
         raise SystemExit("--gpu: no CUDA GPU here; the CPU proxy is `--one launches 8`")
-    rows = ["| family (recipe) | steps/s, whole run, meta-batch 8 | target | GPU kernels per step | GPU busy | "
-            "CPU-proxy launches |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| family (recipe) | steps/s, whole run, meta-batch 8 | target | GPU kernels per step | GPU busy | "
+        "CPU-proxy launches |",
+        "|---|---|---|---|---|---|",
+    ]
     for family, (recipe, _) in RUNS.items():
         speed = fresh(None, "gpu_run", family, str(args.steps))["steps_per_s"]
         profiled = fresh(None, "launches", "8", "1", "cuda", family)
-        rows.append(f"| {family} ({recipe}) | {speed:.1f} | {GPU_TARGETS[family]:.0f} | {profiled['gpu_kernels']:.0f} | "
-                    f"{100 * profiled['gpu_busy']:.0f}% | {profiled['launches']} |")
+        rows.append(
+            f"| {family} ({recipe}) | {speed:.1f} | {GPU_TARGETS[family]:.0f} | {profiled['gpu_kernels']:.0f} | "
+            f"{100 * profiled['gpu_busy']:.0f}% | {profiled['launches']} |"
+        )
         print(rows[-1], flush=True)
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {torch.cuda.get_device_name()} (torch {torch.__version__}): "
-            f"`train` at meta-batch 8 for {args.steps} steps per family, the whole run timed (model building included); "
-            f"one step profiled with torch.profiler ({PROFILED} steps averaged). Command: "
-            "`python benchmarks/train_speed.py --gpu --write`.")
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {torch.cuda.get_device_name()} (torch {torch.__version__}): "
+        f"`train` at meta-batch 8 for {args.steps} steps per family, the whole run timed (model building included); "
+        f"one step profiled with torch.profiler ({PROFILED} steps averaged). Command: "
+        "`python benchmarks/train_speed.py --gpu --write`."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def baseline_tree(rev: str, into: str) -> str:
     """``graphkit/`` as of ``rev``, extracted under ``into``; returns the folder to put on PYTHONPATH."""
-    archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", rev, "graphkit"], capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(common.ROOT), "archive", rev, "graphkit"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
     return into
 
 
 def fresh(pythonpath: str | None, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
-    out = subprocess.run([sys.executable, __file__, "--one", *args], capture_output=True, text=True, check=True,
-                         env=env, cwd=pythonpath or None)
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=pythonpath or None,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def table(args) -> str:
-    rows = ["| code | hypernetwork | ViTs (vits-digits), architectures/s | GPT-2s (gpts-1k), architectures/s | "
-            "kernel launches, one meta-batch-8 ViT step, bf16 autocast (CPU proxy) |", "|---|---|---|---|---|"]
+    rows = [
+        "| code | hypernetwork | ViTs (vits-digits), architectures/s | GPT-2s (gpts-1k), architectures/s | "
+        "kernel launches, one meta-batch-8 ViT step, bf16 autocast (CPU proxy) |",
+        "|---|---|---|---|---|",
+    ]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         old = baseline_tree(args.baseline, tmp)
-        for label, path, hypernet in (("now", None, "LoGAH-tiny"), (args.baseline, old, "LoGAH-tiny"),
-                                      ("now", None, "GHN-3-tiny (tiling)")):
+        for label, path, hypernet in (
+            ("now", None, "LoGAH-tiny"),
+            (args.baseline, old, "LoGAH-tiny"),
+            ("now", None, "GHN-3-tiny (tiling)"),
+        ):
             speed = {f: fresh(path, "speed", f, hypernet, str(args.steps))["archs_per_s"] for f in RUNS}
             count = fresh(path, "launches", "8")["launches"] if hypernet == "LoGAH-tiny" else None
             results[label, hypernet] = speed
             if count is not None:
                 results[label, "launches"] = count
-            rows.append(f"| {label} | {hypernet} | {speed['vit']:.2f} | {speed['gpt2']:.2f} | "
-                        f"{count if count is not None else '-'} |")
+            rows.append(
+                f"| {label} | {hypernet} | {speed['vit']:.2f} | {speed['gpt2']:.2f} | "
+                f"{count if count is not None else '-'} |"
+            )
             print(rows[-1], flush=True)
         alone = {f: fresh(None, "floor", f, str(args.steps)) for f in RUNS}
         bound = {f: alone[f]["archs_per_s"] for f in RUNS}
-        rows.append(f"| now | none: the target models alone, free parameters (the bound) | {bound['vit']:.2f} | "
-                    f"{bound['gpt2']:.2f} | - |")
+        rows.append(
+            f"| now | none: the target models alone, free parameters (the bound) | {bound['vit']:.2f} | "
+            f"{bound['gpt2']:.2f} | - |"
+        )
         print(rows[-1], flush=True)
         rate = fresh(None, "peak")["flops_per_s"]
     now, before = results["now", "LoGAH-tiny"], results[args.baseline, "LoGAH-tiny"]
@@ -304,12 +393,15 @@ def table(args) -> str:
     ratio = " and ".join(f"{now[f] / before[f]:.2f}x on {label}" for f, label in families)
     ceiling = " and ".join(f"{bound[f] / before[f]:.2f}x on {label}" for f, label in families)
     cut = results[args.baseline, "launches"] / results["now", "launches"]
-    head = (f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (CPU), {args.steps} timed steps per row, "
-            f"each row a fresh process. LoGAH-tiny now against {args.baseline} (the per-parameter decoder): {ratio} "
-            f"the architectures/s, {cut:.1f}x fewer kernel launches per step. The target models' own forward and "
-            f"backward, with no hypernetwork at all, run at {ceiling} the baseline's architectures/s: no hypernetwork "
-            "can go faster on this machine. "
-            + work_bound(alone, rate, before, families) + " Command: `.venv/bin/python benchmarks/train_speed.py --write`.")
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores (CPU), {args.steps} timed steps per row, "
+        f"each row a fresh process. LoGAH-tiny now against {args.baseline} (the per-parameter decoder): {ratio} "
+        f"the architectures/s, {cut:.1f}x fewer kernel launches per step. The target models' own forward and "
+        f"backward, with no hypernetwork at all, run at {ceiling} the baseline's architectures/s: no hypernetwork "
+        "can go faster on this machine. "
+        + work_bound(alone, rate, before, families)
+        + " Command: `.venv/bin/python benchmarks/train_speed.py --write`."
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -319,24 +411,34 @@ def work_bound(alone: dict, rate: float, before: dict, families: tuple) -> str:
     work = " and ".join(f"{alone[f]['flops_per_arch'] / 1e9:.1f} GFLOP per {label[:-1]}" for f, label in families)
     reach = " and ".join(f"{rate / alone[f]['flops_per_arch'] / before[f]:.1f}x on {label}" for f, label in families)
     achieved = " and ".join(f"{alone[f]['flops_per_arch'] * alone[f]['archs_per_s'] / 1e9:.0f}" for f, _ in families)
-    return (f"Their matmuls and attention alone are {work} (forward and backward, counted with FlopCounterMode); "
-            f"at this machine's float32 matmul rate, {rate / 1e9:.0f} GFLOP/s on 2048 x 2048 products, the most any "
-            f"code could train at is {reach} the baseline, where the target models alone already run at {achieved} "
-            "GFLOP/s.")
+    return (
+        f"Their matmuls and attention alone are {work} (forward and backward, counted with FlopCounterMode); "
+        f"at this machine's float32 matmul rate, {rate / 1e9:.0f} GFLOP/s on 2048 x 2048 products, the most any "
+        f"code could train at is {reach} the baseline, where the target models alone already run at {achieved} "
+        "GFLOP/s."
+    )
 
 
 def main() -> None:
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
-        kind, rest = sys.argv[i + 1], sys.argv[i + 2:]
-        print(json.dumps({"speed": one, "floor": floor, "launches": launches, "peak": peak, "gpu_run": gpu_run}[kind](*rest)))
+        kind, rest = sys.argv[i + 1], sys.argv[i + 2 :]
+        print(
+            json.dumps(
+                {"speed": one, "floor": floor, "launches": launches, "peak": peak, "gpu_run": gpu_run}[kind](*rest)
+            )
+        )
         return
     if "--gpu" in sys.argv:
         sys.argv.remove("--gpu")
         common.main(__doc__, "train_speed_gpu", gpu_table, lambda p: p.add_argument("--steps", type=int, default=300))
         return
-    common.main(__doc__, "train_speed", table, lambda p: (p.add_argument("--steps", type=int, default=10),
-                                                         p.add_argument("--baseline", default="3096027")))
+    common.main(
+        __doc__,
+        "train_speed",
+        table,
+        lambda p: (p.add_argument("--steps", type=int, default=10), p.add_argument("--baseline", default="3096027")),
+    )
 
 
 if __name__ == "__main__":

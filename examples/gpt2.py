@@ -1,4 +1,5 @@
 """GPT-2 small (124M) from Hugging Face transformers, built from its config on the meta device."""
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -1,5 +1,6 @@
 """A hand-written LLaMA-style decoder in plain PyTorch: RMSNorm, RoPE, grouped-query attention
 (SDPA with enable_gqa, no repeated K/V), SwiGLU MLP, untied LM head."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
 """ViT-B/16 from timm, built on the meta device: its graph is traced without allocating weights."""
+
 import timm
 import torch
 

@@ -1,4 +1,5 @@
 """A small ViT with real weights (for `graphkit convert`): 6 heads, patch 4 on 32x32 images."""
+
 import torch
 
 from graphkit.families import build_model as build_family

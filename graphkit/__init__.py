@@ -18,15 +18,31 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _LAZY = {
-    "ArchGraph": "graphkit.graph", "Node": "graphkit.graph",
-    "trace": "graphkit.tracing", "example_inputs_for": "graphkit.tracing",
-    "OPS": "graphkit.ops", "OPS_VERSION": "graphkit.ops", "OP_DOCS": "graphkit.ops",
-    "GHN3_PRIMITIVES": "graphkit.ops", "op_id": "graphkit.ops",
+    "ArchGraph": "graphkit.graph",
+    "Node": "graphkit.graph",
+    "trace": "graphkit.tracing",
+    "example_inputs_for": "graphkit.tracing",
+    "OPS": "graphkit.ops",
+    "OPS_VERSION": "graphkit.ops",
+    "OP_DOCS": "graphkit.ops",
+    "GHN3_PRIMITIVES": "graphkit.ops",
+    "op_id": "graphkit.ops",
 }
 
 __all__ = [
-    "ArchGraph", "Node", "trace", "example_inputs_for", "OPS", "OPS_VERSION", "OP_DOCS",
-    "GHN3_PRIMITIVES", "op_id", "GraphkitError", "GraphError", "TraceError", "ModelFileError",
+    "ArchGraph",
+    "Node",
+    "trace",
+    "example_inputs_for",
+    "OPS",
+    "OPS_VERSION",
+    "OP_DOCS",
+    "GHN3_PRIMITIVES",
+    "op_id",
+    "GraphkitError",
+    "GraphError",
+    "TraceError",
+    "ModelFileError",
 ]
 
 

@@ -55,6 +55,7 @@ class GraphLike(Protocol):
     @property
     def num_params(self) -> int: ...
 
+
 #: file types :func:`draw` writes
 SUFFIXES = (".svg", ".png", ".pdf")
 #: a PNG's longest side, in pixels (Agg's canvas holds 2^16; a longer picture would be unreadable)
@@ -82,12 +83,12 @@ _KIND_OF_OP = {
 }
 _FONT = "Helvetica, Arial, sans-serif"
 _SIZES = {"op": 12.0, "name": 10.0, "detail": 10.0}  # font size of each label line, in points
-_LINE = 14.0       # label line height
-_PAD = 10.0        # box padding
+_LINE = 14.0  # label line height
+_PAD = 10.0  # box padding
 _FRAME_PAD = 12.0  # space between a frame and the boxes it holds
 _MARGIN = 24.0
 _HEADER = 44.0
-_MAX_NAME = 40     # longer node names are shortened in the middle
+_MAX_NAME = 40  # longer node names are shortened in the middle
 
 
 class DrawError(GraphkitError):
@@ -167,7 +168,7 @@ _INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 def _block_of(module: str, stack: str) -> int | None:
     """Index of the block of ``stack`` (a module path, "" for the root) that ``module`` lies in."""
-    rest = module[len(stack) + 1:] if stack else module
+    rest = module[len(stack) + 1 :] if stack else module
     if stack and not module.startswith(stack + "."):
         return None
     head = rest.split(".", 1)[0]
@@ -180,13 +181,18 @@ def _relative(value: Any, stack: str, index: int) -> Any:
         prefix = f"{stack}.{index}" if stack else str(index)
         return re.sub(rf"^{re.escape(prefix)}(?=$|[._])", f"{stack}.#", value)
     if isinstance(value, dict):
-        return {k if not isinstance(k, str) else _relative(k, stack, index): _relative(v, stack, index) for k, v in value.items()}
+        return {
+            k if not isinstance(k, str) else _relative(k, stack, index): _relative(v, stack, index)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_relative(v, stack, index) for v in value]
     return value
 
 
-def _block_signature(nodes: list[NodeLike], members: list[int], edges: set[tuple[int, int]], stack: str, index: int) -> str:
+def _block_signature(
+    nodes: list[NodeLike], members: list[int], edges: set[tuple[int, int]], stack: str, index: int
+) -> str:
     """What must match for two blocks to fold: their nodes with the block path made relative,
     and the edges among them."""
     local = {n: i for i, n in enumerate(members)}
@@ -220,9 +226,9 @@ def _runs(signatures: list[str]) -> list[tuple[int, int, int]]:
     runs, i = [], 0
     while i < len(signatures):
         for period in (1, 2):
-            unit = signatures[i:i + period]
+            unit = signatures[i : i + period]
             repeats = 1
-            while signatures[i + repeats * period:i + (repeats + 1) * period] == unit:
+            while signatures[i + repeats * period : i + (repeats + 1) * period] == unit:
                 repeats += 1
             if repeats >= 2 and len(unit) == period:
                 runs.append((i, period, repeats))
@@ -246,8 +252,10 @@ def fold_repeats(graph: GraphLike) -> tuple[list[int], list[tuple[int, int]], li
     nodes = graph.nodes
     alive = set(range(len(nodes)))
     edges = set(graph.edges)
-    stacks = sorted({node.module[:m.start()] for node in nodes for m in _INDEX.finditer(node.module)},
-                    key=lambda s: (s.count(".") + bool(s), s))
+    stacks = sorted(
+        {node.module[: m.start()] for node in nodes for m in _INDEX.finditer(node.module)},
+        key=lambda s: (s.count(".") + bool(s), s),
+    )
     runs: list[tuple[str, list[int], int]] = []  # label, nodes of the kept block(s), repeats
     for stack in stacks:
         blocks: dict[int, list[int]] = {}
@@ -260,7 +268,7 @@ def fold_repeats(graph: GraphLike) -> tuple[list[int], list[tuple[int, int]], li
             continue
         signatures = [_block_signature(nodes, blocks[i], edges, stack, i) for i in indices]
         for start, period, repeats in _runs(signatures):
-            run = indices[start:start + period * repeats]
+            run = indices[start : start + period * repeats]
             position = {n: (k, j) for k, b in enumerate(run) for j, n in enumerate(blocks[b])}
             to_kept = {n: blocks[run[k % period]][j] for n, (k, j) in position.items()}
             folded = set()
@@ -300,16 +308,25 @@ def _short(name: str) -> str:
 
 
 #: boolean attention attrs and how a box shows them
-_ATTENTION_FLAGS = (("rope", "rope"), ("alibi", "alibi"), ("softcap", "softcap"), ("talking_heads", "talking-heads"),
-                    ("class_attention", "class-attn"), ("latent_query", "latent query"))
+_ATTENTION_FLAGS = (
+    ("rope", "rope"),
+    ("alibi", "alibi"),
+    ("softcap", "softcap"),
+    ("talking_heads", "talking-heads"),
+    ("class_attention", "class-attn"),
+    ("latent_query", "latent query"),
+)
 
 
 def _details(node: NodeLike) -> list[str]:
     """The op-specific facts worth reading without hovering."""
     a = node.attrs
     if node.op == "attention":
-        facts = [f"{label} {a[key]}" for key, label in (("heads", "heads"), ("kv_heads", "kv"), ("head_dim", "d"))
-                 if a.get(key) is not None]
+        facts = [
+            f"{label} {a[key]}"
+            for key, label in (("heads", "heads"), ("kv_heads", "kv"), ("head_dim", "d"))
+            if a.get(key) is not None
+        ]
         window = [f"{'shifted ' * bool(a.get('shifted'))}window {window_text(a['window'])}"] if a.get("window") else []
         flags = ["causal"] * bool(a.get("causal")) + window
         flags += [label for flag, label in _ATTENTION_FLAGS if a.get(flag)]
@@ -318,7 +335,9 @@ def _details(node: NodeLike) -> list[str]:
         return [f"{key} {', '.join(map(str, amounts))}" for key, amounts in a.items()]
     if op_kind(node.op) == "moe":  # the router records k, an MoE node num_experts and top_k
         experts, top_k = a.get("num_experts", a.get("experts")), a.get("top_k", a.get("k"))
-        facts = ([f"experts {experts}"] if experts is not None else []) + ([f"top-{top_k}"] if top_k is not None else [])
+        facts = ([f"experts {experts}"] if experts is not None else []) + (
+            [f"top-{top_k}"] if top_k is not None else []
+        )
         return [" · ".join(facts)] if facts else []
     if "in_features" in a and "out_features" in a:
         return [f"{a['in_features']} → {a['out_features']}"]
@@ -339,8 +358,14 @@ def _box(node: NodeLike) -> Box:
     tooltip += [f"{p}: [{', '.join(map(str, s))}]" for p, s in node.params.items()]
     tooltip += [f"{k} = {v}" for k, v in node.attrs.items() if v not in (None, False)]
     width = max(len(text) * _SIZES[style] * (0.62 if style == "op" else 0.58) for style, text in lines) + 2 * _PAD
-    return Box(node=node, lines=lines, tooltip="\n".join(tooltip), kind=op_kind(node.op),
-               w=max(width, 96.0), h=len(lines) * _LINE + _PAD)
+    return Box(
+        node=node,
+        lines=lines,
+        tooltip="\n".join(tooltip),
+        kind=op_kind(node.op),
+        w=max(width, 96.0),
+        h=len(lines) * _LINE + _PAD,
+    )
 
 
 def build_scene(graph: GraphLike, expand: bool = False) -> Scene:
@@ -445,8 +470,9 @@ def dot_source(scene: Scene) -> str:
 
 def _dot_layout(scene: Scene, dot: str) -> None:
     """Place boxes and route edges with Graphviz (``dot -Tplain``: inches, y pointing up)."""
-    result = subprocess.run([dot, "-Tplain"], input=dot_source(scene), capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = subprocess.run(
+        [dot, "-Tplain"], input=dot_source(scene), capture_output=True, text=True, timeout=300, check=False
+    )
     if result.returncode != 0:
         raise DrawError(f"dot failed: {' '.join(result.stderr.split())[:200] or f'exit status {result.returncode}'}")
     height = 0.0
@@ -459,7 +485,7 @@ def _dot_layout(scene: Scene, dot: str) -> None:
             box.x, box.y = float(fields[2]) * 72, (height - float(fields[3])) * 72
         elif fields[:1] == ["edge"]:
             count = int(fields[3])
-            coords = [float(v) for v in fields[4:4 + 2 * count]]
+            coords = [float(v) for v in fields[4 : 4 + 2 * count]]
             scene.curves.append([(x * 72, (height - y) * 72) for x, y in zip(coords[::2], coords[1::2])])
 
 
@@ -479,15 +505,25 @@ def layout(scene: Scene) -> None:
     for i in reversed(range(len(scene.frames))):  # inner frames first: outer ones go around them
         frame = scene.frames[i]
         members = set(frame.members)
-        corners = [(b.x + sx * b.w / 2, b.y + sy * b.h / 2) for b in (scene.boxes[m] for m in members)
-                   for sx in (-1, 1) for sy in (-1, 1)]
+        corners = [
+            (b.x + sx * b.w / 2, b.y + sy * b.h / 2)
+            for b in (scene.boxes[m] for m in members)
+            for sx in (-1, 1)
+            for sy in (-1, 1)
+        ]
         # the bends of the edges into and out of its boxes at the height of its boxes; an edge
         # from far above (a rotary table feeding a run after a different first block) enters it
         top, bottom = min(y for _, y in corners), max(y for _, y in corners)
-        corners += [p for (s, d), curve in zip(scene.edges, scene.curves) if s in members or d in members
-                    for p in curve[3:-1:3] if top <= p[1] <= bottom]
-        corners += [corner for inner in scene.frames if inner.parent == i
-                    for corner in (inner.bounds[:2], inner.bounds[2:])]
+        corners += [
+            p
+            for (s, d), curve in zip(scene.edges, scene.curves)
+            if s in members or d in members
+            for p in curve[3:-1:3]
+            if top <= p[1] <= bottom
+        ]
+        corners += [
+            corner for inner in scene.frames if inner.parent == i for corner in (inner.bounds[:2], inner.bounds[2:])
+        ]
         xs, ys = [x for x, _ in corners], [y for _, y in corners]
         frame.bounds = (min(xs) - _FRAME_PAD, min(ys) - _FRAME_PAD - _LINE, max(xs) + _FRAME_PAD, max(ys) + _FRAME_PAD)
     bends = [p for curve in scene.curves for p in curve[3:-1:3]]  # an edge may run outside every box and frame
@@ -500,8 +536,10 @@ def layout(scene: Scene) -> None:
         x0, y0, x1, y1 = frame.bounds
         frame.bounds = (x0 + dx, y0 + dy, x1 + dx, y1 + dy)
     scene.curves = [[(x + dx, y + dy) for x, y in curve] for curve in scene.curves]
-    scene.width = max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames]
-                      + [x + dx for x, _ in bends]) + _MARGIN
+    scene.width = (
+        max([b.x + b.w / 2 for b in scene.boxes] + [f.bounds[2] for f in scene.frames] + [x + dx for x, _ in bends])
+        + _MARGIN
+    )
     scene.width = max(scene.width, max(len(scene.title) * 14 * 0.62, len(_subtitle(scene)) * 11 * 0.58) + 2 * _MARGIN)
     scene.height = max([b.y + b.h / 2 for b in scene.boxes] + [f.bounds[3] for f in scene.frames]) + _MARGIN
 
@@ -519,7 +557,9 @@ def _frame_count_width(frame: Frame) -> float:
 
 
 def _subtitle(scene: Scene) -> str:
-    folding = "every block drawn" if scene.expanded or not scene.frames else "repeated blocks folded (--expand to unfold)"
+    folding = (
+        "every block drawn" if scene.expanded or not scene.frames else "repeated blocks folded (--expand to unfold)"
+    )
     return f"{folding} · layout: {scene.layout}"
 
 
@@ -527,37 +567,46 @@ def _svg(scene: Scene) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{scene.width:.0f}" height="{scene.height:.0f}" '
         f'viewBox="0 0 {scene.width:.1f} {scene.height:.1f}" font-family="{_FONT}">',
-        f'<metadata>drawn by {MARK} {version()}</metadata>',
+        f"<metadata>drawn by {MARK} {version()}</metadata>",
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
-        f'<rect width="100%" height="100%" fill="white"/>',
+        '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{_MARGIN}" y="{_MARGIN + 4}" font-size="14" font-weight="bold">{escape(scene.title)}</text>',
         f'<text x="{_MARGIN}" y="{_MARGIN + 22}" font-size="11" fill="#555">{escape(_subtitle(scene))}</text>',
     ]
     for frame in scene.frames:
         x0, y0, x1, y1 = frame.bounds
-        out.append(f'<g class="repeat"><title>{escape(frame.label)} x {frame.count}</title>'
-                   f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="10" '
-                   'fill="#f5f6fb" stroke="#7a7fa8" stroke-width="1.5" stroke-dasharray="6 3"/>'
-                   f'<text x="{x0 + 8:.1f}" y="{y0 + _LINE:.1f}" font-size="12" font-weight="bold" fill="#3d4270">'
-                   f'x {frame.count}</text>'
-                   f'<text x="{x0 + 8 + _frame_count_width(frame):.1f}" y="{y0 + _LINE:.1f}" font-size="10" fill="#3d4270">'
-                   f'{escape(frame.label)}</text></g>')
+        out.append(
+            f'<g class="repeat"><title>{escape(frame.label)} x {frame.count}</title>'
+            f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="10" '
+            'fill="#f5f6fb" stroke="#7a7fa8" stroke-width="1.5" stroke-dasharray="6 3"/>'
+            f'<text x="{x0 + 8:.1f}" y="{y0 + _LINE:.1f}" font-size="12" font-weight="bold" fill="#3d4270">'
+            f"x {frame.count}</text>"
+            f'<text x="{x0 + 8 + _frame_count_width(frame):.1f}" y="{y0 + _LINE:.1f}" font-size="10" fill="#3d4270">'
+            f"{escape(frame.label)}</text></g>"
+        )
     for curve in scene.curves:
         d = f"M{curve[0][0]:.1f},{curve[0][1]:.1f} " + " ".join(
             f"C{a[0]:.1f},{a[1]:.1f} {b[0]:.1f},{b[1]:.1f} {c[0]:.1f},{c[1]:.1f}"
-            for a, b, c in zip(curve[1::3], curve[2::3], curve[3::3]))
-        out.append(f'<path class="edge" d="{d}" fill="none" stroke="#555" stroke-width="1.2" marker-end="url(#arrow)"/>')
+            for a, b, c in zip(curve[1::3], curve[2::3], curve[3::3])
+        )
+        out.append(
+            f'<path class="edge" d="{d}" fill="none" stroke="#555" stroke-width="1.2" marker-end="url(#arrow)"/>'
+        )
     for i, box in enumerate(scene.boxes):
         fill, stroke = _COLOURS[box.kind]
-        out.append(f'<g class="node" id="node{i}"><title>{escape(box.tooltip)}</title>'
-                   f'<rect x="{box.x - box.w / 2:.1f}" y="{box.y - box.h / 2:.1f}" width="{box.w:.1f}" '
-                   f'height="{box.h:.1f}" rx="6" fill="{fill}" stroke="{stroke}" stroke-width="1.2"/>')
+        out.append(
+            f'<g class="node" id="node{i}"><title>{escape(box.tooltip)}</title>'
+            f'<rect x="{box.x - box.w / 2:.1f}" y="{box.y - box.h / 2:.1f}" width="{box.w:.1f}" '
+            f'height="{box.h:.1f}" rx="6" fill="{fill}" stroke="{stroke}" stroke-width="1.2"/>'
+        )
         for (style, text), dy in zip(box.lines, _line_offsets(box)):
             weight = ' font-weight="bold"' if style == "op" else ""
             colour = "#111" if style == "op" else "#333"
-            out.append(f'<text x="{box.x:.1f}" y="{box.y + dy:.1f}" dy="0.35em" text-anchor="middle" '
-                       f'font-size="{_SIZES[style]:g}" fill="{colour}"{weight}>{escape(text)}</text>')
+            out.append(
+                f'<text x="{box.x:.1f}" y="{box.y + dy:.1f}" dy="0.35em" text-anchor="middle" '
+                f'font-size="{_SIZES[style]:g}" fill="{colour}"{weight}>{escape(text)}</text>'
+            )
         out.append("</g>")
     return "\n".join(out + ["</svg>"]) + "\n"
 
@@ -585,22 +634,61 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
     ax.text(_MARGIN, _MARGIN + 22, _subtitle(scene), fontsize=11, color="#555", va="baseline")
     for frame in scene.frames:
         x0, y0, x1, y1 = frame.bounds
-        ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=10",
-                                    facecolor="#f5f6fb", edgecolor="#7a7fa8", linewidth=1.5, linestyle=(0, (6, 3))))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x0, y0),
+                x1 - x0,
+                y1 - y0,
+                boxstyle="round,pad=0,rounding_size=10",
+                facecolor="#f5f6fb",
+                edgecolor="#7a7fa8",
+                linewidth=1.5,
+                linestyle=(0, (6, 3)),
+            )
+        )
         ax.text(x0 + 8, y0 + _LINE, f"x {frame.count}", fontsize=12, fontweight="bold", color="#3d4270", va="baseline")
-        ax.text(x0 + 8 + _frame_count_width(frame), y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline")
+        ax.text(
+            x0 + 8 + _frame_count_width(frame), y0 + _LINE, frame.label, fontsize=10, color="#3d4270", va="baseline"
+        )
     for curve in scene.curves:
         codes = [MplPath.MOVETO] + [MplPath.CURVE4] * (len(curve) - 1)
-        ax.add_patch(FancyArrowPatch(path=MplPath(curve, codes), arrowstyle="-|>", mutation_scale=10,
-                                     color="#555", linewidth=1.2, shrinkA=0, shrinkB=0))
+        ax.add_patch(
+            FancyArrowPatch(
+                path=MplPath(curve, codes),
+                arrowstyle="-|>",
+                mutation_scale=10,
+                color="#555",
+                linewidth=1.2,
+                shrinkA=0,
+                shrinkB=0,
+            )
+        )
     for box in scene.boxes:
         fill, stroke = _COLOURS[box.kind]
-        ax.add_patch(FancyBboxPatch((box.x - box.w / 2, box.y - box.h / 2), box.w, box.h,
-                                    boxstyle="round,pad=0,rounding_size=6", facecolor=fill, edgecolor=stroke,
-                                    linewidth=1.2, zorder=3))
+        ax.add_patch(
+            FancyBboxPatch(
+                (box.x - box.w / 2, box.y - box.h / 2),
+                box.w,
+                box.h,
+                boxstyle="round,pad=0,rounding_size=6",
+                facecolor=fill,
+                edgecolor=stroke,
+                linewidth=1.2,
+                zorder=3,
+            )
+        )
         for (style, text), dy in zip(box.lines, _line_offsets(box)):
-            ax.text(box.x, box.y + dy, text, fontsize=_SIZES[style], ha="center", va="center", zorder=4,
-                    fontweight="bold" if style == "op" else "normal", color="#111" if style == "op" else "#333")
+            ax.text(
+                box.x,
+                box.y + dy,
+                text,
+                fontsize=_SIZES[style],
+                ha="center",
+                va="center",
+                zorder=4,
+                fontweight="bold" if style == "op" else "normal",
+                color="#111" if style == "op" else "#333",
+            )
     fig.savefig(path, format=format, dpi=72 * scale, facecolor="white", metadata=figure_metadata(format))
 
 
@@ -619,9 +707,11 @@ def draw(graph: GraphLike, path: str | Path, *, expand: bool = False) -> Drawing
     layout(scene)
     suffix = path.suffix.lower()
     if suffix == ".png" and _png_scale(scene) is None:
-        raise DrawError(f"{path}: the drawing is {scene.width:,.0f} x {scene.height:,.0f} points, too large for a PNG "
-                        f"with readable labels (at most {MAX_PNG_SIDE:,} pixels a side); write it as .svg or .pdf"
-                        + (", or fold its repeated blocks (without --expand)" if expand else ""))
+        raise DrawError(
+            f"{path}: the drawing is {scene.width:,.0f} x {scene.height:,.0f} points, too large for a PNG "
+            f"with readable labels (at most {MAX_PNG_SIDE:,} pixels a side); write it as .svg or .pdf"
+            + (", or fold its repeated blocks (without --expand)" if expand else "")
+        )
     with atomic_path(path) as tmp:
         if suffix == ".svg":
             tmp.write_text(_svg(scene))

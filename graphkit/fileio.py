@@ -136,7 +136,7 @@ def _png_software(f) -> bytes:
         data = f.read(length)
         f.read(4)  # CRC
         if kind == b"tEXt" and data.startswith(b"Software\x00"):
-            return data[len(b"Software\x00"):]
+            return data[len(b"Software\x00") :]
 
 
 def _check_parents(path: Path, what: str) -> None:
@@ -159,11 +159,15 @@ def check_output_file(path: str | Path, what: str = "--out", suffixes: tuple[str
     if path.suffix.lower() == ".py":
         raise OutputError(f"{what} {path}: is a Python file name; graphkit never writes over model sources")
     if suffixes and path.suffix.lower() not in suffixes:
-        raise OutputError(f"{what} {path}: unsupported extension {path.suffix or '(none)'!r}; accepted: {', '.join(suffixes)}")
+        raise OutputError(
+            f"{what} {path}: unsupported extension {path.suffix or '(none)'!r}; accepted: {', '.join(suffixes)}"
+        )
     _check_parents(path, what)
     if path.exists() and not written_by_graphkit(path):
-        raise OutputError(f"{what} {path}: exists and was not written by graphkit; refusing to overwrite it "
-                          "(remove it, or choose another name)")
+        raise OutputError(
+            f"{what} {path}: exists and was not written by graphkit; refusing to overwrite it "
+            "(remove it, or choose another name)"
+        )
     return path
 
 
@@ -177,5 +181,14 @@ def check_output_dir(path: str | Path, what: str = "--out") -> Path:
     return path
 
 
-__all__ = ["OutputError", "MARK", "version", "atomic_path", "write_text_atomic", "check_output_file", "check_output_dir",
-           "written_by_graphkit", "figure_metadata"]
+__all__ = [
+    "OutputError",
+    "MARK",
+    "version",
+    "atomic_path",
+    "write_text_atomic",
+    "check_output_file",
+    "check_output_dir",
+    "written_by_graphkit",
+    "figure_metadata",
+]

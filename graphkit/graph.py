@@ -11,9 +11,9 @@ import hashlib
 import json
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -124,10 +124,14 @@ class ArchGraph:
             a = node.attrs
             heads, kv, window = a.get("heads"), a.get("kv_heads"), a.get("window")
             window = tuple(window) if isinstance(window, list) else window  # Swin's [7, 7], as a key
-            rows[(attention_kind(a), heads, kv, a.get("head_dim"), bool(a.get("causal")), window, bool(a.get("rope")))] += 1
+            rows[
+                (attention_kind(a), heads, kv, a.get("head_dim"), bool(a.get("causal")), window, bool(a.get("rope")))
+            ] += 1
         keys = ("kind", "heads", "kv_heads", "head_dim", "causal", "window", "rope")
-        return [dict(zip(keys, k), layers=count, window=list(k[5]) if isinstance(k[5], tuple) else k[5])
-                for k, count in rows.items()]
+        return [
+            dict(zip(keys, k), layers=count, window=list(k[5]) if isinstance(k[5], tuple) else k[5])
+            for k, count in rows.items()
+        ]
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -211,7 +215,9 @@ class ArchGraph:
         inputs = [i for i, node in enumerate(self.nodes) if node.op == "input"]
         outputs = [i for i, node in enumerate(self.nodes) if node.op == "output"]
         if len(inputs) != 1 or not outputs:
-            raise GraphError(f"a graph needs exactly one input node and an output node, found {len(inputs)} and {len(outputs)}")
+            raise GraphError(
+                f"a graph needs exactly one input node and an output node, found {len(inputs)} and {len(outputs)}"
+            )
         _, pred = self._adjacency()
         seen = self._reach(outputs, pred)
         missing = [self.nodes[i].name for i in range(n) if not seen[i]]
@@ -224,7 +230,9 @@ class ArchGraph:
                 if p not in owned:
                     raise GraphError(f"parameter {p!r} of the model is owned by no node")
                 if owned[p] != s:
-                    raise GraphError(f"parameter {p!r} has shape {list(owned[p])} in the graph but {list(s)} in the model")
+                    raise GraphError(
+                        f"parameter {p!r} has shape {list(owned[p])} in the graph but {list(s)} in the model"
+                    )
             extra = sorted(set(owned) - set(expected))
             if extra:
                 raise GraphError(f"node parameter {extra[0]!r} is not a parameter of the model")
@@ -276,7 +284,9 @@ class ArchGraph:
 
         g = nx.DiGraph(**self.meta)
         for i, node in enumerate(self.nodes):
-            g.add_node(i, op=node.op, name=node.name, module=node.module, params=dict(node.params), attrs=dict(node.attrs))
+            g.add_node(
+                i, op=node.op, name=node.name, module=node.module, params=dict(node.params), attrs=dict(node.attrs)
+            )
         g.add_edges_from(self.edges)
         return g
 
@@ -329,15 +339,24 @@ class ArchGraph:
             "ops: " + ", ".join(f"{op} {c}" for op, c in self.op_counts().items()),
         ]
         for row in self.attention_layout():
-            extra = [x for x in ("causal" if row["causal"] else "bidirectional",
-                                  f"window {window_text(row['window'])}" if row["window"] else "",
-                                  "rope" if row["rope"] else "") if x]
+            extra = [
+                x
+                for x in (
+                    "causal" if row["causal"] else "bidirectional",
+                    f"window {window_text(row['window'])}" if row["window"] else "",
+                    "rope" if row["rope"] else "",
+                )
+                if x
+            ]
             lines.append(
                 f"attention: {row['layers']} x {row['kind']} heads={row['heads']} kv_heads={row['kv_heads']} "
                 f"head_dim={row['head_dim']} " + " ".join(extra)
             )
-        experts = Counter((n.attrs.get("num_experts"), n.attrs.get("top_k"), n.attrs.get("intermediate_size"))
-                          for n in self.nodes if n.op == "moe")
+        experts = Counter(
+            (n.attrs.get("num_experts"), n.attrs.get("top_k"), n.attrs.get("intermediate_size"))
+            for n in self.nodes
+            if n.op == "moe"
+        )
         for (num_experts, top_k, width), layers in experts.items():
             lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
         return "\n".join(lines)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 from torch import nn
 
@@ -73,7 +73,11 @@ def _call(fn: Callable[[], Any], path: Path, what: str) -> Any:
         return fn()
     except (Exception, SystemExit) as e:
         line = next(
-            (f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if Path(f.filename) == path.resolve() or f.filename == str(path)),
+            (
+                f.lineno
+                for f in reversed(traceback.extract_tb(e.__traceback__))
+                if Path(f.filename) == path.resolve() or f.filename == str(path)
+            ),
             None,
         )
         where = f"{path}:{line}" if line else str(path)

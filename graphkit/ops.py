@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
 OPS_VERSION = 2
 
 #: op name -> one-line meaning. The order is the op id and is append-only.

@@ -54,8 +54,10 @@ class LoadReport:
         return self.loaded_elements / max(self.total_elements, 1)
 
     def __str__(self) -> str:
-        return (f"loaded {self.loaded} of {self.total} parameter tensors, {self.loaded_elements:,} of "
-                f"{self.total_elements:,} elements ({self.coverage:.1%})")
+        return (
+            f"loaded {self.loaded} of {self.total} parameter tensors, {self.loaded_elements:,} of "
+            f"{self.total_elements:,} elements ({self.coverage:.1%})"
+        )
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -133,8 +135,13 @@ def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: b for name, b in model.named_buffers() if name in names}
 
 
-def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[str, Any] | None = None,
-                metadata: Mapping[str, str] | None = None) -> Path:
+def save_params(
+    model: nn.Module | Params,
+    path: str | Path,
+    *,
+    config: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
     """Write a model's parameters (tied ones once, under the name ``named_parameters`` gives)
     and persistent buffers to a safetensors file, atomically. ``config`` goes into its metadata
     as ``graphkit_config``, ``metadata`` as given. ``path`` is checked as
@@ -142,12 +149,17 @@ def save_params(model: nn.Module | Params, path: str | Path, *, config: Mapping[
     from safetensors.torch import save_file
 
     path = check_params_output(path, "parameter file")
-    tensors = {**dict(model.named_parameters()), **persistent_buffers(model)} if isinstance(model, nn.Module) else dict(model)
+    tensors = (
+        {**dict(model.named_parameters()), **persistent_buffers(model)} if isinstance(model, nn.Module) else dict(model)
+    )
     if any(t.is_meta for t in tensors.values()):
         raise ParamsError(f"{path}: the model is on the meta device and has no values to save")
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    metadata = {MARK: version(), **(metadata or {}),
-                **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {})}
+    metadata = {
+        MARK: version(),
+        **(metadata or {}),
+        **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {}),
+    }
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return path
@@ -157,11 +169,15 @@ def _check_value(source: str, what: str, name: str, tensor: torch.Tensor, expect
     """Shape and dtype kind of one tensor against the model's (a float-to-float cast such as
     fp16 -> fp32 is fine; an integer or bool tensor into a float parameter is a mistake)."""
     if tuple(tensor.shape) != tuple(expected.shape):
-        raise ParamsError(f"{source}{what} {name!r} has shape {list(tensor.shape)} but the model expects {list(expected.shape)}")
+        raise ParamsError(
+            f"{source}{what} {name!r} has shape {list(tensor.shape)} but the model expects {list(expected.shape)}"
+        )
     if _kind(tensor.dtype) != _kind(expected.dtype):
-        raise ParamsError(f"{source}{what} {name!r} is {str(tensor.dtype).removeprefix('torch.')} but the model's is "
-                          f"{str(expected.dtype).removeprefix('torch.')}: {_kind(tensor.dtype)} values are not cast "
-                          f"to {_kind(expected.dtype)} (a float-to-float cast such as float16 -> float32 is)")
+        raise ParamsError(
+            f"{source}{what} {name!r} is {str(tensor.dtype).removeprefix('torch.')} but the model's is "
+            f"{str(expected.dtype).removeprefix('torch.')}: {_kind(tensor.dtype)} values are not cast "
+            f"to {_kind(expected.dtype)} (a float-to-float cast such as float16 -> float32 is)"
+        )
 
 
 def tied_names(model: nn.Module) -> dict[str, list[str]]:
@@ -185,8 +201,9 @@ def replace_parameter(model: nn.Module, name: str, value: torch.Tensor, names: M
     return new
 
 
-def check_params(model: nn.Module, params: Params, *, strict: bool = True,
-                 source: str = "") -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def check_params(
+    model: nn.Module, params: Params, *, strict: bool = True, source: str = ""
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``params`` sorted into the model's parameters (by their ``named_parameters`` name, a tied
     alias such as GPT-2's ``lm_head.weight`` resolved) and persistent buffers, after checking
     every name, shape and dtype kind (float to float, integer to integer) and, with ``strict``,
@@ -211,7 +228,9 @@ def check_params(model: nn.Module, params: Params, *, strict: bool = True,
         resolved[target] = tensor
     missing = [name for name in canonical if name not in resolved]
     if strict and missing:
-        raise ParamsError(f"{source}{len(missing)} of {len(canonical)} parameters are missing, the first is {missing[0]!r}")
+        raise ParamsError(
+            f"{source}{len(missing)} of {len(canonical)} parameters are missing, the first is {missing[0]!r}"
+        )
     return resolved, buffer_values
 
 
@@ -248,13 +267,28 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
             value = tensor.to(buffer.dtype) if buffer.is_meta else tensor.to(dtype=buffer.dtype, device=buffer.device)
             model.get_submodule(owner).register_buffer(attr, value)
     return LoadReport(
-        loaded=len(resolved), total=len(canonical),
+        loaded=len(resolved),
+        total=len(canonical),
         loaded_elements=sum(canonical[n].numel() for n in resolved),
         total_elements=sum(p.numel() for p in canonical.values()),
         missing=tuple(name for name in canonical if name not in resolved),
     )
 
 
-__all__ = ["Params", "ParamsError", "CompileError", "LoadReport", "read_params", "save_params", "load_params", "check_params",
-           "check_params_output", "persistent_buffers", "tied_names", "replace_parameter", "first_non_finite",
-           "available_memory", "memory_shortfall"]
+__all__ = [
+    "Params",
+    "ParamsError",
+    "CompileError",
+    "LoadReport",
+    "read_params",
+    "save_params",
+    "load_params",
+    "check_params",
+    "check_params_output",
+    "persistent_buffers",
+    "tied_names",
+    "replace_parameter",
+    "first_non_finite",
+    "available_memory",
+    "memory_shortfall",
+]

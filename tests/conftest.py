@@ -16,7 +16,10 @@ from torch import nn
 os.environ["GRAPHKIT_DEVICE"] = "cpu"
 
 #: the devices a test that must hold on every device runs on: cpu, and cuda where there is a GPU
-ON_EVERY_DEVICE = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here"))]
+ON_EVERY_DEVICE = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here")),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_FILES = Path(__file__).resolve().parent / "model_files"
@@ -61,21 +64,35 @@ def gpt2(layers=3, dim=64, heads=4, tied=False, headless=False, **kwargs) -> nn.
 def llama(layers=3, dim=64, heads=8, kv_heads=2, **kwargs) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(num_hidden_layers=layers, hidden_size=dim, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, intermediate_size=2 * dim, vocab_size=128, **kwargs)
+    config = LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=2 * dim,
+        vocab_size=128,
+        **kwargs,
+    )
     return meta(lambda: LlamaForCausalLM(config))
 
 
 def mistral(layers=3, dim=64, heads=4, kv_heads=2, window=16) -> nn.Module:
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(num_hidden_layers=layers, hidden_size=dim, num_attention_heads=heads,
-                           num_key_value_heads=kv_heads, intermediate_size=2 * dim, vocab_size=128,
-                           sliding_window=window)
+    config = MistralConfig(
+        num_hidden_layers=layers,
+        hidden_size=dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=2 * dim,
+        vocab_size=128,
+        sliding_window=window,
+    )
     return meta(lambda: MistralForCausalLM(config))
 
 
 # --- hand-written models that use the rarer ops of the vocabulary ---------------------------
+
 
 class ALiBi(nn.Module):
     """ALiBi bias table (Press et al.): -slope_h * distance, added to attention scores."""

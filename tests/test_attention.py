@@ -11,7 +11,12 @@ import torch.nn.functional as F
 
 import graphkit
 from graphkit.attention import (
-    ConvertError, GroupedQueryAttention, allocate_queries, convert, mean_pool_heads, query_groups,
+    ConvertError,
+    GroupedQueryAttention,
+    allocate_queries,
+    convert,
+    mean_pool_heads,
+    query_groups,
 )
 from graphkit.families import build_model
 
@@ -44,8 +49,11 @@ def test_mean_pool_matches_a_hand_computation():
 
 def qkv(groups=4, heads=12):
     torch.manual_seed(0)
-    return (torch.randn(2, heads, 5, 8, requires_grad=True), torch.randn(2, groups, 5, 8, requires_grad=True),
-            torch.randn(2, groups, 5, 8, requires_grad=True))
+    return (
+        torch.randn(2, heads, 5, 8, requires_grad=True),
+        torch.randn(2, groups, 5, 8, requires_grad=True),
+        torch.randn(2, groups, 5, 8, requires_grad=True),
+    )
 
 
 def test_gqa_equals_materialised_repeat():
@@ -190,7 +198,10 @@ def test_conversion_errors(family):
 
 def test_unknown_attention_modules_are_named():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.MultiheadAttention(8, 2))
-    with pytest.raises(ConvertError, match=r"module '1' \(torch.nn.modules.activation.MultiheadAttention\) is an attention graphkit cannot convert yet"):
+    with pytest.raises(
+        ConvertError,
+        match=r"module '1' \(torch.nn.modules.activation.MultiheadAttention\) is an attention graphkit cannot convert yet",
+    ):
         convert(model, "gqa", kv_heads=1)
     with pytest.raises(ConvertError, match="Linear has no attention module"):
         convert(torch.nn.Linear(2, 2))

@@ -48,12 +48,24 @@ def test_trace_text_format_and_json_to_stdout(tmp_path):
         ("syntax_error.py", "syntax_error.py:3: syntax error: '(' was never closed"),
         ("no_model.py", "defines neither `model` (an nn.Module) nor a `build_model()` function"),
         ("not_a_module.py", "the model must be a torch.nn.Module, got str"),
-        ("build_raises.py", "build_raises.py:2: build_model() raised ValueError: hidden size must be divisible by heads"),
+        (
+            "build_raises.py",
+            "build_raises.py:2: build_model() raised ValueError: hidden size must be divisible by heads",
+        ),
         ("file_raises.py", "file_raises.py:4: running the file raised RuntimeError: config file not found"),
-        ("forward_raises.py", "Net.forward raised RuntimeError in module 'fc' (Linear) at forward_raises.py:11: a and b must have same reduction dim"),
-        ("data_dependent.py", "cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"),
-        ("unused_param.py", "parameter 'unused.weight' is not used by forward with these inputs (module 'unused' (Linear) "
-                            "never runs): remove it if it is spare, or pass example inputs that take the branch that uses it"),
+        (
+            "forward_raises.py",
+            "Net.forward raised RuntimeError in module 'fc' (Linear) at forward_raises.py:11: a and b must have same reduction dim",
+        ),
+        (
+            "data_dependent.py",
+            "cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12",
+        ),
+        (
+            "unused_param.py",
+            "parameter 'unused.weight' is not used by forward with these inputs (module 'unused' (Linear) "
+            "never runs): remove it if it is spare, or pass example inputs that take the branch that uses it",
+        ),
         ("no_inputs.py", "cannot guess example inputs for Sequential"),
     ],
 )
@@ -91,7 +103,9 @@ def test_console_script_is_installed():
 def test_vocabulary_doc_is_in_sync():
     result = run("ops", "--markdown")
     assert result.exit_code == 0
-    assert (ROOT / "docs" / "vocabulary.md").read_text() == result.stdout, "regenerate: graphkit ops --markdown > docs/vocabulary.md"
+    assert (ROOT / "docs" / "vocabulary.md").read_text() == result.stdout, (
+        "regenerate: graphkit ops --markdown > docs/vocabulary.md"
+    )
     listing = run("ops")
     assert listing.exit_code == 0 and "rotary_embedding" in listing.stdout and "pos_enc" in listing.stdout
 
@@ -120,7 +134,10 @@ def test_dataset_commands(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["generate", "vits-2k"], "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits (or a .json / .yaml recipe file)"),
+        (
+            ["generate", "vits-2k"],
+            "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits (or a .json / .yaml recipe file)",
+        ),
         (["ls", "no-such-folder"], "no-such-folder: no such dataset folder"),
         (["stats", "."], ".: not a graphkit dataset (no data/*.parquet files)"),
     ],
@@ -146,8 +163,18 @@ def test_convert_command(tmp_path):
     from graphkit.modelfile import load_model_file
 
     out = tmp_path / "dgqa.safetensors"
-    result = run("convert", ROOT / "examples" / "vit_tiny_cifar.py", "--attention", "dgqa", "--kv-heads", "2",
-                 "--window", "10", "--out", out)
+    result = run(
+        "convert",
+        ROOT / "examples" / "vit_tiny_cifar.py",
+        "--attention",
+        "dgqa",
+        "--kv-heads",
+        "2",
+        "--window",
+        "10",
+        "--out",
+        out,
+    )
     assert result.exit_code == 0, result.output
     assert "4 x DGQA heads=6 kv_heads=2" in result.stdout
     tensors, metadata = read_params(out)
@@ -160,7 +187,10 @@ def test_convert_command(tmp_path):
     "args,message",
     [
         (["--attention", "mqa", "--out", "x.safetensors"], "'mqa' is not one of"),
-        (["--attention", "gqa", "--kv-heads", "4", "--out", "x.safetensors"], "kv_heads 4 does not divide the 6 heads of module 'blocks.0.attn'"),
+        (
+            ["--attention", "gqa", "--kv-heads", "4", "--out", "x.safetensors"],
+            "kv_heads 4 does not divide the 6 heads of module 'blocks.0.attn'",
+        ),
     ],
 )
 def test_convert_errors(args, message, tmp_path, monkeypatch):

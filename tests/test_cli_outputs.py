@@ -46,19 +46,32 @@ def test_trace_never_writes_over_the_model_source(tmp_path):
     assert model.read_text() == VIT.read_text()
 
 
-@pytest.mark.parametrize("target, message", [
-    ("folder", "is a folder; give a file name"),
-    ("notes.txt", "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)"),
-    ("graph.json", "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("folder", "is a folder; give a file name"),
+        (
+            "notes.txt",
+            "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)",
+        ),
+        (
+            "graph.json",
+            "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)",
+        ),
+    ],
+)
 def test_trace_checks_its_output_before_the_model_runs(tmp_path, target, message):
     """build_raises.py fails when it runs: the error is about --out, so the check came first."""
     (tmp_path / "folder").mkdir()
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "graph.json").write_text('{"my": "settings"}')
     out = tmp_path / target
-    assert one_line_error(run("trace", MODEL_FILES / "build_raises.py", "--out", out)) == f"error: --out {out}: {message}"
-    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "graph.json").read_text() == '{"my": "settings"}'
+    assert (
+        one_line_error(run("trace", MODEL_FILES / "build_raises.py", "--out", out)) == f"error: --out {out}: {message}"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (
+        tmp_path / "graph.json"
+    ).read_text() == '{"my": "settings"}'
 
 
 @pytest.mark.parametrize("name, fmt", [("graph.json", "json"), ("summary.txt", "text")])
@@ -83,8 +96,9 @@ def test_draw_replaces_its_own_pictures_and_no_one_elses(tmp_path, suffix, monke
     assert written_by_graphkit(ours)
     picture = ours.read_bytes().replace(b"graphkit", b"someone")  # the same picture, another author
     theirs.write_bytes(picture)
-    assert one_line_error(run("draw", VIT, "--out", theirs)).endswith("exists and was not written by graphkit; "
-                                                                      "refusing to overwrite it (remove it, or choose another name)")
+    assert one_line_error(run("draw", VIT, "--out", theirs)).endswith(
+        "exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)"
+    )
     assert theirs.read_bytes() == picture
 
 
@@ -94,8 +108,10 @@ def test_parameter_outputs_never_replace_a_checkpoint_graphkit_did_not_write(tmp
     before = downloaded.read_bytes()
     for args in (["predict", VIT], ["convert", VIT, "-a", "gqa", "-k", "1"]):
         line = one_line_error(run(*args, "--out", downloaded))
-        assert line == f"error: --out {downloaded}: exists and was not written by graphkit; refusing to overwrite it " \
-                       "(remove it, or choose another name)"
+        assert (
+            line == f"error: --out {downloaded}: exists and was not written by graphkit; refusing to overwrite it "
+            "(remove it, or choose another name)"
+        )
     assert downloaded.read_bytes() == before
     ours = tmp_path / "predicted.safetensors"
     for _ in range(2):
@@ -116,7 +132,9 @@ def test_generate_refuses_a_recipe_with_a_ratio_for_mlp_before_making_a_folder(t
 def long_ids(tmp_path_factory):
     """A dataset whose record ids are longer than a table fits in 80 columns."""
     recipe = tmp_path_factory.mktemp("recipe") / "r.json"
-    recipe.write_text(json.dumps({**json.loads(TINY.read_text()), "name": "a-dataset-name-well-past-eighty-columns-wide"}))
+    recipe.write_text(
+        json.dumps({**json.loads(TINY.read_text()), "name": "a-dataset-name-well-past-eighty-columns-wide"})
+    )
     out = tmp_path_factory.mktemp("datasets") / "long"
     assert run("generate", recipe, "--out", out, "--num", "4").exit_code == 0
     return out
@@ -134,8 +152,18 @@ def test_ls_writes_csv_and_json(long_ids):
     rows = list(csv.DictReader(io.StringIO(run("ls", long_ids, "--format", "csv").stdout)))
     records = json.loads(run("ls", long_ids, "-f", "json", "--split", "train").stdout)
     assert len(rows) == 4 and all(r["id"].startswith("a-dataset-name-well-past-eighty-columns-wide-") for r in rows)
-    assert set(rows[0]) == {"id", "family", "split", "num_layers", "hidden", "heads", "kv_heads", "attention",
-                            "num_params", "num_nodes"}
+    assert set(rows[0]) == {
+        "id",
+        "family",
+        "split",
+        "num_layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "attention",
+        "num_params",
+        "num_nodes",
+    }
     assert records and all(r["split"] == "train" and isinstance(r["num_params"], int) for r in records)
     assert run("ls", long_ids, "--format", "xml").exit_code == 2  # Typer names the accepted values
 
@@ -159,9 +187,11 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
     calibrated = run("predict", ROOT / "examples" / "vit_b16.py", "--calibrate")
     assert calibrated.exit_code == 0 and "calibrating its residual stream" in calibrated.stdout
     (line,) = [line for line in outside.stderr.splitlines() if line.startswith("warning:")]
-    assert line == ("warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
-                    "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
-                    "28x the largest trained (8 px); the scores above were measured inside that space, not on this model")
+    assert line == (
+        "warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
+        "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
+        "28x the largest trained (8 px); the scores above were measured inside that space, not on this model"
+    )
 
 
 @pytest.mark.slow

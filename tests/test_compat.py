@@ -13,16 +13,24 @@ from graphkit.families import build_model
 from tests.conftest import gpt2, llama, meta, timm_vit
 
 
-@pytest.mark.parametrize("build", [lambda: timm_vit("vit_tiny_patch16_224", img_size=32, patch_size=8),
-                                   lambda: gpt2(layers=2), lambda: llama(layers=2)], ids=["vit", "gpt2", "llama"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: timm_vit("vit_tiny_patch16_224", img_size=32, patch_size=8),
+        lambda: gpt2(layers=2),
+        lambda: llama(layers=2),
+    ],
+    ids=["vit", "gpt2", "llama"],
+)
 @pytest.mark.slow
 def test_trace_without_the_private_fx_flag(monkeypatch, build):
     """torch 2.11 has no torch.fx.config.do_not_emit_stack_traces; tracing must not need it.
     (This torch reads the flag itself, so it stays in torch; graphkit's view of it is removed.)"""
     model = meta(build)
     expected = graphkit.trace(model).fingerprint()
-    without = types.SimpleNamespace(**{k: v for k, v in vars(importlib.import_module("torch.fx.config")).items()
-                                       if k != "do_not_emit_stack_traces"})
+    without = types.SimpleNamespace(
+        **{k: v for k, v in vars(importlib.import_module("torch.fx.config")).items() if k != "do_not_emit_stack_traces"}
+    )
     monkeypatch.setattr(compat, "_fx_config", lambda: without)
     with compat.fx_flag("do_not_emit_stack_traces", True) as present:
         assert not present
@@ -77,7 +85,9 @@ def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatc
     model = llama(layers=1)
     before = {n: p.shape for n, p in model.named_parameters()}
     monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)
-    with pytest.raises(ConvertError, match=r"module 'model.layers.0.self_attn': converting LLaMA-style attention needs .*4.53 or newer"):
+    with pytest.raises(
+        ConvertError, match=r"module 'model.layers.0.self_attn': converting LLaMA-style attention needs .*4.53 or newer"
+    ):
         convert(model, "gqa", 1)
     assert {n: p.shape for n, p in model.named_parameters()} == before
 
@@ -89,10 +99,12 @@ def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
     import subprocess
     import sys
 
-    code = ("import graphkit, torch\n"
-            "from graphkit.datasets.pyg import PygGraphDataset\n"
-            "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
-            "print(graphkit.trace(m, torch.randn(2, 4)).to_pyg().num_nodes)\n")
+    code = (
+        "import graphkit, torch\n"
+        "from graphkit.datasets.pyg import PygGraphDataset\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())\n"
+        "print(graphkit.trace(m, torch.randn(2, 4)).to_pyg().num_nodes)\n"
+    )
     result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "torch.jit.script" not in result.stderr and result.stdout.strip().isdigit()

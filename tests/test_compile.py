@@ -62,11 +62,18 @@ def test_tied_alias_names_are_accepted():
 @pytest.mark.parametrize(
     "mutate,message",
     [
-        (lambda p: p.update({"transformer.h.0.attn.c_atn.weight": p.pop("transformer.h.0.attn.c_attn.weight")}),
-         "parameter 'transformer.h.0.attn.c_atn.weight' is not a parameter of GPT2LMHeadModel; did you mean 'transformer.h.0.attn.c_attn.weight'"),
-        (lambda p: p.update({"transformer.ln_f.weight": torch.ones(31)}),
-         r"parameter 'transformer.ln_f.weight' has shape \[31\] but the model expects \[32\]"),
-        (lambda p: p.pop("transformer.ln_f.bias"), "1 of 28 parameters are missing, the first is 'transformer.ln_f.bias'"),
+        (
+            lambda p: p.update({"transformer.h.0.attn.c_atn.weight": p.pop("transformer.h.0.attn.c_attn.weight")}),
+            "parameter 'transformer.h.0.attn.c_atn.weight' is not a parameter of GPT2LMHeadModel; did you mean 'transformer.h.0.attn.c_attn.weight'",
+        ),
+        (
+            lambda p: p.update({"transformer.ln_f.weight": torch.ones(31)}),
+            r"parameter 'transformer.ln_f.weight' has shape \[31\] but the model expects \[32\]",
+        ),
+        (
+            lambda p: p.pop("transformer.ln_f.bias"),
+            "1 of 28 parameters are missing, the first is 'transformer.ln_f.bias'",
+        ),
     ],
 )
 def test_bad_parameters_change_nothing(mutate, message):
@@ -119,8 +126,9 @@ def test_compile_refuses_a_graph_it_cannot_reproduce(dataset):
     graph = load(dataset)[0].graph
     attention = next(i for i, n in enumerate(graph.nodes) if n.op == "attention")
     node = graph.nodes[attention]
-    graph.nodes[attention] = type(node)(op=node.op, name=node.name, module=node.module, params=node.params,
-                                        attrs={**node.attrs, "causal": True})
+    graph.nodes[attention] = type(node)(
+        op=node.op, name=node.name, module=node.module, params=node.params, attrs={**node.attrs, "causal": True}
+    )
     with pytest.raises(CompileError, match="traces to fingerprint"):
         compile(graph)
     with pytest.raises(CompileError, match="compile takes a dataset record, an ArchGraph or a config"):
@@ -139,8 +147,14 @@ def test_compile_command(dataset, tmp_path):
     assert load_params(compile(load(dataset)[first]), out).coverage == 1.0
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00" * 16)
-    result = runner.invoke(app, ["compile", str(dataset), first, "--params", str(bad), "--out", str(tmp_path / "x.safetensors")])
-    assert result.exit_code == 1 and result.stderr.startswith("error: ") and "bad.safetensors: not a safetensors file" in result.stderr
+    result = runner.invoke(
+        app, ["compile", str(dataset), first, "--params", str(bad), "--out", str(tmp_path / "x.safetensors")]
+    )
+    assert (
+        result.exit_code == 1
+        and result.stderr.startswith("error: ")
+        and "bad.safetensors: not a safetensors file" in result.stderr
+    )
     assert not (tmp_path / "x.safetensors").exists()
     assert Path(out).exists()
 

@@ -13,8 +13,10 @@ from graphkit.datasets.dataset import load
 from graphkit.datasets.store import StoreError, graph_to_row, write_dataset
 from graphkit.families import build_model, resolve_config
 
-CONFIGS = [dict(family="vit", num_layers=L, hidden=D, heads=H) for L, D, H in
-           [(3, 384, 6), (4, 256, 8), (6, 128, 4), (7, 192, 3), (9, 160, 8)]]
+CONFIGS = [
+    dict(family="vit", num_layers=L, hidden=D, heads=H)
+    for L, D, H in [(3, 384, 6), (4, 256, 8), (6, 128, 4), (7, 192, 3), (9, 160, 8)]
+]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,11 @@ def folder(tmp_path_factory):
     rows = []
     for i, config in enumerate(CONFIGS):
         full = resolve_config(config)
-        rows.append(graph_to_row(graphkit.trace(build_model(full)), full, id=f"demo-{i:05d}", split="eval" if i == 2 else "train"))
+        rows.append(
+            graph_to_row(
+                graphkit.trace(build_model(full)), full, id=f"demo-{i:05d}", split="eval" if i == 2 else "train"
+            )
+        )
     out = tmp_path_factory.mktemp("ds") / "demo"
     write_dataset(rows[:3], out, name="demo", shard=(0, 2), info={"seed": 0})
     write_dataset(rows[3:], out, name="demo", shard=(1, 2), info={"seed": 0})

@@ -46,13 +46,19 @@ def svg_parts(path):
     """(node groups, repeat frame texts) of an SVG drawing; parsing proves it well-formed."""
     root = ET.parse(path).getroot()
     nodes = [g for g in root.iter(f"{SVG}g") if g.get("class") == "node"]
-    frames = [" ".join(t.text for t in g.iter(f"{SVG}text")) for g in root.iter(f"{SVG}g") if g.get("class") == "repeat"]
+    frames = [
+        " ".join(t.text for t in g.iter(f"{SVG}text")) for g in root.iter(f"{SVG}g") if g.get("class") == "repeat"
+    ]
     return nodes, frames
 
 
 def chain(modules: list[tuple[str, str]]) -> ArchGraph:
     """input -> one node per (op, module) in order -> output."""
-    nodes = [Node("input", "input")] + [Node(op, f"{module}.{op}", module) for op, module in modules] + [Node("output", "output")]
+    nodes = (
+        [Node("input", "input")]
+        + [Node(op, f"{module}.{op}", module) for op, module in modules]
+        + [Node("output", "output")]
+    )
     return ArchGraph(nodes, [(i, i + 1) for i in range(len(nodes) - 1)])
 
 
@@ -100,7 +106,9 @@ def test_python_api_on_a_gpt2(tmp_path):
     drawing = graph.draw(tmp_path / "gpt2.svg")
     nodes, frames = svg_parts(drawing.path)
     assert frames == ["x 3 transformer.h.0–2"] and len(nodes) == drawing.boxes == len(fold_repeats(graph)[0])
-    with pytest.raises(OutputError, match=r"^draw path .*g\.jpg: unsupported extension '\.jpg'; accepted: \.svg, \.png, \.pdf$"):
+    with pytest.raises(
+        OutputError, match=r"^draw path .*g\.jpg: unsupported extension '\.jpg'; accepted: \.svg, \.png, \.pdf$"
+    ):
         graph.draw(tmp_path / "g.jpg")
     with pytest.raises(DrawError, match=r"empty\.svg: nothing to draw, the graph has no nodes$"):
         ArchGraph([], []).draw(tmp_path / "empty.svg")
@@ -108,8 +116,11 @@ def test_python_api_on_a_gpt2(tmp_path):
 
 
 def test_runs_of_one_block_and_of_pairs_fold_and_a_different_block_stays():
-    graph = chain([("gelu", f"s.{i}") for i in range(3)] + [("relu", "s.3")]
-                  + [("gelu" if i % 2 else "relu", f"t.{i}") for i in range(6)])
+    graph = chain(
+        [("gelu", f"s.{i}") for i in range(3)]
+        + [("relu", "s.3")]
+        + [("gelu" if i % 2 else "relu", f"t.{i}") for i in range(6)]
+    )
     kept, edges, frames = fold_repeats(graph)
     assert [(f.label, f.count, len(f.members)) for f in frames] == [("s.0–2", 3, 1), ("t.0–5 (pairs of blocks)", 3, 2)]
     assert [graph.nodes[n].name for n in kept] == ["input", "s.0.gelu", "s.3.relu", "t.0.relu", "t.1.gelu", "output"]
@@ -123,8 +134,12 @@ def test_a_run_with_something_between_its_blocks_is_not_folded():
 
 
 def test_moe_boxes_show_experts_and_top_k(tmp_path):
-    nodes = [Node("input", "input"), Node("moe_router", "m.router", "m", attrs={"k": 2}),
-             Node("moe", "m.moe", "m", attrs={"num_experts": 8, "top_k": 2}), Node("output", "output")]
+    nodes = [
+        Node("input", "input"),
+        Node("moe_router", "m.router", "m", attrs={"k": 2}),
+        Node("moe", "m.moe", "m", attrs={"num_experts": 8, "top_k": 2}),
+        Node("output", "output"),
+    ]
     drawing = ArchGraph(nodes, [(0, 1), (1, 2), (2, 3)]).draw(tmp_path / "moe.svg")
     texts = [t.text for t in ET.parse(drawing.path).getroot().iter(f"{SVG}text")]
     assert "top-2" in texts and "experts 8 · top-2" in texts
@@ -163,7 +178,9 @@ print("stop")
 def dataset(tmp_path_factory):
     config = resolve_config(dict(family="vit", num_layers=3, hidden=64, heads=2, image_size=16, patch_size=4))
     out = tmp_path_factory.mktemp("ds") / "tiny"
-    write_dataset([graph_to_row(graphkit.trace(build_model(config)), config, id="tiny-00000", split="train")], out, name="tiny")
+    write_dataset(
+        [graph_to_row(graphkit.trace(build_model(config)), config, id="tiny-00000", split="train")], out, name="tiny"
+    )
     return out
 
 
@@ -188,27 +205,40 @@ def error_of(result) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["missing.py", "--out", "g.svg"], "error: missing.py: no such file"),
-    (["{llama}", "--out", "g.txt"], "error: --out g.txt: unsupported extension '.txt'; accepted: .svg, .png, .pdf"),
-    (["{llama}", "--out", "g"], "error: --out g: unsupported extension '(none)'; accepted: .svg, .png, .pdf"),
-    (["{llama}", "--out", "folder.svg"], "error: --out folder.svg: is a folder; give a file name"),
-    (["{llama}", "--out", "file.txt/g.svg"], "error: --out file.txt/g.svg: {cwd}/file.txt is a file, not a folder"),
-    (["{dataset}", "--out", "g.svg"], "error: {dataset}: is a folder; give a MODEL.py, or a dataset folder and a record ID"),
-    (["{dataset}", "nope", "--out", "g.svg"], "error: {dataset}: no record 'nope' (see `graphkit ls {dataset}`)"),
-    (["missing-ds", "x", "--out", "g.svg"], "error: missing-ds: no such dataset folder"),
-    (["missing.json", "--out", "g.svg"], "error: missing.json: cannot read: No such file or directory"),
-    (["bad.json", "--out", "g.svg"], "error: bad.json: not JSON: Expecting value: line 1 column 1 (char 0)"),
-    (["cyclic.json", "--out", "g.svg"], "error: cyclic.json: edge 'output' -> 'input' goes backwards: the graph has a cycle or its nodes are not in topological order"),
-    (["{llama}", "x", "--out", "g.svg"], "error: {llama}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.py", "--out", "g.svg"], "error: missing.py: no such file"),
+        (["{llama}", "--out", "g.txt"], "error: --out g.txt: unsupported extension '.txt'; accepted: .svg, .png, .pdf"),
+        (["{llama}", "--out", "g"], "error: --out g: unsupported extension '(none)'; accepted: .svg, .png, .pdf"),
+        (["{llama}", "--out", "folder.svg"], "error: --out folder.svg: is a folder; give a file name"),
+        (["{llama}", "--out", "file.txt/g.svg"], "error: --out file.txt/g.svg: {cwd}/file.txt is a file, not a folder"),
+        (
+            ["{dataset}", "--out", "g.svg"],
+            "error: {dataset}: is a folder; give a MODEL.py, or a dataset folder and a record ID",
+        ),
+        (["{dataset}", "nope", "--out", "g.svg"], "error: {dataset}: no record 'nope' (see `graphkit ls {dataset}`)"),
+        (["missing-ds", "x", "--out", "g.svg"], "error: missing-ds: no such dataset folder"),
+        (["missing.json", "--out", "g.svg"], "error: missing.json: cannot read: No such file or directory"),
+        (["bad.json", "--out", "g.svg"], "error: bad.json: not JSON: Expecting value: line 1 column 1 (char 0)"),
+        (
+            ["cyclic.json", "--out", "g.svg"],
+            "error: cyclic.json: edge 'output' -> 'input' goes backwards: the graph has a cycle or its nodes are not in topological order",
+        ),
+        (
+            ["{llama}", "x", "--out", "g.svg"],
+            "error: {llama}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)",
+        ),
+    ],
+)
 def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, monkeypatch, dataset, args, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder.svg").mkdir()
     (tmp_path / "file.txt").write_text("mine")
     (tmp_path / "bad.json").write_text("nope")
-    (tmp_path / "cyclic.json").write_text('{"nodes": [{"op": "input", "name": "input"}, {"op": "output", "name": "output"}], '
-                                          '"edges": [[0, 1], [1, 0]]}')
+    (tmp_path / "cyclic.json").write_text(
+        '{"nodes": [{"op": "input", "name": "input"}, {"op": "output", "name": "output"}], "edges": [[0, 1], [1, 0]]}'
+    )
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     names = dict(llama=LLAMA, dataset=dataset, cwd=tmp_path)
     assert error_of(run("draw", *(a.format(**names) for a in args))) == message.format(**names)
@@ -223,8 +253,10 @@ def test_a_png_too_tall_to_read_is_refused_with_a_way_out(tmp_path):
     path = tmp_path / "graph.json"
     path.write_text(graph.to_json())
     result = run("draw", path, "--out", tmp_path / "tall.png", "--expand")
-    assert error_of(result).endswith("too large for a PNG with readable labels (at most 32,768 pixels a side); write it as "
-                                     ".svg or .pdf, or fold its repeated blocks (without --expand)")
+    assert error_of(result).endswith(
+        "too large for a PNG with readable labels (at most 32,768 pixels a side); write it as "
+        ".svg or .pdf, or fold its repeated blocks (without --expand)"
+    )
     assert not (tmp_path / "tall.png").exists()
     assert run("draw", path, "--out", tmp_path / "tall.svg", "--expand").exit_code == 0
 
@@ -237,7 +269,11 @@ def test_nested_repeats_fold_into_nested_frames(tmp_path):
     scene = build_scene(graph)
     assert re.search(r"subgraph cluster_0 \{[^}]*subgraph cluster_1 \{[^}]*n1;\s*\}\s*\}", dot_source(scene))
     root = ET.parse(graph.draw(tmp_path / "nested.svg").path).getroot()
-    outer, inner = [[float(r.get(k)) for k in ("x", "y", "width", "height")]
-                    for g in root.iter(f"{SVG}g") if g.get("class") == "repeat" for r in g.iter(f"{SVG}rect")]
+    outer, inner = [
+        [float(r.get(k)) for k in ("x", "y", "width", "height")]
+        for g in root.iter(f"{SVG}g")
+        if g.get("class") == "repeat"
+        for r in g.iter(f"{SVG}rect")
+    ]
     assert outer[0] < inner[0] and outer[1] < inner[1]
     assert outer[0] + outer[2] > inner[0] + inner[2] and outer[1] + outer[3] > inner[1] + inner[3]

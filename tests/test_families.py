@@ -35,7 +35,9 @@ def test_defaults_and_resolution_are_idempotent():
 
 
 def test_vit_matches_the_config():
-    model = build_model(dict(family="vit", num_layers=3, hidden=384, heads=6, image_size=64, patch_size=8, num_classes=100))
+    model = build_model(
+        dict(family="vit", num_layers=3, hidden=384, heads=6, image_size=64, patch_size=8, num_classes=100)
+    )
     assert len(model.blocks) == 3 and model.head.out_features == 100
     assert model.pos_embed.shape == (1, 1 + (64 // 8) ** 2, 384)
     assert model.blocks[0].mlp.fc1.out_features == 4 * 384
@@ -68,11 +70,23 @@ def test_real_weights_on_cpu_run():
         (dict(family="gpt2", num_layers=3, heads=4), "missing key 'hidden'"),
         (dict(family="gpt2", num_layers=3, hidden=100, heads=8), "hidden 100 is not divisible by heads 8"),
         (dict(family="llama", num_layers=3, hidden=64, heads=4, kv_heads=3), "heads 4 is not divisible by kv_heads 3"),
-        (dict(family="vit", num_layers=3, hidden=192, heads=3, image_size=30, patch_size=4), "image_size 30 is not divisible by patch_size 4"),
-        (dict(family="vit", num_layers=3, hidden=192, heads=3, global_pool="max"), "global_pool must be 'token' or 'avg'"),
+        (
+            dict(family="vit", num_layers=3, hidden=192, heads=3, image_size=30, patch_size=4),
+            "image_size 30 is not divisible by patch_size 4",
+        ),
+        (
+            dict(family="vit", num_layers=3, hidden=192, heads=3, global_pool="max"),
+            "global_pool must be 'token' or 'avg'",
+        ),
         (dict(family="vit", num_layers=3, hidden=192, heads=3, kv_heads=1), "kv_heads needs an attention variant"),
-        (dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="mqa"), "unknown attention 'mqa'; accepted: none"),
-        (dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="gqa", kv_heads=3), "heads 4 is not divisible by kv_heads 3"),
+        (
+            dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="mqa"),
+            "unknown attention 'mqa'; accepted: none",
+        ),
+        (
+            dict(family="gpt2", num_layers=3, hidden=64, heads=4, attention="gqa", kv_heads=3),
+            "heads 4 is not divisible by kv_heads 3",
+        ),
     ],
 )
 def test_bad_configs(config, message):
@@ -92,15 +106,34 @@ def test_tied_heads_are_tied_on_meta_too(family):
     config = dict(CONFIGS[family], tied=True)
     on_meta, on_cpu = build_model(config), build_model(config, device="cpu")
     assert on_meta.lm_head.weight is on_meta.get_input_embeddings().weight
-    assert sum(p.numel() for p in on_meta.parameters()) == sum(p.numel() for p in on_cpu.parameters()) == num_params(config)
+    assert (
+        sum(p.numel() for p in on_meta.parameters())
+        == sum(p.numel() for p in on_cpu.parameters())
+        == num_params(config)
+    )
 
 
-@pytest.mark.parametrize("config", [
-    dict(family="vit", num_layers=3, hidden=192, heads=3),
-    dict(family="vit", num_layers=4, hidden=128, heads=4, global_pool="avg", image_size=64, patch_size=8, num_classes=100),
-    dict(family="gpt2", num_layers=3, hidden=64, heads=4, tied=True, vocab_size=300, context=32),
-    dict(family="llama", num_layers=3, hidden=64, heads=4, kv_heads=2, sliding_window=8, rms_eps=1e-5, vocab_size=300),
-], ids=["vit", "vit-avg", "gpt2-tied", "mistral"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(family="vit", num_layers=3, hidden=192, heads=3),
+        dict(
+            family="vit",
+            num_layers=4,
+            hidden=128,
+            heads=4,
+            global_pool="avg",
+            image_size=64,
+            patch_size=8,
+            num_classes=100,
+        ),
+        dict(family="gpt2", num_layers=3, hidden=64, heads=4, tied=True, vocab_size=300, context=32),
+        dict(
+            family="llama", num_layers=3, hidden=64, heads=4, kv_heads=2, sliding_window=8, rms_eps=1e-5, vocab_size=300
+        ),
+    ],
+    ids=["vit", "vit-avg", "gpt2-tied", "mistral"],
+)
 def test_config_is_read_back_from_the_graph(config):
     full = resolve_config(config)
     assert config_from_graph(graphkit.trace(build_model(full))) == full
@@ -110,7 +143,10 @@ def test_graph_of_an_unknown_family():
     from conftest import ExoticLM, meta
 
     graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
-    with pytest.raises(ConfigError, match="cannot read a config from a graph of family 'custom'; readable families: gpt2, llama, mistral, vit"):
+    with pytest.raises(
+        ConfigError,
+        match="cannot read a config from a graph of family 'custom'; readable families: gpt2, llama, mistral, vit",
+    ):
         config_from_graph(graph)
 
 
@@ -119,7 +155,9 @@ def test_attention_is_part_of_the_config(family):
     config = dict(CONFIGS[family], attention="dgqa", kv_heads=2)
     graph = graphkit.trace(build_model(config))
     attrs = {(n.attrs["variant"], n.attrs["kv_heads"]) for n in graph.nodes if n.op == "attention"}
-    assert attrs == {("dgqa", 2)} and graph.num_params == num_params(config) < num_params(CONFIGS[family] | {"kv_heads": None})
+    assert attrs == {("dgqa", 2)} and graph.num_params == num_params(config) < num_params(
+        CONFIGS[family] | {"kv_heads": None}
+    )
     assert config_from_graph(graph) == resolve_config(config)
 
 

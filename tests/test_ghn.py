@@ -34,11 +34,15 @@ def ghn(request):
     return LoGAH.from_variant("tiny", decoder=request.param).eval()
 
 
-@pytest.mark.parametrize("config", [
-    dict(family="vit", num_layers=3, hidden=192, heads=3),
-    dict(family="gpt2", num_layers=2, hidden=64, heads=4),
-    dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=1000),
-], ids=["vit", "gpt2", "llama"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(family="vit", num_layers=3, hidden=192, heads=3),
+        dict(family="gpt2", num_layers=2, hidden=64, heads=4),
+        dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=1000),
+    ],
+    ids=["vit", "gpt2", "llama"],
+)
 def test_every_parameter_is_predicted_at_full_shape(ghn, config):
     model = build_model(config)
     with torch.no_grad():
@@ -105,23 +109,27 @@ def test_ghn3_decoder_matches_equation_2_and_tiles():
     d = 64
     decoder = LoGAH.from_variant("tiny", decoder="ghn3").decoder
     count = sum(p.numel() for n, p in decoder.named_parameters() if not n.startswith("slot"))
-    assert abs(count / (4 * d * d * 16 * 16 + 32 * d * d + 8 * d ** 3) - 1) < 0.015, count  # eq. 2 omits biases
+    assert abs(count / (4 * d * d * 16 * 16 + 32 * d * d + 8 * d**3) - 1) < 0.015, count  # eq. 2 omits biases
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny", decoder="ghn3").eval()
     with torch.no_grad():
         params = ghn.predict(graphkit.trace(build_model(dict(family="gpt2", num_layers=1, hidden=32, heads=2))))
     wte = params["transformer.wte.weight"]
-    assert wte.shape == (50257, 32) and torch.equal(wte[:d], wte[d:2 * d])  # the repetition LoGAH removes
+    assert wte.shape == (50257, 32) and torch.equal(wte[:d], wte[d : 2 * d])  # the repetition LoGAH removes
     assert not torch.equal(wte[:d, :16], wte[:d, 16:])
 
 
 def test_one_batched_pass_equals_one_graph_at_a_time():
-    from graphkit.ghn.encoding import targets
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
-    graphs = [graphkit.trace(build_model(c)) for c in (dict(family="gpt2", num_layers=1, hidden=32, heads=2),
-                                                         dict(family="vit", num_layers=3, hidden=64, heads=2))]
+    graphs = [
+        graphkit.trace(build_model(c))
+        for c in (
+            dict(family="gpt2", num_layers=1, hidden=32, heads=2),
+            dict(family="vit", num_layers=3, hidden=64, heads=2),
+        )
+    ]
     with torch.no_grad():
         together = ghn([ghn.encode(g) for g in graphs])
         for graph, batched in zip(graphs, together):
@@ -140,15 +148,20 @@ def test_prediction_norms_are_the_parameters_norms_with_their_gradient(decoder):
     with torch.no_grad():  # a trained-looking gain head: each weight's scale differs
         for p in ghn.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    graphs = [ghn.encode(graphkit.trace(build_model(c))) for c in (
-        dict(family="gpt2", num_layers=1, hidden=96, heads=2, vocab_size=300),
-        dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2))]
+    graphs = [
+        ghn.encode(graphkit.trace(build_model(c)))
+        for c in (
+            dict(family="gpt2", num_layers=1, hidden=96, heads=2, vocab_size=300),
+            dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2),
+        )
+    ]
     out = ghn(graphs, details=True)
     explicit = torch.stack([sum(p.norm() for p in params.values()) for params in out.params])
     assert torch.allclose(out.norms, explicit, rtol=1e-5), (out.norms, explicit)
     assert torch.equal(out.nodes, ghn.encoder(graphs))
-    grad = torch.autograd.grad(out.norms @ torch.tensor([1.0, 2.0]), list(ghn.parameters()), allow_unused=True,
-                               retain_graph=True)
+    grad = torch.autograd.grad(
+        out.norms @ torch.tensor([1.0, 2.0]), list(ghn.parameters()), allow_unused=True, retain_graph=True
+    )
     want = torch.autograd.grad(explicit @ torch.tensor([1.0, 2.0]), list(ghn.parameters()), allow_unused=True)
     for (name, _), a, b in zip(ghn.named_parameters(), grad, want):
         a, b = (torch.zeros(1) if g is None else g for g in (a, b))
@@ -166,8 +179,13 @@ def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
         assert first_non_finite({**fine, "w": broken}) == "w"
 
 
-@pytest.mark.parametrize("config", [dict(family="vit", num_layers=2, hidden=128, heads=4, image_size=8, patch_size=2),
-                                    dict(family="gpt2", num_layers=2, hidden=96, heads=4, vocab_size=300, context=32)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(family="vit", num_layers=2, hidden=128, heads=4, image_size=8, patch_size=2),
+        dict(family="gpt2", num_layers=2, hidden=96, heads=4, vocab_size=300, context=32),
+    ],
+)
 def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
     """An untrained LoGAH must start where a model can learn: weights at RMS INIT_GAIN / sqrt(fan-in)
     and no matrix collapsed onto one direction (a bias in the r -> K map made 97% of every
@@ -184,7 +202,7 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
         if t.kind != "weight" or min(t.matrix_shape) < 8:
             continue
         value = params[t.name].reshape(t.matrix_shape)
-        assert 0.5 < value.std().item() * t.fan_in ** 0.5 / INIT_GAIN < 2, t.name
+        assert 0.5 < value.std().item() * t.fan_in**0.5 / INIT_GAIN < 2, t.name
         energy = torch.linalg.svdvals(value) ** 2
         assert energy[0] / energy.sum() < 0.5, t.name
 
@@ -196,14 +214,16 @@ def test_weight_scale_stays_bounded_whatever_the_gain_head_says():
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
-    graph = graphkit.trace(build_model(dict(family="vit", num_layers=1, hidden=64, heads=2, image_size=8, patch_size=2)))
+    graph = graphkit.trace(
+        build_model(dict(family="vit", num_layers=1, hidden=64, heads=2, image_size=8, patch_size=2))
+    )
     for bias, bound in ((50.0, lambda r: 1.99 < r < 2.001), (-20.0, lambda r: 0 < r < 1e-3)):
         with torch.no_grad():
             ghn.decoder.gain.bias.fill_(bias)
             params = ghn.predict(graph)
         for t in targets(graph):
             if t.kind == "weight":
-                ratio = params[t.name].pow(2).mean().sqrt().item() * t.fan_in ** 0.5 / INIT_GAIN
+                ratio = params[t.name].pow(2).mean().sqrt().item() * t.fan_in**0.5 / INIT_GAIN
                 assert bound(ratio), (t.name, ratio)
 
 
@@ -211,12 +231,17 @@ GPT2_TINY = dict(family="gpt2", num_layers=3, hidden=64, heads=4, vocab_size=300
 VIT_TINY = dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4)
 
 
-@pytest.mark.parametrize("config, writers", [
-    (GPT2_TINY, [f"transformer.h.{i}.{m}.c_proj.weight" for i in range(3) for m in ("attn", "mlp")]),
-    (VIT_TINY, [f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.proj", "mlp.fc2")]),
-    (dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=300),
-     [f"model.layers.{i}.{m}.weight" for i in range(2) for m in ("self_attn.o_proj", "mlp.down_proj")]),
-])
+@pytest.mark.parametrize(
+    "config, writers",
+    [
+        (GPT2_TINY, [f"transformer.h.{i}.{m}.c_proj.weight" for i in range(3) for m in ("attn", "mlp")]),
+        (VIT_TINY, [f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.proj", "mlp.fc2")]),
+        (
+            dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=300),
+            [f"model.layers.{i}.{m}.weight" for i in range(2) for m in ("self_attn.o_proj", "mlp.down_proj")],
+        ),
+    ],
+)
 def test_residual_writers_are_the_weights_that_end_each_branch(config, writers):
     from graphkit.ghn.predict import residual_writers
 
@@ -244,12 +269,19 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
                 torch.testing.assert_close(scaled[name], value * factor, msg=name)
 
 
-@pytest.mark.parametrize("checkpoint, config, scales", [
-    # gpts-1k's first eval model, unscaled and at GPT-2's branch scale
-    ("logah-tiny-gpts", dict(family="gpt2", num_layers=6, hidden=88, heads=22, vocab_size=50257, context=1024), (False, True)),
-    # a llamas-1k-sized LLaMA with GQA, as predict() leaves it
-    ("logah-tiny-llamas", dict(family="llama", num_layers=6, hidden=256, heads=4, kv_heads=2), (None,)),
-])
+@pytest.mark.parametrize(
+    "checkpoint, config, scales",
+    [
+        # gpts-1k's first eval model, unscaled and at GPT-2's branch scale
+        (
+            "logah-tiny-gpts",
+            dict(family="gpt2", num_layers=6, hidden=88, heads=22, vocab_size=50257, context=1024),
+            (False, True),
+        ),
+        # a llamas-1k-sized LLaMA with GQA, as predict() leaves it
+        ("logah-tiny-llamas", dict(family="llama", num_layers=6, hidden=256, heads=4, kv_heads=2), (None,)),
+    ],
+)
 @pytest.mark.slow
 def test_a_predicted_language_model_lets_the_tokens_through(checkpoint, config, scales):
     """What reaches the LM head of a predicted in-space model varies from token to token: the

@@ -20,7 +20,9 @@ def statistics(model: nn.Module, blocks: nn.Module, inputs) -> tuple[float, floa
     """The last block's stream RMS, the share of it that varies from token to token, and the
     logits' standard deviation."""
     seen = []
-    hook = blocks[-1].register_forward_hook(lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    hook = blocks[-1].register_forward_hook(
+        lambda module, args, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
     with torch.no_grad():
         out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
     hook.remove()
@@ -128,7 +130,15 @@ def test_calibration_scales_each_branch_in_flight_as_the_weights_then_compute(vi
 def test_a_tied_output_layer_is_not_rescaled():
     """Scaling an LM head tied to the token embedding would scale the stream's input too."""
     gpts = load_checkpoint("logah-tiny-gpts")
-    config = {"family": "gpt2", "num_layers": 12, "hidden": 128, "heads": 2, "vocab_size": 1000, "context": 64, "tied": True}
+    config = {
+        "family": "gpt2",
+        "num_layers": 12,
+        "hidden": 128,
+        "heads": 2,
+        "vocab_size": 1000,
+        "context": 64,
+        "tied": True,
+    }
     model = build_model(config, "meta")
     graph = graphkit.trace(model)
     predict(model, gpts, graph=graph)

@@ -17,11 +17,15 @@ from graphkit.ghn.data import DEFAULT_SOURCES, DataError, default_source, load_s
 
 
 def vit(**kw):
-    return resolve_config({"family": "vit", "num_layers": 1, "hidden": 32, "heads": 2, "image_size": 32, "patch_size": 4, **kw})
+    return resolve_config(
+        {"family": "vit", "num_layers": 1, "hidden": 32, "heads": 2, "image_size": 32, "patch_size": 4, **kw}
+    )
 
 
 def gpt2(**kw):
-    return resolve_config({"family": "gpt2", "num_layers": 1, "hidden": 32, "heads": 2, "vocab_size": 300, "context": 32, **kw})
+    return resolve_config(
+        {"family": "gpt2", "num_layers": 1, "hidden": 32, "heads": 2, "vocab_size": 300, "context": 32, **kw}
+    )
 
 
 def gen(seed=0):
@@ -82,7 +86,12 @@ def _cifar_batch(labels, coarse=False):
     data[:, 0] = np.array(labels)[:, None] * 10
     data[:, 1], data[:, 2] = 100, 200
     key = "fine_labels" if coarse else "labels"
-    return {"batch_label": "test", key: list(labels), "data": data.reshape(len(labels), 3072), "filenames": [f"{i}.png" for i in range(len(labels))]}
+    return {
+        "batch_label": "test",
+        key: list(labels),
+        "data": data.reshape(len(labels), 3072),
+        "filenames": [f"{i}.png" for i in range(len(labels))],
+    }
 
 
 def write_cifar(root, per_batch=4):
@@ -92,7 +101,9 @@ def write_cifar(root, per_batch=4):
         (folder / f"data_batch_{i}").write_bytes(pickle.dumps(_cifar_batch([(i + j) % 10 for j in range(per_batch)])))
     (folder / "test_batch").write_bytes(pickle.dumps(_cifar_batch(list(range(per_batch)))))
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names, "num_cases_per_batch": per_batch, "num_vis": 3072}))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": names, "num_cases_per_batch": per_batch, "num_vis": 3072})
+    )
     return folder
 
 
@@ -153,8 +164,13 @@ def test_imagefolder_single_folder_is_split_90_10(tmp_path):
     x, y = source.batch(vit(image_size=16), 8, gen())
     assert x.shape == (8, 3, 16, 16) and y.dtype == torch.int64
     red = (x[:, 0] > 0.9).all(-1).all(-1)
-    assert torch.equal(red, y == 1) and torch.equal(~red, (x[:, 2] > 0.9).all(-1).all(-1))  # classes sorted: blue 0, red 1
-    assert torch.equal(load_source(f"imagefolder:{tmp_path}").batch(vit(), 4, gen(2), "eval")[0], source.batch(vit(), 4, gen(2), "eval")[0])
+    assert torch.equal(red, y == 1) and torch.equal(
+        ~red, (x[:, 2] > 0.9).all(-1).all(-1)
+    )  # classes sorted: blue 0, red 1
+    assert torch.equal(
+        load_source(f"imagefolder:{tmp_path}").batch(vit(), 4, gen(2), "eval")[0],
+        source.batch(vit(), 4, gen(2), "eval")[0],
+    )
 
 
 def test_imagefolder_train_val_layout(tmp_path):
@@ -219,7 +235,9 @@ def test_wikitext_in_a_subfolder_raw_or_tokens(tmp_path):
 
 def test_stdlib_text_is_byte_tokens_clipped_to_context():
     source = load_source("stdlib-text")
-    assert 400_000 < source.sizes["train"] and source.sizes["eval"] == pytest.approx(sum(source.sizes.values()) / 10, abs=1)
+    assert 400_000 < source.sizes["train"] and source.sizes["eval"] == pytest.approx(
+        sum(source.sizes.values()) / 10, abs=1
+    )
     x, y = source.batch(gpt2(), 4, gen())
     assert_text_batch(x, y, 32)  # seq_len 64 clipped to context 32
     x, y = source.batch(gpt2(context=128), 4, gen(), "eval")
@@ -259,7 +277,10 @@ def test_bad_specs_name_what_is_accepted(tmp_path):
         with pytest.raises(DataError, match=message):
             load_source(spec)
     (tmp_path / "empty.txt").write_bytes(b"")
-    cases = {f"text:{tmp_path}/empty.txt": "no text \\(0 bytes\\)", f"imagefolder:{tmp_path}/empty.txt": "empty.txt is not a folder"}
+    cases = {
+        f"text:{tmp_path}/empty.txt": "no text \\(0 bytes\\)",
+        f"imagefolder:{tmp_path}/empty.txt": "empty.txt is not a folder",
+    }
     for spec, message in cases.items():
         with pytest.raises(DataError, match=message):
             load_source(spec)

@@ -28,7 +28,9 @@ COLLAPSED = 0.95  # mean factor cosine the collapsed decoder reached (0.96-0.98)
 SEEDS = (0, 1)  # a hypernetwork's init, not one lucky draw: the scores are averaged over these
 
 
-def fit(tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, **options) -> tuple[list[list[dict]], tuple[float, float], tuple[float, float], object]:
+def fit(
+    tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, **options
+) -> tuple[list[list[dict]], tuple[float, float], tuple[float, float], object]:
     """Train on the recipe's one train architecture at the default lr, once per seed of ``seeds``;
     returns each run's metrics log, the predicted parameters' (loss, accuracy) on held-out data
     averaged over the runs, the directly trained model's, and the source."""
@@ -40,8 +42,16 @@ def fit(tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, 
     logs, scores = [], []
     for seed in seeds:
         run = tmp_path / f"run-{seed}"
-        config = TrainConfig(dataset=str(tmp_path / "data"), out=str(run), steps=STEPS, log_every=25,
-                             checkpoint_every=STEPS, meta_batch=1, seed=seed, **options)
+        config = TrainConfig(
+            dataset=str(tmp_path / "data"),
+            out=str(run),
+            steps=STEPS,
+            log_every=25,
+            checkpoint_every=STEPS,
+            meta_batch=1,
+            seed=seed,
+            **options,
+        )
         assert config.lr == 3e-4  # the paper's, and the default
         train(config, progress=False)
         logs.append([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])
@@ -52,8 +62,12 @@ def fit(tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, 
     torch.manual_seed(0)
     direct_model = build_model(record.config, "cpu")
     generator = torch.Generator().manual_seed(0)
-    fine_tune(direct_model, [source.batch(record.config, config.batch_size, generator) for _ in range(STEPS)],
-              source.task, config.lr)
+    fine_tune(
+        direct_model,
+        [source.batch(record.config, config.batch_size, generator) for _ in range(STEPS)],
+        source.task,
+        config.lr,
+    )
     return logs, predicted, score(direct_model, held_out, source.task), source
 
 
@@ -66,8 +80,9 @@ def assert_alive(metrics: list[dict]) -> None:
 
 @pytest.mark.slow
 def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
-    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(tmp_path, "fit-vit.json", "digits", seeds=(0, 1, 2, 3),
-                                                                    batch_size=64)
+    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(
+        tmp_path, "fit-vit.json", "digits", seeds=(0, 1, 2, 3), batch_size=64
+    )
     for metrics in logs:
         assert_alive(metrics)
     # measured, seeds 0-1 / 2-3: 0.41 / 0.56 (mean 0.48) against direct training's 0.75 (chance
@@ -107,7 +122,10 @@ def test_every_linear_weight_trains_at_the_fan_in_scaled_rate():
     slow = {id(p): g["lr"] for g in parameter_groups(ghn, 3e-4, fan_in=8) for p in g["params"]}
     assert slow[id(ghn.decoder.mlp[-1].weight)] == pytest.approx(3e-4 * 8 / (8 * 64))
     assert slow[id(ghn.decoder.low_rank.weight)] == pytest.approx(3e-4 * 8 / 32)
-    assert slow[id(ghn.encoder.op_embed.weight)] == 3e-4 and slow[id(ghn.decoder.gain.weight)] == lr[id(ghn.decoder.gain.weight)]
+    assert (
+        slow[id(ghn.encoder.op_embed.weight)] == 3e-4
+        and slow[id(ghn.decoder.gain.weight)] == lr[id(ghn.decoder.gain.weight)]
+    )
 
 
 def test_factors_of_different_parameters_are_not_collapsed_at_init():
@@ -116,16 +134,21 @@ def test_factors_of_different_parameters_are_not_collapsed_at_init():
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny")
-    graph = ghn.encode(graphkit.trace(build_model(dict(family="vit", num_layers=4, hidden=128, heads=4, image_size=8,
-                                                         patch_size=2))))
+    graph = ghn.encode(
+        graphkit.trace(build_model(dict(family="vit", num_layers=4, hidden=128, heads=4, image_size=8, patch_size=2)))
+    )
     similarity = ghn.decoder.factor_similarity(ghn.encoder([graph]), [graph])
     assert 0 < similarity < 0.9, similarity
 
 
-@pytest.mark.parametrize("config", [
-    dict(family="vit", num_layers=4, hidden=128, heads=4, image_size=8, patch_size=2),
-    dict(family="gpt2", num_layers=4, hidden=64, heads=4, vocab_size=256, context=64),
-], ids=["vit", "gpt2"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(family="vit", num_layers=4, hidden=128, heads=4, image_size=8, patch_size=2),
+        dict(family="gpt2", num_layers=4, hidden=64, heads=4, vocab_size=256, context=64),
+    ],
+    ids=["vit", "gpt2"],
+)
 def test_blocks_at_different_depths_get_different_parameters_at_init(config):
     """A transformer's graph is periodic: block 1's and block 4's qkv have the same degrees, shapes
     and neighbours. Without the relative-depth embedding (depth_buckets=0, the control) the encoder
@@ -145,5 +168,12 @@ def test_blocks_at_different_depths_get_different_parameters_at_init(config):
     assert cosines[0] > 0.999 and cosines[16] < 0.98, cosines
     depth = relative_depth(graph, torch.from_numpy(graph.shortest_paths()).long(), 16)
     ops = [node.op for node in graph.nodes]
-    blocks = [depth[i].item() for i, node in enumerate(graph.nodes) if any(k.endswith(("qkv.weight", "c_attn.weight")) for k in node.params)]
-    assert depth[ops.index("input")] == 0 and depth[ops.index("output")] == 15 and blocks == sorted(set(blocks)), (depth, blocks)
+    blocks = [
+        depth[i].item()
+        for i, node in enumerate(graph.nodes)
+        if any(k.endswith(("qkv.weight", "c_attn.weight")) for k in node.params)
+    ]
+    assert depth[ops.index("input")] == 0 and depth[ops.index("output")] == 15 and blocks == sorted(set(blocks)), (
+        depth,
+        blocks,
+    )

@@ -29,7 +29,9 @@ def test_twin_config_keeps_the_head_size_and_the_mlp_ratio():
     config = resolve_config({"family": "llama", "num_layers": 2, "hidden": 256, "heads": 8, "kv_heads": 2, "mlp": 688})
     twin = twin_config(config, 128)
     assert (twin["hidden"], twin["heads"], twin["kv_heads"], twin["mlp"]) == (128, 4, 1, 344)
-    tinyllama = resolve_config({"family": "llama", "num_layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4, "mlp": 5632})
+    tinyllama = resolve_config(
+        {"family": "llama", "num_layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4, "mlp": 5632}
+    )
     assert twin_config(tinyllama, 256)["kv_heads"] == 1  # half a kv head: one, shared by the 4 query heads
     with pytest.raises(GrowError, match="whole heads"):
         twin_config(resolve_config({**VIT, "num_layers": 1, "hidden": 96, "heads": 3}), 48)
@@ -59,17 +61,35 @@ def logits(model, inputs):
     return out.logits if hasattr(out, "logits") else out
 
 
-@pytest.mark.parametrize("config, twin_width", [
-    pytest.param(dict(VIT, num_layers=2, hidden=128, heads=4), 64, id="vit"),
-    pytest.param({"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, **SMALL_VOCAB}, 64, id="gpt2"),
-    pytest.param({"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, "tied": True, **SMALL_VOCAB}, 64, id="gpt2-tied"),
-    pytest.param({"family": "llama", "num_layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB}, 64, id="llama-gqa"),
-    pytest.param({"family": "llama", "num_layers": 2, "hidden": 128, "heads": 8, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB}, 32, id="llama-gqa-from-mqa"),
-])
+@pytest.mark.parametrize(
+    "config, twin_width",
+    [
+        pytest.param(dict(VIT, num_layers=2, hidden=128, heads=4), 64, id="vit"),
+        pytest.param({"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, **SMALL_VOCAB}, 64, id="gpt2"),
+        pytest.param(
+            {"family": "gpt2", "num_layers": 2, "hidden": 128, "heads": 4, "tied": True, **SMALL_VOCAB},
+            64,
+            id="gpt2-tied",
+        ),
+        pytest.param(
+            {"family": "llama", "num_layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB},
+            64,
+            id="llama-gqa",
+        ),
+        pytest.param(
+            {"family": "llama", "num_layers": 2, "hidden": 128, "heads": 8, "kv_heads": 2, "mlp": 176, **SMALL_VOCAB},
+            32,
+            id="llama-gqa-from-mqa",
+        ),
+    ],
+)
 def test_a_model_grown_to_a_multiple_of_its_twins_width_computes_what_the_twin_computes(config, twin_width):
     twin, grown = grown_from_random_twin(config, twin_width)
-    inputs = (torch.randn(2, 3, 8, 8) if config["family"] == "vit"
-              else {"input_ids": torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))})
+    inputs = (
+        torch.randn(2, 3, 8, 8)
+        if config["family"] == "vit"
+        else {"input_ids": torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))}
+    )
     expected = logits(twin, inputs)
     assert expected.std() > 0.01
     torch.testing.assert_close(logits(grown, inputs), expected, rtol=1e-4, atol=1e-4)
@@ -98,7 +118,10 @@ def test_the_copies_learn_apart():
 
 
 def test_the_space_records_the_widest_width_per_depth():
-    graphs = [graphkit.trace(build_model(dict(VIT, num_layers=n, hidden=w, heads=4), "meta")) for n, w in ((2, 128), (2, 64), (4, 64))]
+    graphs = [
+        graphkit.trace(build_model(dict(VIT, num_layers=n, hidden=w, heads=4), "meta"))
+        for n, w in ((2, 128), (2, 64), (4, 64))
+    ]
     space = training_space(graphs)
     assert space["width_by_depth"] == {"2": [64, 128], "4": [64, 64]}
     assert [widest_at_depth(space, d) for d in (1, 2, 3, 4, 12)] == [128, 128, 64, 64, 64]
@@ -115,7 +138,7 @@ def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
         found = twin_of(vits, graphkit.trace(build_model(dict(VIT, **shape), "meta")))
         return found and (found["hidden"], found["heads"])
 
-    assert twin(num_layers=3, hidden=512, heads=8) is None      # inside: decoded directly
+    assert twin(num_layers=3, hidden=512, heads=8) is None  # inside: decoded directly
     assert twin(num_layers=3, hidden=768, heads=12) == (512, 8)  # the widest trained at 3 layers
     assert twin(num_layers=12, hidden=768, heads=12) == (256, 4)  # 9 layers, the deepest trained, are at most 256 wide
 

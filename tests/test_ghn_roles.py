@@ -7,23 +7,28 @@ import torch
 
 import graphkit
 from graphkit.families import build_model
-from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.config import LoGAHConfig, VariantError
+from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.model import LoGAH
 
-CONFIGS = (dict(family="gpt2", num_layers=2, hidden=96, heads=2, vocab_size=300),
-           dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2),
-           dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=200))
+CONFIGS = (
+    dict(family="gpt2", num_layers=2, hidden=96, heads=2, vocab_size=300),
+    dict(family="vit", num_layers=2, hidden=80, heads=2, image_size=8, patch_size=2),
+    dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=200),
+)
 
 
-@pytest.mark.parametrize("name, role", [
-    ("transformer.h.11.attn.c_attn.weight", "transformer.h.attn.c_attn.weight"),
-    ("blocks.3.mlp.fc1.bias", "blocks.mlp.fc1.bias"),
-    ("model.layers.0.self_attn.k_proj.weight", "model.layers.self_attn.k_proj.weight"),
-    ("transformer.wte.weight", "transformer.wte.weight"),
-    ("stages.1.blocks.2.norm1.weight", "stages.blocks.norm1.weight"),
-    ("pos_embed", "pos_embed"),
-])
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("transformer.h.11.attn.c_attn.weight", "transformer.h.attn.c_attn.weight"),
+        ("blocks.3.mlp.fc1.bias", "blocks.mlp.fc1.bias"),
+        ("model.layers.0.self_attn.k_proj.weight", "model.layers.self_attn.k_proj.weight"),
+        ("transformer.wte.weight", "transformer.wte.weight"),
+        ("stages.1.blocks.2.norm1.weight", "stages.blocks.norm1.weight"),
+        ("pos_embed", "pos_embed"),
+    ],
+)
 def test_a_role_is_the_name_without_block_indices(name, role):
     assert role_of(name) == role
 
@@ -104,11 +109,14 @@ def test_a_nan_in_a_role_map_is_caught_before_anything_is_written(graphs):
     assert all(p.is_meta for p in model.parameters())
 
 
-@pytest.mark.parametrize("roles, decoder, message", [
-    (("a.weight", "a.weight"), "low_rank", "roles must be distinct parameter names"),
-    (("",), "low_rank", "roles must be distinct parameter names"),
-    (("a.weight",), "ghn3", "role maps need the low_rank decoder, not 'ghn3'"),
-])
+@pytest.mark.parametrize(
+    "roles, decoder, message",
+    [
+        (("a.weight", "a.weight"), "low_rank", "roles must be distinct parameter names"),
+        (("",), "low_rank", "roles must be distinct parameter names"),
+        (("a.weight",), "ghn3", "role maps need the low_rank decoder, not 'ghn3'"),
+    ],
+)
 def test_bad_roles_are_refused(roles, decoder, message):
     with pytest.raises(VariantError, match=message):
         LoGAHConfig(roles=roles, decoder=decoder)

@@ -13,18 +13,29 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ON_EVERY_DEVICE
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import graphkit
-from conftest import ON_EVERY_DEVICE
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
-from graphkit.ghn import (BUNDLED, CheckpointError, LoGAH, LoGAHConfig, PredictError, TrainConfig, TrainError,
-                          load_checkpoint, predict, save_checkpoint, train)
-from graphkit.ghn.training import ArchPool, parameter_groups, run_models
+from graphkit.ghn import (
+    BUNDLED,
+    CheckpointError,
+    LoGAH,
+    LoGAHConfig,
+    PredictError,
+    TrainConfig,
+    TrainError,
+    load_checkpoint,
+    predict,
+    save_checkpoint,
+    train,
+)
 from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate
+from graphkit.ghn.training import ArchPool, parameter_groups, run_models
 from graphkit.ops import VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +61,19 @@ def gpts(tmp_path_factory):
 
 
 def quick(dataset, out, **overrides) -> TrainConfig:
-    return replace(TrainConfig(dataset=str(dataset), out=str(out), meta_batch=2, batch_size=8, seq_len=16, steps=4,
-                               checkpoint_every=2, log_every=1), **overrides)
+    return replace(
+        TrainConfig(
+            dataset=str(dataset),
+            out=str(out),
+            meta_batch=2,
+            batch_size=8,
+            seq_len=16,
+            steps=4,
+            checkpoint_every=2,
+            log_every=1,
+        ),
+        **overrides,
+    )
 
 
 @pytest.mark.slow
@@ -83,7 +105,12 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
 def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, tmp_path):
     last = train(quick(vits, tmp_path / "run"), progress=False)
     run_dir = tmp_path / "run"
-    assert sorted(os.listdir(run_dir / "checkpoint")) == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"]
+    assert sorted(os.listdir(run_dir / "checkpoint")) == [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ]
     assert json.loads((run_dir / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4] and last == lines[-1]
@@ -140,8 +167,11 @@ def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_after
 
     during = []
     original = train_module.run_models
-    monkeypatch.setattr(train_module, "run_models",
-                        lambda *a, **k: during.append(torch.are_deterministic_algorithms_enabled()) or original(*a, **k))
+    monkeypatch.setattr(
+        train_module,
+        "run_models",
+        lambda *a, **k: during.append(torch.are_deterministic_algorithms_enabled()) or original(*a, **k),
+    )
     train(quick(vits, tmp_path / "deterministic", steps=2, device="cpu", deterministic=True), progress=False)
     assert during == [True, True]
     a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("default", "deterministic"))
@@ -157,11 +187,39 @@ def test_two_process_ddp_on_cpu(gpts, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), "-m", "graphkit", "train-ghn", "--dataset", str(gpts), "--out", str(out),
-               "--steps", "3", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--log-every", "1", "--device", "cpu"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "-m",
+        "graphkit",
+        "train-ghn",
+        "--dataset",
+        str(gpts),
+        "--out",
+        str(out),
+        "--steps",
+        "3",
+        "--meta-batch",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--log-every",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3] and all(m["world_size"] == 2 for m in lines)
@@ -171,14 +229,46 @@ def test_two_process_ddp_on_cpu(gpts, tmp_path):
 @pytest.mark.slow
 def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     out = tmp_path / "cli"
-    result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "2", "--meta-batch", "1", "--batch-size", "2",
-                 "--seq-len", "8")
+    result = run(
+        "train-ghn",
+        "--dataset",
+        gpts,
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--meta-batch",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+    )
     assert result.exit_code == 0, result.output
     assert "step 2: loss" in result.stdout and (out / "model.safetensors").is_file()
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--variant", "small", "--resume")
-    assert result.exit_code == 1 and "was trained with --variant tiny, not small; resume with the run's options" in result.stderr
-    result = run("train-ghn", "--dataset", gpts, "--out", out, "--steps", "3", "--meta-batch", "1", "--batch-size", "2",
-                 "--seq-len", "8", "--lr-fan-in", "8", "--resume")
+    assert (
+        result.exit_code == 1
+        and "was trained with --variant tiny, not small; resume with the run's options" in result.stderr
+    )
+    result = run(
+        "train-ghn",
+        "--dataset",
+        gpts,
+        "--out",
+        out,
+        "--steps",
+        "3",
+        "--meta-batch",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--lr-fan-in",
+        "8",
+        "--resume",
+    )
     assert result.exit_code == 1 and "was trained with --lr-fan-in 64.0, not 8.0" in result.stderr
     same = ("--steps", "3", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--resume")
     result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--depth-buckets", "16")
@@ -212,8 +302,19 @@ def test_a_run_with_role_maps_records_them_and_predicts_with_them(gpts, tmp_path
     hypernetwork predicts a model with them; a resume must repeat the option."""
     dataset = gpts
     out = tmp_path / "run"
-    train(TrainConfig(dataset=str(dataset), out=str(out), meta_batch=2, batch_size=4, seq_len=16, steps=2,
-                      log_every=1, role_maps=True), progress=False)
+    train(
+        TrainConfig(
+            dataset=str(dataset),
+            out=str(out),
+            meta_batch=2,
+            batch_size=4,
+            seq_len=16,
+            steps=2,
+            log_every=1,
+            role_maps=True,
+        ),
+        progress=False,
+    )
     roles = ArchPool(dataset).roles()
     assert "transformer.h.attn.c_attn.weight" in roles and "transformer.wte.weight" in roles
     assert json.loads((out / "config.json").read_text())["logah"]["roles"] == roles
@@ -224,8 +325,22 @@ def test_a_run_with_role_maps_records_them_and_predicts_with_them(gpts, tmp_path
     model = build_model(ArchPool(dataset, "eval").records[0].config)
     predict(model, ghn)
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    result = run("train-ghn", "--dataset", dataset, "--out", out, "--steps", "3", "--meta-batch", "2", "--batch-size", "4",
-                 "--seq-len", "16", "--resume")
+    result = run(
+        "train-ghn",
+        "--dataset",
+        dataset,
+        "--out",
+        out,
+        "--steps",
+        "3",
+        "--meta-batch",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--resume",
+    )
     assert result.exit_code == 1 and "was trained with --role-maps True, not False" in result.stderr
     with pytest.raises(TrainError, match="--role-maps needs the low_rank decoder, not 'ghn3'"):
         TrainConfig(dataset=str(dataset), out=str(tmp_path / "bad"), decoder="ghn3", role_maps=True)
@@ -241,7 +356,9 @@ def test_checkpoint_errors(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "ops_version": 0}))
     for version in (0, 3, "2", None):
         (folder / "config.json").write_text(json.dumps({**config, "ops_version": version}))
-        with pytest.raises(CheckpointError, match=rf"trained with op vocabulary v{version}, but this graphkit reads v1 to v2"):
+        with pytest.raises(
+            CheckpointError, match=rf"trained with op vocabulary v{version}, but this graphkit reads v1 to v2"
+        ):
             load_checkpoint(folder)
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "config.json").write_text(json.dumps({**config, "logah": {**config["logah"], "hidden": 64}}))
@@ -263,7 +380,9 @@ def test_an_op_the_hypernetwork_never_saw_is_refused():
 
 def test_a_model_too_large_for_memory_is_refused_before_allocating():
     model = build_model(dict(family="gpt2", num_layers=2, hidden=64, heads=4))
-    with pytest.raises(PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0.03 GB but 0.00 GB are available"):
+    with pytest.raises(
+        PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0.03 GB but 0.00 GB are available"
+    ):
         predict(model, LoGAH(), memory_limit=1000)
 
 
@@ -278,8 +397,14 @@ def test_bundled_checkpoints(family):
     assert version == 2 and ghn.config.depth_buckets == 0
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
-    tiny = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[version],
-                         depth_buckets=ghn.config.depth_buckets, roles=ghn.config.roles))
+    tiny = LoGAH(
+        replace(
+            LoGAH.from_variant("tiny").config,
+            num_ops=VOCABULARY_SIZES[version],
+            depth_buckets=ghn.config.depth_buckets,
+            roles=ghn.config.roles,
+        )
+    )
     assert sum(p.numel() for p in ghn.parameters()) == sum(p.numel() for p in tiny.parameters())
 
 
@@ -315,8 +440,12 @@ def test_an_old_checkpoint_refuses_an_op_newer_than_its_vocabulary():
     from graphkit.graph import ArchGraph, Node
 
     old = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[1]))
-    graph = ArchGraph(nodes=[Node("input", "input"), Node("pad", "blocks.0.pad"), Node("output", "output")], edges=[(0, 1), (1, 2)])
-    with pytest.raises(EncodingError, match=r"node 'blocks.0.pad' has op 'pad', which is newer than the 29 ops this hypernetwork reads"):
+    graph = ArchGraph(
+        nodes=[Node("input", "input"), Node("pad", "blocks.0.pad"), Node("output", "output")], edges=[(0, 1), (1, 2)]
+    )
+    with pytest.raises(
+        EncodingError, match=r"node 'blocks.0.pad' has op 'pad', which is newer than the 29 ops this hypernetwork reads"
+    ):
         old.encode(graph)
 
 
@@ -333,8 +462,10 @@ def test_predict_cli_covers_every_parameter(example, tmp_path):
 
 def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
     llama = tmp_path / "llama.py"
-    llama.write_text("from graphkit.families import build_model\n"
-                     "model = build_model({'family': 'llama', 'num_layers': 4, 'hidden': 256, 'heads': 8, 'kv_heads': 2, 'mlp': 688})\n")
+    llama.write_text(
+        "from graphkit.families import build_model\n"
+        "model = build_model({'family': 'llama', 'num_layers': 4, 'hidden': 256, 'heads': 8, 'kv_heads': 2, 'mlp': 688})\n"
+    )
     out = tmp_path / "predicted.safetensors"
     result = run("predict", llama, "--out", out)
     assert result.exit_code == 0, result.output
@@ -345,7 +476,8 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
 def test_predict_cli_bad_inputs(tmp_path):
     result = run("predict", ROOT / "examples" / "llama_block.py")
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: no bundled hypernetwork for custom models (bundled: gpt2, llama, vit); train one with `graphkit train-ghn` and pass --ghn")
+        "error: no bundled hypernetwork for custom models (bundled: gpt2, llama, vit); train one with `graphkit train-ghn` and pass --ghn"
+    )
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr
 
@@ -354,15 +486,31 @@ def test_predict_cli_bad_inputs(tmp_path):
 def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     train(quick(vits, tmp_path / "run", steps=2), progress=False)
     out = tmp_path / "eval"
-    result = run("eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3",
-                 "--batch-size", "4", "--record")
+    result = run(
+        "eval-ghn",
+        "--dataset",
+        vits,
+        "--ghn",
+        tmp_path / "run",
+        "--out",
+        out,
+        "--archs",
+        "2",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--record",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
     assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal"}
     assert len(report["rows"]) == 3 * report["summary"]["archs"] and all(len(r["curve"]) == 3 for r in report["rows"])
     summary = report["summary"]
     assert summary["horizons"] == [0, 3] and set(summary["wins"]) == {"0", "3"}
-    assert summary["residual_scale"] is False and not any(r["residual_scale"] for r in report["rows"])  # timm ViTs: as predicted
+    assert summary["residual_scale"] is False and not any(
+        r["residual_scale"] for r in report["rows"]
+    )  # timm ViTs: as predicted
     assert summary["predicted_beats_random"] == summary["wins"]["3"]["random"]
     assert summary["predicted_beats_orthogonal"] == summary["wins"]["3"]["orthogonal"]
     row = report["rows"][0]
@@ -376,8 +524,22 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert recorded["predicted_alone"]["accuracy"] == summary["predicted"]["accuracy_0"]
     assert load_checkpoint(tmp_path / "run").info["evaluation"] == recorded  # the weights are untouched, still loadable
     assert summary["calibrated"] == 0
-    calibrated = run("eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", tmp_path / "calibrated", "--archs", "1",
-                     "--steps", "1", "--batch-size", "4", "--calibrate")
+    calibrated = run(
+        "eval-ghn",
+        "--dataset",
+        vits,
+        "--ghn",
+        tmp_path / "run",
+        "--out",
+        tmp_path / "calibrated",
+        "--archs",
+        "1",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--calibrate",
+    )
     assert calibrated.exit_code == 0, calibrated.output
     rows = json.loads((tmp_path / "calibrated" / "eval.json").read_text())["rows"]
     assert [r["calibrated"] for r in rows] == [r["init"] == "predicted" for r in rows]
@@ -389,29 +551,54 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
 
     train(quick(vits, tmp_path / "run", steps=1), progress=False)
     line = describe(load_checkpoint(tmp_path / "run"))
-    assert line.startswith("LoGAH-tiny trained on tiny-vits with digits (1 steps)") and "no held-out evaluation recorded" in line
-    summary = {"horizons": [0, 300], "archs": 8, "wins": {"0": {"random": 1.0, "orthogonal": 0.5}, "300": {"random": 0.875, "orthogonal": 0.5}},
-               "predicted_beats_random": 0.875, "predicted_beats_orthogonal": 0.5,
-               **{init: {"loss_0": 1.2, "accuracy_0": 0.61, "loss": 0.3, "accuracy": 0.9} for init in ("predicted", "random", "orthogonal")}}
+    assert (
+        line.startswith("LoGAH-tiny trained on tiny-vits with digits (1 steps)")
+        and "no held-out evaluation recorded" in line
+    )
+    summary = {
+        "horizons": [0, 300],
+        "archs": 8,
+        "wins": {"0": {"random": 1.0, "orthogonal": 0.5}, "300": {"random": 0.875, "orthogonal": 0.5}},
+        "predicted_beats_random": 0.875,
+        "predicted_beats_orthogonal": 0.5,
+        **{
+            init: {"loss_0": 1.2, "accuracy_0": 0.61, "loss": 0.3, "accuracy": 0.9}
+            for init in ("predicted", "random", "orthogonal")
+        },
+    }
     record_evaluation(tmp_path / "run", summary, dataset="out/vits-digits", split="eval", data="digits")
     line = describe(load_checkpoint(tmp_path / "run"))
-    assert ("held out: 8 vits-digits architectures, the predicted parameters alone 0.61 accuracy (loss 1.20); after 300 "
-            "fine-tuning steps they beat random on 88% and orthogonal on 50%") in line
+    assert (
+        "held out: 8 vits-digits architectures, the predicted parameters alone 0.61 accuracy (loss 1.20); after 300 "
+        "fine-tuning steps they beat random on 88% and orthogonal on 50%"
+    ) in line
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "run")
     assert result.exit_code == 0 and result.stdout.startswith(line[:40]), result.output
-    record_evaluation(tmp_path / "run", {**summary, "residual_scale": True}, dataset="out/gpts-1k", split="eval", data="stdlib-text")
-    assert "held out: 8 gpts-1k architectures, residual branches scaled as the family's init does, the predicted" in \
-        describe(load_checkpoint(tmp_path / "run"))
+    record_evaluation(
+        tmp_path / "run", {**summary, "residual_scale": True}, dataset="out/gpts-1k", split="eval", data="stdlib-text"
+    )
+    assert (
+        "held out: 8 gpts-1k architectures, residual branches scaled as the family's init does, the predicted"
+        in describe(load_checkpoint(tmp_path / "run"))
+    )
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--steps", "0", "steps must be an integer >= 1; got 0"),
-    ("--steps", "-2", "steps must be an integer >= 1; got -2"),
-    ("--archs", "0", "archs must be an integer >= 1; got 0"),
-    ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
-    ("--lr", "nan", "lr must be a positive number; got nan"),
-    ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
-] + ([("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")] if not torch.cuda.is_available() else []))
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--steps", "0", "steps must be an integer >= 1; got 0"),
+        ("--steps", "-2", "steps must be an integer >= 1; got -2"),
+        ("--archs", "0", "archs must be an integer >= 1; got 0"),
+        ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
+        ("--lr", "nan", "lr must be a positive number; got nan"),
+        ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
+    ]
+    + (
+        [("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")]
+        if not torch.cuda.is_available()
+        else []
+    ),
+)
 def test_eval_ghn_refuses_bad_options_before_any_work(vits, tmp_path, option, value, message):
     result = run("eval-ghn", "--dataset", vits, "--out", tmp_path / "eval", option, value)
     assert result.exit_code == 1 and result.stderr.strip() == f"error: {message}", result.output
@@ -449,9 +636,13 @@ def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
 
     calls = []
     original = GraphEncoder.forward
-    monkeypatch.setattr(GraphEncoder, "forward", lambda self, graphs: calls.append(len(graphs)) or original(self, graphs))
+    monkeypatch.setattr(
+        GraphEncoder, "forward", lambda self, graphs: calls.append(len(graphs)) or original(self, graphs)
+    )
     last = train(quick(vits, tmp_path / "run", steps=3, log_every=1, checkpoint_every=3), progress=False)
     assert calls == [2, 2, 2] and 0 < last["factor_similarity"] < 1
     ghn, graphs = LoGAH.from_variant("tiny"), [ArchPool(vits).encoded(i, LoGAH().config) for i in (0, 1)]
     params, _, nodes = ghn(graphs, details=True)
-    assert torch.equal(nodes, ghn.encoder(graphs)) and all(torch.equal(params[0][k], v) for k, v in ghn(graphs)[0].items())
+    assert torch.equal(nodes, ghn.encoder(graphs)) and all(
+        torch.equal(params[0][k], v) for k, v in ghn(graphs)[0].items()
+    )

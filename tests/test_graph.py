@@ -44,8 +44,13 @@ def test_fingerprint_is_stable_across_processes(vit_graph):
         "with torch.device('meta'): m = timm.create_model('vit_tiny_patch16_224', depth=3)\n"
         "print(graphkit.trace(m).fingerprint())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    )
     assert out.stdout.strip() == vit_graph.fingerprint()
 
 
@@ -98,8 +103,10 @@ def test_from_dict_rejects_garbage():
 
 
 def test_shortest_paths():
-    graph = ArchGraph(nodes=[Node(op=o, name=str(i)) for i, o in enumerate(["input", "linear", "gelu", "add", "output"])],
-                      edges=[(0, 1), (1, 2), (2, 3), (0, 3), (3, 4)])
+    graph = ArchGraph(
+        nodes=[Node(op=o, name=str(i)) for i, o in enumerate(["input", "linear", "gelu", "add", "output"])],
+        edges=[(0, 1), (1, 2), (2, 3), (0, 3), (3, 4)],
+    )
     d = graph.shortest_paths()
     assert d[0, 3] == 1 and d[0, 4] == 2 and d[1, 4] == 3 and d[4, 0] == -1 and np.all(np.diag(d) == 0)
 
@@ -132,11 +139,28 @@ def test_vocabulary_ids_and_ghn3_mapping():
     assert len(set(OPS)) == len(OPS)
     assert OPS[:3] == ("input", "output", "linear")  # ids are append-only
     assert VOCABULARY_SIZES[OPS_VERSION] == len(OPS) and OPS[VOCABULARY_SIZES[1] - 1] == "other"  # v1 ended with other
-    assert list(VOCABULARY_SIZES) == list(range(1, OPS_VERSION + 1)) and sorted(VOCABULARY_SIZES.values()) == list(VOCABULARY_SIZES.values())
+    assert list(VOCABULARY_SIZES) == list(range(1, OPS_VERSION + 1)) and sorted(VOCABULARY_SIZES.values()) == list(
+        VOCABULARY_SIZES.values()
+    )
     assert op_id("other:aten.cumsum") == op_id("other")
     assert set(GHN3_PRIMITIVES) == set(OPS)
-    ghn3 = {"max_pool", "avg_pool", "sep_conv", "dil_conv", "conv", "msa", "cse", "sum", "concat", "input",
-            "bias", "bn", "ln", "pos_enc", "glob_avg"}
+    ghn3 = {
+        "max_pool",
+        "avg_pool",
+        "sep_conv",
+        "dil_conv",
+        "conv",
+        "msa",
+        "cse",
+        "sum",
+        "concat",
+        "input",
+        "bias",
+        "bn",
+        "ln",
+        "pos_enc",
+        "glob_avg",
+    }
     assert {p for p in GHN3_PRIMITIVES.values() if p} <= ghn3
     with pytest.raises(ValueError, match="unknown op 'frob'"):
         op_id("frob")

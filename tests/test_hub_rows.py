@@ -28,7 +28,9 @@ HUB_KEYS = (*HUB_COLUMNS, "num_nodes")
 def folder(tmp_path_factory) -> Path:
     """A dataset made by the real CLI: 24 records of 18 small ViTs, so some repeat."""
     out = tmp_path_factory.mktemp("hub") / "tiny"
-    result = CliRunner().invoke(app, ["generate", str(HERE / "recipes" / "tiny-vits.json"), "--out", str(out), "--num", "24"])
+    result = CliRunner().invoke(
+        app, ["generate", str(HERE / "recipes" / "tiny-vits.json"), "--out", str(out), "--num", "24"]
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -82,9 +84,12 @@ def test_pandas_and_duckdb_read_the_same_rows(folder):
     found = duckdb.sql(
         "SELECT id, num_nodes, len(node_feat) AS n, len(edge_index[1]) AS e, len(edge_attr) AS a, num_edges, "
         "edge_index[2][1] AS first_dst "
-        f"FROM read_parquet('{folder}/data/*.parquet') ORDER BY id").fetchall()
-    assert found == [(r["id"], r["num_nodes"], r["num_nodes"], r["num_edges"], r["num_edges"], r["num_edges"],
-                      r["edge_dst"][0]) for r in rows]
+        f"FROM read_parquet('{folder}/data/*.parquet') ORDER BY id"
+    ).fetchall()
+    assert found == [
+        (r["id"], r["num_nodes"], r["num_nodes"], r["num_edges"], r["num_edges"], r["num_edges"], r["edge_dst"][0])
+        for r in rows
+    ]
 
 
 def test_to_pyg_converts_each_architecture_once_and_keeps_every_record(folder):
@@ -110,7 +115,9 @@ def test_card_and_manifest_describe_the_columns(folder):
 def write_v1_shard(rows: list[dict], path: Path) -> None:
     """A shard as graphkit wrote it before schema version 2: no Hub columns, version "1"."""
     schema = SCHEMAS[1].with_metadata({"graphkit_schema_version": "1"})
-    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k not in HUB_COLUMNS} for r in rows], schema=schema), path)
+    pq.write_table(
+        pa.Table.from_pylist([{k: v for k, v in r.items() if k not in HUB_COLUMNS} for r in rows], schema=schema), path
+    )
 
 
 def test_version_1_shards_still_load(folder, tmp_path):
@@ -142,17 +149,28 @@ def test_shards_missing_their_versions_columns_are_refused(folder, tmp_path):
     write_v1_shard(rows, v2_without_hub)
     table = pq.read_table(v2_without_hub)
     pq.write_table(table.replace_schema_metadata({"graphkit_schema_version": "2"}), v2_without_hub)
-    with pytest.raises(StoreError, match=re.escape(f"{v2_without_hub}: not a complete graphkit dataset shard: "
-                                                   "missing columns node_feat, edge_index, edge_attr")):
+    with pytest.raises(
+        StoreError,
+        match=re.escape(
+            f"{v2_without_hub}: not a complete graphkit dataset shard: missing columns node_feat, edge_index, edge_attr"
+        ),
+    ):
         open_shard(v2_without_hub)
     zero = tmp_path / "zero.parquet"
     pq.write_table(table.replace_schema_metadata({"graphkit_schema_version": "0"}), zero)
-    with pytest.raises(StoreError, match=re.escape(f"{zero}: unknown graphkit_schema_version 0; this graphkit reads 1, 2")):
+    with pytest.raises(
+        StoreError, match=re.escape(f"{zero}: unknown graphkit_schema_version 0; this graphkit reads 1, 2")
+    ):
         open_shard(zero)
     wrong = tmp_path / "wrong.parquet"
     bad = pa.Table.from_pylist(rows, schema=SCHEMA).set_column(
-        SCHEMA.get_field_index("edge_attr"), "edge_attr", pa.array([[1.5]] * len(rows), pa.list_(pa.float64())))
+        SCHEMA.get_field_index("edge_attr"), "edge_attr", pa.array([[1.5]] * len(rows), pa.list_(pa.float64()))
+    )
     pq.write_table(bad, wrong)
-    with pytest.raises(StoreError, match=re.escape(f"{wrong}: column 'edge_attr' holds list<element: double>, "
-                                                   "expected list<item: list<item: int64>>")):
+    with pytest.raises(
+        StoreError,
+        match=re.escape(
+            f"{wrong}: column 'edge_attr' holds list<element: double>, expected list<item: list<item: int64>>"
+        ),
+    ):
         open_shard(wrong)

@@ -35,7 +35,11 @@ def import_graph(package: Path) -> nx.DiGraph:
             if isinstance(node, ast.Import):
                 named = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = ".".join(here[:len(here) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module or ""
+                base = (
+                    ".".join(here[: len(here) - node.level + 1] + [node.module or ""]).strip(".")
+                    if node.level
+                    else node.module or ""
+                )
                 named = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in found else base for alias in node.names]
             else:
                 continue
@@ -61,7 +65,12 @@ def test_the_checker_finds_cycles_in_every_kind_of_import(tmp_path):
     (package / "sub" / "b.py").write_text("def f():\n    from ..a import A\n")
     (package / "c.py").write_text("import pkg.a\nimport os\n")
     graph = import_graph(package)
-    assert set(graph.edges) == {("pkg.a", "pkg.sub.b"), ("pkg.sub.b", "pkg.a"), ("pkg.sub", "pkg.sub.b"), ("pkg.c", "pkg.a")}
+    assert set(graph.edges) == {
+        ("pkg.a", "pkg.sub.b"),
+        ("pkg.sub.b", "pkg.a"),
+        ("pkg.sub", "pkg.sub.b"),
+        ("pkg.c", "pkg.a"),
+    }
     assert [sorted(c) for c in nx.simple_cycles(graph)] == [["pkg.a", "pkg.sub.b"]]
 
 

@@ -74,7 +74,9 @@ def test_eval_architectures_are_never_trained_on():
 def test_recipe_files_and_errors(tmp_path):
     assert get_recipe(str(HERE / "recipes" / "tiny-llamas.yaml")).space
     assert Recipe.from_dict(RECIPES["vits-1k"].to_dict()) == RECIPES["vits-1k"]
-    with pytest.raises(RecipeError, match="unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits"):
+    with pytest.raises(
+        RecipeError, match="unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits"
+    ):
         get_recipe("vits-2k")
     with pytest.raises(RecipeError, match="nope.json: no such recipe file"):
         get_recipe(str(tmp_path / "nope.json"))
@@ -95,7 +97,12 @@ def test_choices_multiply_the_space_and_round_trip(tmp_path):
     data["choices"] = {"patch_size": [2, 4], "global_pool": ["token", "avg"]}
     recipe = Recipe.from_dict(data)
     assert len(recipe.space) == 4 * 18
-    assert {(c["patch_size"], c["global_pool"]) for c in recipe.space} == {(2, "token"), (2, "avg"), (4, "token"), (4, "avg")}
+    assert {(c["patch_size"], c["global_pool"]) for c in recipe.space} == {
+        (2, "token"),
+        (2, "avg"),
+        (4, "token"),
+        (4, "avg"),
+    }
     assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
     file = tmp_path / "r.yaml"
     file.write_text(yaml.safe_dump(data))
@@ -103,48 +110,78 @@ def test_choices_multiply_the_space_and_round_trip(tmp_path):
     assert Recipe.from_dict(RECIPES["vits-1k"].to_dict()).to_dict()["choices"] == {"patch_size": [2, 4]}
 
 
-@pytest.mark.parametrize("choices, message", [
-    ([2, 4], "choices must be a mapping of config keys to non-empty lists of distinct null, true/false, strings or "
-             "finite numbers >= 0; got (2, 4)"),
-    ({"patch_size": []}, "choices must be a mapping of config keys to non-empty lists"),
-    ({"patch_size": 4}, "choices must be a mapping of config keys to non-empty lists"),
-    ({"patch_size": [2, 2]}, "choices must be a mapping of config keys to non-empty lists of distinct"),
-    ({"patch_size": [2, -4]}, "choices must be a mapping"),
-    ({"patch_size": [2, float("nan")]}, "choices must be a mapping"),
-    ({"patch_size": [[2]]}, "choices must be a mapping"),
-    ({"image_size": [16, 32]}, "choices key 'image_size' is also in fixed; a config key is either fixed or chosen"),
-    ({"hidden": [64]}, "choices key 'hidden' is drawn by the recipe's own fields; choices takes the family's other "
-                       "config keys (not family, num_layers, hidden, heads, attention, kv_heads, sliding_window)"),
-    ({"colour": ["red"]}, "vit config: unknown key 'colour'"),
-    ({"patch_size": [3]}, "vit config: image_size 16 is not divisible by patch_size 3"),
-    ({"mlp": [0.5]}, "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio: a 4x MLP "
-                     "is mlp = 4 * hidden); got 0.5"),
-    ({"mlp": [2.0]}, "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio"),
-    ({"global_pool": [3]}, "vit config: global_pool must be a string; got 3"),
-    ({"num_classes": [True]}, "vit config: num_classes must be an integer >= 1; got True"),
-])
+@pytest.mark.parametrize(
+    "choices, message",
+    [
+        (
+            [2, 4],
+            "choices must be a mapping of config keys to non-empty lists of distinct null, true/false, strings or "
+            "finite numbers >= 0; got (2, 4)",
+        ),
+        ({"patch_size": []}, "choices must be a mapping of config keys to non-empty lists"),
+        ({"patch_size": 4}, "choices must be a mapping of config keys to non-empty lists"),
+        ({"patch_size": [2, 2]}, "choices must be a mapping of config keys to non-empty lists of distinct"),
+        ({"patch_size": [2, -4]}, "choices must be a mapping"),
+        ({"patch_size": [2, float("nan")]}, "choices must be a mapping"),
+        ({"patch_size": [[2]]}, "choices must be a mapping"),
+        ({"image_size": [16, 32]}, "choices key 'image_size' is also in fixed; a config key is either fixed or chosen"),
+        (
+            {"hidden": [64]},
+            "choices key 'hidden' is drawn by the recipe's own fields; choices takes the family's other "
+            "config keys (not family, num_layers, hidden, heads, attention, kv_heads, sliding_window)",
+        ),
+        ({"colour": ["red"]}, "vit config: unknown key 'colour'"),
+        ({"patch_size": [3]}, "vit config: image_size 16 is not divisible by patch_size 3"),
+        (
+            {"mlp": [0.5]},
+            "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio: a 4x MLP "
+            "is mlp = 4 * hidden); got 0.5",
+        ),
+        ({"mlp": [2.0]}, "vit config: mlp must be an integer >= 1 (the MLP's hidden width in units, not a ratio"),
+        ({"global_pool": [3]}, "vit config: global_pool must be a string; got 3"),
+        ({"num_classes": [True]}, "vit config: num_classes must be an integer >= 1; got True"),
+    ],
+)
 def test_bad_choices_are_refused_naming_the_field(choices, message):
-    data = {**json.loads((HERE / "recipes" / "tiny-vits.json").read_text()), "fixed": {"image_size": 16}, "choices": choices}
+    data = {
+        **json.loads((HERE / "recipes" / "tiny-vits.json").read_text()),
+        "fixed": {"image_size": 16},
+        "choices": choices,
+    }
     with pytest.raises(RecipeError, match=re.escape(f"recipe 'tiny-vits': {message}")):
         Recipe.from_dict(data).space
 
 
-@pytest.mark.parametrize("family, field, value, accepted", [
-    ("gpt2", "choices", {"tied": ["no", "yes"]}, "tied must be true or false; got 'no'"),
-    ("gpt2", "fixed", {"context": 0}, "context must be an integer >= 1; got 0"),
-    ("llama", "fixed", {"rms_eps": 0}, "rms_eps must be a finite number > 0; got 0"),
-])
+@pytest.mark.parametrize(
+    "family, field, value, accepted",
+    [
+        ("gpt2", "choices", {"tied": ["no", "yes"]}, "tied must be true or false; got 'no'"),
+        ("gpt2", "fixed", {"context": 0}, "context must be an integer >= 1; got 0"),
+        ("llama", "fixed", {"rms_eps": 0}, "rms_eps must be a finite number > 0; got 0"),
+    ],
+)
 def test_config_values_of_the_wrong_type_are_refused_before_a_library_sees_them(family, field, value, accepted):
     """transformers' own check once answered ``tied: ["no", "yes"]`` with a two-line
     StrictDataclassFieldValidationError."""
-    data = {"name": "typed", "family": family, "max_params": 10**8, "bins": [{"layers": [2, 2], "hidden": [64, 64, 8]}],
-            "heads": [{"choices": [4]}], field: value}
+    data = {
+        "name": "typed",
+        "family": family,
+        "max_params": 10**8,
+        "bins": [{"layers": [2, 2], "hidden": [64, 64, 8]}],
+        "heads": [{"choices": [4]}],
+        field: value,
+    }
     with pytest.raises(RecipeError, match=re.escape(f"recipe 'typed': {family} config: {accepted}")):
         Recipe.from_dict(data).space
 
 
 def test_choices_count_towards_the_candidate_limit():
-    data = {**json.loads((HERE / "recipes" / "tiny-vits.json").read_text()), "fixed": {"image_size": 16},
-            "choices": {"num_classes": list(range(1, 1001))}}
-    with pytest.raises(RecipeError, match="bins, heads and choices give 18,000 candidate architectures, more than the 10,000"):
+    data = {
+        **json.loads((HERE / "recipes" / "tiny-vits.json").read_text()),
+        "fixed": {"image_size": 16},
+        "choices": {"num_classes": list(range(1, 1001))},
+    }
+    with pytest.raises(
+        RecipeError, match="bins, heads and choices give 18,000 candidate architectures, more than the 10,000"
+    ):
         Recipe.from_dict(data).space

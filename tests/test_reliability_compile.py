@@ -58,8 +58,11 @@ def params(record) -> dict[str, torch.Tensor]:
 
 
 # -- compile -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("break_it", [lambda t: t.fill_(float("nan")), lambda t: t.view(-1)[3:5].fill_(float("-inf"))],
-                         ids=["all-nan", "some-inf"])
+@pytest.mark.parametrize(
+    "break_it",
+    [lambda t: t.fill_(float("nan")), lambda t: t.view(-1)[3:5].fill_(float("-inf"))],
+    ids=["all-nan", "some-inf"],
+)
 @pytest.mark.slow
 def test_compile_refuses_non_finite_parameters(dataset, record, params, tmp_path, break_it):
     name = list(params)[2]
@@ -78,13 +81,18 @@ def test_compile_refuses_integer_tensors_but_casts_float_ones(dataset, record, p
     path = save_params(params, tmp_path / "int8.safetensors")
     before = listing(tmp_path)
     result = run("compile", dataset, record.id, "--params", path, "--out", tmp_path / "model.safetensors")
-    refused(result, f"{path}: parameter '{name}' is int8 but the model's is float32: integer values are not cast "
-                    "to floating-point (a float-to-float cast such as float16 -> float32 is)")
+    refused(
+        result,
+        f"{path}: parameter '{name}' is int8 but the model's is float32: integer values are not cast "
+        "to floating-point (a float-to-float cast such as float16 -> float32 is)",
+    )
     assert listing(tmp_path) == before
     params[name] = torch.zeros(params[name].shape, dtype=torch.bool)
     with pytest.raises(ParamsError, match="is bool but the model's is float32: bool values are not cast"):
         load_params(compile(record), params)
-    halves = {n: t.half() for n, t in params.items() if n != name} | {name: torch.ones(params[name].shape, dtype=torch.bfloat16)}
+    halves = {n: t.half() for n, t in params.items() if n != name} | {
+        name: torch.ones(params[name].shape, dtype=torch.bfloat16)
+    }
     model = compile(record)
     assert load_params(model, halves).coverage == 1.0
     assert model.get_parameter(name).dtype == torch.float32 and bool((model.get_parameter(name) == 1).all())
@@ -93,22 +101,31 @@ def test_compile_refuses_integer_tensors_but_casts_float_ones(dataset, record, p
 def test_a_dgqa_state_buffer_must_stay_an_integer():
     from graphkit.attention import convert
 
-    model = convert(build_model(dict(family="vit", num_layers=1, hidden=32, heads=2, image_size=8, patch_size=4),
-                                device="cpu"), "dgqa", 1)
+    model = convert(
+        build_model(dict(family="vit", num_layers=1, hidden=32, heads=2, image_size=8, patch_size=4), device="cpu"),
+        "dgqa",
+        1,
+    )
     state = dict(model.state_dict())
     state["blocks.0.attn.core.counts"] = state["blocks.0.attn.core.counts"].float()
     with pytest.raises(ParamsError, match="buffer 'blocks.0.attn.core.counts' is float32 but the model's is int64"):
         load_params(model, state)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["-k", "2"], "--kv-heads 2 needs --attention (gqa, kdgqa, dgqa, pgqa): K/V heads change only when the attention is converted"),
-    (["-a", "gqa", "-k", "0"], "--kv-heads 0: must divide the 4 heads; accepted: 1, 2, 4"),
-    (["-a", "gqa", "-k", "-2"], "--kv-heads -2: must divide the 4 heads; accepted: 1, 2, 4"),
-    (["-a", "gqa", "-k", "3"], "--kv-heads 3: must divide the 4 heads; accepted: 1, 2, 4"),
-    (["-a", "bogus"], "--attention 'bogus': accepted: gqa, kdgqa, dgqa, pgqa"),
-    (["-a", "MHA"], "--attention 'MHA': accepted: gqa, kdgqa, dgqa, pgqa"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["-k", "2"],
+            "--kv-heads 2 needs --attention (gqa, kdgqa, dgqa, pgqa): K/V heads change only when the attention is converted",
+        ),
+        (["-a", "gqa", "-k", "0"], "--kv-heads 0: must divide the 4 heads; accepted: 1, 2, 4"),
+        (["-a", "gqa", "-k", "-2"], "--kv-heads -2: must divide the 4 heads; accepted: 1, 2, 4"),
+        (["-a", "gqa", "-k", "3"], "--kv-heads 3: must divide the 4 heads; accepted: 1, 2, 4"),
+        (["-a", "bogus"], "--attention 'bogus': accepted: gqa, kdgqa, dgqa, pgqa"),
+        (["-a", "MHA"], "--attention 'MHA': accepted: gqa, kdgqa, dgqa, pgqa"),
+    ],
+)
 def test_compile_checks_attention_options(dataset, record, tmp_path, args, message):
     result = run("compile", dataset, record.id, *args, "--out", tmp_path / "model.safetensors")
     refused(result, message)
@@ -131,8 +148,10 @@ def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record,
     assert listing(folder) == {"keep.txt": b"mine"}
     readme = tmp_path / "README.md"
     readme.write_text("# my project\n")
-    refused(run("compile", dataset, record.id, "--out", readme),
-            f"--out {readme}: exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)")
+    refused(
+        run("compile", dataset, record.id, "--out", readme),
+        f"--out {readme}: exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)",
+    )
     assert readme.read_text() == "# my project\n"
     earlier = tmp_path / "model.safetensors"  # one of ours is replaced
     assert run("compile", dataset, record.id, "--out", earlier).exit_code == 0
@@ -146,8 +165,11 @@ def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypat
     total = sum(p.numel() for p in compile(record, memory_limit=10**12).parameters())
     buffers = sum(b.numel() for b in build_model(record.config).buffers())
     result = run("compile", dataset, record.id, "--out", tmp_path / "model.safetensors")
-    refused(result, f"the vit model of {record.id}: its {total + buffers:,} parameters and buffers need "
-                    f"{4 * (total + buffers) / 1e9:.2f} GB but 0.00 GB are available on cpu; free memory or compile on another device")
+    refused(
+        result,
+        f"the vit model of {record.id}: its {total + buffers:,} parameters and buffers need "
+        f"{4 * (total + buffers) / 1e9:.2f} GB but 0.00 GB are available on cpu; free memory or compile on another device",
+    )
     assert listing(tmp_path) == {}
 
 
@@ -177,10 +199,22 @@ def test_truncated_and_corrupt_parameter_files_are_named(dataset, record, params
 
 
 def test_compile_names_a_params_path_that_is_not_a_file(dataset, record, tmp_path):
-    refused(run("compile", dataset, record.id, "--params", tmp_path, "--out", tmp_path / "model.safetensors"),
-            f"{tmp_path}: is a folder; give a safetensors file")
-    refused(run("compile", dataset, record.id, "--params", tmp_path / "nope.safetensors", "--out", tmp_path / "model.safetensors"),
-            f"{tmp_path / 'nope.safetensors'}: no such parameter file")
+    refused(
+        run("compile", dataset, record.id, "--params", tmp_path, "--out", tmp_path / "model.safetensors"),
+        f"{tmp_path}: is a folder; give a safetensors file",
+    )
+    refused(
+        run(
+            "compile",
+            dataset,
+            record.id,
+            "--params",
+            tmp_path / "nope.safetensors",
+            "--out",
+            tmp_path / "model.safetensors",
+        ),
+        f"{tmp_path / 'nope.safetensors'}: no such parameter file",
+    )
     assert listing(tmp_path) == {}
 
 
@@ -197,7 +231,9 @@ def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_pat
         save_params(params, tmp_path)
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
-    with pytest.raises(OutputError, match=r"notes.txt: exists and was not written by graphkit; refusing to overwrite it"):
+    with pytest.raises(
+        OutputError, match=r"notes.txt: exists and was not written by graphkit; refusing to overwrite it"
+    ):
         save_params(params, notes)
     assert listing(tmp_path) == {"notes.txt": b"mine"}
 
@@ -214,20 +250,41 @@ def test_public_imports_keep_working():
 
 
 # -- convert -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("args,message", [
-    (["-a", "dgqa", "--window", "0"], "--window 0: must be a whole number of training steps >= 1"),
-    (["-a", "dgqa", "--window", "-5"], "--window -5: must be a whole number of training steps >= 1"),
-    (["-a", "dgqa", "--alpha", "7"], "--alpha 7.0: must be a number in [0, 1] (the weight of the current key norms)"),
-    (["-a", "dgqa", "--alpha", "-0.1"], "--alpha -0.1: must be a number in [0, 1] (the weight of the current key norms)"),
-    (["-a", "dgqa", "--alpha", "nan"], "--alpha nan: must be a number in [0, 1] (the weight of the current key norms)"),
-    (["-a", "dgqa", "--evolution", "linear"], "--evolution 'linear': accepted: ema, difference"),
-    (["-a", "dgqa", "--evolution", "difference", "--alpha", "0.3"], "--alpha applies only to --evolution ema, not difference"),
-    (["-a", "gqa", "--window", "10"], "--window applies only to dgqa, not gqa"),
-    (["-a", "kdgqa", "--evolution", "ema"], "--evolution applies only to dgqa, not kdgqa"),
-    (["-a", "pgqa", "--alpha", "0.5"], "--alpha applies only to dgqa, not pgqa"),
-    (["-a", "gqa", "-k", "0"], "kv_heads 0 does not divide the 6 heads of module 'blocks.0.attn'; accepted: 1, 2, 3, 6"),
-    (["-a", "gqa", "-k", "-3"], "kv_heads -3 does not divide the 6 heads of module 'blocks.0.attn'; accepted: 1, 2, 3, 6"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-a", "dgqa", "--window", "0"], "--window 0: must be a whole number of training steps >= 1"),
+        (["-a", "dgqa", "--window", "-5"], "--window -5: must be a whole number of training steps >= 1"),
+        (
+            ["-a", "dgqa", "--alpha", "7"],
+            "--alpha 7.0: must be a number in [0, 1] (the weight of the current key norms)",
+        ),
+        (
+            ["-a", "dgqa", "--alpha", "-0.1"],
+            "--alpha -0.1: must be a number in [0, 1] (the weight of the current key norms)",
+        ),
+        (
+            ["-a", "dgqa", "--alpha", "nan"],
+            "--alpha nan: must be a number in [0, 1] (the weight of the current key norms)",
+        ),
+        (["-a", "dgqa", "--evolution", "linear"], "--evolution 'linear': accepted: ema, difference"),
+        (
+            ["-a", "dgqa", "--evolution", "difference", "--alpha", "0.3"],
+            "--alpha applies only to --evolution ema, not difference",
+        ),
+        (["-a", "gqa", "--window", "10"], "--window applies only to dgqa, not gqa"),
+        (["-a", "kdgqa", "--evolution", "ema"], "--evolution applies only to dgqa, not kdgqa"),
+        (["-a", "pgqa", "--alpha", "0.5"], "--alpha applies only to dgqa, not pgqa"),
+        (
+            ["-a", "gqa", "-k", "0"],
+            "kv_heads 0 does not divide the 6 heads of module 'blocks.0.attn'; accepted: 1, 2, 3, 6",
+        ),
+        (
+            ["-a", "gqa", "-k", "-3"],
+            "kv_heads -3 does not divide the 6 heads of module 'blocks.0.attn'; accepted: 1, 2, 3, 6",
+        ),
+    ],
+)
 def test_convert_checks_every_option(tmp_path, args, message):
     result = run("convert", VIT_FILE, *args, "--out", tmp_path / "out.safetensors")
     refused(result, message)
@@ -237,18 +294,31 @@ def test_convert_checks_every_option(tmp_path, args, message):
 @pytest.mark.slow
 def test_convert_saves_what_dgqa_used(tmp_path):
     out = tmp_path / "dgqa.safetensors"
-    assert run("convert", VIT_FILE, "-a", "dgqa", "-k", "2", "--window", "7", "--alpha", "0.25", "-o", out).exit_code == 0
+    assert (
+        run("convert", VIT_FILE, "-a", "dgqa", "-k", "2", "--window", "7", "--alpha", "0.25", "-o", out).exit_code == 0
+    )
     metadata = read_params(out)[1]
     assert {k: metadata[k] for k in metadata if k.startswith("graphkit_")} == {
-        "graphkit_attention": "dgqa", "graphkit_kv_heads": "2", "graphkit_window": "7", "graphkit_evolution": "ema",
-        "graphkit_alpha": "0.25"}
+        "graphkit_attention": "dgqa",
+        "graphkit_kv_heads": "2",
+        "graphkit_window": "7",
+        "graphkit_evolution": "ema",
+        "graphkit_alpha": "0.25",
+    }
     assert run("convert", VIT_FILE, "-a", "dgqa", "--evolution", "difference", "-o", out).exit_code == 0
     metadata = read_params(out)[1]
-    assert (metadata["graphkit_kv_heads"], metadata["graphkit_window"], metadata["graphkit_evolution"]) == ("6", "300", "difference")
+    assert (metadata["graphkit_kv_heads"], metadata["graphkit_window"], metadata["graphkit_evolution"]) == (
+        "6",
+        "300",
+        "difference",
+    )
     assert "graphkit_alpha" not in metadata
     assert run("convert", VIT_FILE, "-a", "pgqa", "-k", "3", "-o", out).exit_code == 0
     metadata = read_params(out)[1]
-    assert (metadata["graphkit_attention"], metadata["graphkit_kv_heads"]) == ("pgqa", "3") and "graphkit_window" not in metadata
+    assert (metadata["graphkit_attention"], metadata["graphkit_kv_heads"]) == (
+        "pgqa",
+        "3",
+    ) and "graphkit_window" not in metadata
 
 
 @pytest.mark.slow
@@ -259,8 +329,10 @@ def test_convert_refuses_an_output_that_is_a_folder_or_not_ours(tmp_path):
     assert listing(folder) == {}
     model_file = tmp_path / "model.py"
     model_file.write_text(VIT_FILE.read_text())
-    refused(run("convert", model_file, "-a", "gqa", "-o", model_file),
-            f"--out {model_file}: is a Python file name; graphkit never writes over model sources")
+    refused(
+        run("convert", model_file, "-a", "gqa", "-o", model_file),
+        f"--out {model_file}: is a Python file name; graphkit never writes over model sources",
+    )
     assert model_file.read_text() == VIT_FILE.read_text()
 
 
@@ -269,10 +341,12 @@ def test_the_library_convert_refuses_options_its_variant_ignores():
 
     model = build_model(dict(family="vit", num_layers=1, hidden=32, heads=2, image_size=8, patch_size=4), device="cpu")
     before = {n: p.clone() for n, p in model.state_dict().items()}
-    for variant, options, message in [("gqa", dict(window=5), "window applies only to dgqa, not gqa"),
-                                      ("dgqa", dict(alpha=math.inf), "alpha inf: must be a number in"),
-                                      ("dgqa", dict(window=2.5), "window 2.5: must be a whole number"),
-                                      ("dgqa", dict(windw=5), "unknown attention option 'windw'; accepted: window,")]:
+    for variant, options, message in [
+        ("gqa", dict(window=5), "window applies only to dgqa, not gqa"),
+        ("dgqa", dict(alpha=math.inf), "alpha inf: must be a number in"),
+        ("dgqa", dict(window=2.5), "window 2.5: must be a whole number"),
+        ("dgqa", dict(windw=5), "unknown attention option 'windw'; accepted: window,"),
+    ]:
         with pytest.raises(ConvertError, match=message):
             convert(model, variant, 1, **options)
     after = model.state_dict()
@@ -280,11 +354,17 @@ def test_the_library_convert_refuses_options_its_variant_ignores():
 
 
 # -- MODEL.py ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("source,message", [
-    ("import sys\nsys.exit(3)\n", "{path}:2: running the file called sys.exit(3)"),
-    ("import sys\n\ndef build_model():\n    sys.exit('no GPU')\n", "{path}:4: build_model() called sys.exit('no GPU')"),
-    ("exit()\n", "{path}:1: running the file called sys.exit()"),
-])
+@pytest.mark.parametrize(
+    "source,message",
+    [
+        ("import sys\nsys.exit(3)\n", "{path}:2: running the file called sys.exit(3)"),
+        (
+            "import sys\n\ndef build_model():\n    sys.exit('no GPU')\n",
+            "{path}:4: build_model() called sys.exit('no GPU')",
+        ),
+        ("exit()\n", "{path}:1: running the file called sys.exit()"),
+    ],
+)
 def test_a_model_file_that_exits_is_an_error(tmp_path, source, message):
     path = tmp_path / "MODEL.py"
     path.write_text(source)
@@ -304,7 +384,9 @@ def test_ctrl_c_in_a_model_file_still_interrupts(tmp_path):
 def test_predict_checks_its_output_before_predicting(tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
-    refused(run("predict", ROOT / "examples" / "gpt2.py", "-o", folder), f"--out {folder}: is a folder; give a file name")
+    refused(
+        run("predict", ROOT / "examples" / "gpt2.py", "-o", folder), f"--out {folder}: is a folder; give a file name"
+    )
     assert listing(folder) == {}
 
 
@@ -340,9 +422,9 @@ def test_predict_writes_into_the_models_own_storage(config, decoder):
         ghn.forward = None
     params = predict(model, ghn)
     for name, p in model.named_parameters():
-        assert p.data_ptr() == before[name][0], name                      # the same memory, no new tensor
-        assert not torch.equal(p, before[name][1]), name                  # with new values
-        assert torch.allclose(p, expected[name], atol=1e-6, rtol=1e-4), name   # the values forward() gives
+        assert p.data_ptr() == before[name][0], name  # the same memory, no new tensor
+        assert not torch.equal(p, before[name][1]), name  # with new values
+        assert torch.allclose(p, expected[name], atol=1e-6, rtol=1e-4), name  # the values forward() gives
         assert params[name].data_ptr() == p.data_ptr()
     if config is GPT:
         assert model.lm_head.weight is model.transformer.wte.weight
@@ -375,11 +457,15 @@ def test_predict_into_a_half_precision_model_casts_in_place():
     assert torch.isfinite(model.float()(torch.randn(2, 3, 8, 8))).all()
 
 
-@pytest.mark.parametrize("poison", [
-    lambda ghn: ghn.encoder.norm.bias.fill_(float("nan")),               # NaN everywhere
-    lambda ghn: ghn.decoder.low_rank.weight[5].fill_(float("inf")),       # Inf in some blocks only
-    lambda ghn: ghn.decoder.low_rank.weight.mul_(1e16),                   # finite factors whose products would overflow
-], ids=["nan", "inf", "overflow"])
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda ghn: ghn.encoder.norm.bias.fill_(float("nan")),  # NaN everywhere
+        lambda ghn: ghn.decoder.low_rank.weight[5].fill_(float("inf")),  # Inf in some blocks only
+        lambda ghn: ghn.decoder.low_rank.weight.mul_(1e16),  # finite factors whose products would overflow
+    ],
+    ids=["nan", "inf", "overflow"],
+)
 @pytest.mark.parametrize("build", ["cpu", "meta"])
 def test_a_bad_prediction_leaves_the_model_unchanged(poison, build):
     from graphkit.ghn import PredictError, predict
@@ -402,7 +488,9 @@ def test_predict_refuses_a_graph_of_another_model():
     model = build_model(VIT, device="cpu")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     other = graphkit.trace(build_model(dict(VIT, hidden=64)))
-    with pytest.raises(ParamsError, match=r"VisionTransformer: parameter '[\w.]+' has shape \[64\] but the model expects \[32\]"):
+    with pytest.raises(
+        ParamsError, match=r"VisionTransformer: parameter '[\w.]+' has shape \[64\] but the model expects \[32\]"
+    ):
         predict(model, small_chunks(), graph=other)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
@@ -417,7 +505,9 @@ def test_predict_counts_only_what_it_allocates():
     half = build_model(GPT, device="cpu").half()  # decoded through one float32 buffer the size of its largest parameter
     largest = 4 * max(p.numel() for p in half.parameters())
     before = {n: p.clone() for n, p in half.state_dict().items()}
-    with pytest.raises(PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0\.00 GB but 0\.00 GB"):
+    with pytest.raises(
+        PredictError, match=r"GPT2LMHeadModel: its [\d,]+ predicted parameters need 0\.00 GB but 0\.00 GB"
+    ):
         predict(half, ghn, graph=graph, memory_limit=largest - 1)
     assert all(torch.equal(p, before[n]) for n, p in half.state_dict().items())
     predict(half, ghn, graph=graph, memory_limit=largest)

@@ -15,12 +15,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ON_EVERY_DEVICE
 from typer.testing import CliRunner
 
-from conftest import ON_EVERY_DEVICE
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
-from graphkit.ghn import CheckpointError, DataError, LoGAH, LoGAHConfig, TrainConfig, TrainError, load_checkpoint, save_checkpoint, train
+from graphkit.ghn import (
+    CheckpointError,
+    DataError,
+    LoGAH,
+    LoGAHConfig,
+    TrainConfig,
+    TrainError,
+    load_checkpoint,
+    save_checkpoint,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -34,8 +44,10 @@ def run(*args):
 
 def listing(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` with its content's hash: equal listings, nothing written or lost."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,32 +68,40 @@ def trained(gpts, tmp_path_factory):
 
 # -- options are checked where they enter ---------------------------------------------------------
 
-NO_GPU = [] if torch.cuda.is_available() else [("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")]
+NO_GPU = (
+    []
+    if torch.cuda.is_available()
+    else [("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")]
+)
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("--steps", "0", "steps must be an integer >= 1; got 0"),
-    ("--steps", "-3", "steps must be an integer >= 1; got -3"),
-    ("--checkpoint-every", "0", "checkpoint-every must be an integer >= 1; got 0"),
-    ("--log-every", "0", "log-every must be an integer >= 1; got 0"),
-    ("--meta-batch", "0", "meta-batch must be an integer >= 1; got 0"),
-    ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
-    ("--seq-len", "0", "seq-len must be an integer >= 1; got 0"),
-    ("--lr", "nan", "lr must be a positive number; got nan"),
-    ("--lr", "-0.1", "lr must be a positive number; got -0.1"),
-    ("--weight-decay", "-1", "weight-decay must be a number >= 0; got -1.0"),
-    ("--gamma", "nan", "gamma must be a number >= 0; got nan"),
-    ("--clip", "0", "clip must be a positive number; got 0.0"),
-    ("--clip", "inf", "clip must be a positive number; got inf"),
-    ("--lr-fan-in", "0", "lr-fan-in must be a positive number; got 0.0"),
-    ("--lr-fan-in", "nan", "lr-fan-in must be a positive number; got nan"),
-    ("--seed", "-1", "seed must be an integer from 0 to 4294967295; got -1"),
-    ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
-    ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
-    ("--variant", "huge", "unknown LoGAH variant 'huge'; known: tiny, small, base, large"),
-    ("--decoder", "dense", "unknown decoder 'dense'; accepted: low_rank, ghn3"),
-    ("--depth-buckets", "-1", "depth-buckets must be an integer >= 0; got -1"),
-] + NO_GPU)
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--steps", "0", "steps must be an integer >= 1; got 0"),
+        ("--steps", "-3", "steps must be an integer >= 1; got -3"),
+        ("--checkpoint-every", "0", "checkpoint-every must be an integer >= 1; got 0"),
+        ("--log-every", "0", "log-every must be an integer >= 1; got 0"),
+        ("--meta-batch", "0", "meta-batch must be an integer >= 1; got 0"),
+        ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
+        ("--seq-len", "0", "seq-len must be an integer >= 1; got 0"),
+        ("--lr", "nan", "lr must be a positive number; got nan"),
+        ("--lr", "-0.1", "lr must be a positive number; got -0.1"),
+        ("--weight-decay", "-1", "weight-decay must be a number >= 0; got -1.0"),
+        ("--gamma", "nan", "gamma must be a number >= 0; got nan"),
+        ("--clip", "0", "clip must be a positive number; got 0.0"),
+        ("--clip", "inf", "clip must be a positive number; got inf"),
+        ("--lr-fan-in", "0", "lr-fan-in must be a positive number; got 0.0"),
+        ("--lr-fan-in", "nan", "lr-fan-in must be a positive number; got nan"),
+        ("--seed", "-1", "seed must be an integer from 0 to 4294967295; got -1"),
+        ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
+        ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
+        ("--variant", "huge", "unknown LoGAH variant 'huge'; known: tiny, small, base, large"),
+        ("--decoder", "dense", "unknown decoder 'dense'; accepted: low_rank, ghn3"),
+        ("--depth-buckets", "-1", "depth-buckets must be an integer >= 0; got -1"),
+    ]
+    + NO_GPU,
+)
 @pytest.mark.slow
 def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
     result = run("train-ghn", "--dataset", gpts, "--out", tmp_path / "run", option, value)
@@ -90,12 +110,20 @@ def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, v
 
 
 @pytest.mark.parametrize("command", ["train-ghn", "eval-ghn"])
-@pytest.mark.parametrize("value, message", [
-    ("tpu", "unknown device 'tpu'; accepted: cpu, cuda, cuda:N"),
-    *[(device, text) for device, text in (("cuda:7", "device 'cuda:7': no CUDA GPU is available here; use --device cpu"),)
-      if not torch.cuda.is_available()],
-])
-def test_a_bad_graphkit_device_variable_is_refused_before_any_work(command, value, message, gpts, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("tpu", "unknown device 'tpu'; accepted: cpu, cuda, cuda:N"),
+        *[
+            (device, text)
+            for device, text in (("cuda:7", "device 'cuda:7': no CUDA GPU is available here; use --device cpu"),)
+            if not torch.cuda.is_available()
+        ],
+    ],
+)
+def test_a_bad_graphkit_device_variable_is_refused_before_any_work(
+    command, value, message, gpts, tmp_path, monkeypatch
+):
     """$GRAPHKIT_DEVICE stands in for --device and is checked as it is, naming the variable."""
     monkeypatch.setenv("GRAPHKIT_DEVICE", value)
     result = run(command, "--dataset", gpts, "--out", tmp_path / "out", *(TINY if command == "train-ghn" else ()))
@@ -112,12 +140,15 @@ def test_without_the_variable_a_run_picks_the_gpu_if_there_is_one(monkeypatch):
     assert default_device(TrainError) == "cpu"
 
 
-@pytest.mark.parametrize("option, value, message", [  # --steps -2, --archs 0, --batch-size 0: tests/test_ghn_train.py
-    ("--seq-len", "-1", "seq-len must be an integer >= 1; got -1"),
-    ("--lr", "-1", "lr must be a positive number; got -1.0"),
-    ("--seed", "4294967296", "seed must be an integer from 0 to 4294967295; got 4294967296"),
-    ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [  # --steps -2, --archs 0, --batch-size 0: tests/test_ghn_train.py
+        ("--seq-len", "-1", "seq-len must be an integer >= 1; got -1"),
+        ("--lr", "-1", "lr must be a positive number; got -1.0"),
+        ("--seed", "4294967296", "seed must be an integer from 0 to 4294967295; got 4294967296"),
+        ("--device", "meta", "unknown device 'meta'; accepted: cpu, cuda, cuda:N"),
+    ],
+)
 def test_eval_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, value, message):
     result = run("eval-ghn", "--dataset", gpts, "--out", tmp_path / "eval", option, value)
     assert result.exit_code == 1 and result.stderr == f"error: {message}\n", result.output
@@ -126,7 +157,10 @@ def test_eval_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, va
 
 def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(gpts, tmp_path):
     result = run("eval-ghn", "--dataset", gpts, "--out", tmp_path / "eval", "--split", "bogus")
-    assert result.exit_code == 1 and result.stderr == f"error: {gpts}: no records in split 'bogus'; its splits: eval, train\n"
+    assert (
+        result.exit_code == 1
+        and result.stderr == f"error: {gpts}: no records in split 'bogus'; its splits: eval, train\n"
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -136,21 +170,36 @@ def test_eval_json_never_holds_a_bare_nan():
     row = {"id": "a", "loss": float("nan"), "curve": [1.0, float("inf")]}
     text = report_json(EvalConfig(dataset="-"), {"predicted": {"loss": float("nan")}}, [row])
     strict = json.loads(text, parse_constant=lambda name: pytest.fail(f"eval.json holds {name}"))
-    assert strict["rows"][0] == {"id": "a", "loss": None, "curve": [1.0, None]} and strict["summary"]["predicted"]["loss"] is None
+    assert (
+        strict["rows"][0] == {"id": "a", "loss": None, "curve": [1.0, None]}
+        and strict["summary"]["predicted"]["loss"] is None
+    )
 
 
 # -- outputs are checked before the work; "." is a run folder ------------------------------------
 
+
 @pytest.mark.slow
-def test_train_ghn_into_the_current_folder_writes_the_final_model_and_keeps_the_users_files(gpts, tmp_path, monkeypatch):
+def test_train_ghn_into_the_current_folder_writes_the_final_model_and_keeps_the_users_files(
+    gpts, tmp_path, monkeypatch
+):
     project = tmp_path / "project"
     project.mkdir()
     (project / "notes.txt").write_text("mine")
     monkeypatch.chdir(project)
     result = run("train-ghn", "--dataset", gpts, "--out", ".", *TINY)
     assert result.exit_code == 0, result.output
-    assert sorted(os.listdir(project)) == ["checkpoint", "config.json", "metrics.jsonl", "metrics.png", "model.safetensors", "notes.txt"]
-    assert (project / "notes.txt").read_text() == "mine" and os.listdir(tmp_path) == ["project"]  # nothing beside it either
+    assert sorted(os.listdir(project)) == [
+        "checkpoint",
+        "config.json",
+        "metrics.jsonl",
+        "metrics.png",
+        "model.safetensors",
+        "notes.txt",
+    ]
+    assert (project / "notes.txt").read_text() == "mine" and os.listdir(tmp_path) == [
+        "project"
+    ]  # nothing beside it either
     assert load_checkpoint(project).info["steps"] == 2
 
 
@@ -160,7 +209,8 @@ def test_train_ghn_refuses_a_folder_holding_files_of_a_runs_names(gpts, tmp_path
     monkeypatch.chdir(tmp_path)
     result = run("train-ghn", "--dataset", gpts, "--out", ".", *TINY)
     assert result.exit_code == 1 and result.stderr == (
-        "error: --out .: already holds config.json; continue that run with --resume, or choose another --out (nothing was changed)\n")
+        "error: --out .: already holds config.json; continue that run with --resume, or choose another --out (nothing was changed)\n"
+    )
     assert listing(tmp_path) == before
 
 
@@ -175,14 +225,20 @@ def test_train_ghn_refuses_an_out_that_is_a_file(gpts, tmp_path):
 def test_train_ghn_refuses_an_out_in_the_dataset_folder(gpts, inside):
     before = listing(gpts)
     result = run("train-ghn", "--dataset", gpts, "--out", gpts / inside, *TINY)
-    assert result.exit_code == 1 and result.stderr == f"error: --out {gpts / inside}: lies in the dataset folder {gpts}; choose another --out\n"
+    assert (
+        result.exit_code == 1
+        and result.stderr == f"error: --out {gpts / inside}: lies in the dataset folder {gpts}; choose another --out\n"
+    )
     assert listing(gpts) == before
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda out: out.write_text("mine"), "--out {out}: is a file, not a folder"),
-    (lambda out: (out / "eval.json").mkdir(parents=True), "--out {out}/eval.json: is a folder; give a file name"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda out: out.write_text("mine"), "--out {out}: is a file, not a folder"),
+        (lambda out: (out / "eval.json").mkdir(parents=True), "--out {out}/eval.json: is a folder; give a file name"),
+    ],
+)
 def test_eval_ghn_checks_its_output_before_evaluating(gpts, tmp_path, monkeypatch, make, message):
     import graphkit.ghn.evaluate as evaluate_module
 
@@ -197,26 +253,41 @@ def test_eval_ghn_checks_its_output_before_evaluating(gpts, tmp_path, monkeypatc
 
 # -- a resume repeats the run it continues ----------------------------------------------------------
 
+
 def copy_of(run_folder: Path, tmp_path: Path) -> Path:
     import shutil
 
     return Path(shutil.copytree(run_folder, tmp_path / "run"))
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--lr", "0.001"), "was trained with --lr 0.0003, not 0.001"),
-    (("--seed", "7"), "was trained with --seed 0, not 7"),
-    (("--data", "text:{readme}"), "was trained with --data stdlib-text, not text:{readme}"),
-    (("--batch-size", "4"), "was trained with --batch-size 2, not 4"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--lr", "0.001"), "was trained with --lr 0.0003, not 0.001"),
+        (("--seed", "7"), "was trained with --seed 0, not 7"),
+        (("--data", "text:{readme}"), "was trained with --data stdlib-text, not text:{readme}"),
+        (("--batch-size", "4"), "was trained with --batch-size 2, not 4"),
+    ],
+)
 @pytest.mark.slow
 def test_a_resume_with_other_options_is_refused_and_nothing_changes(gpts, trained, tmp_path, extra, message):
     out = copy_of(trained, tmp_path)
     before = listing(out)
-    result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY, *(e.format(readme=ROOT / "README.md") for e in extra))
+    result = run(
+        "train-ghn",
+        "--dataset",
+        gpts,
+        "--out",
+        out,
+        "--resume",
+        *TINY,
+        *(e.format(readme=ROOT / "README.md") for e in extra),
+    )
     assert result.exit_code == 1, result.output
-    assert result.stderr == (f"error: --resume: {out} {message.format(readme=ROOT / 'README.md')}; resume with the run's "
-                             "options, or train into another --out\n")
+    assert result.stderr == (
+        f"error: --resume: {out} {message.format(readme=ROOT / 'README.md')}; resume with the run's "
+        "options, or train into another --out\n"
+    )
     assert listing(out) == before
 
 
@@ -230,7 +301,8 @@ def test_a_resume_over_another_dataset_or_below_the_steps_done_is_refused(gpts, 
     assert result.exit_code == 1 and f"was trained with --dataset {gpts}, not {other}" in result.stderr
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY, "--steps", "1")
     assert result.exit_code == 1 and result.stderr == (
-        f"error: --steps 1: {out} has already trained 2 steps; resume with --steps 2 or more\n")
+        f"error: --steps 1: {out} has already trained 2 steps; resume with --steps 2 or more\n"
+    )
     assert listing(out) == before
 
 
@@ -240,7 +312,8 @@ def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_
     result = run("train-ghn", "--dataset", gpts, "--out", out, *TINY)
     assert result.exit_code == 1 and result.stderr == (
         f"error: --out {out}: already holds model.safetensors; continue that run with --resume, or choose another --out "
-        "(nothing was changed)\n")
+        "(nothing was changed)\n"
+    )
     assert listing(out) == before
 
 
@@ -252,8 +325,18 @@ def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(device, gpts, tm
     import graphkit.ghn.training as training
 
     def config(out):
-        return TrainConfig(dataset=str(gpts), out=str(out), meta_batch=2, batch_size=2, seq_len=8, steps=5,
-                           checkpoint_every=2, log_every=1, device=device, deterministic=device != "cpu")
+        return TrainConfig(
+            dataset=str(gpts),
+            out=str(out),
+            meta_batch=2,
+            batch_size=2,
+            seq_len=8,
+            steps=5,
+            checkpoint_every=2,
+            log_every=1,
+            device=device,
+            deterministic=device != "cpu",
+        )
 
     train(config(tmp_path / "straight"), progress=False)
     original, calls = training.run_models, []
@@ -280,10 +363,14 @@ def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(device, gpts, tm
 
 # -- checkpoints are checked before they are allocated ---------------------------------------------
 
+
 @pytest.fixture
 def checkpoint(tmp_path) -> Path:
-    return save_checkpoint(tmp_path / "ckpt", LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096)),
-                           {"variant": "custom"})
+    return save_checkpoint(
+        tmp_path / "ckpt",
+        LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096)),
+        {"variant": "custom"},
+    )
 
 
 def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
@@ -295,21 +382,27 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
     assert not (checkpoint.parent / "eval").exists()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden": 200000}, "model.safetensors: does not match its config.json (the file holds"),
-    ({"hidden": "lots"}, "config.json: logah.hidden must be an integer >= 1; got 'lots'"),
-    ({"heads": 0}, "config.json: logah.heads must be an integer >= 1; got 0"),
-    ({"heads": 3}, "config.json: logah.hidden 32 must be a multiple of logah.heads 3"),
-    ({"depth": 3}, "config.json: logah.depth is not a LoGAH setting; known: hidden, layers"),
-    ({"depth_buckets": -1}, "config.json: logah.depth_buckets must be an integer >= 0; got -1"),
-    ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
-    ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
-    ({"roles": "h.attn.c_attn.weight"}, "config.json: logah.roles must be a list of parameter names; got 'h.attn"),
-    ({"roles": ["a.weight", "a.weight"]}, "config.json: logah.roles: roles must be distinct parameter names"),
-    ({"roles": [3]}, "config.json: logah.roles: roles must be distinct parameter names"),
-    ({"roles": ["a.weight"], "decoder": "ghn3"}, "config.json: logah.roles: role maps need the low_rank decoder, not 'ghn3'"),
-    ({"roles": ["a.weight"]}, "model.safetensors: does not match its config.json (the file holds"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden": 200000}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"hidden": "lots"}, "config.json: logah.hidden must be an integer >= 1; got 'lots'"),
+        ({"heads": 0}, "config.json: logah.heads must be an integer >= 1; got 0"),
+        ({"heads": 3}, "config.json: logah.hidden 32 must be a multiple of logah.heads 3"),
+        ({"depth": 3}, "config.json: logah.depth is not a LoGAH setting; known: hidden, layers"),
+        ({"depth_buckets": -1}, "config.json: logah.depth_buckets must be an integer >= 0; got -1"),
+        ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
+        ({"roles": "h.attn.c_attn.weight"}, "config.json: logah.roles must be a list of parameter names; got 'h.attn"),
+        ({"roles": ["a.weight", "a.weight"]}, "config.json: logah.roles: roles must be distinct parameter names"),
+        ({"roles": [3]}, "config.json: logah.roles: roles must be distinct parameter names"),
+        (
+            {"roles": ["a.weight"], "decoder": "ghn3"},
+            "config.json: logah.roles: role maps need the low_rank decoder, not 'ghn3'",
+        ),
+        ({"roles": ["a.weight"]}, "model.safetensors: does not match its config.json (the file holds"),
+    ],
+)
 def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint, monkeypatch, change, message):
     build = LoGAH.__init__
 
@@ -328,7 +421,9 @@ def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint,
 
 def test_a_checkpoint_larger_than_memory_is_refused(checkpoint, monkeypatch):
     monkeypatch.setattr(importlib.import_module("graphkit.params"), "available_memory", lambda device: 1000)
-    with pytest.raises(CheckpointError, match=r"model.safetensors: a LoGAH of [\d,]+ parameters needs 0.00 GB to load but 0.00 GB"):
+    with pytest.raises(
+        CheckpointError, match=r"model.safetensors: a LoGAH of [\d,]+ parameters needs 0.00 GB to load but 0.00 GB"
+    ):
         load_checkpoint(checkpoint)
 
 
@@ -341,10 +436,13 @@ def test_a_damaged_training_checkpoint_is_named_on_resume(gpts, trained, tmp_pat
     assert result.stderr.startswith(f"error: {optimizer}: not a readable safetensors file (")
     (out / "checkpoint" / "trainer_state.json").write_text("{")
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY, "--steps", "3")
-    assert result.exit_code == 1 and result.stderr.startswith(f"error: {out}/checkpoint/trainer_state.json: not a graphkit"), result.output
+    assert result.exit_code == 1 and result.stderr.startswith(
+        f"error: {out}/checkpoint/trainer_state.json: not a graphkit"
+    ), result.output
 
 
 # -- CIFAR folders are read without running code ---------------------------------------------------
+
 
 class RunsAShellCommand:
     """What a crafted pickle holds: unpickling it calls os.system."""
@@ -366,7 +464,9 @@ def write_cifar10(root: Path, protocol: int, data_batch_1=None) -> Path:
         (folder / name).write_bytes(pickle.dumps(batch, protocol=protocol))
     if data_batch_1 is not None:
         (folder / "data_batch_1").write_bytes(pickle.dumps(data_batch_1, protocol=protocol))
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=protocol))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=protocol)
+    )
     return folder
 
 
@@ -378,7 +478,9 @@ def test_a_genuine_cifar_folder_loads(tmp_path, protocol):
     source = load_source(f"cifar10:{folder}")
     assert source.describe() == f"cifar10:{folder}: 10 train / 2 eval images, 10 classes, 32x32x3"
     images, labels = source.splits["train"]
-    assert images.shape == (10, 3, 32, 32) and images[2].eq(10).all() and labels.tolist() == [0, 9, 1, 8, 2, 7, 3, 6, 4, 5]
+    assert (
+        images.shape == (10, 3, 32, 32) and images[2].eq(10).all() and labels.tolist() == [0, 9, 1, 8, 2, 7, 3, 6, 4, 5]
+    )
 
 
 @pytest.mark.parametrize("command", ["train-ghn", "eval-ghn"])
@@ -390,16 +492,23 @@ def test_a_crafted_cifar_batch_is_refused_without_running_its_code(gpts, tmp_pat
     assert not marker.exists()
     assert result.exit_code == 1 and result.stderr == (
         f"error: {folder / 'data_batch_1'}: names posix.system, which a CIFAR batch never holds; refused without running it "
-        "(accepted: numpy arrays, lists, dicts, strings and numbers)\n"), result.output
+        "(accepted: numpy arrays, lists, dicts, strings and numbers)\n"
+    ), result.output
     assert listing(tmp_path) == before
 
 
-@pytest.mark.parametrize("batch, message", [
-    ({"labels": [0, 1]}, "'data' must be a uint8 array of N rows of 3072 pixels"),
-    ({"data": np.zeros((2, 3072), np.float32), "labels": [0, 1]}, "'data' must be a uint8 array"),
-    ({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}, "'labels' must list 2 labels from 0 to 9, one per image"),
-    ([1, 2], "not a CIFAR pickle (holds a list, not a dict)"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        ({"labels": [0, 1]}, "'data' must be a uint8 array of N rows of 3072 pixels"),
+        ({"data": np.zeros((2, 3072), np.float32), "labels": [0, 1]}, "'data' must be a uint8 array"),
+        (
+            {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]},
+            "'labels' must list 2 labels from 0 to 9, one per image",
+        ),
+        ([1, 2], "not a CIFAR pickle (holds a list, not a dict)"),
+    ],
+)
 def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
     from graphkit.ghn.data import load_source
 
@@ -411,24 +520,34 @@ def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
 
 # -- an error is the first line of stderr ------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [
-    ["predict", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--ghn", "{tmp}/nowhere"],
-    ["train-ghn", "--dataset", "{gpts}", "--out", "{tmp}/run", "--data", "digits"],
-    ["eval-ghn", "--dataset", "{gpts}", "--ghn", "{tmp}/nowhere", "--out", "{tmp}/eval"],
-])
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["predict", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--ghn", "{tmp}/nowhere"],
+        ["train-ghn", "--dataset", "{gpts}", "--out", "{tmp}/run", "--data", "digits"],
+        ["eval-ghn", "--dataset", "{gpts}", "--ghn", "{tmp}/nowhere", "--out", "{tmp}/eval"],
+    ],
+)
 @pytest.mark.slow
 def test_an_error_is_the_first_line_of_stderr(gpts, tmp_path, command):
     """torch_geometric's import scripts a function with torch.jit.script, whose FutureWarning came
     first on every predict, train-ghn and eval-ghn while ghn/model.py imported it; these commands
     must not import it (or anything else that warns) on their way to an error."""
     args = [part.format(tmp=tmp_path, gpts=gpts) for part in command]
-    result = subprocess.run([sys.executable, "-W", "default", "-m", "graphkit", *args], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "graphkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 1 and result.stderr.startswith("error: "), result.stderr
     assert len(result.stderr.splitlines()) == 1 and "Warning" not in result.stderr
 
 
 # -- failures mid-run are named, and stop before they damage the weights ---------------------------
+
 
 def test_a_damaged_image_is_named_when_a_batch_reaches_it(tmp_path):
     from PIL import Image
@@ -441,7 +560,10 @@ def test_a_damaged_image_is_named_when_a_batch_reaches_it(tmp_path):
     (tmp_path / "blue" / "0.png").write_bytes(b"not a png")
     source = load_source(f"imagefolder:{tmp_path}")
     config = {"family": "vit", "image_size": 8, "in_chans": 3, "num_classes": 2}
-    with pytest.raises(DataError, match=rf"imagefolder:{tmp_path}: cannot read the image {tmp_path}/blue/0.png \(UnidentifiedImageError"):
+    with pytest.raises(
+        DataError,
+        match=rf"imagefolder:{tmp_path}: cannot read the image {tmp_path}/blue/0.png \(UnidentifiedImageError",
+    ):
         for split in ("train", "eval"):  # one image each: one of them is the damaged one
             source.batch(config, 4, torch.Generator().manual_seed(0), split=split)
 
@@ -465,9 +587,13 @@ def test_a_non_finite_gradient_stops_training_before_the_weights_change(gpts, tm
 
     clip = training.nn.utils.clip_grad_norm_
     monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", lambda params, limit: clip(params, limit) * float("nan"))
-    with pytest.raises(training.TrainError, match=r"step 0: the gradient norm is nan; resume from .*checkpoint with a lower --lr"):
-        train(TrainConfig(dataset=str(gpts), out=str(tmp_path / "run"), meta_batch=1, batch_size=2, seq_len=8, steps=2),
-              progress=False)
+    with pytest.raises(
+        training.TrainError, match=r"step 0: the gradient norm is nan; resume from .*checkpoint with a lower --lr"
+    ):
+        train(
+            TrainConfig(dataset=str(gpts), out=str(tmp_path / "run"), meta_batch=1, batch_size=2, seq_len=8, steps=2),
+            progress=False,
+        )
     assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint of NaN weights
 
 
@@ -479,7 +605,8 @@ def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_p
     before = listing(out)
     result = run("train-ghn", "--dataset", gpts, "--out", out, "--resume", *TINY, "--steps", "3")
     assert result.exit_code == 1 and result.stderr == (
-        f"error: --resume: {out} was trained by 2 processes, not 1; resume it with 2 processes\n")
+        f"error: --resume: {out} was trained by 2 processes, not 1; resume it with 2 processes\n"
+    )
     assert listing(out) == before
 
 
@@ -492,10 +619,27 @@ def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, t
 
     ghn = copy_of(trained, tmp_path)
     monkeypatch.setattr(checkpoint_module, "write_text_atomic", read_only)
-    result = run("eval-ghn", "--dataset", gpts, "--ghn", ghn, "--out", tmp_path / "eval", "--archs", "1", "--steps", "1",
-                 "--batch-size", "2", "--seq-len", "8", "--record")
+    result = run(
+        "eval-ghn",
+        "--dataset",
+        gpts,
+        "--ghn",
+        ghn,
+        "--out",
+        tmp_path / "eval",
+        "--archs",
+        "1",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--record",
+    )
     assert result.exit_code == 1 and result.stderr == (
-        f"error: {ghn}/config.json: cannot record the evaluation there (Permission denied)\n"), result.output
+        f"error: {ghn}/config.json: cannot record the evaluation there (Permission denied)\n"
+    ), result.output
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["summary"]["archs"] == 1
 
 
@@ -503,6 +647,9 @@ def test_a_damaged_evaluation_record_still_describes_the_checkpoint(checkpoint):
     from graphkit.ghn.checkpoint import describe
 
     config = json.loads((checkpoint / "config.json").read_text())
-    (checkpoint / "config.json").write_text(json.dumps({**config, "evaluation": {"archs": 8, "predicted_alone": "high"}}))
+    (checkpoint / "config.json").write_text(
+        json.dumps({**config, "evaluation": {"archs": 8, "predicted_alone": "high"}})
+    )
     assert describe(load_checkpoint(checkpoint)).endswith(
-        "; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)")
+        "; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"
+    )

@@ -10,7 +10,14 @@ import pytest
 
 import graphkit
 from graphkit.datasets.store import (
-    METADATA_COLUMNS, SCHEMA, StoreError, graph_to_row, open_shard, read_rows, row_to_graph, write_shard,
+    METADATA_COLUMNS,
+    SCHEMA,
+    StoreError,
+    graph_to_row,
+    open_shard,
+    read_rows,
+    row_to_graph,
+    write_shard,
 )
 from graphkit.families import build_model, resolve_config
 
@@ -86,7 +93,26 @@ def test_bad_files_give_one_line_errors(rows, tmp_path):
 
 
 def test_schema_has_the_documented_columns():
-    for column in ("id", "family", "split", "num_params", "num_layers", "hidden", "heads", "kv_heads", "attention",
-                   "mlp", "num_nodes", "num_edges", "fingerprint", "config", "node_op", "node_name",
-                   "node_param_names", "node_param_shapes", "edge_src", "edge_dst"):
+    for column in (
+        "id",
+        "family",
+        "split",
+        "num_params",
+        "num_layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "attention",
+        "mlp",
+        "num_nodes",
+        "num_edges",
+        "fingerprint",
+        "config",
+        "node_op",
+        "node_name",
+        "node_param_names",
+        "node_param_shapes",
+        "edge_src",
+        "edge_dst",
+    ):
         assert column in SCHEMA.names

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from conftest import MODEL_FILES, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
+from torch import nn
 
 import graphkit
 from graphkit import TraceError, example_inputs_for
@@ -94,11 +94,16 @@ def test_gpt2_model_without_head():
 def test_hf_llama_attention_layouts(kv_heads, kind):
     graph = graphkit.trace(llama(kv_heads=kv_heads))
     layout = graph.attention_layout()
-    assert layout == [dict(kind=kind, heads=8, kv_heads=kv_heads, head_dim=8, causal=True, window=None, rope=True, layers=3)]
+    assert layout == [
+        dict(kind=kind, heads=8, kv_heads=kv_heads, head_dim=8, causal=True, window=None, rope=True, layers=3)
+    ]
     ops = graph.op_counts()
     assert ops["rms_norm"] == 7 and ops["silu"] == 3 and ops["mul"] == 3  # SwiGLU gate
     assert ops["rotary_embedding"] == 1
-    assert owner(graph, "model.layers.2.self_attn.k_proj.weight").params["model.layers.2.self_attn.k_proj.weight"] == (kv_heads * 8, 64)
+    assert owner(graph, "model.layers.2.self_attn.k_proj.weight").params["model.layers.2.self_attn.k_proj.weight"] == (
+        kv_heads * 8,
+        64,
+    )
 
 
 def test_hf_mistral_sliding_window():
@@ -125,8 +130,12 @@ def graphkit_root():
 
 @pytest.mark.parametrize(
     "build",
-    [lambda: gpt2(layers=4), lambda: llama(layers=4), lambda: mistral(layers=4),
-     lambda: timm_vit("vit_tiny_patch16_224", depth=5)],
+    [
+        lambda: gpt2(layers=4),
+        lambda: llama(layers=4),
+        lambda: mistral(layers=4),
+        lambda: timm_vit("vit_tiny_patch16_224", depth=5),
+    ],
     ids=["gpt2", "llama", "mistral", "vit"],
 )
 @pytest.mark.slow
@@ -165,7 +174,11 @@ def test_exotic_ops(exotic_graph):
     attn = attention_nodes(exotic_graph)[0]
     assert attn.attrs["alibi"] and attn.attrs["causal"]  # eager softmax with a tril mask
     assert next(n for n in exotic_graph.nodes if n.op == "softcap").attrs["cap"] == 30.0
-    assert next(n for n in exotic_graph.nodes if n.op == "moe").attrs == {"num_experts": 4, "top_k": 2, "intermediate_size": 32}
+    assert next(n for n in exotic_graph.nodes if n.op == "moe").attrs == {
+        "num_experts": 4,
+        "top_k": 2,
+        "intermediate_size": 32,
+    }
 
 
 def test_example_inputs_are_built_for_images_and_token_ids():
@@ -183,20 +196,28 @@ def test_model_without_guessable_inputs():
 
 def test_forward_that_raises_names_the_module():
     loaded = load_model_file(MODEL_FILES / "forward_raises.py")
-    with pytest.raises(TraceError, match=r"Net\.forward raised RuntimeError in module 'fc' \(Linear\) at forward_raises.py:11: a and b must have same reduction dim"):
+    with pytest.raises(
+        TraceError,
+        match=r"Net\.forward raised RuntimeError in module 'fc' \(Linear\) at forward_raises.py:11: a and b must have same reduction dim",
+    ):
         graphkit.trace(loaded.model, loaded.example_inputs)
 
 
 def test_data_dependent_control_flow_is_a_clear_error():
     loaded = load_model_file(MODEL_FILES / "data_dependent.py")
-    with pytest.raises(TraceError, match="cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"):
+    with pytest.raises(
+        TraceError, match="cannot export Gate: data-dependent control flow in Gate.forward at data_dependent.py:12"
+    ):
         graphkit.trace(loaded.model, loaded.example_inputs)
 
 
 def test_an_unused_parameter_is_named_as_unused():
     loaded = load_model_file(MODEL_FILES / "unused_param.py")
-    with pytest.raises(TraceError, match=r"parameter 'unused.weight' is not used by forward with these inputs \(module "
-                                         r"'unused' \(Linear\) never runs\)"):
+    with pytest.raises(
+        TraceError,
+        match=r"parameter 'unused.weight' is not used by forward with these inputs \(module "
+        r"'unused' \(Linear\) never runs\)",
+    ):
         graphkit.trace(loaded.model, loaded.example_inputs)
 
 
@@ -211,7 +232,7 @@ class RootPositionsLM(nn.Module):
         self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.head(self.ln(self.tok_emb(idx) + self.pos_emb[:, :idx.shape[1]]))
+        return self.head(self.ln(self.tok_emb(idx) + self.pos_emb[:, : idx.shape[1]]))
 
 
 class NestedPositionsLM(nn.Module):
@@ -307,10 +328,13 @@ def test_hand_written_language_model_needs_no_example_inputs(rope, length):
     assert not any(n.op.startswith("other:") for n in graph.nodes)
 
 
-@pytest.mark.parametrize("name,root,consumer", [
-    ("vit_relpos_base_patch16_224", "blocks.0.attn.rel_pos.mlp.fc1", "blocks.0.attn.attention"),
-    ("vit_base_patch16_siglip_224", "attn_pool.q", "attn_pool.attention"),
-])
+@pytest.mark.parametrize(
+    "name,root,consumer",
+    [
+        ("vit_relpos_base_patch16_224", "blocks.0.attn.rel_pos.mlp.fc1", "blocks.0.attn.attention"),
+        ("vit_base_patch16_siglip_224", "attn_pool.q", "attn_pool.attention"),
+    ],
+)
 def test_subgraphs_rooted_at_parameters_or_buffers(name, root, consumer):
     """A relative-position MLP over a coordinate buffer and a pooling head's learned query are
     architecture: kept, owning their parameters, feeding their attention, with no input edge."""
@@ -333,8 +357,14 @@ def test_in_place_aten_ops_map_to_their_out_of_place_op():
     """Falcon's parallel block adds attention and MLP outputs in place (aten.add_)."""
     from transformers import FalconConfig, FalconForCausalLM
 
-    config = FalconConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          new_decoder_architecture=False, parallel_attn=True)
+    config = FalconConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        new_decoder_architecture=False,
+        parallel_attn=True,
+    )
     graph = graphkit.trace(meta(lambda: FalconForCausalLM(config)))
     assert_golden_fingerprint("falcon_parallel", graph)
     counts = graph.op_counts()
@@ -358,8 +388,9 @@ def test_the_tracer_is_one_package_whose_modules_import_by_their_dotted_path():
         graphkit.nothing  # noqa: B018
 
 
-@pytest.mark.parametrize("build", [lambda: gpt2(), lambda: llama(kv_heads=2), lambda: mistral(window=16)],
-                         ids=["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize(
+    "build", [lambda: gpt2(), lambda: llama(kv_heads=2), lambda: mistral(window=16)], ids=["gpt2", "llama", "mistral"]
+)
 def test_pre_norm_residuals_read_the_block_stream_not_the_norm(build):
     """A pre-norm block adds its sublayer to its input. HF's RMSNorm first does x.to(float32), an
     alias on float32 x; the residual read through that alias once made the add read the norm."""

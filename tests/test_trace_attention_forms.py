@@ -36,8 +36,15 @@ def cait(depth=24, **kwargs):
 
 
 def swin(window=7, depths=(2, 2)):
-    return timm_vit("swin_tiny_patch4_window7_224", img_size=56, window_size=window, depths=depths,
-                    num_heads=(2, 4)[:len(depths)], embed_dim=32, num_classes=10)
+    return timm_vit(
+        "swin_tiny_patch4_window7_224",
+        img_size=56,
+        window_size=window,
+        depths=depths,
+        num_heads=(2, 4)[: len(depths)],
+        embed_dim=32,
+        num_classes=10,
+    )
 
 
 def fused(model, on: bool):
@@ -59,13 +66,19 @@ def test_a_24_block_cait_has_26_attention_nodes_owning_the_talking_heads_maps():
     talking, classes = nodes[:24], nodes[24:]
     assert all(flags(n) == {"talking_heads"} for n in talking)
     assert all(flags(n) == {"class_attention"} and not n.params for n in classes)
-    assert set(talking[5].params) == {f"blocks.5.attn.{m}.{p}" for m in ("proj_l", "proj_w") for p in ("weight", "bias")}
-    assert {(n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"], n.attrs["causal"]) for n in nodes} == {(4, 4, 48, False)}
+    assert set(talking[5].params) == {
+        f"blocks.5.attn.{m}.{p}" for m in ("proj_l", "proj_w") for p in ("weight", "bias")
+    }
+    assert {(n.attrs["heads"], n.attrs["kv_heads"], n.attrs["head_dim"], n.attrs["causal"]) for n in nodes} == {
+        (4, 4, 48, False)
+    }
     assert "softmax" not in graph.op_counts()
     # the first class-attention block adds the class token parameter back as its residual: an
     # add reusing the parameter the class_token node owns, not a positional embedding
     residual = next(n for n in graph.nodes if n.name == "blocks_token_only.0.add")
-    assert residual.op == "add" and residual.attrs == {"tied": ["cls_token"]} and graph.op_counts()["pos_embedding"] == 1
+    assert (
+        residual.op == "add" and residual.attrs == {"tied": ["cls_token"]} and graph.op_counts()["pos_embedding"] == 1
+    )
     assert_faithful(graph, model)
 
 
@@ -81,7 +94,10 @@ def test_cait_folds_to_the_full_graph_and_eager_class_attention_matches_sdpa():
 def test_a_pooling_heads_learned_query_is_a_latent_query_not_class_attention():
     """SigLIP's "map" head: one learned query attends over all tokens. Fewer queries than keys
     as in class attention, but the query comes from a parameter, not from the tokens."""
-    for model in (timm_vit("vit_base_patch16_siglip_224", depth=2), fused(timm_vit("vit_base_patch16_siglip_224", depth=2), False)):
+    for model in (
+        timm_vit("vit_base_patch16_siglip_224", depth=2),
+        fused(timm_vit("vit_base_patch16_siglip_224", depth=2), False),
+    ):
         graph = graphkit.trace(model)
         pool = [n for n in attention(graph) if n.module == "attn_pool"]
         assert [flags(n) for n in attention(graph)] == [set(), set(), {"latent_query"}] and len(pool) == 1
@@ -128,8 +144,10 @@ def test_swin_windows_shifts_and_rolls():
     # stage 1 (7x7 tokens) is one window: timm shifts nothing there
     assert [flags(n) for n in nodes] == [set(), {"shifted"}, set(), set()]
     rolls = [n for n in graph.nodes if n.op == "roll"]
-    assert [(n.module, n.attrs) for n in rolls] == [("layers.0.blocks.1", {"shifts": [-3, -3]}),
-                                                    ("layers.0.blocks.1", {"shifts": [3, 3]})]
+    assert [(n.module, n.attrs) for n in rolls] == [
+        ("layers.0.blocks.1", {"shifts": [-3, -3]}),
+        ("layers.0.blocks.1", {"shifts": [3, 3]}),
+    ]
     assert "pad" not in graph.op_counts()  # 14 and 7 tokens need no padding to windows of 7: F.pad by zeros
     assert_faithful(graph, model)
     assert_golden_fingerprint("swin", graph)
@@ -153,7 +171,9 @@ def test_swin_pads_a_grid_that_is_not_a_multiple_of_its_window():
 def test_hugging_face_swin_keeps_its_window_on_the_block():
     from transformers import SwinConfig, SwinModel
 
-    model = meta(lambda: SwinModel(SwinConfig(image_size=56, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=7)))
+    model = meta(
+        lambda: SwinModel(SwinConfig(image_size=56, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=7))
+    )
     graph = graphkit.trace(model)
     nodes = attention(graph)
     assert [n.attrs["window"] for n in nodes] == [[7, 7]] * 4
@@ -201,8 +221,15 @@ def test_drawings_show_the_attention_forms(tmp_path):
 def test_a_parameter_reparametrised_by_ops_on_parameters_alone_belongs_to_its_consumer():
     """SwinV2 clamps and exponentiates its attention's logit scale and (as BEiT and EVA do)
     assembles the qkv bias as cat(q_bias, zeros, v_bias): neither makes a node of its own."""
-    model = timm_vit("swinv2_tiny_window8_256", img_size=64, window_size=8, depths=(2, 2), num_heads=(2, 4),
-                     embed_dim=32, num_classes=10)
+    model = timm_vit(
+        "swinv2_tiny_window8_256",
+        img_size=64,
+        window_size=8,
+        depths=(2, 2),
+        num_heads=(2, 4),
+        embed_dim=32,
+        num_classes=10,
+    )
     graph = graphkit.trace(model)
     by_name = {n.name: n for n in graph.nodes}
     attn = by_name["layers.0.blocks.1.attn.attention"]

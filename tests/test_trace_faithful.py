@@ -53,8 +53,9 @@ class SpelledAttention(nn.Module):
         elif self.spelling == "sdpa bool mask":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if self.causal else None)
         elif self.spelling == "sdpa float mask":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(t, t).masked_fill(~keep, -math.inf)
-                                               if self.causal else None)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=torch.zeros(t, t).masked_fill(~keep, -math.inf) if self.causal else None
+            )
         elif self.spelling == "matmul masked_fill":
             scores = q @ k.transpose(-2, -1) / math.sqrt(d)
             scores = scores.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")) if self.causal else scores
@@ -87,8 +88,15 @@ class TinyLM(nn.Module):
         return self.head(x + self.attn(x))
 
 
-SPELLINGS = ["sdpa is_causal", "sdpa bool mask", "sdpa float mask", "matmul masked_fill", "einsum where",
-             "einsum tokens first", "bmm"]
+SPELLINGS = [
+    "sdpa is_causal",
+    "sdpa bool mask",
+    "sdpa float mask",
+    "matmul masked_fill",
+    "einsum where",
+    "einsum tokens first",
+    "bmm",
+]
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -134,7 +142,9 @@ class MaskBuiltInForward(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         i = torch.arange(idx.shape[1], device=idx.device)
-        mask = torch.zeros(idx.shape[1], idx.shape[1], device=idx.device).masked_fill(i[None, :] > i[:, None], -math.inf)
+        mask = torch.zeros(idx.shape[1], idx.shape[1], device=idx.device).masked_fill(
+            i[None, :] > i[:, None], -math.inf
+        )
         return self.head(self.attn(self.embed(idx), mask))
 
 
@@ -167,8 +177,11 @@ def test_a_mask_built_in_the_models_forward_is_read_on_the_meta_device_too():
 def test_a_mask_buffer_without_values_is_refused_naming_the_module_and_the_buffer():
     with torch.device("meta"):
         model = TinyLM(SpelledAttention("matmul masked_fill", causal=True))
-    with pytest.raises(TraceError, match=r"cannot tell whether the attention in module 'attn' is causal: .*buffer "
-                                         r"'attn.bias' is on the meta device"):
+    with pytest.raises(
+        TraceError,
+        match=r"cannot tell whether the attention in module 'attn' is causal: .*buffer "
+        r"'attn.bias' is on the meta device",
+    ):
         graphkit.trace(model)
 
 
@@ -184,6 +197,7 @@ def test_hugging_face_decoders_are_causal_by_their_masks_with_either_backend():
 
 
 # --- writes through views ---------------------------------------------------------------------
+
 
 class WritesIntoSlices(nn.Module):
     """Two projections written into halves of one tensor, by ``copy_`` into ``new_empty`` (as
@@ -205,7 +219,10 @@ class WritesIntoSlices(nn.Module):
             out[:, 8:] = self.b(x)
         else:
             out = torch.zeros(x.shape[0], 2, 8, device=x.device)
-            out.index_put_((torch.arange(x.shape[0], device=x.device), torch.zeros(x.shape[0], dtype=torch.long, device=x.device)), self.a(x))
+            out.index_put_(
+                (torch.arange(x.shape[0], device=x.device), torch.zeros(x.shape[0], dtype=torch.long, device=x.device)),
+                self.a(x),
+            )
             out[:, 1] = self.b(x)
             out = out.flatten(1)
         return self.head(out)
@@ -223,11 +240,15 @@ def test_deepseek_v3_keys_assembled_by_copies_feed_the_attention():
 
     graph = graphkit.trace(deepseek_v3())
     assert parents(graph, "model.layers.0.self_attn.attention") == [
-        "model.layers.0.self_attn.kv_a_proj_with_mqa", "model.layers.0.self_attn.kv_b_proj",
-        "model.layers.0.self_attn.q_b_proj", "model.rotary_emb"]
+        "model.layers.0.self_attn.kv_a_proj_with_mqa",
+        "model.layers.0.self_attn.kv_b_proj",
+        "model.layers.0.self_attn.q_b_proj",
+        "model.rotary_emb",
+    ]
 
 
 # --- einsum attention is predicted like any other -------------------------------------------
+
 
 class EinsumViT(nn.Module):
     """timm's ViT-Ti/16 whose attention is written with einsum."""
@@ -236,8 +257,9 @@ class EinsumViT(nn.Module):
         super().__init__()
         import timm
 
-        self.vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, depth=2,
-                                     num_classes=10)
+        self.vit = timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, depth=2, num_classes=10
+        )
         for block in self.vit.blocks:
             block.attn.forward = _einsum_forward.__get__(block.attn)
 
@@ -262,6 +284,7 @@ def test_einsum_attention_is_predicted_by_the_bundled_hypernetwork():
 
 # --- parameters the forward never reads ----------------------------------------------------
 
+
 class Branchy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -272,8 +295,11 @@ class Branchy(nn.Module):
 
 
 def test_a_parameter_on_a_branch_not_taken_is_named_as_unused():
-    with pytest.raises(TraceError, match=r"parameter 'b.weight' is not used by forward with these inputs "
-                                         r"\(module 'b' \(Linear\) never runs\): remove it if it is spare, or pass"):
+    with pytest.raises(
+        TraceError,
+        match=r"parameter 'b.weight' is not used by forward with these inputs "
+        r"\(module 'b' \(Linear\) never runs\): remove it if it is spare, or pass",
+    ):
         graphkit.trace(Branchy(), torch.randn(16, 16))
     with pytest.raises(TraceError, match=r"parameter 'a.weight' is not used"):
         graphkit.trace(Branchy(), torch.randn(2, 16))

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_golden_fingerprint
 from torch import nn
 from typer.testing import CliRunner
-from conftest import assert_golden_fingerprint
 
 from graphkit import ArchGraph, trace
 from graphkit.cli import app
 from graphkit.draw import build_scene, layout
 from graphkit.ghn import CheckpointError, load_checkpoint
 from graphkit.ghn.checkpoint import check_graph
-from graphkit.ghn.encoding import EncodingError, encode
 from graphkit.ghn.config import LoGAHConfig
+from graphkit.ghn.encoding import EncodingError, encode
 from graphkit.ops import VOCABULARY_SIZES
 
 transformers = pytest.importorskip("transformers")
@@ -23,8 +23,15 @@ transformers = pytest.importorskip("transformers")
 
 def mixtral(layers: int = 3) -> nn.Module:
     config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     with torch.device("meta"):
         return transformers.MixtralForCausalLM(config)
 
@@ -33,10 +40,25 @@ def deepseek_v3(layers: int = 2) -> nn.Module:
     """A dense first layer, then MoE layers of 8 routed experts in 2 groups (group-limited
     routing: topk over groups, then over experts) and one shared expert."""
     config = transformers.DeepseekV3Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=layers,
-        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
-        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=16,
-        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=layers,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+    )
     with torch.device("meta"):
         return transformers.DeepseekV3ForCausalLM(config)
 
@@ -114,8 +136,11 @@ def test_mixtral_has_one_moe_node_per_layer_owning_router_and_experts():
     moes = moe_nodes(graph)
     assert [n.name for n in moes] == [f"model.layers.{i}.mlp.moe" for i in range(3)]
     assert all(n.attrs == {"num_experts": 4, "top_k": 2, "intermediate_size": 64} for n in moes)
-    assert sorted(moes[0].params) == ["model.layers.0.mlp.experts.down_proj", "model.layers.0.mlp.experts.gate_up_proj",
-                                      "model.layers.0.mlp.gate.weight"]
+    assert sorted(moes[0].params) == [
+        "model.layers.0.mlp.experts.down_proj",
+        "model.layers.0.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.gate.weight",
+    ]
     assert moes[0].params["model.layers.0.mlp.experts.gate_up_proj"] == (4, 128, 32)
     # fed by the post-attention norm, feeding the residual add
     assert parents(graph, "model.layers.0.mlp.moe") == ["model.layers.0.post_attention_layernorm"]
@@ -141,14 +166,19 @@ def test_deepseek_v3_keeps_the_dense_layer_and_the_shared_experts_apart():
     # the expert topk ranks 8 experts, not the 4 of a group nor the 2 groups
     assert moe.name == "model.layers.1.mlp.moe"
     assert moe.attrs == {"num_experts": 8, "top_k": 2, "intermediate_size": 16}
-    assert sorted(moe.params) == ["model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.gate_up_proj",
-                                  "model.layers.1.mlp.gate.weight"]
+    assert sorted(moe.params) == [
+        "model.layers.1.mlp.experts.down_proj",
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.1.mlp.gate.weight",
+    ]
     ops = {node.name: node.op for node in graph.nodes}
     assert ops["model.layers.0.mlp.down_proj"] == "linear"  # layer 0 is dense
     assert ops["model.layers.1.mlp.shared_experts.down_proj"] == "linear"
     # the shared expert runs beside the routed experts and is added to their output
-    assert parents(graph, "model.layers.1.mlp.add") == ["model.layers.1.mlp.moe",
-                                                         "model.layers.1.mlp.shared_experts.down_proj"]
+    assert parents(graph, "model.layers.1.mlp.add") == [
+        "model.layers.1.mlp.moe",
+        "model.layers.1.mlp.shared_experts.down_proj",
+    ]
     assert parents(graph, "model.layers.1.mlp.shared_experts.gate_proj") == parents(graph, "model.layers.1.mlp.moe")
     assert_golden_fingerprint("deepseek_v3", graph)
     assert graph.fingerprint() == trace(deepseek_v3(), fold_repeats=False).fingerprint()
@@ -171,9 +201,17 @@ def test_a_drawing_frames_the_repeated_moe_layers_only():
 
 def test_qwen2_moe_keeps_its_gated_shared_expert_apart():
     config = transformers.Qwen2MoeConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=48, num_experts=6,
-        num_experts_per_tok=2)
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=48,
+        num_experts=6,
+        num_experts_per_tok=2,
+    )
     with torch.device("meta"):
         graph = trace(transformers.Qwen2MoeForCausalLM(config))
     assert not [op for op in graph.op_counts() if op.startswith("other:")]
@@ -191,12 +229,15 @@ def test_a_hand_written_top_k_block_is_one_moe_node():
     moes = moe_nodes(graph)
     assert [n.name for n in moes] == [f"blocks.{i}.moe.moe" for i in range(3)]
     assert all(n.attrs == {"num_experts": 4, "top_k": 2, "intermediate_size": 48} for n in moes)
-    expected = ["blocks.0.moe.router.weight"] + [f"blocks.0.moe.experts.{e}.{fc}.{p}" for e in range(4)
-                                                 for fc in ("fc1", "fc2") for p in ("bias", "weight")]
+    expected = ["blocks.0.moe.router.weight"] + [
+        f"blocks.0.moe.experts.{e}.{fc}.{p}" for e in range(4) for fc in ("fc1", "fc2") for p in ("bias", "weight")
+    ]
     assert sorted(moes[0].params) == sorted(expected)
     # the residual around the block stays an add: the moe node stops where another value comes in
     assert parents(graph, "blocks.0.add") == ["blocks.0.moe.moe", "embed"]
-    assert graph.fingerprint() == trace(TinyMoELM(), fold_repeats=False).fingerprint() == trace(TinyMoELM()).fingerprint()
+    assert (
+        graph.fingerprint() == trace(TinyMoELM(), fold_repeats=False).fingerprint() == trace(TinyMoELM()).fingerprint()
+    )
 
 
 def test_a_single_block_with_many_experts_is_not_folded_over_its_experts():
@@ -222,8 +263,13 @@ class NormedTopKMoE(TopKMoE):
 def test_a_norm_and_a_residual_inside_the_block_stay_their_own_nodes():
     """The norm feeds the router and the experts alike: it is the tokens, not the routing."""
     graph = trace(NormedTopKMoE(8), torch.zeros(2, 4, 8))
-    assert [(n.op, n.name) for n in graph.nodes] == [("input", "input"), ("layer_norm", "norm"), ("moe", "moe"),
-                                                    ("add", "add"), ("output", "output")]
+    assert [(n.op, n.name) for n in graph.nodes] == [
+        ("input", "input"),
+        ("layer_norm", "norm"),
+        ("moe", "moe"),
+        ("add", "add"),
+        ("output", "output"),
+    ]
     assert parents(graph, "moe") == ["norm"] and parents(graph, "add") == ["input", "moe"]
     assert "norm.weight" not in graph.nodes[2].params
 
@@ -240,7 +286,7 @@ class PiecesMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, chosen = self.router(x).topk(self.top_k, dim=-1)
         mask = torch.nn.functional.one_hot(chosen, self.num_experts).to(x.dtype)  # (..., k, experts)
-        gates = (mask * weights.softmax(dim=-1).unsqueeze(-1)).sum(dim=-2)      # the masked sum
+        gates = (mask * weights.softmax(dim=-1).unsqueeze(-1)).sum(dim=-2)  # the masked sum
         return torch.stack([expert(x) for expert in self.experts], dim=-2), gates
 
 
@@ -299,7 +345,8 @@ def test_predict_on_a_mixtral_is_a_one_line_error(tmp_path):
         "config = transformers.MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
         "    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)\n"
         "with torch.device('meta'):\n"
-        "    model = transformers.MixtralForCausalLM(config)\n")
+        "    model = transformers.MixtralForCausalLM(config)\n"
+    )
     result = CliRunner().invoke(app, ["predict", str(model_file), "--ghn", "logah-tiny-gpts"])
     assert result.exit_code == 1
     message = result.stderr.strip()

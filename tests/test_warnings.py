@@ -17,7 +17,9 @@ def test_a_warning_raised_in_graphkit_fails_the_test(category):
         _warn_from("graphkit.ghn.example", category)
 
 
-@pytest.mark.parametrize("module", ["torch.fx.example", "transformers.example", "timm.example", "torch_geometric.example"])
+@pytest.mark.parametrize(
+    "module", ["torch.fx.example", "transformers.example", "timm.example", "torch_geometric.example"]
+)
 def test_the_libraries_deprecation_notes_stay_quiet(module):
     with warnings.catch_warnings(record=True) as caught:
         _warn_from(module, DeprecationWarning)

@@ -8,5 +8,15 @@ from graphkit.attention.allocation import allocate_queries, key_norms, query_gro
 from graphkit.attention.convert import ConvertError, ViTGroupedAttention, convert, mean_pool_heads
 from graphkit.attention.core import VARIANTS, GroupedQueryAttention, kdgqa_index
 
-__all__ = ["GroupedQueryAttention", "VARIANTS", "allocate_queries", "key_norms", "query_groups", "kdgqa_index", "convert",
-           "mean_pool_heads", "ViTGroupedAttention", "ConvertError"]
+__all__ = [
+    "GroupedQueryAttention",
+    "VARIANTS",
+    "allocate_queries",
+    "key_norms",
+    "query_groups",
+    "kdgqa_index",
+    "convert",
+    "mean_pool_heads",
+    "ViTGroupedAttention",
+    "ConvertError",
+]

@@ -39,8 +39,17 @@ class ViTGroupedAttention(nn.Module):
     """timm ViT attention with ``kv_heads`` K/V heads: a fused ``qkv`` projection to
     (heads + 2 kv_heads) * head_dim, a :class:`GroupedQueryAttention` core and ``proj``."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, variant: str = "gqa", *, qkv_bias: bool = True,
-                 proj_bias: bool = True, **variant_options: Any) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        kv_heads: int,
+        variant: str = "gqa",
+        *,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        **variant_options: Any,
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
         self.qkv = nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=qkv_bias)
@@ -49,8 +58,9 @@ class ViTGroupedAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         b, n, _ = x.shape
-        q, k, v = self.qkv(x).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                                     self.kv_heads * self.head_dim], dim=-1)
+        q, k, v = self.qkv(x).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
         q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -61,15 +71,24 @@ class ViTGroupedAttention(nn.Module):
     def from_timm(cls, attn: nn.Module, kv_heads: int, variant: str, **variant_options: Any) -> ViTGroupedAttention:
         """Convert a timm ``Attention`` by mean-pooling its K/V heads."""
         heads, dim = attn.num_heads, attn.qkv.in_features
-        new = cls(dim, heads, kv_heads, variant, qkv_bias=attn.qkv.bias is not None,
-                  proj_bias=attn.proj.bias is not None, **variant_options).to(attn.qkv.weight.device, attn.qkv.weight.dtype)
+        new = cls(
+            dim,
+            heads,
+            kv_heads,
+            variant,
+            qkv_bias=attn.qkv.bias is not None,
+            proj_bias=attn.proj.bias is not None,
+            **variant_options,
+        ).to(attn.qkv.weight.device, attn.qkv.weight.dtype)
         with torch.no_grad():
             for name in ("weight", "bias"):
                 source = getattr(attn.qkv, name)
                 if source is None:
                     continue
                 q, k, v = source.chunk(3, dim=0)
-                getattr(new.qkv, name).copy_(torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]))
+                getattr(new.qkv, name).copy_(
+                    torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)])
+                )
             new.proj.load_state_dict(attn.proj.state_dict())
         return new
 
@@ -81,7 +100,9 @@ def _is_timm(module: nn.Module) -> bool:
 def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
     plain = all(isinstance(getattr(module, n, None), (nn.Identity, type(None))) for n in ("q_norm", "k_norm", "norm"))
     if not plain or getattr(module, "gate", None) is not None:
-        raise ConvertError(f"module '{path}' (timm Attention) uses qk-norm, a scale norm or gating, which convert() does not handle yet")
+        raise ConvertError(
+            f"module '{path}' (timm Attention) uses qk-norm, a scale norm or gating, which convert() does not handle yet"
+        )
     _check_kv(path, module.num_heads, kv_heads)
 
 
@@ -94,8 +115,17 @@ class GPT2GroupedAttention(nn.Module):
     stored (in, out)) projects to (heads + 2 kv_heads) * head_dim; a :class:`GroupedQueryAttention`
     core; ``c_proj``. Same call and return as ``GPT2Attention`` (KV cache included)."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, variant: str = "gqa", *, layer_idx: int | None = None,
-                 resid_pdrop: float = 0.0, **variant_options: Any) -> None:
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        kv_heads: int,
+        variant: str = "gqa",
+        *,
+        layer_idx: int | None = None,
+        resid_pdrop: float = 0.0,
+        **variant_options: Any,
+    ) -> None:
         from transformers.pytorch_utils import Conv1D
 
         super().__init__()
@@ -106,11 +136,17 @@ class GPT2GroupedAttention(nn.Module):
         self.c_proj = Conv1D(dim, dim)
         self.resid_dropout = nn.Dropout(resid_pdrop)
 
-    def forward(self, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: torch.Tensor | None = None,
-                **kwargs: Any) -> tuple[torch.Tensor, None]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        past_key_values: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
         b, n, _ = hidden_states.shape
-        q, k, v = self.c_attn(hidden_states).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
-                                                    self.kv_heads * self.head_dim], dim=2)
+        q, k, v = self.c_attn(hidden_states).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=2
+        )
         q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -123,14 +159,17 @@ class GPT2GroupedAttention(nn.Module):
     def from_hf(cls, attn: nn.Module, kv_heads: int, variant: str, **variant_options: Any) -> GPT2GroupedAttention:
         """Convert a ``GPT2Attention`` by mean-pooling its K/V heads (columns of the Conv1D weight)."""
         heads, dim = attn.num_heads, attn.embed_dim
-        new = cls(dim, heads, kv_heads, variant, layer_idx=attn.layer_idx, resid_pdrop=attn.resid_dropout.p,
-                  **variant_options).to(attn.c_attn.weight.device, attn.c_attn.weight.dtype)
+        new = cls(
+            dim, heads, kv_heads, variant, layer_idx=attn.layer_idx, resid_pdrop=attn.resid_dropout.p, **variant_options
+        ).to(attn.c_attn.weight.device, attn.c_attn.weight.dtype)
         with torch.no_grad():
             q, k, v = attn.c_attn.weight.t().chunk(3, dim=0)
             pooled = [q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]
             new.c_attn.weight.copy_(torch.cat(pooled).t())
             q, k, v = attn.c_attn.bias.chunk(3)
-            new.c_attn.bias.copy_(torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]))
+            new.c_attn.bias.copy_(
+                torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)])
+            )
             new.c_proj.load_state_dict(attn.c_proj.state_dict())
         return new
 
@@ -149,9 +188,16 @@ def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: s
     return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, **options)
 
 
-def _graphkit_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                        **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _graphkit_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Hugging Face attention function "graphkit": the module's variant core on un-repeated K/V."""
     causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
     if attention_mask is not None:
@@ -169,8 +215,10 @@ def _register_hf_attention(path: str) -> None:
     except ImportError as e:
         import transformers
 
-        raise ConvertError(f"module '{path}': converting LLaMA-style attention needs transformers' AttentionInterface "
-                           f"and masking_utils (4.53 or newer); installed: {transformers.__version__} ({e})") from e
+        raise ConvertError(
+            f"module '{path}': converting LLaMA-style attention needs transformers' AttentionInterface "
+            f"and masking_utils (4.53 or newer); installed: {transformers.__version__} ({e})"
+        ) from e
     AttentionInterface.register("graphkit", _graphkit_attention)
     AttentionMaskInterface.register("graphkit", sdpa_mask)  # masks (causal, sliding window) as for SDPA
 
@@ -195,7 +243,9 @@ def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: 
     with torch.no_grad():
         for name in ("k_proj", "v_proj"):
             old = getattr(module, name)
-            new = nn.Linear(old.in_features, kv * module.head_dim, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+            new = nn.Linear(old.in_features, kv * module.head_dim, bias=old.bias is not None).to(
+                old.weight.device, old.weight.dtype
+            )
             new.weight.copy_(mean_pool_heads(old.weight, current, kv))
             if old.bias is not None:
                 new.bias.copy_(mean_pool_heads(old.bias, current, kv))
@@ -215,8 +265,10 @@ def divisors(heads: int) -> list[int]:
 def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
     kv = heads if kv_heads is None else kv_heads
     if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or heads % kv:
-        raise ConvertError(f"kv_heads {kv!r} does not divide the {heads} heads of module '{path}'; "
-                           f"accepted: {', '.join(map(str, divisors(heads)))}")
+        raise ConvertError(
+            f"kv_heads {kv!r} does not divide the {heads} heads of module '{path}'; "
+            f"accepted: {', '.join(map(str, divisors(heads)))}"
+        )
     return kv
 
 
@@ -265,8 +317,13 @@ def conversion_metadata(model: nn.Module) -> dict[str, str]:
 
 
 #: the variants each option of :class:`GroupedQueryAttention` applies to
-VARIANT_OPTIONS = {"window": ("dgqa",), "evolution": ("dgqa",), "alpha": ("dgqa",), "allow_empty": ("kdgqa", "dgqa"),
-                   "perturb_in_eval": ("pgqa",)}
+VARIANT_OPTIONS = {
+    "window": ("dgqa",),
+    "evolution": ("dgqa",),
+    "alpha": ("dgqa",),
+    "allow_empty": ("kdgqa", "dgqa"),
+    "perturb_in_eval": ("pgqa",),
+}
 EVOLUTIONS = ("ema", "difference")
 
 
@@ -288,7 +345,9 @@ def check_variant_options(variant: str, options: dict[str, Any], prefix: str = "
         raise ConvertError(f"{prefix}evolution {evolution!r}: accepted: {', '.join(EVOLUTIONS)}")
     if alpha is not None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-            raise ConvertError(f"{prefix}alpha {alpha!r}: must be a number in [0, 1] (the weight of the current key norms)")
+            raise ConvertError(
+                f"{prefix}alpha {alpha!r}: must be a number in [0, 1] (the weight of the current key norms)"
+            )
         if evolution == "difference":
             raise ConvertError(f"{prefix}alpha applies only to {prefix}evolution ema, not difference")
 
@@ -314,7 +373,9 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
         adapter = next((a for a in ADAPTERS if a.claims(module)), None)
         if adapter is None:
             if "attention" in type(module).__name__.lower():
-                raise ConvertError(f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet")
+                raise ConvertError(
+                    f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet"
+                )
             continue
         adapter.check(path, module, kv_heads)
         plan.append((path, module, adapter.convert))

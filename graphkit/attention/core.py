@@ -68,12 +68,24 @@ def _measurable(q: torch.Tensor) -> bool:
         check = getattr(compiler, flag, None)
         if check is not None and check():
             return False
-    return (q.device.type == "cuda" and not q.is_meta and type(q) is torch.Tensor
-            and not torch.cuda.is_current_stream_capturing())
+    return (
+        q.device.type == "cuda"
+        and not q.is_meta
+        and type(q) is torch.Tensor
+        and not torch.cuda.is_current_stream_capturing()
+    )
 
 
-def fastest_gqa_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
-                     is_causal: bool = False, scale: float | None = None, repeats: int = 5) -> str:
+def fastest_gqa_path(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    repeats: int = 5,
+) -> str:
     """The faster of ``enable_gqa`` and ``repeat`` for these tensors' device, dtype and shapes
     (and mask), measured once with gradients off (median of ``repeats`` calls after a warm-up)
     and cached for the process."""
@@ -119,17 +131,30 @@ def kdgqa_index(norms: torch.Tensor, heads: int, allow_empty: bool = False, *, f
             return _COMPILED["index"](norms, heads, allow_empty)
         except Exception as e:  # noqa: BLE001 - any compiler failure degrades to the eager path
             _COMPILED["failed"] = True
-            warnings.warn(f"KDGQA: compiling the head allocation failed ({type(e).__name__}: {e}); it runs eagerly",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"KDGQA: compiling the head allocation failed ({type(e).__name__}: {e}); it runs eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return _allocation_index(norms, heads, allow_empty)
 
 
 class GroupedQueryAttention(nn.Module):
     """Scaled dot-product attention with ``heads`` query heads over ``kv_heads`` K/V heads."""
 
-    def __init__(self, heads: int, kv_heads: int, variant: str = "gqa", *, window: int = 300,
-                 evolution: str = "ema", alpha: float = 0.5, allow_empty: bool = False,
-                 perturb_in_eval: bool = False, path: str = "auto") -> None:
+    def __init__(
+        self,
+        heads: int,
+        kv_heads: int,
+        variant: str = "gqa",
+        *,
+        window: int = 300,
+        evolution: str = "ema",
+        alpha: float = 0.5,
+        allow_empty: bool = False,
+        perturb_in_eval: bool = False,
+        path: str = "auto",
+    ) -> None:
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
@@ -156,8 +181,16 @@ class GroupedQueryAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, variant={self.variant}"
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        is_causal: bool = False,
+        attn_mask: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
         if self.variant == "dgqa":
             index = query_groups(self._dgqa_counts(k), self.heads)
         elif self.variant == "kdgqa":
@@ -185,7 +218,9 @@ class GroupedQueryAttention(nn.Module):
             cache, importance = norms, (norms - self.cached_norms).abs()
         update = self.step % self.update_every == 0
         with torch.no_grad():
-            self.counts.copy_(torch.where(update, allocate_queries(importance, self.heads, allow_empty=self.allow_empty), self.counts))
+            self.counts.copy_(
+                torch.where(update, allocate_queries(importance, self.heads, allow_empty=self.allow_empty), self.counts)
+            )
             self.cached_norms.copy_(torch.where(update, cache, self.cached_norms))
             self.step.add_(1)
         return self.counts
@@ -205,7 +240,9 @@ class GroupedQueryAttention(nn.Module):
         noise_sigma, noise_mu = torch.std_mean(noise, dims, keepdim=True)
         scale = sigma / noise_sigma.clamp_min(1e-6)
         noise = torch.addcmul(mu - noise_mu * scale, noise, scale)  # sigma (R - mean R) / std R + mu
-        return torch.addcmul(grouped, noise, _off_diagonal(length, d, out.dtype, out.device), value=-1).reshape(b, h, length, d)
+        return torch.addcmul(grouped, noise, _off_diagonal(length, d, out.dtype, out.device), value=-1).reshape(
+            b, h, length, d
+        )
 
 
 def _off_diagonal(length: int, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -218,4 +255,3 @@ def _off_diagonal(length: int, d: int, dtype: torch.dtype, device: torch.device)
         if type(mask) is torch.Tensor and not mask.is_meta and len(_MASKS) < 64:
             _MASKS[key] = mask
     return mask
-

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
-from collections.abc import Callable
 
 import typer
 from rich.console import Console
@@ -66,10 +66,18 @@ class GraphFormat(str, enum.Enum):
 @app.command()
 @command
 def trace(
-    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()`, optionally `example_inputs()`."),
+    model_file: Path = typer.Argument(
+        ..., metavar="MODEL.py", help="Python file defining `model` or `build_model()`, optionally `example_inputs()`."
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the graph here (JSON by default)."),
-    format: Optional[GraphFormat] = typer.Option(None, "--format", "-f", help="json or text; default: json with --out, text without."),
-    fold: bool = typer.Option(True, "--fold/--no-fold", help="Trace one block of a repeated stack and replicate it (fast), or export every block."),
+    format: Optional[GraphFormat] = typer.Option(
+        None, "--format", "-f", help="json or text; default: json with --out, text without."
+    ),
+    fold: bool = typer.Option(
+        True,
+        "--fold/--no-fold",
+        help="Trace one block of a repeated stack and replicate it (fast), or export every block.",
+    ),
 ) -> None:
     """Trace a model into a computation graph and print its summary.
 
@@ -84,7 +92,11 @@ def trace(
     loaded = load_model_file(model_file)
     graph = trace_model(loaded.model, loaded.example_inputs, fold_repeats=fold)
     fmt = format or (GraphFormat.json if out else GraphFormat.text)
-    text = graph.to_json(indent=1) if fmt is GraphFormat.json else f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
+    text = (
+        graph.to_json(indent=1)
+        if fmt is GraphFormat.json
+        else f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
+    )
     if out is None and fmt is GraphFormat.json:
         print(text)
         return
@@ -97,10 +109,20 @@ def trace(
 @app.command()
 @command
 def draw(
-    source: Path = typer.Argument(..., metavar="MODEL.py|GRAPH.json|DATASET", help="A model file to trace, a graph from `graphkit trace --out`, or a dataset folder followed by a record ID."),
-    record_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="Record id in the DATASET folder, e.g. vits-1k-00042."),
-    out: Path = typer.Option(..., "--out", "-o", help="The picture: .svg (hover a box for its parameter shapes), .png or .pdf."),
-    expand: bool = typer.Option(False, "--expand", help="Draw every block instead of folding repeats into one block marked 'x N'."),
+    source: Path = typer.Argument(
+        ...,
+        metavar="MODEL.py|GRAPH.json|DATASET",
+        help="A model file to trace, a graph from `graphkit trace --out`, or a dataset folder followed by a record ID.",
+    ),
+    record_id: Optional[str] = typer.Argument(
+        None, metavar="[ID]", help="Record id in the DATASET folder, e.g. vits-1k-00042."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="The picture: .svg (hover a box for its parameter shapes), .png or .pdf."
+    ),
+    expand: bool = typer.Option(
+        False, "--expand", help="Draw every block instead of folding repeats into one block marked 'x N'."
+    ),
 ) -> None:
     """Draw an architecture top to bottom: repeated blocks folded, attention and MoE annotated.
 
@@ -116,14 +138,18 @@ def draw(
         graph = _read_graph(source) if source.suffix.lower() == ".json" else _traced_graph(source)
     else:
         if source.is_file():
-            raise GraphkitError(f"{source}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)")
+            raise GraphkitError(
+                f"{source}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)"
+            )
         from graphkit.datasets import load
 
         graph = load(source)[record_id].graph
     drawing = draw_graph(graph, out, expand=expand)
     console.print(f"layout: {drawing.layout}", highlight=False)
     folded = f", {drawing.folded} folded repeat{'s' * (drawing.folded != 1)}" if drawing.folded else ""
-    console.print(f"wrote {out} ({drawing.boxes} boxes for {len(graph.nodes)} nodes{folded})", highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {out} ({drawing.boxes} boxes for {len(graph.nodes)} nodes{folded})", highlight=False, soft_wrap=True
+    )
 
 
 def _traced_graph(model_file: Path):
@@ -159,13 +185,26 @@ class Variant(str, enum.Enum):
 @app.command()
 @command
 def convert(
-    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (with weights)."),
-    attention: Variant = typer.Option(..., "--attention", "-a", help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated every --window steps) or pgqa (Gaussian perturbation)."),
-    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."),
+    model_file: Path = typer.Argument(
+        ..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (with weights)."
+    ),
+    attention: Variant = typer.Option(
+        ...,
+        "--attention",
+        "-a",
+        help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated every --window steps) or pgqa (Gaussian perturbation).",
+    ),
+    kv_heads: Optional[int] = typer.Option(
+        None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Converted parameters and buffers (safetensors)."),
-    window: Optional[int] = typer.Option(None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."),
+    window: Optional[int] = typer.Option(
+        None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."
+    ),
     evolution: Optional[str] = typer.Option(None, "--evolution", help="DGQA: 'ema' (default) or 'difference'."),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="DGQA with ema: weight of the current key norms, in [0, 1] (default 0.5)."),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", help="DGQA with ema: weight of the current key norms, in [0, 1] (default 0.5)."
+    ),
 ) -> None:
     """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled) and save it
     (the variant, K/V heads and DGQA's options go into the file's metadata)."""
@@ -177,11 +216,17 @@ def convert(
     from graphkit.tracing import trace as trace_model
 
     check_params_output(out)
-    options = {name: value for name, value in dict(window=window, evolution=evolution, alpha=alpha).items() if value is not None}
+    options = {
+        name: value
+        for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
+        if value is not None
+    }
     check_variant_options(attention.value, options, prefix="--")
     loaded = load_model_file(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
-        raise GraphkitError(f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)")
+        raise GraphkitError(
+            f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)"
+        )
     model = convert_model(loaded.model, attention.value, kv_heads, **options)
     graph = trace_model(model, loaded.example_inputs)
     save_params(model, out, metadata=conversion_metadata(model))

@@ -53,24 +53,53 @@ def generate(
     num: Optional[int] = typer.Option(None, "--num", "-n", help="Records to draw (default: the recipe's, 1000)."),
     seed: int = typer.Option(0, "--seed", help="Same recipe and seed, same dataset, on any machine and worker count."),
     workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
-    num_shards: int = typer.Option(1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."),
+    num_shards: int = typer.Option(
+        1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."
+    ),
     shard_index: int = typer.Option(0, "--shard-index", help="...and make shard i of them; shards fill one folder."),
-    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run with the same options: intact parts are kept, missing or damaged ones made."),
-    attention: Optional[str] = typer.Option(None, "--attention", "-a", help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Finish an interrupted run with the same options: intact parts are kept, missing or damaged ones made.",
+    ),
+    attention: Optional[str] = typer.Option(
+        None,
+        "--attention",
+        "-a",
+        help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads.",
+    ),
 ) -> None:
     """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""
     from graphkit.datasets.generate import generate as run
 
-    with Progress(TextColumn("tracing architectures"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("tracing architectures"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("trace", total=None)
-        result = run(recipe, out, num=num, seed=seed, workers=workers, num_shards=num_shards,
-                     shard_index=shard_index, resume=resume, attention=attention,
-                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+        result = run(
+            recipe,
+            out,
+            num=num,
+            seed=seed,
+            workers=workers,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            resume=resume,
+            attention=attention,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     for line in result.repaired:
         errors.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
     manifest = json.loads((result.path / "manifest.json").read_text())
-    counts = ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items()) or "no records yet (other shards to come)"
+    counts = (
+        ", ".join(f"{n:,} {split}" for split, n in manifest["counts"].items())
+        or "no records yet (other shards to come)"
+    )
     console.print(
         f"[bold]{manifest['name']}[/]: wrote {result.records:,} records ({result.architectures:,} architectures traced) "
         f"in {result.parts_written} parts, {result.parts_skipped} already there, {result.seconds:.1f} s",
@@ -87,8 +116,18 @@ class ListFormat(str, enum.Enum):
 
 
 #: the columns `ls` shows, with the table's short headers
-LS_COLUMNS = {"id": "id", "family": "family", "split": "split", "num_layers": "layers", "hidden": "hidden",
-              "heads": "heads", "kv_heads": "kv", "attention": "attn", "num_params": "params", "num_nodes": "nodes"}
+LS_COLUMNS = {
+    "id": "id",
+    "family": "family",
+    "split": "split",
+    "num_layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kv",
+    "attention": "attn",
+    "num_params": "params",
+    "num_nodes": "nodes",
+}
 
 
 @app.command("ls")
@@ -102,7 +141,9 @@ def list_records(
     min_params: Optional[int] = typer.Option(None, "--min-params", help="At least this many parameters."),
     max_params: Optional[int] = typer.Option(None, "--max-params", help="At most this many parameters."),
     limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
-    format: ListFormat = typer.Option(ListFormat.table, "--format", "-f", help="table (full values when piped), csv or json (a list of records)."),
+    format: ListFormat = typer.Option(
+        ListFormat.table, "--format", "-f", help="table (full values when piped), csv or json (a list of records)."
+    ),
 ) -> None:
     """List the records of a dataset, filtered."""
     _check_at_least(0, limit=limit, min_params=min_params, max_params=max_params)
@@ -112,7 +153,9 @@ def list_records(
     dataset = _load_warning_if_incomplete(path)
     if split is not None and split not in dataset.splits:
         raise GraphkitError(f"--split {split}: {path} has no such split; its splits: {', '.join(dataset.splits)}")
-    conditions = {k: v for k, v in dict(split=split, num_layers=layers, hidden=hidden, heads=heads).items() if v is not None}
+    conditions = {
+        k: v for k, v in dict(split=split, num_layers=layers, hidden=hidden, heads=heads).items() if v is not None
+    }
     if min_params is not None or max_params is not None:
         conditions["num_params"] = (min_params, max_params)
     frame = dataset.filter(**conditions).metadata()
@@ -126,11 +169,17 @@ def list_records(
         return
     table = Table(show_edge=False, box=None, pad_edge=False)
     for column, header in LS_COLUMNS.items():
-        table.add_column(header, no_wrap=True, justify="left" if column in ("id", "family", "split", "attention") else "right")
+        table.add_column(
+            header, no_wrap=True, justify="left" if column in ("id", "family", "split", "attention") else "right"
+        )
     for row in shown.itertuples(index=False):
         table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
     # a terminal gets the table at its width; a pipe or a file gets every value whole
-    out = console if console.is_terminal else Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
+    out = (
+        console
+        if console.is_terminal
+        else Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
+    )
     out.print(table)
     out.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
 
@@ -154,7 +203,9 @@ def show(
 @command
 def stats(
     path: Path = typer.Argument(..., help="Dataset folder."),
-    png: Optional[Path] = typer.Option(None, "--png", help="Figure to write: .png, .svg or .pdf (default: <dataset>-params.png here)."),
+    png: Optional[Path] = typer.Option(
+        None, "--png", help="Figure to write: .png, .svg or .pdf (default: <dataset>-params.png here)."
+    ),
     bins: int = typer.Option(20, "--bins", help=f"Histogram bins (1 to {MAX_BINS})."),
 ) -> None:
     """Counts and the parameter-count histogram, as text and as a PNG (LoGAH's Figure 8)."""
@@ -167,14 +218,23 @@ def stats(
     if frame.empty:
         raise GraphkitError(f"{path}: holds no records")
     params = frame["num_params"].to_numpy()
-    console.print(f"[bold]{path}[/]: {len(frame):,} records, {frame['fingerprint'].nunique():,} distinct architectures", highlight=False)
+    console.print(
+        f"[bold]{path}[/]: {len(frame):,} records, {frame['fingerprint'].nunique():,} distinct architectures",
+        highlight=False,
+    )
     for split, group in frame.groupby("split"):
-        console.print(f"  {split}: {len(group):,} records, {group['fingerprint'].nunique():,} architectures", highlight=False)
-    console.print(f"parameters: min {params.min():,}, median {int(np.median(params)):,}, max {params.max():,}", highlight=False)
+        console.print(
+            f"  {split}: {len(group):,} records, {group['fingerprint'].nunique():,} architectures", highlight=False
+        )
+    console.print(
+        f"parameters: min {params.min():,}, median {int(np.median(params)):,}, max {params.max():,}", highlight=False
+    )
     counts, edges = np.histogram(params, bins=bins)
     widest = max(counts.max(), 1)
     for count, low, high in zip(counts, edges[:-1], edges[1:], strict=True):
-        console.print(f"{low / 1e6:7.2f}M-{high / 1e6:6.2f}M {'#' * round(40 * count / widest):<40} {count}", highlight=False)
+        console.print(
+            f"{low / 1e6:7.2f}M-{high / 1e6:6.2f}M {'#' * round(40 * count / widest):<40} {count}", highlight=False
+        )
     _plot_params(params, bins, png, title=f"{path.resolve().name}: {len(frame):,} records")
     console.print(f"wrote {png}", highlight=False, soft_wrap=True)
 
@@ -204,9 +264,15 @@ def compile_record(
     path: Path = typer.Argument(..., help="Dataset folder."),
     record_id: str = typer.Argument(..., metavar="ID", help="Record id, e.g. vits-1k-00042."),
     out: Path = typer.Option(..., "--out", "-o", help="Checkpoint to write (safetensors, config in its metadata)."),
-    params: Optional[Path] = typer.Option(None, "--params", "-p", help="Parameters to load (safetensors); default: the library's initialisation."),
-    attention: Optional[str] = typer.Option(None, "--attention", "-a", help="Convert the attention: gqa, kdgqa, dgqa or pgqa."),
-    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", "-k", help="K/V heads for --attention (default: the record's)."),
+    params: Optional[Path] = typer.Option(
+        None, "--params", "-p", help="Parameters to load (safetensors); default: the library's initialisation."
+    ),
+    attention: Optional[str] = typer.Option(
+        None, "--attention", "-a", help="Convert the attention: gqa, kdgqa, dgqa or pgqa."
+    ),
+    kv_heads: Optional[int] = typer.Option(
+        None, "--kv-heads", "-k", help="K/V heads for --attention (default: the record's)."
+    ),
 ) -> None:
     """Build a record's model, check it traces to the stored graph, convert its attention if asked,
     load parameters, save it."""
@@ -222,7 +288,13 @@ def compile_record(
     save_params(model, out, config=config)  # the converted model's config, not the record's
     total = sum(p.numel() for p in model.parameters())
     converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
-    console.print(f"[bold]{record.id}[/]: {type(model).__name__}, {total:,} parameters, "
-                  f"traces to the stored fingerprint {record['fingerprint']}{converted}", highlight=False, soft_wrap=True)
-    console.print(str(report) if report else "parameters: the library's initialisation", highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold]{record.id}[/]: {type(model).__name__}, {total:,} parameters, "
+        f"traces to the stored fingerprint {record['fingerprint']}{converted}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        str(report) if report else "parameters: the library's initialisation", highlight=False, soft_wrap=True
+    )
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)

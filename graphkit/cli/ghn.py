@@ -15,19 +15,39 @@ from graphkit.cli.app import app, command, console, errors
 @app.command("train-ghn")
 @command
 def train_ghn(
-    dataset: Path = typer.Option(..., "--dataset", "-d", help="Graph dataset folder (from `graphkit generate`); trains on its train split."),
+    dataset: Path = typer.Option(
+        ..., "--dataset", "-d", help="Graph dataset folder (from `graphkit generate`); trains on its train split."
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Run folder: final hypernetwork, checkpoint/, metrics.jsonl."),
-    data: Optional[str] = typer.Option(None, "--data", help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs)."),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs).",
+    ),
     variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
-    decoder: str = typer.Option("low_rank", "--decoder", help="low_rank (LoGAH) or ghn3 (GHN-3's tiling decoder, the baseline)."),
-    depth_buckets: int = typer.Option(0, "--depth-buckets", help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints."),
-    role_maps: bool = typer.Option(False, "--role-maps/--no-role-maps", help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md)."),
+    decoder: str = typer.Option(
+        "low_rank", "--decoder", help="low_rank (LoGAH) or ghn3 (GHN-3's tiling decoder, the baseline)."
+    ),
+    depth_buckets: int = typer.Option(
+        0,
+        "--depth-buckets",
+        help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints.",
+    ),
+    role_maps: bool = typer.Option(
+        False,
+        "--role-maps/--no-role-maps",
+        help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md).",
+    ),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
     steps: int = typer.Option(1000, "--steps", help="Optimisation steps."),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (cosine schedule to 0)."),
-    lr_fan_in: float = typer.Option(64, "--lr-fan-in", help="Linear weights of the hypernetwork train at lr * min(1, C / fan-in) (muP's Adam rule); 64 fits one architecture fastest, 8 suits pools mixing many widths and depths."),
+    lr_fan_in: float = typer.Option(
+        64,
+        "--lr-fan-in",
+        help="Linear weights of the hypernetwork train at lr * min(1, C / fan-in) (muP's Adam rule); 64 fits one architecture fastest, 8 suits pools mixing many widths and depths.",
+    ),
     weight_decay: float = typer.Option(1e-2, "--weight-decay"),
     gamma: float = typer.Option(3e-5, "--gamma", help="Weight of the predicted-parameter norm penalty."),
     clip: float = typer.Option(5.0, "--clip", help="Gradient-norm clipping."),
@@ -35,8 +55,14 @@ def train_ghn(
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
     log_every: int = typer.Option(10, "--log-every", help="Steps between metrics.jsonl lines."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."),
-    deterministic: bool = typer.Option(False, "--deterministic", help="Deterministic GPU kernels, so that a run and its resume give the same weights on a GPU (slower; CPU runs repeat without it)."),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."
+    ),
+    deterministic: bool = typer.Option(
+        False,
+        "--deterministic",
+        help="Deterministic GPU kernels, so that a run and its resume give the same weights on a GPU (slower; CPU runs repeat without it).",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
 ) -> None:
     """Train a LoGAH hypernetwork on a graph dataset.
@@ -45,27 +71,68 @@ def train_ghn(
     """
     from graphkit.ghn.training import TrainConfig, train
 
-    config = TrainConfig(dataset=str(dataset), out=str(out), data=data, variant=variant, decoder=decoder,
-                         depth_buckets=depth_buckets, role_maps=role_maps,
-                         meta_batch=meta_batch, batch_size=batch_size, seq_len=seq_len, steps=steps, lr=lr,
-                         lr_fan_in=lr_fan_in, weight_decay=weight_decay, gamma=gamma, clip=clip, amp=amp, seed=seed,
-                         checkpoint_every=checkpoint_every, log_every=log_every, device=device,
-                         deterministic=deterministic)
+    config = TrainConfig(
+        dataset=str(dataset),
+        out=str(out),
+        data=data,
+        variant=variant,
+        decoder=decoder,
+        depth_buckets=depth_buckets,
+        role_maps=role_maps,
+        meta_batch=meta_batch,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        steps=steps,
+        lr=lr,
+        lr_fan_in=lr_fan_in,
+        weight_decay=weight_decay,
+        gamma=gamma,
+        clip=clip,
+        amp=amp,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        device=device,
+        deterministic=deterministic,
+    )
     last = train(config, resume=resume)
     if last:
-        console.print(f"step {last['step']}: loss {last['loss']:.4f}, accuracy {last['metric']:.3f}, "
-                      f"{last['archs_per_s']:.2f} architectures/s; wrote {out}", highlight=False)
+        console.print(
+            f"step {last['step']}: loss {last['loss']:.4f}, accuracy {last['metric']:.3f}, "
+            f"{last['archs_per_s']:.2f} architectures/s; wrote {out}",
+            highlight=False,
+        )
 
 
 @app.command()
 @command
 def predict(
-    model_file: Path = typer.Argument(..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (build it on meta: no weights needed)."),
-    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs, GPT-2s or LLaMAs)."),
+    model_file: Path = typer.Argument(
+        ...,
+        metavar="MODEL.py",
+        help="Python file defining `model` or `build_model()` (build it on meta: no weights needed).",
+    ),
+    ghn: Optional[str] = typer.Option(
+        None,
+        "--ghn",
+        help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs, GPT-2s or LLaMAs).",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
-    residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2)."),
-    grow: bool = typer.Option(True, "--grow/--no-grow", help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to its width without changing what it computes (Net2Net); --no-grow decodes it directly."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="Then shrink each residual branch and the output layer so that the stream and logits are no larger than the family's init gives on a random batch (graphkit's families; see docs/hypernetwork.md for what it costs in fine-tuning)."),
+    residual_scale: Optional[bool] = typer.Option(
+        None,
+        "--residual-scale/--no-residual-scale",
+        help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2).",
+    ),
+    grow: bool = typer.Option(
+        True,
+        "--grow/--no-grow",
+        help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to its width without changing what it computes (Net2Net); --no-grow decodes it directly.",
+    ),
+    calibrate: bool = typer.Option(
+        False,
+        "--calibrate",
+        help="Then shrink each residual branch and the output layer so that the stream and logits are no larger than the family's init gives on a random batch (graphkit's families; see docs/hypernetwork.md for what it costs in fine-tuning).",
+    ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
@@ -87,23 +154,39 @@ def predict(
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
     beyond = outside_training_space(hypernet.info, graph)
     if beyond:
-        errors.print(f"warning: {model_file.name} lies outside the space this hypernetwork was trained on: {beyond}; "
-                     "the scores above were measured inside that space, not on this model",
-                     markup=False, highlight=False, soft_wrap=True)
+        errors.print(
+            f"warning: {model_file.name} lies outside the space this hypernetwork was trained on: {beyond}; "
+            "the scores above were measured inside that space, not on this model",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     twin = twin_of(hypernet, graph) if grow else None
     if twin is not None:
-        console.print(f"predicting it as its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width "
-                      "without changing what it computes (--no-grow: decode it directly)", highlight=False, soft_wrap=True)
+        console.print(
+            f"predicting it as its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width "
+            "without changing what it computes (--no-grow: decode it directly)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if calibrate:
-        console.print("calibrating its residual stream and logits to its family's init on a random batch",
-                      highlight=False, soft_wrap=True)
-    params = predict_params(loaded.model, hypernet, graph=graph, residual_scale=residual_scale, grow=grow, calibrate=calibrate)
+        console.print(
+            "calibrating its residual stream and logits to its family's init on a random batch",
+            highlight=False,
+            soft_wrap=True,
+        )
+    params = predict_params(
+        loaded.model, hypernet, graph=graph, residual_scale=residual_scale, grow=grow, calibrate=calibrate
+    )
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
     predicted = sum(t.numel() for t in params.values())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    console.print(f"{type(loaded.model).__name__}: predicted {predicted:,} of {total:,} parameters ({100 * predicted / total:.1f}%) in {seconds:.2f} s; "
-                  f"peak memory {peak:,.0f} MB", highlight=False)
+    console.print(
+        f"{type(loaded.model).__name__}: predicted {predicted:,} of {total:,} parameters ({100 * predicted / total:.1f}%) in {seconds:.2f} s; "
+        f"peak memory {peak:,.0f} MB",
+        highlight=False,
+    )
     if out is not None:
         save_params(loaded.model, out, metadata={"graphkit_ghn": ghn or "bundled"})
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
@@ -112,22 +195,51 @@ def predict(
 @app.command("eval-ghn")
 @command
 def eval_ghn(
-    dataset: Path = typer.Option(..., "--dataset", "-d", help="Graph dataset folder; its architectures of --split are evaluated."),
-    ghn: Optional[str] = typer.Option(None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled one for the dataset's family)."),
-    out: Path = typer.Option(Path("eval-ghn"), "--out", "-o", help="Folder for eval.json (every row and the summary) and eval.png."),
+    dataset: Path = typer.Option(
+        ..., "--dataset", "-d", help="Graph dataset folder; its architectures of --split are evaluated."
+    ),
+    ghn: Optional[str] = typer.Option(
+        None, "--ghn", help="Hypernetwork checkpoint folder (default: the bundled one for the dataset's family)."
+    ),
+    out: Path = typer.Option(
+        Path("eval-ghn"), "--out", "-o", help="Folder for eval.json (every row and the summary) and eval.png."
+    ),
     split: str = typer.Option("eval", "--split", help="Dataset split: eval (held-out architectures) or train."),
-    data: Optional[str] = typer.Option(None, "--data", help="Data source, as for train-ghn (default: the family's bundled data)."),
+    data: Optional[str] = typer.Option(
+        None, "--data", help="Data source, as for train-ghn (default: the family's bundled data)."
+    ),
     archs: int = typer.Option(16, "--archs", help="At most this many distinct architectures."),
-    steps: int = typer.Option(300, "--steps", help="Fine-tuning steps after initialisation; scored at 0, 100 and this step, verdicts at this step."),
+    steps: int = typer.Option(
+        300,
+        "--steps",
+        help="Fine-tuning steps after initialisation; scored at 0, 100 and this step, verdicts at this step.",
+    ),
     batch_size: int = typer.Option(32, "--batch-size", "-b"),
     seq_len: int = typer.Option(64, "--seq-len"),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
     seed: int = typer.Option(0, "--seed"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the GPU if there is one, else cpu)."),
-    residual_scale: Optional[bool] = typer.Option(None, "--residual-scale/--no-residual-scale", help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2)."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="CPU processes fine-tuning side by side, one thread each (default: one per core; the rows do not depend on it). A GPU runs them one after another."),
-    record: bool = typer.Option(False, "--record", help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints)."),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the GPU if there is one, else cpu)."
+    ),
+    residual_scale: Optional[bool] = typer.Option(
+        None,
+        "--residual-scale/--no-residual-scale",
+        help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2).",
+    ),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."
+    ),
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        "-w",
+        help="CPU processes fine-tuning side by side, one thread each (default: one per core; the rows do not depend on it). A GPU runs them one after another.",
+    ),
+    record: bool = typer.Option(
+        False,
+        "--record",
+        help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints).",
+    ),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
     from rich.table import Table
@@ -135,30 +247,56 @@ def eval_ghn(
     from graphkit.fileio import check_output_dir, check_output_file, write_text_atomic
     from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, report_json, summarize
 
-    config = EvalConfig(dataset=str(dataset), ghn=ghn, split=split, data=data, archs=archs, steps=steps,
-                        batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device, residual_scale=residual_scale,
-                        calibrate=calibrate, workers=workers)
+    config = EvalConfig(
+        dataset=str(dataset),
+        ghn=ghn,
+        split=split,
+        data=data,
+        archs=archs,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        seed=seed,
+        device=device,
+        residual_scale=residual_scale,
+        calibrate=calibrate,
+        workers=workers,
+    )
     check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
     for name in ("eval.json", "eval.png"):
         check_output_file(out / name)
     rows = evaluate(config)
     summary = summarize(rows)
     at = summary["horizons"]
-    table = Table(title=f"{dataset.name}: {summary['archs']} {split} architectures, held-out loss / accuracy after N fine-tuning steps",
-                  show_edge=False)
+    table = Table(
+        title=f"{dataset.name}: {summary['archs']} {split} architectures, held-out loss / accuracy after N fine-tuning steps",
+        show_edge=False,
+    )
     table.add_column("init")
     for h in at:
         table.add_column(f"@{h}", justify="right")
     for init in INITS:
         s = summary[init]
         table.add_row(init, *(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at))
-    table.add_row("predicted wins", *(f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
-                                      for h in at))
+    table.add_row(
+        "predicted wins",
+        *(
+            f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
+            for h in at
+        ),
+    )
     console.print(table)
-    console.print("(predicted wins: architectures where predicted has a lower held-out loss than random / than orthogonal)", highlight=False)
+    console.print(
+        "(predicted wins: architectures where predicted has a lower held-out loss than random / than orthogonal)",
+        highlight=False,
+    )
     for other in ("random", "orthogonal"):
-        console.print(f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
-                      f"of {summary['archs']} architectures", highlight=False)
+        console.print(
+            f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
+            f"of {summary['archs']} architectures",
+            highlight=False,
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "eval.json", report_json(config, summary, rows))
     plot(rows, str(out / "eval.png"), f"{dataset.name}, {summary['archs']} {split} architectures")
@@ -169,7 +307,16 @@ def eval_ghn(
         from graphkit.ghn.training import ArchPool
 
         family = ArchPool(dataset, split).family
-        recorded = record_evaluation(ghn or bundled_checkpoint(family), summary, dataset=str(dataset), split=split,
-                                     data=data or default_source(family))
-        console.print(f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
-                      f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)", highlight=False, soft_wrap=True)
+        recorded = record_evaluation(
+            ghn or bundled_checkpoint(family),
+            summary,
+            dataset=str(dataset),
+            split=split,
+            data=data or default_source(family),
+        )
+        console.print(
+            f"recorded the evaluation in {ghn or bundled_checkpoint(family)}/config.json "
+            f"(beats random on {100 * recorded['predicted_beats_random']:.0f}%)",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -22,12 +22,25 @@ from torch import nn
 
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.graph import ArchGraph
-from graphkit.params import (CompileError, LoadReport, Params, ParamsError, load_params, memory_shortfall, read_params,
-                             save_params)
+from graphkit.params import (
+    CompileError,
+    LoadReport,
+    Params,
+    ParamsError,
+    load_params,
+    memory_shortfall,
+    read_params,
+    save_params,
+)
 
 
-def converted_config(config: Mapping[str, Any], attention: str | None, kv_heads: int | None, *,
-                     names: tuple[str, str] = ("attention", "kv_heads")) -> dict[str, Any]:
+def converted_config(
+    config: Mapping[str, Any],
+    attention: str | None,
+    kv_heads: int | None,
+    *,
+    names: tuple[str, str] = ("attention", "kv_heads"),
+) -> dict[str, Any]:
     """``config`` with its attention converted to ``attention`` with ``kv_heads`` K/V heads
     (default: the config's own), after checking both where they enter: ``attention`` must be a
     variant, ``kv_heads`` a divisor of the heads, and ``kv_heads`` without ``attention`` is
@@ -39,21 +52,32 @@ def converted_config(config: Mapping[str, Any], attention: str | None, kv_heads:
     attention_name, kv_name = names
     if attention is None:
         if kv_heads is not None:
-            raise CompileError(f"{kv_name} {kv_heads} needs {attention_name} ({', '.join(VARIANTS)}): "
-                               "K/V heads change only when the attention is converted")
+            raise CompileError(
+                f"{kv_name} {kv_heads} needs {attention_name} ({', '.join(VARIANTS)}): "
+                "K/V heads change only when the attention is converted"
+            )
         return dict(config)
     if attention not in VARIANTS:
         raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(VARIANTS)}")
     heads = config["heads"]
     kv = kv_heads if kv_heads is not None else config.get("kv_heads") or heads
     if isinstance(kv, bool) or not isinstance(kv, int) or kv not in divisors(heads):
-        raise CompileError(f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}")
+        raise CompileError(
+            f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}"
+        )
     return resolve_config({**config, "attention": attention, "kv_heads": kv})
 
 
-def compile(source: Any, params: Params | str | Path | None = None, *, attention: str | None = None,
-            kv_heads: int | None = None, device: str | torch.device = "cpu", strict: bool = True,
-            memory_limit: int | None = None) -> nn.Module:
+def compile(
+    source: Any,
+    params: Params | str | Path | None = None,
+    *,
+    attention: str | None = None,
+    kv_heads: int | None = None,
+    device: str | torch.device = "cpu",
+    strict: bool = True,
+    memory_limit: int | None = None,
+) -> nn.Module:
     """A runnable model from a dataset record, an ArchGraph or a family config, on ``device``
     (with the library's initialisation), converted to ``attention`` with ``kv_heads`` K/V heads
     when given (a graph of a converted model brings its own), with ``params`` loaded when given.
@@ -85,14 +109,25 @@ def compile(source: Any, params: Params | str | Path | None = None, *, attention
     needed = sum(t.numel() * t.element_size() for t in tensors)
     available = memory_shortfall(needed, device, memory_limit)
     if available is not None:
-        raise CompileError(f"the {target['family']} model of {getattr(source, 'id', 'this config')}: its "
-                           f"{sum(t.numel() for t in tensors):,} parameters and buffers need {needed / 1e9:.2f} GB but "
-                           f"{available / 1e9:.2f} GB are available on {device}; free memory or compile on another device")
+        raise CompileError(
+            f"the {target['family']} model of {getattr(source, 'id', 'this config')}: its "
+            f"{sum(t.numel() for t in tensors):,} parameters and buffers need {needed / 1e9:.2f} GB but "
+            f"{available / 1e9:.2f} GB are available on {device}; free memory or compile on another device"
+        )
     model = build_model(target, device=device)
     if params is not None:
         load_params(model, params, strict=strict)
     return model
 
 
-__all__ = ["compile", "load_params", "save_params", "read_params", "LoadReport", "CompileError", "ParamsError", "build_model",
-           "converted_config"]
+__all__ = [
+    "compile",
+    "load_params",
+    "save_params",
+    "read_params",
+    "LoadReport",
+    "CompileError",
+    "ParamsError",
+    "build_model",
+    "converted_config",
+]

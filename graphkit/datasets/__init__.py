@@ -8,5 +8,14 @@ CLI build on them (issue #3).
 from graphkit.datasets.dataset import GraphDataset, Record, load
 from graphkit.datasets.store import SCHEMA, SCHEMA_VERSION, StoreError, graph_to_row, row_to_graph, write_dataset
 
-__all__ = ["load", "GraphDataset", "Record", "write_dataset", "graph_to_row", "row_to_graph", "SCHEMA",
-           "SCHEMA_VERSION", "StoreError"]
+__all__ = [
+    "load",
+    "GraphDataset",
+    "Record",
+    "write_dataset",
+    "graph_to_row",
+    "row_to_graph",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "StoreError",
+]

@@ -1,10 +1,10 @@
 """Browse a graph dataset: load, filter (pushed down to Parquet), metadata, records.
 
-    >>> ds = load("vits-1k")
-    >>> small = ds.filter(split="train", num_layers=3, num_params=(None, 5_000_000))
-    >>> small.metadata()            # pandas DataFrame of the scalar columns, graphs not decoded
-    >>> record = small[0]           # or small["vits-1k-00042"]
-    >>> record.graph, record.config, record.build_model(device="cpu")
+>>> ds = load("vits-1k")
+>>> small = ds.filter(split="train", num_layers=3, num_params=(None, 5_000_000))
+>>> small.metadata()            # pandas DataFrame of the scalar columns, graphs not decoded
+>>> record = small[0]           # or small["vits-1k-00042"]
+>>> record.graph, record.config, record.build_model(device="cpu")
 """
 
 from __future__ import annotations
@@ -168,8 +168,9 @@ class GraphDataset:
         table = self._table()
         converted: dict[str, Any] = {}
         data_list = []
-        for i, (record_id, fingerprint) in enumerate(zip(table.column("id").to_pylist(),
-                                                          table.column("fingerprint").to_pylist(), strict=True)):
+        for i, (record_id, fingerprint) in enumerate(
+            zip(table.column("id").to_pylist(), table.column("fingerprint").to_pylist(), strict=True)
+        ):
             if fingerprint not in converted:
                 converted[fingerprint] = Record(table.slice(i, 1).to_pylist()[0]).to_pyg()
             data = copy.copy(converted[fingerprint])  # tensors shared; collate copies them into one store

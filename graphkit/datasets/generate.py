@@ -36,7 +36,14 @@ from typing import Any
 
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
 from graphkit.datasets.store import (
-    RUN_FILE, StoreError, check_dataset_folder, finalize_dataset, graph_to_row, read_manifest, read_table, shard_name,
+    RUN_FILE,
+    StoreError,
+    check_dataset_folder,
+    finalize_dataset,
+    graph_to_row,
+    read_manifest,
+    read_table,
+    shard_name,
     write_shard,
 )
 from graphkit.errors import GraphkitError
@@ -62,10 +69,10 @@ class GenerateResult:
     """What a generation run did."""
 
     path: Path
-    records: int         # records this run wrote
-    architectures: int   # distinct architectures among them
+    records: int  # records this run wrote
+    architectures: int  # distinct architectures among them
     parts_written: int
-    parts_skipped: int   # already on disk (resume)
+    parts_skipped: int  # already on disk (resume)
     seconds: float
     repaired: list[str] = field(default_factory=list)  # damaged parts found and redone, one line each
 
@@ -95,9 +102,20 @@ def _width_key(key: str) -> str:
 
 def _with_heads(graph: ArchGraph, heads: int) -> ArchGraph:
     """``graph`` with its attention nodes relabelled to ``heads`` MHA heads of the same width."""
-    nodes = [replace(n, attrs={**n.attrs, "heads": heads, "kv_heads": heads,
-                               "head_dim": n.attrs["heads"] * n.attrs["head_dim"] // heads})
-             if n.op == "attention" else n for n in graph.nodes]
+    nodes = [
+        replace(
+            n,
+            attrs={
+                **n.attrs,
+                "heads": heads,
+                "kv_heads": heads,
+                "head_dim": n.attrs["heads"] * n.attrs["head_dim"] // heads,
+            },
+        )
+        if n.op == "attention"
+        else n
+        for n in graph.nodes
+    ]
     return ArchGraph(nodes=nodes, edges=list(graph.edges), meta=dict(graph.meta))
 
 
@@ -165,8 +183,12 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
 
 def _check_options(num: int | None, workers: int, num_shards: int, shard_index: int, part_size: int) -> None:
     """Refuse nonsense counts in one line naming the option, before anything is read or written."""
-    counts = {"--num": (num, MAX_RECORDS), "--workers": (workers, None), "--num-shards": (num_shards, None),
-              "part_size": (part_size, None)}
+    counts = {
+        "--num": (num, MAX_RECORDS),
+        "--workers": (workers, None),
+        "--num-shards": (num_shards, None),
+        "part_size": (part_size, None),
+    }
     for option, (value, high) in counts.items():
         if value is None and option == "--num":
             continue
@@ -174,7 +196,9 @@ def _check_options(num: int | None, workers: int, num_shards: int, shard_index: 
             bound = f" and at most {high:,}" if high is not None else ""
             raise GenerateError(f"{option} must be an integer of at least 1{bound}, got {value!r}")
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
-        raise GenerateError(f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}")
+        raise GenerateError(
+            f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}"
+        )
 
 
 def recorded_run(out: str | Path) -> dict[str, Any] | None:
@@ -210,11 +234,17 @@ def _check_identity(out: Path, recorded: Mapping[str, Any], identity: Mapping[st
         old, new = recorded[key], identity[key]
         if key == "recipe" and isinstance(old, dict) and old.get("name") == new["name"]:
             field_name = next(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
-            option, old, new = f"recipe {new['name']!r} with {field_name}", json.dumps(old.get(field_name)), json.dumps(new.get(field_name))
+            option, old, new = (
+                f"recipe {new['name']!r} with {field_name}",
+                json.dumps(old.get(field_name)),
+                json.dumps(new.get(field_name)),
+            )
         elif key == "recipe":
             old, new = old.get("name") if isinstance(old, dict) else old, new["name"]
-        raise GenerateError(f"{out} holds a dataset made with {option} {old}; this run asks for {option} {new}. "
-                            "Rerun with the same options to finish it, or choose another --out")
+        raise GenerateError(
+            f"{out} holds a dataset made with {option} {old}; this run asks for {option} {new}. "
+            "Rerun with the same options to finish it, or choose another --out"
+        )
 
 
 @contextlib.contextmanager
@@ -236,13 +266,17 @@ def _start_run(out: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
     with _flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
         existing = sorted((out / "data").glob("*.parquet")) if (out / "data").is_dir() else []
         if existing and not resume:
-            raise GenerateError(f"{out} already holds a dataset ({len(existing)} files); pass --resume to finish it or choose another --out")
+            raise GenerateError(
+                f"{out} already holds a dataset ({len(existing)} files); pass --resume to finish it or choose another --out"
+            )
         recorded = recorded_run(out)
         if recorded is not None:
             _check_identity(out, recorded, identity)
         elif existing:
-            raise GenerateError(f"{out} holds shards but no record of the run that made them ({RUN_FILE}); "
-                                "they cannot be resumed safely: choose another --out")
+            raise GenerateError(
+                f"{out} holds shards but no record of the run that made them ({RUN_FILE}); "
+                "they cannot be resumed safely: choose another --out"
+            )
         _sweep_temporaries(out, ["manifest.json", "README.md", RUN_FILE])
         if recorded != identity:  # a new run, or a dataset made before run files: record what this run makes
             write_text_atomic(out / RUN_FILE, json.dumps(identity, indent=1) + "\n")
@@ -268,7 +302,9 @@ def _damage(out: Path, j: int, n_parts: int, rows: list[tuple[str, dict[str, Any
         except StoreError as e:
             return str(e)
         expected = [(rid, config) for rid, config, s in rows if s == split]
-        found = list(zip(table.column("id").to_pylist(), map(json.loads, table.column("config").to_pylist()), strict=True))
+        found = list(
+            zip(table.column("id").to_pylist(), map(json.loads, table.column("config").to_pylist()), strict=True)
+        )
         if found != expected:
             return f"{path}: holds other rows than this part's ({len(found)} found, {len(expected)} expected)"
     return None
@@ -286,9 +322,21 @@ def resume_hint(out: str | Path) -> str:
         built_in = base in RECIPES and RECIPES[base].with_attention(attention).to_dict() == recipe
     except RecipeError:  # a run file edited by hand: name no recipe rather than fail a warning
         built_in = False
-    options = [f"--num {run['num']}" if "num" in run else "", f"--seed {run['seed']}" if "seed" in run else "",
-               f"--attention {attention}" if attention != "mha" else ""]
-    return " ".join(["graphkit generate", base if built_in else "RECIPE_FILE", "--out", str(out), *filter(None, options), "--resume"])
+    options = [
+        f"--num {run['num']}" if "num" in run else "",
+        f"--seed {run['seed']}" if "seed" in run else "",
+        f"--attention {attention}" if attention != "mha" else "",
+    ]
+    return " ".join(
+        [
+            "graphkit generate",
+            base if built_in else "RECIPE_FILE",
+            "--out",
+            str(out),
+            *filter(None, options),
+            "--resume",
+        ]
+    )
 
 
 def incomplete(path: str | Path, records: int) -> str | None:
@@ -296,12 +344,16 @@ def incomplete(path: str | Path, records: int) -> str | None:
     or fewer records than its run draws) and how to finish it; None when it is complete."""
     path = Path(path)
     expected = (recorded_run(path) or {}).get("num")
-    problems = [f"{records:,} of {expected:,} records" if isinstance(expected, int) and records != expected else "",
-                "no manifest.json" if not (path / "manifest.json").is_file() else ""]
+    problems = [
+        f"{records:,} of {expected:,} records" if isinstance(expected, int) and records != expected else "",
+        "no manifest.json" if not (path / "manifest.json").is_file() else "",
+    ]
     if not any(problems):
         return None
-    return (f"{path} is incomplete ({', '.join(filter(None, problems))}): its graphkit generate was interrupted; "
-            f"finish it with `{resume_hint(path)}`")
+    return (
+        f"{path} is incomplete ({', '.join(filter(None, problems))}): its graphkit generate was interrupted; "
+        f"finish it with `{resume_hint(path)}`"
+    )
 
 
 def generate(
@@ -341,19 +393,34 @@ def generate(
     part_size = recorded.get("part_size", DEFAULT_PART_SIZE) if part_size is None else part_size
     _check_options(num, workers, num_shards, shard_index, part_size)
     records = recipe.sample(num, seed)  # before the folder is touched: a bad recipe leaves nothing behind
-    identity = {"recipe": recipe.to_dict(), "seed": seed, "num": len(records), "part_size": part_size,
-                "attention": attention or "mha"}
-    parts = [records[j:j + part_size] for j in range(0, len(records), part_size)]
+    identity = {
+        "recipe": recipe.to_dict(),
+        "seed": seed,
+        "num": len(records),
+        "part_size": part_size,
+        "attention": attention or "mha",
+    }
+    parts = [records[j : j + part_size] for j in range(0, len(records), part_size)]
     n_parts = len(parts)
     mine = [j for j in range(n_parts) if j % num_shards == shard_index]
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as locks:
-        locks.enter_context(_flock(out / LOCK_FILE, fcntl.LOCK_EX if num_shards == 1 else fcntl.LOCK_SH,
-                                   f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out"))
+        locks.enter_context(
+            _flock(
+                out / LOCK_FILE,
+                fcntl.LOCK_EX if num_shards == 1 else fcntl.LOCK_SH,
+                f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out",
+            )
+        )
         _start_run(out, identity, resume=resume or num_shards > 1)
         if num_shards > 1:
-            locks.enter_context(_flock(out / f".graphkit-shard-{shard_index}-of-{num_shards}.lock", fcntl.LOCK_EX,
-                                       f"{out}: another graphkit generate is making shard {shard_index} of {num_shards} here; wait for it to finish"))
+            locks.enter_context(
+                _flock(
+                    out / f".graphkit-shard-{shard_index}-of-{num_shards}.lock",
+                    fcntl.LOCK_EX,
+                    f"{out}: another graphkit generate is making shard {shard_index} of {num_shards} here; wait for it to finish",
+                )
+            )
         _sweep_temporaries(out / "data", [shard_name(split, j, n_parts) for j in mine for split in SPLITS])
         damage = {j: _damage(out, j, n_parts, parts[j]) for j in mine}
         todo = [j for j in mine if damage[j] is not None]
@@ -377,8 +444,15 @@ def generate(
                 write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, j, n_parts))
         with _flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
             finalize_dataset(out, name=recipe.name, info={**identity, "parts": n_parts})
-    return GenerateResult(path=out, records=len(todo_records), architectures=len(keys), parts_written=len(todo),
-                          parts_skipped=len(mine) - len(todo), seconds=time.perf_counter() - start, repaired=repaired)
+    return GenerateResult(
+        path=out,
+        records=len(todo_records),
+        architectures=len(keys),
+        parts_written=len(todo),
+        parts_skipped=len(mine) - len(todo),
+        seconds=time.perf_counter() - start,
+        repaired=repaired,
+    )
 
 
 __all__ = ["generate", "GenerateResult", "GenerateError", "recorded_run", "resume_hint", "incomplete"]

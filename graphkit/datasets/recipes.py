@@ -63,8 +63,12 @@ def _is_setting(value: Any) -> bool:
 
 def _is_choice_list(values: Any) -> bool:
     """A non-empty list of distinct fixed config values."""
-    return (isinstance(values, tuple) and bool(values) and all(map(_is_setting, values))
-            and len({json.dumps(v) for v in values}) == len(values))
+    return (
+        isinstance(values, tuple)
+        and bool(values)
+        and all(map(_is_setting, values))
+        and len({json.dumps(v) for v in values}) == len(values)
+    )
 
 
 def _as_tuple(value: Any) -> Any:
@@ -76,7 +80,9 @@ def _entries(recipe: str, key: str, value: Any, cls: type, required: tuple[str, 
     """The mappings of the list field ``key`` as ``cls`` instances, each key checked."""
     accepted = [f.name for f in fields(cls)]
     if not isinstance(value, list | tuple) or not value:
-        raise RecipeError(f"recipe {recipe!r}: {key} must be a non-empty list of mappings with keys {', '.join(accepted)}; got {value!r}")
+        raise RecipeError(
+            f"recipe {recipe!r}: {key} must be a non-empty list of mappings with keys {', '.join(accepted)}; got {value!r}"
+        )
     built = []
     for i, entry in enumerate(value):
         where = f"recipe {recipe!r}: {key}[{i}]"
@@ -112,10 +118,16 @@ class Bin:
     def problem(self) -> str | None:
         """What is wrong with this bin, as ``field must be ...``; None when it is sound."""
         layers, hidden = self.layers, self.hidden
-        if not (isinstance(layers, tuple) and len(layers) == 2 and all(map(_is_count, layers)) and layers[0] <= layers[1]):
+        if not (
+            isinstance(layers, tuple) and len(layers) == 2 and all(map(_is_count, layers)) and layers[0] <= layers[1]
+        ):
             return f"layers must be a list (low, high) of integers with 1 <= low <= high; got {layers!r}"
-        if not (isinstance(hidden, tuple) and len(hidden) == 3 and all(_is_count(h, MAX_HIDDEN) for h in hidden)
-                and hidden[0] <= hidden[1]):
+        if not (
+            isinstance(hidden, tuple)
+            and len(hidden) == 3
+            and all(_is_count(h, MAX_HIDDEN) for h in hidden)
+            and hidden[0] <= hidden[1]
+        ):
             return f"hidden must be a list (low, high, step) of integers with 1 <= low <= high <= {MAX_HIDDEN:,} and step >= 1; got {hidden!r}"
         return None
 
@@ -143,9 +155,10 @@ class HeadRule:
 
     def problem(self) -> str | None:
         """What is wrong with this rule, as ``field must be ...``; None when it is sound."""
-        if self.choices != "divisors" and not (isinstance(self.choices, tuple) and self.choices
-                                               and all(map(_is_count, self.choices))):
-            return f"choices must be \"divisors\" or a non-empty list of integers >= 1; got {self.choices!r}"
+        if self.choices != "divisors" and not (
+            isinstance(self.choices, tuple) and self.choices and all(map(_is_count, self.choices))
+        ):
+            return f'choices must be "divisors" or a non-empty list of integers >= 1; got {self.choices!r}'
         if not (isinstance(self.hidden, tuple) and all(map(_is_count, self.hidden))):
             return f"hidden must be a list of integers >= 1 (empty: every width); got {self.hidden!r}"
         if not _is_count(self.min_head_dim):
@@ -175,8 +188,10 @@ class Recipe:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.name, str) and NAME_PATTERN.fullmatch(self.name) and ".." not in self.name):
-            raise RecipeError("recipe name must be an identifier of at most 100 letters, digits, '.', '_' and '-', "
-                              f"starting with a letter or digit, without '..' (it names the output folder); got {self.name!r}")
+            raise RecipeError(
+                "recipe name must be an identifier of at most 100 letters, digits, '.', '_' and '-', "
+                f"starting with a letter or digit, without '..' (it names the output folder); got {self.name!r}"
+            )
         if not isinstance(self.family, str):
             self._refuse("family", "a family name", self.family)
         try:
@@ -194,17 +209,40 @@ class Recipe:
 
         checks = [
             ("max_params", _is_count(self.max_params), "an integer >= 1"),
-            ("fixed", isinstance(self.fixed, Mapping) and all(isinstance(k, str) and _is_setting(v) for k, v in self.fixed.items()),
-             "a mapping of config keys to null, true/false, strings or finite numbers >= 0"),
-            ("choices", isinstance(self.choices, Mapping) and all(isinstance(k, str) and _is_choice_list(v) for k, v in self.choices.items()),
-             "a mapping of config keys to non-empty lists of distinct null, true/false, strings or finite numbers >= 0"),
+            (
+                "fixed",
+                isinstance(self.fixed, Mapping)
+                and all(isinstance(k, str) and _is_setting(v) for k, v in self.fixed.items()),
+                "a mapping of config keys to null, true/false, strings or finite numbers >= 0",
+            ),
+            (
+                "choices",
+                isinstance(self.choices, Mapping)
+                and all(isinstance(k, str) and _is_choice_list(v) for k, v in self.choices.items()),
+                "a mapping of config keys to non-empty lists of distinct null, true/false, strings or finite numbers >= 0",
+            ),
             ("kv_heads", self.kv_heads in (None, "divisors"), 'null or "divisors"'),
-            ("sliding_window", isinstance(self.sliding_window, tuple) and self.sliding_window
-             and all(w is None or _is_count(w) for w in self.sliding_window), "a non-empty list of null or integers >= 1"),
-            ("attention", isinstance(self.attention, tuple) and self.attention
-             and all(a is None or a in VARIANTS for a in self.attention), f"a non-empty list of null or {', '.join(VARIANTS)}"),
-            ("eval_fraction", isinstance(self.eval_fraction, int | float) and not isinstance(self.eval_fraction, bool)
-             and 0 <= self.eval_fraction < 1, "a number in [0, 1)"),
+            (
+                "sliding_window",
+                isinstance(self.sliding_window, tuple)
+                and self.sliding_window
+                and all(w is None or _is_count(w) for w in self.sliding_window),
+                "a non-empty list of null or integers >= 1",
+            ),
+            (
+                "attention",
+                isinstance(self.attention, tuple)
+                and self.attention
+                and all(a is None or a in VARIANTS for a in self.attention),
+                f"a non-empty list of null or {', '.join(VARIANTS)}",
+            ),
+            (
+                "eval_fraction",
+                isinstance(self.eval_fraction, int | float)
+                and not isinstance(self.eval_fraction, bool)
+                and 0 <= self.eval_fraction < 1,
+                "a number in [0, 1)",
+            ),
             ("num", _is_count(self.num, MAX_RECORDS), f"an integer in 1..{MAX_RECORDS:,}"),
             ("description", isinstance(self.description, str), "a string"),
         ]
@@ -213,14 +251,20 @@ class Recipe:
                 self._refuse(key, accepted, getattr(self, key))
         for key in self.choices:
             if key in self.fixed:
-                raise RecipeError(f"recipe {self.name!r}: choices key {key!r} is also in fixed; a config key is either fixed or chosen")
+                raise RecipeError(
+                    f"recipe {self.name!r}: choices key {key!r} is also in fixed; a config key is either fixed or chosen"
+                )
             if key in DRAWN_KEYS:
-                raise RecipeError(f"recipe {self.name!r}: choices key {key!r} is drawn by the recipe's own fields; "
-                                  f"choices takes the family's other config keys (not {', '.join(DRAWN_KEYS)})")
+                raise RecipeError(
+                    f"recipe {self.name!r}: choices key {key!r} is drawn by the recipe's own fields; "
+                    f"choices takes the family's other config keys (not {', '.join(DRAWN_KEYS)})"
+                )
         pairs = sum(b.pairs for b in self.bins)
         if pairs > MAX_CANDIDATES:
-            raise RecipeError(f"recipe {self.name!r}: bins span {pairs:,} (layers, hidden) pairs, more than the "
-                              f"{MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps or fewer layers")
+            raise RecipeError(
+                f"recipe {self.name!r}: bins span {pairs:,} (layers, hidden) pairs, more than the "
+                f"{MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps or fewer layers"
+            )
 
     def _refuse(self, key: str, accepted: str, value: Any) -> NoReturn:
         raise RecipeError(f"recipe {self.name!r}: {key} must be {accepted}; got {value!r}")
@@ -230,7 +274,9 @@ class Recipe:
         """Build from plain data (a parsed JSON / YAML file); errors name the bad field and what
         it accepts."""
         name = data.get("name", "?")
-        _check_keys(f"recipe {name!r}", data, [f.name for f in fields(cls)], ("name", "family", "bins", "heads", "max_params"))
+        _check_keys(
+            f"recipe {name!r}", data, [f.name for f in fields(cls)], ("name", "family", "bins", "heads", "max_params")
+        )
         values = {key: _as_tuple(value) for key, value in data.items()}
         values["bins"] = _entries(name, "bins", data["bins"], Bin, ("layers", "hidden"))
         values["heads"] = _entries(name, "heads", data["heads"], HeadRule, ("choices",))
@@ -262,8 +308,13 @@ class Recipe:
         its K/V heads drawn from the divisors of the head count; "mha" leaves it as it is."""
         if variant == "mha":
             return self
-        return replace(self, name=f"{self.name}-{variant}", attention=(variant,), kv_heads="divisors",
-                       description=f"{self.description} ({variant} attention)")
+        return replace(
+            self,
+            name=f"{self.name}-{variant}",
+            attention=(variant,),
+            kv_heads="divisors",
+            description=f"{self.description} ({variant} attention)",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, the inverse of :meth:`from_dict` (stored in each dataset's manifest).
@@ -292,11 +343,13 @@ class Recipe:
 
     def _width_settings(self, hidden: int) -> list[tuple[int, str | None, int | None, int | None]]:
         """The (heads, attention, kv_heads, sliding_window) settings one width takes."""
-        return [(heads, attention, kv, window)
-                for heads in self._head_choices(hidden)
-                for attention in self.attention
-                for kv in self._kv_choices(heads, attention)
-                for window in self.sliding_window]
+        return [
+            (heads, attention, kv, window)
+            for heads in self._head_choices(hidden)
+            for attention in self.attention
+            for kv in self._kv_choices(heads, attention)
+            for window in self.sliding_window
+        ]
 
     def _chosen(self) -> list[dict[str, Any]]:
         """Every combination of the ``choices`` values, in the recipe's order ([{}] without any)."""
@@ -309,19 +362,30 @@ class Recipe:
         refused at once rather than hanging."""
         widths = {hidden: self._width_settings(hidden) for b in self.bins for hidden in range(*b.widths)}
         chosen = self._chosen()
-        candidates = len(chosen) * sum((b.layers[1] - b.layers[0] + 1) * len(widths[hidden])
-                                       for b in self.bins for hidden in range(*b.widths))
+        candidates = len(chosen) * sum(
+            (b.layers[1] - b.layers[0] + 1) * len(widths[hidden]) for b in self.bins for hidden in range(*b.widths)
+        )
         if candidates > MAX_CANDIDATES:
-            raise RecipeError(f"recipe {self.name!r}: bins, heads and choices give {candidates:,} candidate architectures, more "
-                              f"than the {MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps, fewer layers, fewer head "
-                              "choices or fewer choices values")
+            raise RecipeError(
+                f"recipe {self.name!r}: bins, heads and choices give {candidates:,} candidate architectures, more "
+                f"than the {MAX_CANDIDATES:,} a space may enumerate; use larger hidden steps, fewer layers, fewer head "
+                "choices or fewer choices values"
+            )
         configs = []
         for b in self.bins:
             for layers in range(b.layers[0], b.layers[1] + 1):
                 for hidden in range(*b.widths):
                     for (heads, attention, kv, window), choice in itertools.product(widths[hidden], chosen):
-                        config = {"family": self.family, "num_layers": layers, "hidden": hidden,
-                                  "heads": heads, "attention": attention, "kv_heads": kv, **self.fixed, **choice}
+                        config = {
+                            "family": self.family,
+                            "num_layers": layers,
+                            "hidden": hidden,
+                            "heads": heads,
+                            "attention": attention,
+                            "kv_heads": kv,
+                            **self.fixed,
+                            **choice,
+                        }
                         if window is not None:
                             config["sliding_window"] = window
                         try:
@@ -330,11 +394,15 @@ class Recipe:
                         except ConfigError as e:
                             raise RecipeError(f"recipe {self.name!r}: {e}") from e
                         except (ArithmeticError, TypeError, ValueError) as e:  # a family check that missed a value
-                            raise RecipeError(f"recipe {self.name!r}: config {config} cannot be built ({e}); check fixed and choices") from e
+                            raise RecipeError(
+                                f"recipe {self.name!r}: config {config} cannot be built ({e}); check fixed and choices"
+                            ) from e
                         if fits:
                             configs.append(full)
         if not configs:
-            raise RecipeError(f"recipe {self.name!r}: no architecture fits its bins, heads and max_params {self.max_params:,}")
+            raise RecipeError(
+                f"recipe {self.name!r}: no architecture fits its bins, heads and max_params {self.max_params:,}"
+            )
         return configs
 
     def sample(self, num: int | None = None, seed: int = 0) -> list[tuple[str, dict[str, Any], str]]:
@@ -354,8 +422,10 @@ class Recipe:
             rng.shuffle(lap)
             order.extend(lap)
         width = max(5, len(str(num - 1)))
-        return [(f"{self.name}-{i:0{width}d}", space[a], "eval" if a in held_out_set else "train")
-                for i, a in enumerate(order[:num])]
+        return [
+            (f"{self.name}-{i:0{width}d}", space[a], "eval" if a in held_out_set else "train")
+            for i, a in enumerate(order[:num])
+        ]
 
 
 class RecipeTable(LiveTable):

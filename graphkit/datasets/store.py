@@ -32,9 +32,9 @@ ROW_GROUP_SIZE = 16
 
 #: the Hugging Face graph-datasets columns (with ``num_nodes``), added in schema version 2
 HUB_FIELDS = [
-    ("node_feat", pa.list_(pa.list_(pa.int64()))),             # [N][5]: op id, largest parameter shape (4 dims)
-    ("edge_index", pa.list_(pa.list_(pa.int64()))),            # [2][E]: sources, destinations
-    ("edge_attr", pa.list_(pa.list_(pa.int64()))),             # [E][1]: 1, every edge is data flow
+    ("node_feat", pa.list_(pa.list_(pa.int64()))),  # [N][5]: op id, largest parameter shape (4 dims)
+    ("edge_index", pa.list_(pa.list_(pa.int64()))),  # [2][E]: sources, destinations
+    ("edge_attr", pa.list_(pa.list_(pa.int64()))),  # [E][1]: 1, every edge is data flow
 ]
 
 _FIELDS = [
@@ -51,16 +51,16 @@ _FIELDS = [
     ("num_nodes", pa.int32()),
     ("num_edges", pa.int32()),
     ("fingerprint", pa.string()),
-    ("config", pa.string()),                                   # the full config, JSON
+    ("config", pa.string()),  # the full config, JSON
     ("node_op", pa.list_(pa.string())),
     ("node_name", pa.list_(pa.string())),
     ("node_module", pa.list_(pa.string())),
     ("node_param_names", pa.list_(pa.list_(pa.string()))),
     ("node_param_shapes", pa.list_(pa.list_(pa.list_(pa.int64())))),
-    ("node_attrs", pa.list_(pa.string())),                     # one JSON object per node
+    ("node_attrs", pa.list_(pa.string())),  # one JSON object per node
     ("edge_src", pa.list_(pa.int32())),
     ("edge_dst", pa.list_(pa.int32())),
-    ("graph_meta", pa.string()),                               # JSON
+    ("graph_meta", pa.string()),  # JSON
 ]
 SCHEMA = pa.schema(_FIELDS + HUB_FIELDS, metadata={"graphkit_schema_version": str(SCHEMA_VERSION)})
 #: the columns a shard of each schema version holds, by version
@@ -98,8 +98,10 @@ def check_dataset_folder(out: str | Path, what: str = "--out") -> None:
     if not out.is_dir() or (out / RUN_FILE).is_file() or read_manifest(out) is not None:
         return
     if any(not entry.name.startswith(".graphkit") for entry in out.iterdir()):
-        raise StoreError(f"{what} {out}: is not empty and holds no graphkit dataset (no {RUN_FILE} or manifest.json); "
-                         "choose a new or empty folder")
+        raise StoreError(
+            f"{what} {out}: is not empty and holds no graphkit dataset (no {RUN_FILE} or manifest.json); "
+            "choose a new or empty folder"
+        )
 
 
 def _json(value: Any) -> str:
@@ -158,11 +160,21 @@ def hub_columns(graph: ArchGraph) -> dict[str, Any]:
 def row_to_graph(row: Mapping[str, Any]) -> ArchGraph:
     """The ArchGraph a row holds (inverse of :func:`graph_to_row`)."""
     nodes = [
-        Node(op=op, name=name, module=module, params=dict(zip(names, map(tuple, shapes), strict=True)),
-             attrs=json.loads(attrs))
+        Node(
+            op=op,
+            name=name,
+            module=module,
+            params=dict(zip(names, map(tuple, shapes), strict=True)),
+            attrs=json.loads(attrs),
+        )
         for op, name, module, names, shapes, attrs in zip(
-            row["node_op"], row["node_name"], row["node_module"], row["node_param_names"],
-            row["node_param_shapes"], row["node_attrs"], strict=True,
+            row["node_op"],
+            row["node_name"],
+            row["node_module"],
+            row["node_param_names"],
+            row["node_param_shapes"],
+            row["node_attrs"],
+            strict=True,
         )
     ]
     edges = list(zip(row["edge_src"], row["edge_dst"], strict=True))
@@ -184,8 +196,14 @@ def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.parquet"
 
 
-def write_dataset(rows: Sequence[Mapping[str, Any]], out: str | Path, *, name: str, shard: tuple[int, int] = (0, 1),
-                  info: Mapping[str, Any] | None = None) -> Path:
+def write_dataset(
+    rows: Sequence[Mapping[str, Any]],
+    out: str | Path,
+    *,
+    name: str,
+    shard: tuple[int, int] = (0, 1),
+    info: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``rows`` as dataset folder ``out``: ``data/<split>-<i>-of-<k>.parquet`` per split,
     then :func:`finalize_dataset`. ``shard=(i, k)`` names the files of shard i of k, so
     separately written shards form one dataset; a non-empty folder that is not a graphkit
@@ -209,31 +227,44 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
 
     out = Path(out)
     files = sorted(str(f) for f in (out / "data").glob("*.parquet"))
-    present = pads.dataset(files, schema=SCHEMA, format="parquet").to_table(columns=["id", "fingerprint", "split"]).to_pydict()
+    present = (
+        pads.dataset(files, schema=SCHEMA, format="parquet")
+        .to_table(columns=["id", "fingerprint", "split"])
+        .to_pydict()
+    )
     splits = sorted(set(present["split"]))
     counts = {split: present["split"].count(split) for split in splits}
     digest = hashlib.sha256(_json(sorted(zip(present["id"], present["fingerprint"], strict=True))).encode()).hexdigest()
     manifest = {
-        "name": name, "schema_version": SCHEMA_VERSION, "ops_version": OPS_VERSION, "ops": list(OPS),
-        "graphkit_version": graphkit.__version__, "counts": counts,
-        "architectures": len(set(present["fingerprint"])), "content_hash": digest, **(info or {}),
+        "name": name,
+        "schema_version": SCHEMA_VERSION,
+        "ops_version": OPS_VERSION,
+        "ops": list(OPS),
+        "graphkit_version": graphkit.__version__,
+        "counts": counts,
+        "architectures": len(set(present["fingerprint"])),
+        "content_hash": digest,
+        **(info or {}),
     }
     write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
     card_splits = "".join(f"  - split: {s}\n    path: data/{s}-*.parquet\n" for s in splits)
-    write_text_atomic(out / "README.md", (
-        f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
-        f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
-        f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
-        " Scalar columns describe each architecture (`id`, `family`, `split`, `num_params`, `num_layers`, `hidden`,"
-        " `heads`, `kv_heads`, `attention`, `mlp`, `num_nodes`, `num_edges`, `fingerprint`, `config` as JSON);"
-        " `node_*` and `edge_*` list columns hold its graph losslessly. The graph is also in the Hugging Face"
-        " graph-datasets layout: `node_feat` (per node: op id, indexing `manifest.json`'s `ops`, then the shape of its"
-        " largest parameter zero-padded to 4 dims), `edge_index` (sources, destinations), `edge_attr` (1 per edge:"
-        " untyped data flow) and `num_nodes`, so `torch_geometric.data.Data(x=torch.tensor(row['node_feat']),"
-        " edge_index=torch.tensor(row['edge_index']), edge_attr=torch.tensor(row['edge_attr']),"
-        " num_nodes=row['num_nodes'])` needs no graphkit. Load with `graphkit.datasets.load(path)`, or with any"
-        " Parquet reader. `manifest.json` records the recipe and seed that reproduce it.\n"
-    ))
+    write_text_atomic(
+        out / "README.md",
+        (
+            f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
+            f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
+            f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
+            " Scalar columns describe each architecture (`id`, `family`, `split`, `num_params`, `num_layers`, `hidden`,"
+            " `heads`, `kv_heads`, `attention`, `mlp`, `num_nodes`, `num_edges`, `fingerprint`, `config` as JSON);"
+            " `node_*` and `edge_*` list columns hold its graph losslessly. The graph is also in the Hugging Face"
+            " graph-datasets layout: `node_feat` (per node: op id, indexing `manifest.json`'s `ops`, then the shape of its"
+            " largest parameter zero-padded to 4 dims), `edge_index` (sources, destinations), `edge_attr` (1 per edge:"
+            " untyped data flow) and `num_nodes`, so `torch_geometric.data.Data(x=torch.tensor(row['node_feat']),"
+            " edge_index=torch.tensor(row['edge_index']), edge_attr=torch.tensor(row['edge_attr']),"
+            " num_nodes=row['num_nodes'])` needs no graphkit. Load with `graphkit.datasets.load(path)`, or with any"
+            " Parquet reader. `manifest.json` records the recipe and seed that reproduce it.\n"
+        ),
+    )
     return out
 
 
@@ -252,11 +283,17 @@ def open_shard(path: str | Path) -> pq.ParquetFile:
     if version is None:
         raise StoreError(f"{path}: not a graphkit dataset shard (no graphkit_schema_version)")
     if not version.isdigit():
-        raise StoreError(f"{path}: unreadable graphkit_schema_version {version.decode(errors='replace')!r}; expected an integer")
+        raise StoreError(
+            f"{path}: unreadable graphkit_schema_version {version.decode(errors='replace')!r}; expected an integer"
+        )
     if int(version) > SCHEMA_VERSION:
-        raise StoreError(f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit")
+        raise StoreError(
+            f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit"
+        )
     if int(version) not in SCHEMAS:
-        raise StoreError(f"{path}: unknown graphkit_schema_version {int(version)}; this graphkit reads {', '.join(map(str, SCHEMAS))}")
+        raise StoreError(
+            f"{path}: unknown graphkit_schema_version {int(version)}; this graphkit reads {', '.join(map(str, SCHEMAS))}"
+        )
     expected_schema = SCHEMAS[int(version)]
     missing = [name for name in expected_schema.names if name not in schema.names]
     if missing:

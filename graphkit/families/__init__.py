@@ -15,8 +15,32 @@ tables other modules read (``RECIPES``, ``DEFAULT_SOURCES``, ``BUNDLED``) are li
 """
 
 from graphkit.families import gpt2, llama, vit  # noqa: F401  (each registers itself)
-from graphkit.families.registry import (FAMILIES, ConfigError, Family, FamilyTable, LiveTable, build_hf, build_model,
-                                        config_from_graph, get_family, num_params, register_family, resolve_config)
+from graphkit.families.registry import (
+    FAMILIES,
+    ConfigError,
+    Family,
+    FamilyTable,
+    LiveTable,
+    build_hf,
+    build_model,
+    config_from_graph,
+    get_family,
+    num_params,
+    register_family,
+    resolve_config,
+)
 
-__all__ = ["FAMILIES", "Family", "FamilyTable", "LiveTable", "ConfigError", "build_model", "resolve_config", "num_params",
-           "register_family", "get_family", "config_from_graph", "build_hf"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "FamilyTable",
+    "LiveTable",
+    "ConfigError",
+    "build_model",
+    "resolve_config",
+    "num_params",
+    "register_family",
+    "get_family",
+    "config_from_graph",
+    "build_hf",
+]

@@ -15,17 +15,21 @@ from graphkit.graph import ArchGraph
 def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return build_hf(GPT2LMHeadModel, GPT2Config(
-        n_layer=config["num_layers"],
-        n_embd=config["hidden"],
-        n_head=config["heads"],
-        n_inner=config["mlp"],
-        vocab_size=config["vocab_size"],
-        n_positions=config["context"],
-        tie_word_embeddings=config["tied"],
-        bos_token_id=config["vocab_size"] - 1,  # GPT-2's end-of-text is its last token
-        eos_token_id=config["vocab_size"] - 1,
-    ), init)
+    return build_hf(
+        GPT2LMHeadModel,
+        GPT2Config(
+            n_layer=config["num_layers"],
+            n_embd=config["hidden"],
+            n_head=config["heads"],
+            n_inner=config["mlp"],
+            vocab_size=config["vocab_size"],
+            n_positions=config["context"],
+            tie_word_embeddings=config["tied"],
+            bos_token_id=config["vocab_size"] - 1,  # GPT-2's end-of-text is its last token
+            eos_token_id=config["vocab_size"] - 1,
+        ),
+        init,
+    )
 
 
 def from_graph(graph: ArchGraph) -> dict[str, Any]:
@@ -36,32 +40,46 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     variant = attention[0].get("variant")
     head = next(n for n in graph.nodes if n.name == "lm_head")
     return {
-        "family": "gpt2", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
-        "attention": variant, "kv_heads": attention[0]["kv_heads"] if variant else None,
-        "mlp": shapes["transformer.h.0.mlp.c_fc.weight"][1], "vocab_size": vocab,
-        "context": shapes["transformer.wpe.weight"][0], "tied": bool(head.attrs.get("tied")),
+        "family": "gpt2",
+        "num_layers": len(attention),
+        "hidden": hidden,
+        "heads": attention[0]["heads"],
+        "attention": variant,
+        "kv_heads": attention[0]["kv_heads"] if variant else None,
+        "mlp": shapes["transformer.h.0.mlp.c_fc.weight"][1],
+        "vocab_size": vocab,
+        "context": shapes["transformer.wpe.weight"][0],
+        "tied": bool(head.attrs.get("tied")),
     }
 
 
-FAMILY = register_family(Family(
-    name="gpt2",
-    build=build,
-    blocks="transformer.h",
-    required=("num_layers", "hidden", "heads"),
-    defaults={"vocab_size": 50257, "context": 1024, "tied": False},
-    from_graph=from_graph,
-    traced_as=("gpt2",),
-    recipes=({
-        "name": "gpts-1k", "family": "gpt2",
-        "description": "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters",
-        "bins": [{"layers": [6, 9], "hidden": [72, 176, 8]}, {"layers": [4, 5], "hidden": [128, 176, 8]},
-                 {"layers": [3, 3], "hidden": [176, 256, 8]}],
-        "heads": [{"choices": "divisors"}],
-        "max_params": 30_000_000,
-        "fixed": {"vocab_size": 50257, "context": 1024, "tied": False},
-    },),
-    data="stdlib-text",
-    bundled_ghn="logah-tiny-gpts",
-    scaled_residuals=True,
-    attention_adapter=GPT2_ATTENTION,
-))
+FAMILY = register_family(
+    Family(
+        name="gpt2",
+        build=build,
+        blocks="transformer.h",
+        required=("num_layers", "hidden", "heads"),
+        defaults={"vocab_size": 50257, "context": 1024, "tied": False},
+        from_graph=from_graph,
+        traced_as=("gpt2",),
+        recipes=(
+            {
+                "name": "gpts-1k",
+                "family": "gpt2",
+                "description": "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters",
+                "bins": [
+                    {"layers": [6, 9], "hidden": [72, 176, 8]},
+                    {"layers": [4, 5], "hidden": [128, 176, 8]},
+                    {"layers": [3, 3], "hidden": [176, 256, 8]},
+                ],
+                "heads": [{"choices": "divisors"}],
+                "max_params": 30_000_000,
+                "fixed": {"vocab_size": 50257, "context": 1024, "tied": False},
+            },
+        ),
+        data="stdlib-text",
+        bundled_ghn="logah-tiny-gpts",
+        scaled_residuals=True,
+        attention_adapter=GPT2_ATTENTION,
+    )
+)

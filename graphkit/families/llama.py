@@ -49,37 +49,51 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
     head = next(n for n in graph.nodes if n.name == "lm_head")
     norm = next(n for n in graph.nodes if n.op == "rms_norm")
     return {
-        "family": "llama", "num_layers": len(attention), "hidden": hidden, "heads": attention[0]["heads"],
-        "kv_heads": attention[0]["kv_heads"], "attention": attention[0].get("variant"), "mlp": shapes["model.layers.0.mlp.gate_proj.weight"][0],
-        "vocab_size": vocab, "sliding_window": attention[0]["window"], "rms_eps": norm.attrs["eps"],
+        "family": "llama",
+        "num_layers": len(attention),
+        "hidden": hidden,
+        "heads": attention[0]["heads"],
+        "kv_heads": attention[0]["kv_heads"],
+        "attention": attention[0].get("variant"),
+        "mlp": shapes["model.layers.0.mlp.gate_proj.weight"][0],
+        "vocab_size": vocab,
+        "sliding_window": attention[0]["window"],
+        "rms_eps": norm.attrs["eps"],
         "tied": bool(head.attrs.get("tied")),
     }
 
 
-FAMILY = register_family(Family(
-    name="llama",
-    build=build,
-    blocks="model.layers",
-    required=("num_layers", "hidden", "heads"),
-    defaults={"vocab_size": 32000, "context": 2048, "sliding_window": None,
-              "rms_eps": 1e-6, "tied": False},
-    check=_check,
-    mlp_ratio=8 / 3,
-    from_graph=from_graph,
-    traced_as=("llama", "mistral"),
-    grouped=True,
-    recipes=({
-        "name": "llamas-1k", "family": "llama",
-        "description": "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower",
-        "bins": [{"layers": [6, 9], "hidden": [128, 256, 32]}, {"layers": [4, 5], "hidden": [256, 384, 32]},
-                 {"layers": [3, 3], "hidden": [384, 512, 32]}],
-        "heads": [{"choices": [4, 8], "min_head_dim": 16}],
-        "kv_heads": "divisors",
-        "sliding_window": [None, 256],
-        "max_params": 50_000_000,
-        "fixed": {"vocab_size": 32000, "context": 2048},
-    },),
-    data="stdlib-text",
-    bundled_ghn="logah-tiny-llamas",
-    attention_adapter=LLAMA_ATTENTION,
-))
+FAMILY = register_family(
+    Family(
+        name="llama",
+        build=build,
+        blocks="model.layers",
+        required=("num_layers", "hidden", "heads"),
+        defaults={"vocab_size": 32000, "context": 2048, "sliding_window": None, "rms_eps": 1e-6, "tied": False},
+        check=_check,
+        mlp_ratio=8 / 3,
+        from_graph=from_graph,
+        traced_as=("llama", "mistral"),
+        grouped=True,
+        recipes=(
+            {
+                "name": "llamas-1k",
+                "family": "llama",
+                "description": "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower",
+                "bins": [
+                    {"layers": [6, 9], "hidden": [128, 256, 32]},
+                    {"layers": [4, 5], "hidden": [256, 384, 32]},
+                    {"layers": [3, 3], "hidden": [384, 512, 32]},
+                ],
+                "heads": [{"choices": [4, 8], "min_head_dim": 16}],
+                "kv_heads": "divisors",
+                "sliding_window": [None, 256],
+                "max_params": 50_000_000,
+                "fixed": {"vocab_size": 32000, "context": 2048},
+            },
+        ),
+        data="stdlib-text",
+        bundled_ghn="logah-tiny-llamas",
+        attention_adapter=LLAMA_ATTENTION,
+    )
+)

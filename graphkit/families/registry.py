@@ -56,7 +56,9 @@ class Family:
         known = {"family", "mlp", "attention", "kv_heads", *self.required, *self.defaults}
         unknown = sorted(set(config) - known)
         if unknown:
-            raise ConfigError(f"{self.name} config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{self.name} config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(known))}"
+            )
         missing = [k for k in self.required if k not in config]
         if missing:
             raise ConfigError(f"{self.name} config: missing key {missing[0]!r}")
@@ -71,11 +73,17 @@ class Family:
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
         if full["attention"] is not None and full["attention"] not in VARIANTS:
-            raise ConfigError(f"{self.name} config: unknown attention {full['attention']!r}; accepted: none (the family's own), {', '.join(VARIANTS)}")
+            raise ConfigError(
+                f"{self.name} config: unknown attention {full['attention']!r}; accepted: none (the family's own), {', '.join(VARIANTS)}"
+            )
         if full["kv_heads"] is not None and full["attention"] is None and not self.grouped:
-            raise ConfigError(f"{self.name} config: kv_heads needs an attention variant ({', '.join(VARIANTS)}); {self.name} models are MHA")
+            raise ConfigError(
+                f"{self.name} config: kv_heads needs an attention variant ({', '.join(VARIANTS)}); {self.name} models are MHA"
+            )
         if full["kv_heads"] is not None and full["heads"] % full["kv_heads"]:
-            raise ConfigError(f"{self.name} config: heads {full['heads']} is not divisible by kv_heads {full['kv_heads']}")
+            raise ConfigError(
+                f"{self.name} config: heads {full['heads']} is not divisible by kv_heads {full['kv_heads']}"
+            )
         if self.check is not None:
             self.check(full)
         return full
@@ -94,7 +102,9 @@ class Family:
         elif isinstance(default, str):
             ok, accepted = isinstance(value, str), "a string"
         else:  # a size or a count; null where the default is null
-            ok = (value is None and default is None) or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+            ok = (value is None and default is None) or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            )
             accepted = "null or an integer >= 1" if default is None else "an integer >= 1"
             if key == "mlp" and isinstance(value, float):
                 accepted += " (the MLP's hidden width in units, not a ratio: a 4x MLP is mlp = 4 * hidden)"
@@ -184,7 +194,9 @@ def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
             except (KeyError, StopIteration, IndexError) as e:
                 raise ConfigError(f"graph of family {traced!r} lacks what a {family.name} config needs ({e})") from e
     readable = sorted(t for f in FAMILIES.values() for t in f.traced_as)
-    raise ConfigError(f"cannot read a config from a graph of family {traced!r}; readable families: {', '.join(readable)}")
+    raise ConfigError(
+        f"cannot read a config from a graph of family {traced!r}; readable families: {', '.join(readable)}"
+    )
 
 
 def build_model(config: Mapping[str, Any], device: str | torch.device = "meta", init: bool | None = None) -> nn.Module:
@@ -221,5 +233,16 @@ def _base_and_block(key: str) -> tuple[int, int]:
     return total - block, block
 
 
-__all__ = ["FAMILIES", "Family", "FamilyTable", "LiveTable", "ConfigError", "build_model", "resolve_config", "num_params",
-           "register_family", "get_family", "config_from_graph"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "FamilyTable",
+    "LiveTable",
+    "ConfigError",
+    "build_model",
+    "resolve_config",
+    "num_params",
+    "register_family",
+    "get_family",
+    "config_from_graph",
+]

@@ -15,6 +15,20 @@ from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import PredictError, predict
 from graphkit.ghn.training import TrainConfig, TrainError, train
 
-__all__ = ["LoGAH", "LoGAHConfig", "VARIANTS", "targets", "predict", "PredictError", "load_checkpoint",
-           "save_checkpoint", "CheckpointError", "BUNDLED", "load_source", "DataError", "train", "TrainConfig",
-           "TrainError"]
+__all__ = [
+    "LoGAH",
+    "LoGAHConfig",
+    "VARIANTS",
+    "targets",
+    "predict",
+    "PredictError",
+    "load_checkpoint",
+    "save_checkpoint",
+    "CheckpointError",
+    "BUNDLED",
+    "load_source",
+    "DataError",
+    "train",
+    "TrainConfig",
+    "TrainError",
+]

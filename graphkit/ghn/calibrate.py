@@ -67,8 +67,13 @@ def residual_writers(graph: ArchGraph) -> list[str]:
     output feeds an ``add`` (GPT-2's ``attn.c_proj`` and ``mlp.c_proj``, timm's ``attn.proj`` and
     ``mlp.fc2``, LLaMA's ``o_proj`` and ``down_proj``), in graph order."""
     feeds_add = {src for src, dst in graph.edges if graph.nodes[dst].op == "add"}
-    return [name for i, node in enumerate(graph.nodes) if i in feeds_add and node.op == "linear"
-            for name, shape in node.params.items() if len(shape) >= 2]
+    return [
+        name
+        for i, node in enumerate(graph.nodes)
+        if i in feeds_add and node.op == "linear"
+        for name, shape in node.params.items()
+        if len(shape) >= 2
+    ]
 
 
 def writers_by_block(graph: ArchGraph, blocks: str, depth: int) -> list[list[str]]:
@@ -78,15 +83,17 @@ def writers_by_block(graph: ArchGraph, blocks: str, depth: int) -> list[list[str
     found: list[list[str]] = [[] for _ in range(depth)]
     for name in residual_writers(graph):
         module = name.rpartition(".")[0]
-        index = module[len(blocks) + 1:].partition(".")[0] if module.startswith(blocks + ".") else ""
+        index = module[len(blocks) + 1 :].partition(".")[0] if module.startswith(blocks + ".") else ""
         if not index.isdigit() or int(index) >= depth:
             raise CalibrationError(f"residual branch {module!r} lies outside the blocks {blocks!r}")
         if module not in found[int(index)]:
             found[int(index)].append(module)
     bad = next((i for i, modules in enumerate(found) if len(modules) != 2), None)
     if bad is not None:
-        raise CalibrationError(f"block {blocks}.{bad} has {len(found[bad])} residual branches; calibration reads "
-                               "pre-norm blocks of two (attention, then MLP)")
+        raise CalibrationError(
+            f"block {blocks}.{bad} has {len(found[bad])} residual branches; calibration reads "
+            "pre-norm blocks of two (attention, then MLP)"
+        )
     return found
 
 
@@ -125,6 +132,7 @@ def _hooks(model: nn.Module, blocks: list[nn.Module], writers: list[list[str]], 
             new = on_branch(index, branch, state["stream"], output.detach().float())
             state["stream"] = state["stream"] + new
             return new.to(output.dtype)
+
         return hook
 
     try:
@@ -150,8 +158,11 @@ def factor(stream: torch.Tensor, branch: torch.Tensor, target: float) -> float:
     """The largest ``a`` in [0, 1] with ``RMS(stream + a branch) <= target``, or, when none
     reaches it, the ``a`` in [0, 1] that brings the RMS lowest."""
     n = stream.numel()
-    a2, b, c = branch.double().pow(2).sum().item(), 2 * (stream.double() * branch.double()).sum().item(), \
-        stream.double().pow(2).sum().item() - target ** 2 * n
+    a2, b, c = (
+        branch.double().pow(2).sum().item(),
+        2 * (stream.double() * branch.double()).sum().item(),
+        stream.double().pow(2).sum().item() - target**2 * n,
+    )
     if a2 == 0 or a2 + b + c <= 0:  # the whole branch keeps the stream within the target
         return 1.0
     if c <= 0:  # the root in (0, 1] of the convex a2 x^2 + b x + c, which is <= 0 at 0 and > 0 at 1
@@ -179,8 +190,12 @@ def check_calibration(graph: ArchGraph) -> tuple[dict[str, Any], list[list[str]]
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, graph: ArchGraph, reference: nn.Module | None = None,
-              inputs: dict[str, torch.Tensor] | None = None) -> Calibration:
+def calibrate(
+    model: nn.Module,
+    graph: ArchGraph,
+    reference: nn.Module | None = None,
+    inputs: dict[str, torch.Tensor] | None = None,
+) -> Calibration:
     """Rescale, in place, the weights that write each residual branch of ``model`` (holding
     predicted parameters) and its output layer so that its stream and logits on a calibration
     batch are no larger than those of its family's init (see the module docstring). ``reference``
@@ -245,7 +260,9 @@ def _fill_meta_buffers(model: nn.Module, reference: nn.Module) -> None:
     for name, buffer in list(model.named_buffers()):
         if buffer.is_meta:
             if name not in computed:
-                raise CalibrationError(f"buffer {name!r} of the meta model has no value to run the calibration batch with")
+                raise CalibrationError(
+                    f"buffer {name!r} of the meta model has no value to run the calibration batch with"
+                )
             owner, _, attr = name.rpartition(".")
             setattr(model.get_submodule(owner), attr, computed[name].to(device))
 
@@ -261,5 +278,13 @@ def _measure(model: nn.Module, blocks: list[nn.Module], inputs: dict[str, torch.
     return _rms(seen[0].float()), logits.std().item()
 
 
-__all__ = ["Calibration", "CalibrationError", "calibrate", "calibration_inputs", "check_calibration", "factor", "residual_writers",
-           "writers_by_block"]
+__all__ = [
+    "Calibration",
+    "CalibrationError",
+    "calibrate",
+    "calibration_inputs",
+    "check_calibration",
+    "factor",
+    "residual_writers",
+    "writers_by_block",
+]

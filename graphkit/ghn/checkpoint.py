@@ -41,8 +41,14 @@ class CheckpointError(GraphkitError):
     """A hypernetwork checkpoint is missing, unreadable or does not fit what it is asked to do."""
 
 
-def save_checkpoint(path: str | Path, ghn: LoGAH, info: Mapping[str, Any], *,
-                    optimizer: torch.optim.Optimizer | None = None, state: Mapping[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    ghn: LoGAH,
+    info: Mapping[str, Any],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    state: Mapping[str, Any] | None = None,
+) -> Path:
     """Write ``ghn`` (and, for resuming, the optimizer and trainer state) to the folder ``path``,
     atomically; ``info`` (family, trained ops, data, ...) goes into config.json. ``path`` may be
     ``.``: it names the folder it resolves to. The files are staged in a freshly made folder of
@@ -58,7 +64,9 @@ def save_checkpoint(path: str | Path, ghn: LoGAH, info: Mapping[str, Any], *,
         if optimizer is not None:
             tensors, groups = _flatten_optimizer(optimizer.state_dict())
             save_file(tensors, staging / "optimizer.safetensors")
-            (staging / "trainer_state.json").write_text(json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n")
+            (staging / "trainer_state.json").write_text(
+                json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n"
+            )
         if in_place:
             for name in sorted(os.listdir(staging), key=lambda n: n == "config.json"):  # config.json last
                 os.replace(staging / name, path / name)
@@ -96,8 +104,10 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
     info = _read_json(path / "config.json")
     version = info.get("ops_version")
     if type(version) is not int or version not in VOCABULARY_SIZES:
-        raise CheckpointError(f"{path}: trained with op vocabulary v{version}, but this graphkit reads v1 to "
-                              f"v{OPS_VERSION}; retrain it with `graphkit train-ghn`")
+        raise CheckpointError(
+            f"{path}: trained with op vocabulary v{version}, but this graphkit reads v1 to "
+            f"v{OPS_VERSION}; retrain it with `graphkit train-ghn`"
+        )
     logah = info.get("logah")
     if isinstance(logah, dict):  # before v2, config.json did not say: the size of its version, append-only
         logah = {"num_ops": VOCABULARY_SIZES[version], **logah}
@@ -106,9 +116,16 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
         expected = VARIANTS.get(variant)
         if expected is None:
             raise CheckpointError(f"unknown LoGAH variant {variant!r}; known: {', '.join(VARIANTS)}")
-        if (expected.hidden, expected.layers, expected.heads, expected.rank) != (config.hidden, config.layers, config.heads, config.rank):
-            raise CheckpointError(f"{path}: holds LoGAH {info.get('variant', 'custom')} (d {config.hidden}, {config.layers} layers, "
-                                  f"r {config.rank}), not {variant}")
+        if (expected.hidden, expected.layers, expected.heads, expected.rank) != (
+            config.hidden,
+            config.layers,
+            config.heads,
+            config.rank,
+        ):
+            raise CheckpointError(
+                f"{path}: holds LoGAH {info.get('variant', 'custom')} (d {config.hidden}, {config.layers} layers, "
+                f"r {config.rank}), not {variant}"
+            )
     _check_size(path / "model.safetensors", config)
     ghn = LoGAH(config)
     try:
@@ -125,7 +142,9 @@ def _read_json(file: Path) -> dict[str, Any]:
     try:
         value = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint file ({type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"{file}: not a graphkit hypernetwork checkpoint file ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint file (a JSON object is expected)")
     return value
@@ -138,13 +157,17 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
 
     known = [f.name for f in dataclass_fields(LoGAHConfig)]
     if not isinstance(fields, dict):
-        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint (no 'logah' section of {', '.join(known)})")
+        raise CheckpointError(
+            f"{file}: not a graphkit hypernetwork checkpoint (no 'logah' section of {', '.join(known)})"
+        )
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
         least = 0 if name == "depth_buckets" else 1
-        if name not in ("decoder", "roles") and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        if name not in ("decoder", "roles") and (
+            isinstance(value, bool) or not isinstance(value, int) or value < least
+        ):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")
     if not isinstance(fields.get("roles", []), list):
         raise CheckpointError(f"{file}: logah.roles must be a list of parameter names; got {fields['roles']!r}")
@@ -170,13 +193,17 @@ def _check_size(file: Path, config: LoGAHConfig) -> None:
     except (OSError, SafetensorError) as e:
         raise CheckpointError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
     if stored != wanted:
-        raise CheckpointError(f"{file}: does not match its config.json (the file holds {stored:,} values, the config "
-                              f"describes a LoGAH of {wanted:,})")
+        raise CheckpointError(
+            f"{file}: does not match its config.json (the file holds {stored:,} values, the config "
+            f"describes a LoGAH of {wanted:,})"
+        )
     needed = 2 * 4 * wanted  # the model and the loaded file, fp32
     limit = memory_shortfall(needed, torch.device("cpu"))
     if limit is not None:
-        raise CheckpointError(f"{file}: a LoGAH of {wanted:,} parameters needs {needed / 1e9:.2f} GB to load but "
-                              f"{limit / 1e9:.2f} GB are available")
+        raise CheckpointError(
+            f"{file}: a LoGAH of {wanted:,} parameters needs {needed / 1e9:.2f} GB to load but "
+            f"{limit / 1e9:.2f} GB are available"
+        )
 
 
 def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -194,8 +221,10 @@ def _first_line(error: BaseException) -> str:
 def bundled_checkpoint(family: str | None) -> Path:
     """The folder of the checkpoint that ships for ``family`` (vit, gpt2 or llama)."""
     if family not in BUNDLED:
-        raise CheckpointError(f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
-                              "train one with `graphkit train-ghn` and pass --ghn")
+        raise CheckpointError(
+            f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
+            "train one with `graphkit train-ghn` and pass --ghn"
+        )
     return _locate(BUNDLED[family])
 
 
@@ -207,29 +236,45 @@ def check_graph(ghn: LoGAH, graph: ArchGraph) -> None:
         return
     unseen = next((node for node in graph.nodes if node.op not in trained), None)
     if unseen is not None:
-        raise CheckpointError(f"node {unseen.name!r} has op {unseen.op!r}, which this hypernetwork was not trained on "
-                              f"(trained on: {', '.join(sorted(trained))})")
+        raise CheckpointError(
+            f"node {unseen.name!r} has op {unseen.op!r}, which this hypernetwork was not trained on "
+            f"(trained on: {', '.join(sorted(trained))})"
+        )
 
 
-def record_evaluation(path: str | Path, summary: Mapping[str, Any], *, dataset: str, split: str, data: str) -> dict[str, Any]:
+def record_evaluation(
+    path: str | Path, summary: Mapping[str, Any], *, dataset: str, split: str, data: str
+) -> dict[str, Any]:
     """Store a held-out evaluation (``evaluate.summarize``'s summary) in the checkpoint's
     config.json, atomically, so that the checkpoint carries its measured effect; returns the
     record. ``describe`` reads it back."""
     path = _locate(path)
     final = str(summary["horizons"][-1])
-    record = {"dataset": dataset, "split": split, "data": data, "archs": summary["archs"], "horizons": summary["horizons"],
-              "steps": int(final), "wins": summary["wins"], "residual_scale": bool(summary.get("residual_scale", False)),
-              "predicted_beats_random": summary["predicted_beats_random"],
-              "predicted_beats_orthogonal": summary["predicted_beats_orthogonal"],
-              "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
-              "final": {init: {"loss": summary[init]["loss"], "accuracy": summary[init]["accuracy"]}
-                        for init in ("predicted", "random", "orthogonal")}}
+    record = {
+        "dataset": dataset,
+        "split": split,
+        "data": data,
+        "archs": summary["archs"],
+        "horizons": summary["horizons"],
+        "steps": int(final),
+        "wins": summary["wins"],
+        "residual_scale": bool(summary.get("residual_scale", False)),
+        "predicted_beats_random": summary["predicted_beats_random"],
+        "predicted_beats_orthogonal": summary["predicted_beats_orthogonal"],
+        "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
+        "final": {
+            init: {"loss": summary[init]["loss"], "accuracy": summary[init]["accuracy"]}
+            for init in ("predicted", "random", "orthogonal")
+        },
+    }
     config = _read_json(path / "config.json")
     config["evaluation"] = record
     try:
         write_text_atomic(path / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     except OSError as e:
-        raise CheckpointError(f"{path / 'config.json'}: cannot record the evaluation there ({e.strerror or e})") from None
+        raise CheckpointError(
+            f"{path / 'config.json'}: cannot record the evaluation there ({e.strerror or e})"
+        ) from None
     return record
 
 
@@ -239,18 +284,22 @@ def describe(ghn: LoGAH) -> str:
     predicted parameters alone 0.62 accuracy; after 300 fine-tuning steps they beat random on 88%
     and orthogonal on 50%"."""
     info = getattr(ghn, "info", {})
-    trained = (f"LoGAH-{info.get('variant', 'custom')} trained on {Path(str(info.get('dataset', '?'))).name} "
-               f"with {info.get('data', '?')} ({info.get('steps', '?')} steps)")
+    trained = (
+        f"LoGAH-{info.get('variant', 'custom')} trained on {Path(str(info.get('dataset', '?'))).name} "
+        f"with {info.get('data', '?')} ({info.get('steps', '?')} steps)"
+    )
     record = info.get("evaluation")
     if record is None:
         return f"{trained}; no held-out evaluation recorded (graphkit eval-ghn --record measures one)"
     try:
         alone = record["predicted_alone"]
         scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
-        return (f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}, the predicted "
-                f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
-                f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
-                f"{100 * record['predicted_beats_orthogonal']:.0f}%")
+        return (
+            f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}, the predicted "
+            f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
+            f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
+            f"{100 * record['predicted_beats_orthogonal']:.0f}%"
+        )
     except (KeyError, TypeError, ValueError):  # a hand-edited or damaged config.json: the weights are still usable
         return f"{trained}; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"
 
@@ -261,10 +310,17 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     file = Path(path) / "trainer_state.json"
     state = _read_json(file)
     step, config, groups = state.get("step"), state.get("config"), state.get("param_groups")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(config, dict) \
-            or not isinstance(groups, list):
-        raise CheckpointError(f"{file}: damaged (expected step >= 0, config and param_groups); resume from another "
-                              "checkpoint or start a new run")
+    if (
+        isinstance(step, bool)
+        or not isinstance(step, int)
+        or step < 0
+        or not isinstance(config, dict)
+        or not isinstance(groups, list)
+    ):
+        raise CheckpointError(
+            f"{file}: damaged (expected step >= 0, config and param_groups); resume from another "
+            "checkpoint or start a new run"
+        )
     return state
 
 
@@ -276,7 +332,9 @@ def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> 
     try:
         optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("param_groups")))
     except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path / 'optimizer.safetensors'}: does not fit this optimizer ({_first_line(e)})") from None
+        raise CheckpointError(
+            f"{path / 'optimizer.safetensors'}: does not fit this optimizer ({_first_line(e)})"
+        ) from None
     return state
 
 
@@ -285,14 +343,19 @@ def _locate(path: str | Path) -> Path:
     if not folder.exists() and str(path) in BUNDLED.values():
         folder = Path(str(resources.files("graphkit.ghn") / "pretrained" / str(path)))
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise CheckpointError(f"{path}: no hypernetwork checkpoint there (expected config.json and model.safetensors; "
-                              f"bundled: {', '.join(BUNDLED.values())})")
+        raise CheckpointError(
+            f"{path}: no hypernetwork checkpoint there (expected config.json and model.safetensors; "
+            f"bundled: {', '.join(BUNDLED.values())})"
+        )
     return folder
 
 
 def _flatten_optimizer(state_dict: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    tensors = {f"{index}.{key}": torch.as_tensor(value).contiguous().cpu()
-               for index, slots in state_dict["state"].items() for key, value in slots.items()}
+    tensors = {
+        f"{index}.{key}": torch.as_tensor(value).contiguous().cpu()
+        for index, slots in state_dict["state"].items()
+        for key, value in slots.items()
+    }
     return tensors, state_dict["param_groups"]
 
 

@@ -27,20 +27,20 @@ class VariantError(GraphkitError, ValueError):
 class LoGAHConfig:
     """Sizes of a LoGAH model (defaults: LoGAH-tiny)."""
 
-    hidden: int = 64         # d
+    hidden: int = 64  # d
     layers: int = 3
     heads: int = 8
-    rank: int = 32           # r
+    rank: int = 32  # r
     max_mask: int = 2048 * 16  # K
     max_degree: int = 64
     max_distance: int = 32
-    depth_buckets: int = 0   # relative-depth embeddings (see encoding.relative_depth); 0: none
-    max_chunks: int = 64     # rows or columns up to max_chunks * K
+    depth_buckets: int = 0  # relative-depth embeddings (see encoding.relative_depth); 0: none
+    max_chunks: int = 64  # rows or columns up to max_chunks * K
     roles: tuple[str, ...] = ()  # parameter roles with their own map (see the module docstring); (): none
-    role_rows: int = 4096    # rows of the map each role has to itself
-    max_slots: int = 8       # parameters per node
+    role_rows: int = 4096  # rows of the map each role has to itself
+    max_slots: int = 8  # parameters per node
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
-    spatial: int = 16        # the ghn3 decoder's block is d x d x spatial x spatial
+    spatial: int = 16  # the ghn3 decoder's block is d x d x spatial x spatial
     num_ops: int = len(OPS)  # op ids it reads: the vocabulary's size when it was made (ids never change meaning)
 
     def __post_init__(self) -> None:
@@ -48,7 +48,9 @@ class LoGAHConfig:
             raise VariantError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         roles = tuple(self.roles)  # config.json gives a list; the config must stay hashable
         if not all(isinstance(role, str) and role for role in roles) or len(set(roles)) < len(roles):
-            raise VariantError(f"roles must be distinct parameter names without block indices; got {self.roles!r}", "roles")
+            raise VariantError(
+                f"roles must be distinct parameter names without block indices; got {self.roles!r}", "roles"
+            )
         if roles and self.decoder != "low_rank":
             raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
         object.__setattr__(self, "roles", roles)

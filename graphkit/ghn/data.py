@@ -55,10 +55,13 @@ class DataSource(abc.ABC):
         self.sizes = dict(sizes)  # examples (images or bytes) per split, for describe()
         empty = [s for s in SPLITS if not self.sizes[s]]
         if empty:
-            raise DataError(f"{spec}: the {empty[0]} split is empty (train {self.sizes['train']:,}, eval {self.sizes['eval']:,})")
+            raise DataError(
+                f"{spec}: the {empty[0]} split is empty (train {self.sizes['train']:,}, eval {self.sizes['eval']:,})"
+            )
 
-    def batch(self, config: Mapping[str, Any], batch_size: int, generator: torch.Generator,
-              split: str = "train") -> tuple[Tensor, Tensor]:
+    def batch(
+        self, config: Mapping[str, Any], batch_size: int, generator: torch.Generator, split: str = "train"
+    ) -> tuple[Tensor, Tensor]:
         """(inputs, targets) for the model a resolved ``config`` describes, drawn with replacement
         so a training step needs no epoch bookkeeping."""
         if split not in SPLITS:
@@ -71,7 +74,11 @@ class DataSource(abc.ABC):
         family = config.get("family", "?")
         wants = "image" if "image_size" in config else "text" if "vocab_size" in config else None
         if wants != self.task:
-            model = f"a {family} model takes {wants}" if wants else f"the {family} config has neither image_size nor vocab_size"
+            model = (
+                f"a {family} model takes {wants}"
+                if wants
+                else f"the {family} config has neither image_size nor vocab_size"
+            )
             raise DataError(f"{self.spec} is {self.task} data but {model}")
 
     @abc.abstractmethod
@@ -79,8 +86,9 @@ class DataSource(abc.ABC):
         """One line for logs and reports."""
 
     @abc.abstractmethod
-    def _batch(self, config: Mapping[str, Any], batch_size: int, generator: torch.Generator,
-               split: str) -> tuple[Tensor, Tensor]:
+    def _batch(
+        self, config: Mapping[str, Any], batch_size: int, generator: torch.Generator, split: str
+    ) -> tuple[Tensor, Tensor]:
         """The batch itself, after ``batch`` has checked the split and the config."""
 
 
@@ -92,8 +100,15 @@ class ImageSource(DataSource):
 
     task = "image"
 
-    def __init__(self, spec: str, splits: Mapping[str, tuple[Any, Tensor]], num_classes: int, channels: int,
-                 shape: str, load: Callable[[Any], Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        splits: Mapping[str, tuple[Any, Tensor]],
+        num_classes: int,
+        channels: int,
+        shape: str,
+        load: Callable[[Any], Tensor] | None = None,
+    ) -> None:
         super().__init__(spec, {s: len(t) for s, (_, t) in splits.items()})
         self.splits, self.num_classes, self.channels, self.shape, self.load = splits, num_classes, channels, shape, load
 
@@ -101,9 +116,13 @@ class ImageSource(DataSource):
         """Also: the head must cover every class, and channels must match or be 1 on one side."""
         super().check(config)
         if self.num_classes > config["num_classes"]:
-            raise DataError(f"{self.spec} has {self.num_classes} classes but the {config['family']} config has num_classes {config['num_classes']}")
+            raise DataError(
+                f"{self.spec} has {self.num_classes} classes but the {config['family']} config has num_classes {config['num_classes']}"
+            )
         if self.channels != config["in_chans"] and 1 not in (self.channels, config["in_chans"]):
-            raise DataError(f"{self.spec} images have {self.channels} channels; in_chans {config['in_chans']} needs 1 or {self.channels}")
+            raise DataError(
+                f"{self.spec} images have {self.channels} channels; in_chans {config['in_chans']} needs 1 or {self.channels}"
+            )
 
     def describe(self) -> str:
         """E.g. "digits: 1,437 train / 360 eval images, 10 classes, 8x8x1"."""
@@ -139,17 +158,23 @@ class TextSource(DataSource):
             raise DataError(f"{spec}: no text (0 bytes)")
         super().__init__(spec, {"train": len(train), "eval": len(eval)})
         self.seq_len = seq_len
-        self.tokens = {s: torch.frombuffer(bytearray(b), dtype=torch.uint8) for s, b in (("train", train), ("eval", eval))}
+        self.tokens = {
+            s: torch.frombuffer(bytearray(b), dtype=torch.uint8) for s, b in (("train", train), ("eval", eval))
+        }
 
     def check(self, config: Mapping[str, Any]) -> None:
         """Also: byte ids need vocab_size >= 256, and each split must hold one window plus its target."""
         super().check(config)
         if config["vocab_size"] < 256:
-            raise DataError(f"{self.spec} tokens are UTF-8 bytes (ids 0..255); the {config['family']} config has vocab_size {config['vocab_size']}, needs >= 256")
+            raise DataError(
+                f"{self.spec} tokens are UTF-8 bytes (ids 0..255); the {config['family']} config has vocab_size {config['vocab_size']}, needs >= 256"
+            )
         length = min(self.seq_len, config["context"])
         short = [s for s in SPLITS if self.sizes[s] <= length]
         if short:
-            raise DataError(f"{self.spec}: the {short[0]} split has {self.sizes[short[0]]:,} bytes, too few for a window of {length} tokens plus target")
+            raise DataError(
+                f"{self.spec}: the {short[0]} split has {self.sizes[short[0]]:,} bytes, too few for a window of {length} tokens plus target"
+            )
 
     def describe(self) -> str:
         """E.g. "stdlib-text: 418,473 train / 46,497 eval bytes, UTF-8 byte tokens, windows of 64"."""
@@ -185,7 +210,7 @@ def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor
 def _split(n: int, train_fraction: float) -> tuple[Tensor, Tensor]:
     """A fixed permutation (seed 0) cut into train / eval indices, the same on every machine."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
-    return order[:int(n * train_fraction)], order[int(n * train_fraction):]
+    return order[: int(n * train_fraction)], order[int(n * train_fraction) :]
 
 
 def _digits(spec: str, _: Path | None) -> ImageSource:
@@ -203,19 +228,27 @@ class CifarLayout:
     """Where a CIFAR release (the "python version" of the CIFAR site) keeps its batches."""
 
     title: str
-    folder: str                  # the folder the archive unpacks to
+    folder: str  # the folder the archive unpacks to
     train: tuple[str, ...]
     eval: tuple[str, ...]
-    meta: str                    # the file naming the classes...
-    names: str                   # ...under this key
-    labels: str                  # each batch's label list
+    meta: str  # the file naming the classes...
+    names: str  # ...under this key
+    labels: str  # each batch's label list
 
 
 CIFAR = {
-    "cifar10": CifarLayout("CIFAR-10", "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
-                           ("test_batch",), "batches.meta", "label_names", "labels"),
-    "cifar100": CifarLayout("CIFAR-100", "cifar-100-python", ("train",), ("test",), "meta", "fine_label_names",
-                            "fine_labels"),
+    "cifar10": CifarLayout(
+        "CIFAR-10",
+        "cifar-10-batches-py",
+        tuple(f"data_batch_{i}" for i in range(1, 6)),
+        ("test_batch",),
+        "batches.meta",
+        "label_names",
+        "labels",
+    ),
+    "cifar100": CifarLayout(
+        "CIFAR-100", "cifar-100-python", ("train",), ("test",), "meta", "fine_label_names", "fine_labels"
+    ),
 }
 
 
@@ -237,8 +270,11 @@ def _cifar_globals() -> dict[tuple[str, str], Any]:
         from numpy._core import multiarray, numeric
     except ImportError:  # numpy 1
         from numpy.core import multiarray, numeric
-    allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
-                                           ("_codecs", "encode"): _latin1}
+    allowed: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("_codecs", "encode"): _latin1,
+    }
     for package in ("numpy.core", "numpy._core"):
         allowed[f"{package}.multiarray", "_reconstruct"] = multiarray._reconstruct
         allowed[f"{package}.multiarray", "scalar"] = multiarray.scalar
@@ -257,8 +293,10 @@ class _CifarUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _cifar_globals().get((module, name))
         if allowed is None:
-            raise DataError(f"{self.path}: names {module}.{name}, which a CIFAR batch never holds; refused without "
-                            "running it (accepted: numpy arrays, lists, dicts, strings and numbers)")
+            raise DataError(
+                f"{self.path}: names {module}.{name}, which a CIFAR batch never holds; refused without "
+                "running it (accepted: numpy arrays, lists, dicts, strings and numbers)"
+            )
         return allowed
 
 
@@ -284,12 +322,21 @@ def _cifar_batch(path: Path, layout: CifarLayout, classes: int) -> tuple[Tensor,
     batch = read_cifar_file(path)
     data, labels = batch.get("data"), batch.get(layout.labels)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        raise DataError(f"{path}: 'data' must be a uint8 array of N rows of 3072 pixels (32x32, R then G then B); "
-                        f"got {getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}")
-    if not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data) \
-            or not all(isinstance(t, (int, np.integer)) and 0 <= t < classes for t in labels):
-        raise DataError(f"{path}: {layout.labels!r} must list {len(data)} labels from 0 to {classes - 1}, one per image")
-    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.tensor([int(t) for t in labels], dtype=torch.long)
+        raise DataError(
+            f"{path}: 'data' must be a uint8 array of N rows of 3072 pixels (32x32, R then G then B); "
+            f"got {getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}"
+        )
+    if (
+        not isinstance(labels, (list, np.ndarray))
+        or len(labels) != len(data)
+        or not all(isinstance(t, (int, np.integer)) and 0 <= t < classes for t in labels)
+    ):
+        raise DataError(
+            f"{path}: {layout.labels!r} must list {len(data)} labels from 0 to {classes - 1}, one per image"
+        )
+    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.tensor(
+        [int(t) for t in labels], dtype=torch.long
+    )
 
 
 def _cifar(spec: str, folder: Path) -> ImageSource:
@@ -302,8 +349,10 @@ def _cifar(spec: str, folder: Path) -> ImageSource:
     files = [*layout.train, *layout.eval, layout.meta]
     missing = next((name for name in files if not (batches / name).is_file()), None)
     if missing is not None:
-        raise DataError(f"{spec}: {folder} is not a {layout.title} folder (expected {layout.folder}/ with "
-                        f"{', '.join(files)}; {batches / missing} is missing)")
+        raise DataError(
+            f"{spec}: {folder} is not a {layout.title} folder (expected {layout.folder}/ with "
+            f"{', '.join(files)}; {batches / missing} is missing)"
+        )
     names = read_cifar_file(batches / layout.meta).get(layout.names)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise DataError(f"{batches / layout.meta}: {layout.names!r} must list the class names")
@@ -326,20 +375,27 @@ def _imagefolder(spec: str, folder: Path) -> ImageSource:
             extra = sorted(set(held.classes) - set(train.classes))
             if extra:
                 raise DataError(f"{spec}: {held_out} has class {extra[0]!r}, which {folder / 'train'} lacks")
-            samples = {"train": train.samples, "eval": [(p, train.class_to_idx[held.classes[t]]) for p, t in held.samples]}
+            samples = {
+                "train": train.samples,
+                "eval": [(p, train.class_to_idx[held.classes[t]]) for p, t in held.samples],
+            }
         else:
             train = ImageFolder(str(folder))
             samples = {s: [train.samples[j] for j in i] for s, i in zip(SPLITS, _split(len(train.samples), 0.9))}
     except OSError as e:  # ImageFolder: FileNotFoundError when it finds no class folder or image
-        raise DataError(f"{spec}: no images in {folder} (expected class subfolders of image files, optionally "
-                        f"under train/ and val/; {e})") from None
+        raise DataError(
+            f"{spec}: no images in {folder} (expected class subfolders of image files, optionally "
+            f"under train/ and val/; {e})"
+        ) from None
     splits = {s: ([p for p, _ in v], torch.tensor([t for _, t in v], dtype=torch.long)) for s, v in samples.items()}
+
     def load(path: str) -> Tensor:
         try:
             return pil_to_tensor(train.loader(path))
         except Exception as e:  # PIL fails on a damaged or huge image in many ways; this runs mid-training
-            raise DataError(f"{spec}: cannot read the image {path} ({type(e).__name__}: {e}); remove or replace it "
-                            "and resume") from None
+            raise DataError(
+                f"{spec}: cannot read the image {path} ({type(e).__name__}: {e}); remove or replace it and resume"
+            ) from None
 
     return ImageSource(spec, splits, len(train.classes), 3, "RGB files", load=load)
 
@@ -370,13 +426,22 @@ def _wikitext(folder: Path) -> tuple[bytes, bytes]:
         for train, valid in WIKITEXT_FILES:
             if (d / train).is_file() and (d / valid).is_file():
                 return (d / train).read_bytes(), (d / valid).read_bytes()
-    raise DataError(f"no WikiText in {folder} or its subfolders (looked for {' or '.join(' + '.join(f) for f in WIKITEXT_FILES)})")
+    raise DataError(
+        f"no WikiText in {folder} or its subfolders (looked for {' or '.join(' + '.join(f) for f in WIKITEXT_FILES)})"
+    )
 
 
 _IMAGE: dict[str, Callable[[str, Path | None], ImageSource]] = {
-    "digits": _digits, "cifar10": _cifar, "cifar100": _cifar, "imagefolder": _imagefolder}
+    "digits": _digits,
+    "cifar10": _cifar,
+    "cifar100": _cifar,
+    "imagefolder": _imagefolder,
+}
 _TEXT: dict[str, Callable[[Path | None], tuple[bytes, bytes]]] = {
-    "stdlib-text": _stdlib_text, "text": _text, "wikitext": _wikitext}
+    "stdlib-text": _stdlib_text,
+    "text": _text,
+    "wikitext": _wikitext,
+}
 _ARGS = {"cifar10": "DIR", "cifar100": "DIR", "imagefolder": "DIR", "text": "PATH", "wikitext": "DIR"}
 ACCEPTED = ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in [*_IMAGE, *_TEXT])
 
@@ -387,7 +452,11 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
     if name not in _IMAGE and name not in _TEXT:
         raise DataError(f"unknown data source {spec!r}; accepted: {ACCEPTED}")
     if bool(arg) != (name in _ARGS):
-        raise DataError(f"data source {spec!r}: write {name}:{_ARGS[name]}" if name in _ARGS else f"data source {name!r} takes no argument; got {spec!r}")
+        raise DataError(
+            f"data source {spec!r}: write {name}:{_ARGS[name]}"
+            if name in _ARGS
+            else f"data source {name!r} takes no argument; got {spec!r}"
+        )
     if seq_len < 1:
         raise DataError(f"seq_len must be >= 1; got {seq_len}")
     path = Path(arg).expanduser() if arg else None

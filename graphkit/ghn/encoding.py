@@ -110,14 +110,14 @@ class EncodedGraph:
     """One architecture as LoGAH reads it (see the module docstring). Tensors live on the CPU;
     the model batches and moves them."""
 
-    ops: Tensor        # (N,) op ids
-    shapes: Tensor     # (N, 4) shape-bucket ids, dimension j offset by j * SHAPE_BUCKETS
+    ops: Tensor  # (N,) op ids
+    shapes: Tensor  # (N, 4) shape-bucket ids, dimension j offset by j * SHAPE_BUCKETS
     in_degree: Tensor  # (N,) clamped to max_degree
     out_degree: Tensor
-    distance: Tensor   # (N, N) directed shortest paths clamped to max_distance; max_distance + 1: unreachable
-    depth: Tensor      # (N,) relative depth bucket: the distance from the input over the deepest node's
+    distance: Tensor  # (N, N) directed shortest paths clamped to max_distance; max_distance + 1: unreachable
+    depth: Tensor  # (N,) relative depth bucket: the distance from the input over the deepest node's
     targets: tuple[Target, ...]
-    queries: Tensor    # (Q, 4): node, slot, row chunk, column chunk of each decoder query
+    queries: Tensor  # (Q, 4): node, slot, row chunk, column chunk of each decoder query
     first_query: tuple[int, ...]  # per target, its first query; its chunks follow row-major
     grid: tuple[tuple[int, int], ...]  # per target, (row chunks, column chunks)
     roles: tuple[int, ...]  # per target, its role map: 0 the shared map alone, i + 1 config.roles[i]'s
@@ -156,8 +156,10 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     newer = next((i for i, op in enumerate(ops) if op >= config.num_ops), None)
     if newer is not None:
         node = graph.nodes[newer]
-        raise EncodingError(f"node {node.name!r} has op {node.op!r}, which is newer than the {config.num_ops} ops this "
-                            "hypernetwork reads; retrain it with `graphkit train-ghn`")
+        raise EncodingError(
+            f"node {node.name!r} has op {node.op!r}, which is newer than the {config.num_ops} ops this "
+            "hypernetwork reads; retrain it with `graphkit train-ghn`"
+        )
     edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
     size = torch.tensor([node.largest_shape(4) for node in graph.nodes], dtype=torch.long).reshape(n, 4).float()
     buckets = torch.where(size > 0, (torch.log2(size + 1) * 4).long().clamp(max=SHAPE_BUCKETS - 1) + 1, 0)
@@ -174,7 +176,9 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
         rows, cols = t.matrix_shape
         grid.append((math.ceil(rows / k), math.ceil(cols / k)))
         if max(grid[-1]) > config.max_chunks:
-            raise EncodingError(f"parameter {t.name!r} {t.shape} is wider than max_chunks * K = {config.max_chunks * k:,}")
+            raise EncodingError(
+                f"parameter {t.name!r} {t.shape} is wider than max_chunks * K = {config.max_chunks * k:,}"
+            )
         first.append(len(queries))
         for i in range(0, rows, k):
             for j in range(0, cols, k):

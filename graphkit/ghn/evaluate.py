@@ -43,19 +43,21 @@ class EvalConfig:
     """What to evaluate and how long to fine-tune."""
 
     dataset: str
-    ghn: str | None = None     # checkpoint folder; None: the bundled one for the dataset's family
+    ghn: str | None = None  # checkpoint folder; None: the bundled one for the dataset's family
     split: str = "eval"
-    data: str | None = None    # None: the family's bundled data
-    archs: int = 16            # at most this many distinct architectures
-    steps: int = 300           # fine-tuning steps: the verdicts are taken after the last
+    data: str | None = None  # None: the family's bundled data
+    archs: int = 16  # at most this many distinct architectures
+    steps: int = 300  # fine-tuning steps: the verdicts are taken after the last
     batch_size: int = 32
     seq_len: int = 64
-    lr: float = 3e-4           # AdamW; ViTs trained from scratch diverge at 1e-3 without warm-up
+    lr: float = 3e-4  # AdamW; ViTs trained from scratch diverge at 1e-3 without warm-up
     eval_batches: int = 4
     seed: int = 0
     device: str | None = None  # None: $GRAPHKIT_DEVICE, else cuda if available, else cpu
     residual_scale: bool | None = None  # scale residual branches as the family's init does; None: when it does (GPT-2)
-    calibrate: bool = False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
+    calibrate: bool = (
+        False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
+    )
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
 
     def __post_init__(self) -> None:
@@ -99,9 +101,14 @@ def horizons(steps: int) -> list[int]:
     return sorted({0, min(100, steps), steps})
 
 
-def fine_tune(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], task: str, lr: float,
-              held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), at: Sequence[int] = ()
-              ) -> tuple[list[float], dict[int, tuple[float, float]]]:
+def fine_tune(
+    model: nn.Module,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    task: str,
+    lr: float,
+    held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+    at: Sequence[int] = (),
+) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Train ``model`` one AdamW step per batch; returns the training losses and the held-out
     (loss, accuracy) after each step count in ``at`` (0: before the first step)."""
     from graphkit.ghn.data import output_loss
@@ -151,16 +158,39 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
         check_graph(ghn, record.graph)
         predicted = _pack(predicted_params(ghn, record.graph, config.residual_scale))
         generator = torch.Generator().manual_seed(config.seed)
-        held_out = _stack([source.batch(record.config, config.batch_size, generator, split="eval")
-                           for _ in range(config.eval_batches)])
+        held_out = _stack(
+            [
+                source.batch(record.config, config.batch_size, generator, split="eval")
+                for _ in range(config.eval_batches)
+            ]
+        )
         train_batches = _stack([source.batch(record.config, config.batch_size, generator) for _ in range(config.steps)])
         for init in INITS:
-            tasks.append(_FineTuning(len(tasks), record.config, record.graph if config.calibrate else None, init,
-                                     predicted if init == "predicted" else None, train_batches, held_out, source.task,
-                                     config.lr, at, config.seed, str(device)))
-            rows[len(tasks) - 1] = {"id": record.id, "task": source.task, "num_params": record["num_params"], "init": init,
-                                    "residual_scale": scales_residuals(record.graph, config.residual_scale),
-                                    "calibrated": config.calibrate and init == "predicted", "horizons": at}
+            tasks.append(
+                _FineTuning(
+                    len(tasks),
+                    record.config,
+                    record.graph if config.calibrate else None,
+                    init,
+                    predicted if init == "predicted" else None,
+                    train_batches,
+                    held_out,
+                    source.task,
+                    config.lr,
+                    at,
+                    config.seed,
+                    str(device),
+                )
+            )
+            rows[len(tasks) - 1] = {
+                "id": record.id,
+                "task": source.task,
+                "num_params": record["num_params"],
+                "init": init,
+                "residual_scale": scales_residuals(record.graph, config.residual_scale),
+                "calibrated": config.calibrate and init == "predicted",
+                "horizons": at,
+            }
     workers = 1 if device.type != "cpu" else min(config.workers or len(os.sched_getaffinity(0)), len(tasks))
     order = sorted(tasks, key=lambda t: -rows[t.number]["num_params"])  # largest first: no long task at the end
     with Progress(disable=not progress) as bar:
@@ -204,15 +234,18 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
     if job.graph is not None and job.init == "predicted":
         calibrate(model, job.graph)
     model = model.to(device)
-    batches, held_out = (list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out))
+    batches, held_out = (
+        list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out)
+    )
     curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at)
     return job.number, curve, scores
 
 
 def _pack(params: dict[str, torch.Tensor]) -> tuple[list[tuple[str, torch.Size]], torch.Tensor]:
     """Parameters as (names and shapes, one flat CPU float tensor): one tensor to send, not hundreds."""
-    return [(name, value.shape) for name, value in params.items()], torch.cat([v.detach().float().flatten().cpu()
-                                                                             for v in params.values()])
+    return [(name, value.shape) for name, value in params.items()], torch.cat(
+        [v.detach().float().flatten().cpu() for v in params.values()]
+    )
 
 
 def _unpack(packed: tuple[list[tuple[str, torch.Size]], torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -238,7 +271,9 @@ def _fine_tune_number(i: int) -> tuple[int, list[float], dict[int, tuple[float, 
     return _fine_tune_one(_JOBS[i])
 
 
-def _run_all(jobs: Sequence[_FineTuning], workers: int) -> Iterator[tuple[int, list[float], dict[int, tuple[float, float]]]]:
+def _run_all(
+    jobs: Sequence[_FineTuning], workers: int
+) -> Iterator[tuple[int, list[float], dict[int, tuple[float, float]]]]:
     """Every job's result as it finishes: in ``workers`` single-threaded processes on the CPU,
     inline on one thread for one CPU worker (the same arithmetic), inline as is on a GPU."""
     on_cpu = jobs and jobs[0].device == "cpu"
@@ -253,7 +288,9 @@ def _run_all(jobs: Sequence[_FineTuning], workers: int) -> Iterator[tuple[int, l
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         # the jobs reach each worker once, when it starts; a job is then its number
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_receive, initargs=(jobs,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_receive, initargs=(jobs,)
+        ) as pool:
             futures = [pool.submit(_fine_tune_number, i) for i in range(len(jobs))]
             try:
                 for future in as_completed(futures):
@@ -285,8 +322,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
-    summary["wins"] = {str(h): {other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
-                                for other in ("random", "orthogonal")} for h in at}
+    summary["wins"] = {
+        str(h): {
+            other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
+            for other in ("random", "orthogonal")
+        }
+        for h in at
+    }
     summary["predicted_beats_random"] = summary["wins"][str(at[-1])]["random"]
     summary["predicted_beats_orthogonal"] = summary["wins"][str(at[-1])]["orthogonal"]
     return summary
@@ -296,6 +338,7 @@ def report_json(config: EvalConfig, summary: dict[str, Any], rows: Sequence[dict
     """eval.json's text: the config, the summary and every row. A fine-tuning that diverged has
     NaN or Inf losses, which JSON cannot hold (a bare ``NaN`` breaks strict readers): they are
     written as null."""
+
     def finite(value: Any) -> Any:
         if isinstance(value, float):
             return value if math.isfinite(value) else None
@@ -305,8 +348,12 @@ def report_json(config: EvalConfig, summary: dict[str, Any], rows: Sequence[dict
             return [finite(v) for v in value]
         return value
 
-    return json.dumps(finite({"config": asdict(config), "summary": summary, "rows": list(rows)}), indent=1,
-                      allow_nan=False) + "\n"
+    return (
+        json.dumps(
+            finite({"config": asdict(config), "summary": summary, "rows": list(rows)}), indent=1, allow_nan=False
+        )
+        + "\n"
+    )
 
 
 def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:

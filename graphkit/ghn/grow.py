@@ -105,13 +105,18 @@ def _tied_head_norms(graph: ArchGraph) -> set[int]:
     consumers: dict[int, list[int]] = {}
     for src, dst in graph.edges:
         consumers.setdefault(src, []).append(dst)
-    return {i for i, node in enumerate(graph.nodes) if node.op in ("layer_norm", "rms_norm")
-            and consumers.get(i) and all(graph.nodes[c].op == "head" and graph.nodes[c].attrs.get("tied")
-                                         for c in consumers[i])}
+    return {
+        i
+        for i, node in enumerate(graph.nodes)
+        if node.op in ("layer_norm", "rms_norm")
+        and consumers.get(i)
+        and all(graph.nodes[c].op == "head" and graph.nodes[c].attrs.get("tied") for c in consumers[i])
+    }
 
 
-def grow(target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin: int,
-         tied_norms: set[int] | None = None) -> torch.Tensor:
+def grow(
+    target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin: int, tied_norms: set[int] | None = None
+) -> torch.Tensor:
     """The twin's ``value`` of ``target`` grown to the target's shape in ``graph`` (width
     ``width``, twin width ``twin``): copied along every axis that differs; along a read axis
     each value is split among its copies at random shares that sum to one, drawn from seed 0
@@ -126,7 +131,7 @@ def grow(target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin
         value = value.index_select(axis, index)
         if axis == reads or (target.node in tied_norms and len(target.shape) == 1):
             share = 0.5 + torch.rand(value.shape, generator=generator)
-            total = torch.zeros(value.shape[:axis] + (twin_size,) + value.shape[axis + 1:], dtype=share.dtype)
+            total = torch.zeros(value.shape[:axis] + (twin_size,) + value.shape[axis + 1 :], dtype=share.dtype)
             total.index_add_(axis, index.cpu(), share)
             value = value * (share / total.index_select(axis, index.cpu())).to(value.device, value.dtype)
     return value
@@ -138,8 +143,9 @@ class GrownDecoding:
     twin's values are checked for NaN and Inf before anything is written, and the wide model
     never exists twice in memory, only one grown parameter beside it."""
 
-    def __init__(self, graph: ArchGraph, twin_params: dict[str, torch.Tensor], width: int, twin: int,
-                 max_slots: int) -> None:
+    def __init__(
+        self, graph: ArchGraph, twin_params: dict[str, torch.Tensor], width: int, twin: int, max_slots: int
+    ) -> None:
         self.graph, self.twin_params = graph, twin_params
         self.width, self.twin = width, twin
         self.targets = targets(graph, max_slots)

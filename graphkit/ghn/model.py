@@ -51,9 +51,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.graph import ArchGraph
 from graphkit.ghn.config import VARIANTS, LoGAHConfig, VariantError
-from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode, targets
+from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode
+from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 
 INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
@@ -103,15 +103,30 @@ class GraphEncoder(nn.Module):
         b, n = len(graphs), max(sizes)
         dist = torch.full((b, n, n), c.max_distance + 1, dtype=torch.long)  # padding: unreachable
         for i, g in enumerate(graphs):
-            dist[i, :sizes[i], :sizes[i]] = g.distance
-        slots = torch.cat([i * n + torch.arange(size) for i, size in enumerate(sizes)])  # real nodes in the padded batch
+            dist[i, : sizes[i], : sizes[i]] = g.distance
+        slots = torch.cat(
+            [i * n + torch.arange(size) for i, size in enumerate(sizes)]
+        )  # real nodes in the padded batch
         pad = torch.ones(b * n, dtype=torch.bool)
         pad[slots] = False
-        ops, shapes, in_degree, out_degree, dist, slots, pad = (t.to(device, non_blocking=True) for t in (
-            torch.cat([g.ops for g in graphs]), torch.cat([g.shapes for g in graphs]),
-            torch.cat([g.in_degree for g in graphs]), torch.cat([g.out_degree for g in graphs]), dist, slots, pad))
-        features = (self.op_embed(ops) + self.shape_embed(shapes).sum(1)
-                    + self.in_degree_embed(in_degree) + self.out_degree_embed(out_degree))
+        ops, shapes, in_degree, out_degree, dist, slots, pad = (
+            t.to(device, non_blocking=True)
+            for t in (
+                torch.cat([g.ops for g in graphs]),
+                torch.cat([g.shapes for g in graphs]),
+                torch.cat([g.in_degree for g in graphs]),
+                torch.cat([g.out_degree for g in graphs]),
+                dist,
+                slots,
+                pad,
+            )
+        )
+        features = (
+            self.op_embed(ops)
+            + self.shape_embed(shapes).sum(1)
+            + self.in_degree_embed(in_degree)
+            + self.out_degree_embed(out_degree)
+        )
         if self.depth_embed is not None:
             features = features + self.depth_embed(torch.cat([g.depth for g in graphs]).to(device, non_blocking=True))
         x = features.new_zeros(b * n, c.hidden).index_copy(0, slots, features).view(b, n, c.hidden)
@@ -132,8 +147,9 @@ class LowRankDecoder(nn.Module):
         self.slot_embed = nn.Embedding(c.max_slots, d)
         self.row_chunk_embed = nn.Embedding(c.max_chunks, d)
         self.col_chunk_embed = nn.Embedding(c.max_chunks, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, 8 * d), nn.GELU(),
-                                 nn.Linear(8 * d, 2 * c.rank * c.rank))
+        self.mlp = nn.Sequential(
+            nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, 8 * d), nn.GELU(), nn.Linear(8 * d, 2 * c.rank * c.rank)
+        )
         # r -> K, shared by A and B^T, without bias as in eq. 5 (r x K parameters): a bias adds the
         # same column to every A and B^T, and their product is then one rank-1 term r b b^T that
         # swamps the rest (every predicted matrix at init had 97% of its energy in one direction)
@@ -142,13 +158,17 @@ class LowRankDecoder(nn.Module):
         self.role_maps = None
         if c.roles:
             bound = 1 / math.sqrt(c.rank)  # nn.Linear's init of the shared map
-            self.role_maps = nn.Parameter(torch.empty(len(c.roles), min(c.role_rows, c.max_mask), c.rank).uniform_(-bound, bound))
+            self.role_maps = nn.Parameter(
+                torch.empty(len(c.roles), min(c.role_rows, c.max_mask), c.rank).uniform_(-bound, bound)
+            )
         # one scalar per parameter for its scale (see forward); zero: every weight starts at INIT_GAIN
         self.gain = nn.Linear(d, 1)
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
 
-    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+    def forward(
+        self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]
+    ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), and
         per graph the sum of its parameters' L2 norms (GHN-3's regulariser).
 
@@ -180,13 +200,17 @@ class LowRankDecoder(nn.Module):
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
         for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
             # one copy at most: a row of one block is not concatenated on its own first
-            rows = [blocks[q + i * nc] if nc == 1 else torch.cat(blocks[q + i * nc:q + (i + 1) * nc], -1) for i in range(nr)]
+            rows = [
+                blocks[q + i * nc] if nc == 1 else torch.cat(blocks[q + i * nc : q + (i + 1) * nc], -1)
+                for i in range(nr)
+            ]
             matrix = rows[0] if nr == 1 else torch.cat(rows, 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
         return out, torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
 
-    def products(self, nodes: torch.Tensor, batch: _DecodeBatch
-                 ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor]:
+    def products(
+        self, nodes: torch.Tensor, batch: _DecodeBatch
+    ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor]:
         """Per query of ``batch`` (in query order) the r x r matrix ``M = F_A F_B^T``, a weight's
         scale folded in; ``head(role, size)``, the first ``size`` rows of role map ``role`` (0: the
         shared map; a block is ``head(role, rows) @ M @ head(role, cols).t()``); and per target the
@@ -204,7 +228,7 @@ class LowRankDecoder(nn.Module):
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
-        w, maps = self.low_rank.weight[:batch.max_size], self.role_maps
+        w, maps = self.low_rank.weight[: batch.max_size], self.role_maps
         if torch.is_autocast_enabled(device.type):  # one cast of each map, not one per slice and product
             dtype = torch.get_autocast_dtype(device.type)
             w, maps = w.to(dtype), (None if maps is None else maps.to(dtype))
@@ -215,8 +239,8 @@ class LowRankDecoder(nn.Module):
             if (role, size) not in rows_of:
                 rows = w[:size]
                 if role:
-                    own = maps[role - 1][:len(rows)]
-                    rows = own if len(own) == len(rows) else torch.cat([own, rows[len(own):]])
+                    own = maps[role - 1][: len(rows)]
+                    rows = own if len(own) == len(rows) else torch.cat([own, rows[len(own) :]])
                 rows_of[role, size] = rows
             return rows_of[role, size]
 
@@ -235,8 +259,14 @@ class LowRankDecoder(nn.Module):
         """Memory :meth:`LowRankDecoding.write_into` needs beyond the destinations: the largest
         parameter it cannot write in place (see :func:`writes_in_place`)."""
         w = self.low_rank.weight
-        return max((w.element_size() * math.prod(t.matrix_shape) for t in plan
-                    if not writes_in_place(destinations[t.name], t, w.dtype, w.device)), default=0)
+        return max(
+            (
+                w.element_size() * math.prod(t.matrix_shape)
+                for t in plan
+                if not writes_in_place(destinations[t.name], t, w.dtype, w.device)
+            ),
+            default=0,
+        )
 
     @torch.no_grad()
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
@@ -297,7 +327,9 @@ class _DecodeBatch:
         self.vector_queries = [q for _, q, _, _ in vectors]
         self.vector_lengths = [length for _, _, length, _ in vectors]
         is_norm = [norm for _, _, _, norm in vectors]
-        self.vector_roles = [(role, len(list(run))) for role, run in itertools.groupby(v[0] for v in vectors)]  # (role, queries)
+        self.vector_roles = [
+            (role, len(list(run))) for role, run in itertools.groupby(v[0] for v in vectors)
+        ]  # (role, queries)
         self.queries = torch.cat(queries)
         shapes = [shape_of[q] for q in range(len(owner))]
         # the (role, size)s with a Gram matrix
@@ -315,10 +347,15 @@ class _DecodeBatch:
             "row_size": torch.tensor([position[role, rows] for role, rows, _ in shapes], dtype=torch.long),
             "col_size": torch.tensor([position[role, cols] for role, _, cols in shapes], dtype=torch.long),
             "is_weight_query": torch.tensor([kinds[o] == "weight" for o in owner]),
-            "weight_order": torch.tensor([q for members in self.weight_groups.values() for q in members], dtype=torch.long),
+            "weight_order": torch.tensor(
+                [q for members in self.weight_groups.values() for q in members], dtype=torch.long
+            ),
             "vector_queries": vector,
             "is_norm": torch.tensor(is_norm, dtype=torch.bool),
-            "vector_entries": torch.repeat_interleave(torch.arange(len(vector)) * max(self.vector_lengths, default=0), lengths) + within,
+            "vector_entries": torch.repeat_interleave(
+                torch.arange(len(vector)) * max(self.vector_lengths, default=0), lengths
+            )
+            + within,
             "entry_owner": torch.repeat_interleave(owner_t[vector], lengths),
             "first": torch.tensor(self.first_query, dtype=torch.long),
             "sqrt_fan_in": torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets]),
@@ -336,7 +373,7 @@ class _DecodeBatch:
 
 
 #: a bound on |values| past which a decoded block could overflow float32 (3.4e38) on the way
-SAFE_BOUND = 2.0 ** 100
+SAFE_BOUND = 2.0**100
 
 
 class LowRankDecoding:
@@ -354,7 +391,9 @@ class LowRankDecoding:
     one parameter-sized buffer that is copied over (another dtype or device, 4-D weights):
     never a second copy of the whole model. A meta destination gets a new tensor."""
 
-    def __init__(self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int, int], torch.Tensor], chunk: int) -> None:
+    def __init__(
+        self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int, int], torch.Tensor], chunk: int
+    ) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
 
     def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
@@ -362,13 +401,18 @@ class LowRankDecoding:
         (nr, nc), first = self.graph.grid[index], self.graph.first_query[index]
         rows, cols = self.targets[index].matrix_shape
         k = self.chunk
-        return [(first + i * nc + j, slice(i * k, min(rows, (i + 1) * k)), slice(j * k, min(cols, (j + 1) * k)))
-                for i in range(nr) for j in range(nc)]
+        return [
+            (first + i * nc + j, slice(i * k, min(rows, (i + 1) * k)), slice(j * k, min(cols, (j + 1) * k)))
+            for i in range(nr)
+            for j in range(nc)
+        ]
 
     def first_non_finite(self) -> str | None:
         """The first parameter some value of which could be NaN or Inf (see the class), or None."""
         # per role map, reach[n - 1]: the largest of its first n row norms
-        reaches = {role: self.head(role, self.chunk).double().norm(dim=1).cummax(0).values for role in set(self.graph.roles)}
+        reaches = {
+            role: self.head(role, self.chunk).double().norm(dim=1).cummax(0).values for role in set(self.graph.roles)
+        }
         frobenius = self.products.double().flatten(1).norm(dim=1)
         for index, target in enumerate(self.targets):
             reach = reaches[self.graph.roles[index]]
@@ -391,7 +435,11 @@ class LowRankDecoding:
                 destination = torch.empty(destination.shape, dtype=destination.dtype, device=device)
             written[target.name] = destination
             direct = writes_in_place(destination, target, dtype, device)
-            matrix = destination.view(target.matrix_shape) if direct else torch.empty(target.matrix_shape, dtype=dtype, device=device)
+            matrix = (
+                destination.view(target.matrix_shape)
+                if direct
+                else torch.empty(target.matrix_shape, dtype=dtype, device=device)
+            )
             role = self.graph.roles[index]
             for q, rows, cols in self._blocks(index):
                 a, b = self.head(role, rows.stop - rows.start), self.head(role, cols.stop - cols.start)
@@ -409,8 +457,12 @@ def writes_in_place(destination: torch.Tensor, target: Target, dtype: torch.dtyp
     straight into ``destination``'s memory: a contiguous tensor of that dtype and device whose
     (rows, cols) matrix is a view of it (not a 4-D weight). A meta destination stands for a new
     tensor of its dtype on ``device``. Otherwise one parameter-sized buffer is used."""
-    return (len(target.shape) != 4 and destination.is_contiguous() and destination.dtype == dtype
-            and (destination.is_meta or destination.device == device))
+    return (
+        len(target.shape) != 4
+        and destination.is_contiguous()
+        and destination.dtype == dtype
+        and (destination.is_meta or destination.device == device)
+    )
 
 
 class DecodedParams:
@@ -444,16 +496,18 @@ class TiledDecoder(nn.Module):
         super().__init__()
         d, self.config = c.hidden, c
         self.slot_embed = nn.Embedding(c.max_slots, d)
-        self.fc = nn.Linear(d, 4 * d * c.spatial ** 2)
+        self.fc = nn.Linear(d, 4 * d * c.spatial**2)
         self.conv = nn.Sequential(nn.Conv2d(4 * d, 8 * d, 1), nn.ReLU(), nn.Conv2d(8 * d, d * d, 1))
 
-    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+    def forward(
+        self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]
+    ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), one
         parameter at a time (the baseline's own cost), and per graph the sum of its parameters'
         L2 norms."""
         out, start = [], 0
         for g in graphs:
-            out.append(self._decode(nodes[start:start + g.num_nodes], g.targets))
+            out.append(self._decode(nodes[start : start + g.num_nodes], g.targets))
             start += g.num_nodes
         return out, torch.stack([sum(p.float().norm() for p in params.values()) for params in out])
 
@@ -464,7 +518,7 @@ class TiledDecoder(nn.Module):
         out = {}
         for q, t in enumerate(plan):
             h, w = (min(t.shape[2], s), min(t.shape[3], s)) if len(t.shape) == 4 else (1, 1)
-            block = self.conv(hidden[q:q + 1, :, :h, :w]).view(d, d, h, w)
+            block = self.conv(hidden[q : q + 1, :, :h, :w]).view(d, d, h, w)
             if len(t.shape) == 4:
                 cout, cin, kh, kw = t.shape
                 value = block.repeat(-(-cout // d), -(-cin // d), -(-kh // h), -(-kw // w))[:cout, :cin, :kh, :kw]
@@ -504,22 +558,31 @@ class LoGAH(nn.Module):
         self.decoder = LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
 
     @classmethod
-    def from_variant(cls, name: str, decoder: str = "low_rank", depth_buckets: int = LoGAHConfig.depth_buckets,
-                     roles: Sequence[str] = ()) -> LoGAH:
+    def from_variant(
+        cls,
+        name: str,
+        decoder: str = "low_rank",
+        depth_buckets: int = LoGAHConfig.depth_buckets,
+        roles: Sequence[str] = (),
+    ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding; ``roles`` (parameter
         names without block indices, :func:`~graphkit.ghn.encoding.role_of`) get role maps."""
         if name not in VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
-        return cls(LoGAHConfig(**{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets,
-                                  "roles": tuple(roles)}))
+        return cls(
+            LoGAHConfig(
+                **{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets, "roles": tuple(roles)}
+            )
+        )
 
     def config_dict(self) -> dict:
         """The config as plain data (saved beside checkpoints)."""
         return asdict(self.config)
 
-    def forward(self, graphs: Sequence[EncodedGraph], *, details: bool = False
-                ) -> list[dict[str, torch.Tensor]] | Prediction:
+    def forward(
+        self, graphs: Sequence[EncodedGraph], *, details: bool = False
+    ) -> list[dict[str, torch.Tensor]] | Prediction:
         """The parameters of several models at once (each graph from :meth:`encode`): one
         encoder pass over the padded batch of graphs, one decoder pass over all their targets.
         ``details=True`` returns a :class:`Prediction`, which adds what training needs without a

@@ -38,8 +38,13 @@ def check_counts(config: Any, names: tuple[str, ...], error: type[GraphkitError]
 def check_number(name: str, value: Any, error: type[GraphkitError], *, positive: bool) -> None:
     """``value`` must be a finite number, > 0 if ``positive`` else >= 0 (NaN compares false to
     everything, so without this check it slips through every range test)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         raise error(f"{_flag(name)} must be {'a positive number' if positive else 'a number >= 0'}; got {value!r}")
 
 
@@ -68,8 +73,10 @@ def check_device(device: str | None, error: type[GraphkitError]) -> None:
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise error(f"device {device!r}: no CUDA GPU is available here; use --device cpu")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise error(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
-                    f"cuda:{torch.cuda.device_count() - 1}")
+        raise error(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to "
+            f"cuda:{torch.cuda.device_count() - 1}"
+        )
 
 
 def default_device(error: type[GraphkitError], local_rank: int = 0) -> str:

@@ -26,7 +26,14 @@ from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import GrownDecoding, growth
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
-from graphkit.params import available_memory, check_params, first_non_finite, memory_shortfall, replace_parameter, tied_names
+from graphkit.params import (
+    available_memory,
+    check_params,
+    first_non_finite,
+    memory_shortfall,
+    replace_parameter,
+    tied_names,
+)
 
 
 class PredictError(GraphkitError):
@@ -65,7 +72,9 @@ def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool = True) -> LowRankDecoding
 
 
 @torch.no_grad()
-def predicted_params(ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None = None, grow: bool = True) -> dict[str, torch.Tensor]:
+def predicted_params(
+    ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None = None, grow: bool = True
+) -> dict[str, torch.Tensor]:
     """Every parameter of ``graph``'s model as :func:`predict` would write it (grown when the
     model is wider than the training space, residual branches scaled as ``residual_scale`` and
     :func:`scales_residuals` say), as new tensors by state-dict name: for evaluation, where no
@@ -77,9 +86,17 @@ def predicted_params(ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None =
     return params
 
 
-def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
-            memory_limit: int | None = None, graph: ArchGraph | None = None,
-            residual_scale: bool | None = None, grow: bool = True, calibrate: bool = False) -> dict[str, torch.Tensor]:
+def predict(
+    model: nn.Module,
+    ghn: LoGAH | None = None,
+    example_inputs=None,
+    *,
+    memory_limit: int | None = None,
+    graph: ArchGraph | None = None,
+    residual_scale: bool | None = None,
+    grow: bool = True,
+    calibrate: bool = False,
+) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
@@ -117,8 +134,10 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     needed = sum(p.numel() * p.element_size() for p in new) + ghn.decoder.scratch_bytes(plan, destinations)
     limit = memory_shortfall(needed, device, memory_limit)
     if limit is not None:
-        raise PredictError(f"{type(model).__name__}: its {graph.num_params:,} predicted parameters need {needed / 1e9:.2f} GB "
-                           f"but {limit / 1e9:.2f} GB are available on {device}; free memory or predict on another device")
+        raise PredictError(
+            f"{type(model).__name__}: its {graph.num_params:,} predicted parameters need {needed / 1e9:.2f} GB "
+            f"but {limit / 1e9:.2f} GB are available on {device}; free memory or predict on another device"
+        )
     prediction = decoding(ghn, graph, grow)
     bad = prediction.first_non_finite()
     if bad is not None:
@@ -137,5 +156,14 @@ def predict(model: nn.Module, ghn: LoGAH | None = None, example_inputs=None, *,
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
-__all__ = ["predict", "decoding", "predicted_params", "PredictError", "residual_writers", "scale_residuals", "scales_residuals",
-           "available_memory", "first_non_finite"]  # the last two now live in graphkit.params
+__all__ = [
+    "predict",
+    "decoding",
+    "predicted_params",
+    "PredictError",
+    "residual_writers",
+    "scale_residuals",
+    "scales_residuals",
+    "available_memory",
+    "first_non_finite",
+]  # the last two now live in graphkit.params

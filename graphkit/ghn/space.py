@@ -29,15 +29,26 @@ from typing import Any
 from graphkit.graph import ArchGraph
 
 #: extent -> (what it is called in a warning, its unit)
-EXTENTS = {"width": ("width", ""), "depth": ("depth", " layers"), "resolution": ("resolution", " px"),
-           "vocabulary": ("vocabulary", " tokens")}
+EXTENTS = {
+    "width": ("width", ""),
+    "depth": ("depth", " layers"),
+    "resolution": ("resolution", " px"),
+    "vocabulary": ("vocabulary", " tokens"),
+}
 
 
 def extent(graph: ArchGraph) -> dict[str, int | None]:
     """The width, depth, resolution and vocabulary of a graph (None where it has none)."""
-    norms = [max(shape) for node in graph.nodes if node.op in ("layer_norm", "rms_norm")
-             for shape in node.params.values() if shape]
-    tables = [shape[0] for node in graph.nodes if node.op == "embedding" for shape in node.params.values() if len(shape) == 2]
+    norms = [
+        max(shape)
+        for node in graph.nodes
+        if node.op in ("layer_norm", "rms_norm")
+        for shape in node.params.values()
+        if shape
+    ]
+    tables = [
+        shape[0] for node in graph.nodes if node.op == "embedding" for shape in node.params.values() if len(shape) == 2
+    ]
     inputs = graph.meta.get("input_shapes") or []
     image = inputs[0] if inputs and len(inputs[0]) == 4 else None
     return {
@@ -96,8 +107,11 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
         (low, high), (label, unit) = bounds, EXTENTS[name]
         if value > high:
             ratio = value / high
-            beyond.append(f"{label} {value:,}{unit} is {ratio:.1f}x the largest trained ({high:,}{unit})" if ratio < 10 else
-                          f"{label} {value:,}{unit} is {ratio:.0f}x the largest trained ({high:,}{unit})")
+            beyond.append(
+                f"{label} {value:,}{unit} is {ratio:.1f}x the largest trained ({high:,}{unit})"
+                if ratio < 10
+                else f"{label} {value:,}{unit} is {ratio:.0f}x the largest trained ({high:,}{unit})"
+            )
         elif value < low:
             beyond.append(f"{label} {value:,}{unit} is below the smallest trained ({low:,}{unit})")
     return ", ".join(beyond) or None

@@ -29,19 +29,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from torch import nn
 from torch.func import functional_call
 
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, write_text_atomic
-from graphkit.ghn.space import training_space
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
+from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
-
+from graphkit.ghn.space import training_space
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
 #: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 against 32,
@@ -66,30 +65,32 @@ class TrainConfig:
 
     dataset: str
     out: str
-    data: str | None = None      # a data source spec; None: the family's bundled default
+    data: str | None = None  # a data source spec; None: the family's bundled default
     variant: str = "tiny"
-    decoder: str = "low_rank"    # or "ghn3", the tiling baseline
+    decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
-    role_maps: bool = False      # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
-    meta_batch: int = 4          # architectures per step (per process)
-    batch_size: int = 32         # images or sequences per architecture
+    role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
+    meta_batch: int = 4  # architectures per step (per process)
+    batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
     steps: int = 1000
     lr: float = 3e-4
     lr_fan_in: float = LR_FAN_IN  # Linear weights train at lr * min(1, lr_fan_in / fan-in)
     weight_decay: float = 1e-2
-    gamma: float = 3e-5          # predicted-parameter norm penalty
+    gamma: float = 3e-5  # predicted-parameter norm penalty
     clip: float = 5.0
-    amp: bool | None = None      # bf16 autocast; None: on when training on a GPU
+    amp: bool | None = None  # bf16 autocast; None: on when training on a GPU
     deterministic: bool = False  # deterministic kernels on a GPU (see repeatable); CPU runs repeat without
     seed: int = 0
     checkpoint_every: int = 100
     log_every: int = 10
     split: str = "train"
-    device: str | None = None    # None: $GRAPHKIT_DEVICE, else cuda:LOCAL_RANK if available, else cpu
+    device: str | None = None  # None: $GRAPHKIT_DEVICE, else cuda:LOCAL_RANK if available, else cpu
 
     def __post_init__(self) -> None:
-        check_counts(self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError)
+        check_counts(
+            self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError
+        )
         check_counts(self, ("depth_buckets",), TrainError, least=0)
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
@@ -122,7 +123,9 @@ class ArchPool:
         self.records = list(distinct.values())
         if not self.records:
             splits = sorted(set(everything.metadata("arrow").column("split").to_pylist()))
-            raise TrainError(f"{dataset}: no records in split {split!r}; its splits: {', '.join(splits) or 'none (empty)'}")
+            raise TrainError(
+                f"{dataset}: no records in split {split!r}; its splits: {', '.join(splits) or 'none (empty)'}"
+            )
         families = {r.config["family"] for r in self.records}
         if len(families) > 1:
             raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
@@ -192,7 +195,9 @@ def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[d
 
     for module in ghn.modules():
         if isinstance(module, nn.Linear):
-            groups.append({"params": [module.weight], "lr": lr * GAIN_LR if module is gain else scaled(module.in_features)})
+            groups.append(
+                {"params": [module.weight], "lr": lr * GAIN_LR if module is gain else scaled(module.in_features)}
+            )
             seen.add(id(module.weight))
             if module is gain and module.bias is not None:
                 groups.append({"params": [module.bias], "lr": lr * GAIN_LR})
@@ -214,7 +219,9 @@ def gradient_norms(ghn: LoGAH) -> dict[str, float]:
         if param.grad is not None:
             top, _, rest = name.partition(".")
             part = top if top == "encoder" else rest.split(".")[0]
-            parts.setdefault("embed" if part.endswith("_embed") else part, []).append(param.grad.detach().float().norm())
+            parts.setdefault("embed" if part.endswith("_embed") else part, []).append(
+                param.grad.detach().float().norm()
+            )
     return {part: torch.stack(norms).norm().item() for part, norms in parts.items()}
 
 
@@ -222,13 +229,24 @@ def make_optimizer(ghn: LoGAH, config: TrainConfig) -> torch.optim.AdamW:
     """Training's optimiser: AdamW over :func:`parameter_groups`, fused where torch has a fused
     kernel for the hypernetwork's device (:data:`FUSED_DEVICES`)."""
     device = next(ghn.parameters()).device
-    return torch.optim.AdamW(parameter_groups(ghn, config.lr, config.lr_fan_in), lr=config.lr,
-                             weight_decay=config.weight_decay, fused=device.type in FUSED_DEVICES)
+    return torch.optim.AdamW(
+        parameter_groups(ghn, config.lr, config.lr_fan_in),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=device.type in FUSED_DEVICES,
+    )
 
 
-def meta_batch_loss(model: nn.Module, graphs: Sequence[EncodedGraph], pool: ArchPool, indices: Sequence[int], source,
-                    config: TrainConfig, generator: torch.Generator, amp: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def meta_batch_loss(
+    model: nn.Module,
+    graphs: Sequence[EncodedGraph],
+    pool: ArchPool,
+    indices: Sequence[int],
+    source,
+    config: TrainConfig,
+    generator: torch.Generator,
+    amp: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One training step's forward: the loss (mean cross-entropy plus ``gamma`` times the mean
     parameter norm), its parts (cross-entropy, metric, norm) and the node embeddings. ``model``
     is the LoGAH, or its DDP wrapper; ``graphs`` are the encodings of ``indices``."""
@@ -239,9 +257,15 @@ def meta_batch_loss(model: nn.Module, graphs: Sequence[EncodedGraph], pool: Arch
     return ce + config.gamma * penalty, ce, metric, penalty, nodes
 
 
-def run_models(pool: ArchPool, indices: Sequence[int], predicted: Sequence[dict[str, torch.Tensor]], source,
-               config: TrainConfig, generator: torch.Generator, dtype: torch.dtype | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def run_models(
+    pool: ArchPool,
+    indices: Sequence[int],
+    predicted: Sequence[dict[str, torch.Tensor]],
+    source,
+    config: TrainConfig,
+    generator: torch.Generator,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean loss and mean metric (accuracy) of the models ``indices`` with ``predicted``
     parameters, each on its own data batch; with ``dtype``, the models run in it throughout
     (parameters and images; the loss in float32).
@@ -319,26 +343,43 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
-    ghn = LoGAH.from_variant(config.variant, config.decoder, config.depth_buckets,
-                             pool.roles() if config.role_maps else ()).to(device)
+    ghn = LoGAH.from_variant(
+        config.variant, config.decoder, config.depth_buckets, pool.roles() if config.role_maps else ()
+    ).to(device)
     optimizer = make_optimizer(ghn, config)
     start = _resume(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine, last_epoch=start - 1)  # resumed: the lr of ``start``
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine, last_epoch=start - 1
+    )  # resumed: the lr of ``start``
     model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
     amp = device.type == "cuda" if config.amp is None else config.amp
-    info = {"variant": config.variant, "family": pool.family, "trained_ops": pool.ops(), "data": data,
-            "train": asdict(config), "dataset": str(config.dataset), "space": training_space(r.graph for r in pool.records),
-            "trained_on": machine(device, world)}
+    info = {
+        "variant": config.variant,
+        "family": pool.family,
+        "trained_ops": pool.ops(),
+        "data": data,
+        "train": asdict(config),
+        "dataset": str(config.dataset),
+        "space": training_space(r.graph for r in pool.records),
+        "trained_on": machine(device, world),
+    }
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"
     if resume and rank == 0 and metrics_file.exists():  # lines logged after the checkpoint will be logged again
-        write_text_atomic(metrics_file, "".join(line for line in metrics_file.read_text().splitlines(keepends=True)
-                                                if _logged_step(line) <= start))
+        write_text_atomic(
+            metrics_file,
+            "".join(line for line in metrics_file.read_text().splitlines(keepends=True) if _logged_step(line) <= start),
+        )
     last: dict[str, float] = {}
-    columns = (TextColumn("train-ghn"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-               TimeRemainingColumn())
+    columns = (
+        TextColumn("train-ghn"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeRemainingColumn(),
+    )
     with repeatable(config.deterministic), Progress(*columns, disable=not (progress and rank == 0)) as bar:
         task = bar.add_task("train", total=config.steps, completed=start, loss="-")
         tic, diagnostics = time.perf_counter(), _Stopwatch()  # archs_per_s leaves out what only the log needs
@@ -348,9 +389,13 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             generator = torch.Generator().manual_seed(step_seed)
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            loss, ce, metric, penalty, nodes = meta_batch_loss(model, graphs, pool, indices, source, config, generator, amp)
+            loss, ce, metric, penalty, nodes = meta_batch_loss(
+                model, graphs, pool, indices, source, config, generator, amp
+            )
             if not torch.isfinite(loss):
-                raise TrainError(f"step {step}: the loss is {loss.item()}; resume from {out / 'checkpoint'} with a lower --lr")
+                raise TrainError(
+                    f"step {step}: the loss is {loss.item()}; resume from {out / 'checkpoint'} with a lower --lr"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             logging = (step + 1) % config.log_every == 0 or step + 1 == config.steps
@@ -358,8 +403,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 norms = gradient_norms(ghn) if logging else {}
             grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
             if not torch.isfinite(grad_norm):  # clipping by a NaN or Inf norm would write NaN into every weight
-                raise TrainError(f"step {step}: the gradient norm is {grad_norm.item()}; resume from {out / 'checkpoint'} "
-                                 "with a lower --lr")
+                raise TrainError(
+                    f"step {step}: the gradient norm is {grad_norm.item()}; resume from {out / 'checkpoint'} "
+                    "with a lower --lr"
+                )
             optimizer.step()
             schedule.step()
             done = step + 1
@@ -369,21 +416,37 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     dist.all_reduce(values)
                     values /= world
                 with diagnostics:
-                    health = {**_factor_similarity(ghn, nodes, graphs),
-                              **_feature_constancy(ghn, nodes, graphs[0], pool, indices[0], source, config, step_seed)}
+                    health = {
+                        **_factor_similarity(ghn, nodes, graphs),
+                        **_feature_constancy(ghn, nodes, graphs[0], pool, indices[0], source, config, step_seed),
+                    }
                 elapsed = time.perf_counter() - tic - diagnostics.seconds
-                last = {"step": done, "loss": values[0].item(), "ce": values[1].item(), "metric": values[2].item(),
-                        "norm": values[3].item(), "lr": optimizer.param_groups[-1]["lr"], "grad_norm": grad_norm.item(),
-                        "archs_per_s": config.meta_batch * world * (done - start) / elapsed, "world_size": world,
-                        "grad_norms": norms, **health}
+                last = {
+                    "step": done,
+                    "loss": values[0].item(),
+                    "ce": values[1].item(),
+                    "metric": values[2].item(),
+                    "norm": values[3].item(),
+                    "lr": optimizer.param_groups[-1]["lr"],
+                    "grad_norm": grad_norm.item(),
+                    "archs_per_s": config.meta_batch * world * (done - start) / elapsed,
+                    "world_size": world,
+                    "grad_norms": norms,
+                    **health,
+                }
                 if rank == 0:
                     with metrics_file.open("a") as f:
                         f.write(json.dumps(last) + "\n")
             bar.update(task, completed=done, loss=f"{loss.item():.3f}")
             if done % config.checkpoint_every == 0 or done == config.steps:
                 if rank == 0:
-                    save_checkpoint(out / "checkpoint", ghn, info, optimizer=optimizer,
-                                    state={"step": done, "config": asdict(config), "world_size": world})
+                    save_checkpoint(
+                        out / "checkpoint",
+                        ghn,
+                        info,
+                        optimizer=optimizer,
+                        state={"step": done, "config": asdict(config), "world_size": world},
+                    )
                 if world > 1:
                     dist.barrier()
     if rank == 0:
@@ -420,8 +483,12 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     sim_ax.plot(steps, [m.get("factor_similarity", float("nan")) for m in lines])
     sim_ax.set(xlabel="step", ylabel="mean cosine of factors", ylim=(0, 1), title="factor similarity")
     const_ax.plot(steps, [m.get("feature_constancy", float("nan")) for m in lines])
-    const_ax.set(xlabel="step", ylabel="|mean| / spread of the head's input", yscale="log",
-                 title="feature constancy (high: output ignores input)")
+    const_ax.set(
+        xlabel="step",
+        ylabel="|mean| / spread of the head's input",
+        yscale="log",
+        title="feature constancy (high: output ignores input)",
+    )
     fig.tight_layout()
     with atomic_path(png) as tmp:  # a PNG is complete or not there
         fig.savefig(tmp, dpi=110, format="png", metadata=figure_metadata("png"))
@@ -463,8 +530,16 @@ def feature_constancy(model: nn.Module, params: dict[str, torch.Tensor], inputs:
     return (mean.norm() / (features - mean).norm(dim=-1).mean().clamp_min(1e-12)).item()
 
 
-def _feature_constancy(ghn: LoGAH, nodes: torch.Tensor, graph: EncodedGraph, pool: ArchPool, index: int, source,
-                       config: TrainConfig, seed: int) -> dict[str, float]:
+def _feature_constancy(
+    ghn: LoGAH,
+    nodes: torch.Tensor,
+    graph: EncodedGraph,
+    pool: ArchPool,
+    index: int,
+    source,
+    config: TrainConfig,
+    seed: int,
+) -> dict[str, float]:
     """The step's :func:`feature_constancy` for the meta-batch's first architecture, decoded again
     from the step's node embeddings on a batch of its own (the training draws are left as they
     are); {} for a graph without an output head."""
@@ -472,7 +547,7 @@ def _feature_constancy(ghn: LoGAH, nodes: torch.Tensor, graph: EncodedGraph, poo
     if head is None:
         return {}
     with torch.no_grad():
-        decoded, _ = ghn.decoder(nodes[:graph.num_nodes].detach().float(), [graph])  # per graph: parameters, norm
+        decoded, _ = ghn.decoder(nodes[: graph.num_nodes].detach().float(), [graph])  # per graph: parameters, norm
     params = decoded[0]
     inputs, _ = source.batch(pool.records[index].config, config.batch_size, torch.Generator().manual_seed(seed))
     return {"feature_constancy": feature_constancy(pool.model(index), params, inputs.to(pool.device), head)}
@@ -490,8 +565,25 @@ def _factor_similarity(ghn: LoGAH, nodes: torch.Tensor, graphs: Sequence[Encoded
 RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
 #: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
 #: checkpointing and the device may change)
-RESUMED_OPTIONS = ("variant", "decoder", "depth_buckets", "role_maps", "dataset", "data", "split", "meta_batch", "batch_size", "seq_len", "lr",
-                   "lr_fan_in", "weight_decay", "gamma", "clip", "amp", "seed")
+RESUMED_OPTIONS = (
+    "variant",
+    "decoder",
+    "depth_buckets",
+    "role_maps",
+    "dataset",
+    "data",
+    "split",
+    "meta_batch",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "lr_fan_in",
+    "weight_decay",
+    "gamma",
+    "clip",
+    "amp",
+    "seed",
+)
 
 
 def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
@@ -509,8 +601,10 @@ def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
         return folder
     clash = next((name for name in RUN_FILES if (folder / name).exists()), None)
     if clash is not None:
-        raise TrainError(f"--out {out}: already holds {clash}; continue that run with --resume, or choose another --out "
-                         "(nothing was changed)")
+        raise TrainError(
+            f"--out {out}: already holds {clash}; continue that run with --resume, or choose another --out "
+            "(nothing was changed)"
+        )
     return folder
 
 
@@ -522,10 +616,17 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
     recorded without ``--data`` used)."""
     state = read_trainer_state(folder)
     if state.get("world_size", world) != world:
-        raise TrainError(f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
-                         f"resume it with {state['world_size']} processes")
+        raise TrainError(
+            f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
+            f"resume it with {state['world_size']} processes"
+        )
     # a run recorded before the encoder read depth or had role maps has neither
-    recorded = {"depth_buckets": 0, "role_maps": False, **state["config"], "data": state["config"].get("data") or default_data}
+    recorded = {
+        "depth_buckets": 0,
+        "role_maps": False,
+        **state["config"],
+        "data": state["config"].get("data") or default_data,
+    }
     given = {**asdict(config), "data": data}
     for name in RESUMED_OPTIONS:
         if name not in recorded:  # an option added after the run was recorded: it cannot be checked
@@ -533,11 +634,15 @@ def check_resume(folder: Path, config: TrainConfig, data: str, default_data: str
         before, now = recorded[name], given[name]
         same = before == now or (name == "dataset" and Path(str(before)).resolve() == Path(now).resolve())
         if not same:
-            raise TrainError(f"--resume: {folder.parent} was trained with --{name.replace('_', '-')} {before}, "
-                             f"not {now}; resume with the run's options, or train into another --out")
+            raise TrainError(
+                f"--resume: {folder.parent} was trained with --{name.replace('_', '-')} {before}, "
+                f"not {now}; resume with the run's options, or train into another --out"
+            )
     if config.steps < state["step"]:
-        raise TrainError(f"--steps {config.steps}: {folder.parent} has already trained {state['step']} steps; "
-                         f"resume with --steps {state['step']} or more")
+        raise TrainError(
+            f"--steps {config.steps}: {folder.parent} has already trained {state['step']} steps; "
+            f"resume with --steps {state['step']} or more"
+        )
 
 
 def _logged_step(line: str) -> float:
@@ -551,7 +656,9 @@ def _logged_step(line: str) -> float:
 def _resume(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
     saved = load_checkpoint(folder)
     if saved.config != ghn.config:
-        raise TrainError(f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant")
+        raise TrainError(
+            f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
+        )
     ghn.load_state_dict(saved.state_dict())
     state = load_optimizer_state(folder, optimizer)
     return int(state["step"])
@@ -567,4 +674,3 @@ def _distributed(device: str | None) -> tuple[int, int, torch.device]:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return (dist.get_rank() if world > 1 else 0), world, device
-

@@ -25,7 +25,6 @@ from graphkit.tracing.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, fun
 from graphkit.tracing.spatial import is_identity, spatial_op
 from graphkit.tracing.state import Group
 
-
 _NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
 _PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
 _LINEAR_ATEN = {"linear", "addmm"}  # a projection called functionally (SwinV2's F.linear(x, qkv.weight))
@@ -128,7 +127,9 @@ class AttentionRules:
             to_softmax = _path_back(probs, lambda n: functional_name(n.target) in _SOFTMAX_ATEN, self._score_op)
             if to_softmax is None:
                 continue
-            to_scores = _path_back(to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op)
+            to_scores = _path_back(
+                to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op
+            )
             core = None if to_scores is None else _eager_layout(node, side, to_softmax[-1], to_scores[-1])
             if core is not None:
                 return core, [node, *to_softmax, *to_scores]
@@ -172,17 +173,26 @@ class AttentionRules:
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
-        core_module = next((m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None)
+        core_module = next(
+            (m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None
+        )
         if core_module is not None:  # graphkit.attention: GQA and the key-driven variants
             attrs["variant"] = core_module.attention_variant
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         # the rarer forms are flagged only where they occur, so other graphs keep their attrs
-        attrs.update({flag: True for flag, on in self._rarer_forms(group, core.query, core.key, core.lengths, attrs).items() if on})
+        attrs.update(
+            {
+                flag: True
+                for flag, on in self._rarer_forms(group, core.query, core.key, core.lengths, attrs).items()
+                if on
+            }
+        )
         return attrs
 
-    def _causal(self, anchor: fx.Node, core: _Core, group: Group, module: nn.Module | None,
-                window: int | list[int] | None) -> bool:
+    def _causal(
+        self, anchor: fx.Node, core: _Core, group: Group, module: nn.Module | None, window: int | list[int] | None
+    ) -> bool:
         """Whether no query sees a later key: SDPA's flag, else the values of whatever masks the
         scores (:mod:`graphkit.tracing.masks`). Where those have no values (a mask buffer of a model
         on the meta device), the module's own ``is_causal`` (transformers), a ``tril``/``triu``
@@ -216,8 +226,9 @@ class AttentionRules:
             return self._causal_without_values(group, module, window, core, "its shape does not match the scores")
         return causal
 
-    def _causal_without_values(self, group: Group, module: nn.Module | None, window: int | list[int] | None,
-                               core: _Core, reason: str) -> bool:
+    def _causal_without_values(
+        self, group: Group, module: nn.Module | None, window: int | list[int] | None, core: _Core, reason: str
+    ) -> bool:
         """The fallbacks of :meth:`_causal` where the mask's values cannot be computed."""
         flag = getattr(module, "is_causal", None)
         if isinstance(flag, bool):
@@ -228,12 +239,15 @@ class AttentionRules:
             return True
         if isinstance(window, list):  # attention inside image windows (Swin's shifted-window mask)
             return False
-        raise TraceError(f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
-                         f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
-                         "example inputs that hold values")
+        raise TraceError(
+            f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
+            f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
+            "example inputs that hold values"
+        )
 
-    def _rarer_forms(self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...],
-                     attrs: dict[str, Any]) -> dict[str, bool]:
+    def _rarer_forms(
+        self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...], attrs: dict[str, Any]
+    ) -> dict[str, bool]:
         """talking_heads, latent_query, class_attention and shifted (docs/tracer.md says why each
         is read this way), from the ``query`` and ``key`` ops and the (queries, keys) ``lengths``."""
         query_from, key_from = self._sources(query, group), self._sources(key, group)
@@ -301,15 +315,24 @@ def _sdpa_core(anchor: fx.Node) -> _Core:
     arguments are read by their schema names; a kernel without a schema (``flex_attention``, a
     higher-order op) takes q, k, v first and masks by code the tracer cannot read."""
     arguments = call_arguments(anchor)
-    query, key, value = (arguments.get(n, anchor.args[i] if i < len(anchor.args) else None)
-                         for i, n in enumerate(("query", "key", "value")))
+    query, key, value = (
+        arguments.get(n, anchor.args[i] if i < len(anchor.args) else None)
+        for i, n in enumerate(("query", "key", "value"))
+    )
     q, v = query.meta["val"], value.meta["val"]
     mask = arguments.get("attn_mask")
-    return _Core(query=query, key=key, value=value, heads=int(q.shape[-3]) if q.dim() >= 4 else None,
-                 value_heads=int(v.shape[-3]) if v.dim() >= 4 else None, head_dim=int(v.shape[-1]),
-                 lengths=(int(q.shape[-2]), int(key.meta["val"].shape[-2])),
-                 is_causal=bool(arguments.get("is_causal", False)), mask=mask if isinstance(mask, fx.Node) else None,
-                 readable=bool(arguments))
+    return _Core(
+        query=query,
+        key=key,
+        value=value,
+        heads=int(q.shape[-3]) if q.dim() >= 4 else None,
+        value_heads=int(v.shape[-3]) if v.dim() >= 4 else None,
+        head_dim=int(v.shape[-1]),
+        lengths=(int(q.shape[-2]), int(key.meta["val"].shape[-2])),
+        is_causal=bool(arguments.get("is_causal", False)),
+        mask=mask if isinstance(mask, fx.Node) else None,
+        readable=bool(arguments),
+    )
 
 
 def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node) -> _Core | None:
@@ -324,9 +347,17 @@ def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node)
         if side != 0:
             return None
         query, key = score_ops
-        return _Core(query=query, key=key, value=value, heads=int(p.shape[-3]) if p.dim() >= 4 else None,
-                     value_heads=int(v.shape[-3]) if v.dim() >= 4 else None, head_dim=int(v.shape[-1]),
-                     lengths=(int(p.shape[-2]), int(p.shape[-1])), scores=scores, softmax=softmax)
+        return _Core(
+            query=query,
+            key=key,
+            value=value,
+            heads=int(p.shape[-3]) if p.dim() >= 4 else None,
+            value_heads=int(v.shape[-3]) if v.dim() >= 4 else None,
+            head_dim=int(v.shape[-1]),
+            lengths=(int(p.shape[-2]), int(p.shape[-1])),
+            scores=scores,
+            softmax=softmax,
+        )
     letters = _einsum_letters(anchor)
     if letters is None:
         return None
@@ -344,9 +375,17 @@ def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node)
         if score_letters is not None and len(score_letters[1]) >= 2 and score_letters[1][-2] not in score_letters[0][0]:
             query, key = key, query
     head = shared[-1] if len(shared) >= 2 else None  # (batch, heads) are the dimensions all three share
-    return _Core(query=query, key=key, value=value, heads=size[head] if head else None,
-                 value_heads=size[head] if head else None, head_dim=math.prod(size[c] for c in features),
-                 lengths=(size[queries[0]], size[keys[0]]), scores=scores, softmax=softmax)
+    return _Core(
+        query=query,
+        key=key,
+        value=value,
+        heads=size[head] if head else None,
+        value_heads=size[head] if head else None,
+        head_dim=math.prod(size[c] for c in features),
+        lengths=(size[queries[0]], size[keys[0]]),
+        scores=scores,
+        softmax=softmax,
+    )
 
 
 def _zeros(node: fx.Node) -> torch.Tensor:
@@ -361,7 +400,9 @@ def _product_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     name = functional_name(node.target)
     if name == "einsum":
         operands = node.args[1] if len(node.args) > 1 else ()
-        ok = isinstance(operands, (list, tuple)) and len(operands) == 2 and all(isinstance(o, fx.Node) for o in operands)
+        ok = (
+            isinstance(operands, (list, tuple)) and len(operands) == 2 and all(isinstance(o, fx.Node) for o in operands)
+        )
         return tuple(operands) if ok else None
     args = node.args[1:3] if name == "baddbmm" else node.args[:2]
     return tuple(args) if len(args) == 2 and all(isinstance(a, fx.Node) for a in args) else None
@@ -379,8 +420,8 @@ def _einsum_letters(node: fx.Node) -> tuple[tuple[str, str], str] | None:
     if len(terms) != 2:
         return None
     covered = [operand.meta["val"].dim() - len(term.replace("...", "")) for term, operand in zip(terms, operands)]
-    stand_ins = "".join(c for c in "0123456789" if c not in equation)[:max(covered)]
-    spelled = [term.replace("...", stand_ins[len(stand_ins) - n:]) for term, n in zip(terms, covered)]
+    stand_ins = "".join(c for c in "0123456789" if c not in equation)[: max(covered)]
+    spelled = [term.replace("...", stand_ins[len(stand_ins) - n :]) for term, n in zip(terms, covered)]
     if arrow:
         out = out.replace("...", stand_ins)
     else:  # implicit output: the ellipsis, then the letters used once, in alphabetical order
@@ -391,8 +432,9 @@ def _einsum_letters(node: fx.Node) -> tuple[tuple[str, str], str] | None:
     return (spelled[0], spelled[1]), out
 
 
-def _path_back(start: Any, match: Callable[[fx.Node], bool], passes: Callable[[fx.Node], bool],
-               depth: int = 8) -> list[fx.Node] | None:
+def _path_back(
+    start: Any, match: Callable[[fx.Node], bool], passes: Callable[[fx.Node], bool], depth: int = 8
+) -> list[fx.Node] | None:
     """The ops from ``start`` up to the nearest upstream op that matches (both included),
     crossing only ops that ``passes``; None if there is none within ``depth`` steps."""
     if not isinstance(start, fx.Node):
@@ -459,8 +501,11 @@ def _window(model: nn.Module, path: str, keys: int) -> int | list[int] | None:
     own = first_attr(module, ("sliding_window", "window_size", "window"))
     if isinstance(own, int) and own > 0:
         return own
-    return _config_sliding_window(module) or _partition(own, keys) or _partition(
-        _nearest_attr(model, path, "window_size"), keys)
+    return (
+        _config_sliding_window(module)
+        or _partition(own, keys)
+        or _partition(_nearest_attr(model, path, "window_size"), keys)
+    )
 
 
 def _config_sliding_window(module: nn.Module) -> int | None:
@@ -493,4 +538,3 @@ def _nearest_attr(model: nn.Module, path: str, name: str) -> Any:
         if value is not None or not path:
             return value
         path = path.rpartition(".")[0]
-

@@ -29,19 +29,18 @@ from torch import fx, nn
 from graphkit.errors import TraceError
 from graphkit.graph import ArchGraph, Node
 from graphkit.tracing.attention import AttentionRules, first_attr
+from graphkit.tracing.masks import ConstantEvaluator
+from graphkit.tracing.moe import MoeRules, topk_k
+from graphkit.tracing.mutation import Aliases
 from graphkit.tracing.naming import (
     ATEN_OPS,
     MATMUL_ATEN,
-    SDPA_ATEN,
     SHAPE_DEPENDENT_ATEN,
     functional_name,
     is_float,
     module_op,
     moves_data,
 )
-from graphkit.tracing.moe import MoeRules, topk_k
-from graphkit.tracing.masks import ConstantEvaluator
-from graphkit.tracing.mutation import Aliases
 from graphkit.tracing.spatial import is_identity, spatial_attrs, spatial_op
 from graphkit.tracing.state import Group
 
@@ -49,8 +48,9 @@ _SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
 
 
-def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram,
-                      inputs: tuple[tuple, dict] | None = None) -> ArchGraph:
+def graph_from_export(
+    model: nn.Module, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None = None
+) -> ArchGraph:
     """The architecture graph of an exported ``model`` (unvalidated, without meta). ``inputs``,
     the ``(args, kwargs)`` it was exported with, lets the tracer read a mask passed in as an
     argument (:mod:`graphkit.tracing.masks`)."""
@@ -60,13 +60,15 @@ def graph_from_export(model: nn.Module, program: torch.export.ExportedProgram,
 class _GraphBuilder(AttentionRules, MoeRules):
     INPUT = 0
 
-    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None) -> None:
+    def __init__(
+        self, model: nn.Module, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None
+    ) -> None:
         self.model = model
         self.program = program
         self.inputs = inputs
         self.graph = program.graph
         self.groups: list[Group] = [Group("input", "", live=True)]
-        self.prod: dict[fx.Node, frozenset[int]] = {}      # value -> groups it comes from
+        self.prod: dict[fx.Node, frozenset[int]] = {}  # value -> groups it comes from
         self.param_src: dict[fx.Node, frozenset[str]] = {}  # value -> parameters it is a view of
         self.owner: dict[str, int] = {}
         self._module_ops: dict[str, str | None] = {}
@@ -169,7 +171,12 @@ class _GraphBuilder(AttentionRules, MoeRules):
                 self.open_leaf = (path, len(self.groups) - 1)
             gid = self.open_leaf[1]
             self._absorb(gid, node, in_prod, in_params)
-            if in_prod and gid not in in_prod and not in_params and moves_data(functional_name(node.target), node.meta.get("val")):
+            if (
+                in_prod
+                and gid not in in_prod
+                and not in_params
+                and moves_data(functional_name(node.target), node.meta.get("val"))
+            ):
                 # an alias of what enters the module (an RMSNorm's x.to(float32) on float32 x):
                 # a residual read through it reads the module's input, not the module
                 self.prod[node] = in_prod
@@ -277,10 +284,15 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if unused:
             name = unused[0]
             path = name.rpartition(".")[0]
-            where = (f"module '{path}' ({type(self.model.get_submodule(path)).__name__}) never runs" if path
-                     else f"the model never reads its own parameter {name!r}")
-            raise TraceError(f"parameter {name!r} is not used by forward with these inputs ({where}): remove it if "
-                             "it is spare, or pass example inputs that take the branch that uses it")
+            where = (
+                f"module '{path}' ({type(self.model.get_submodule(path)).__name__}) never runs"
+                if path
+                else f"the model never reads its own parameter {name!r}"
+            )
+            raise TraceError(
+                f"parameter {name!r} is not used by forward with these inputs ({where}): remove it if "
+                "it is spare, or pass example inputs that take the branch that uses it"
+            )
 
     # -- assemble -------------------------------------------------------------------------------
     def _finish(self, output_node: fx.Node | None) -> ArchGraph:
@@ -325,7 +337,9 @@ class _GraphBuilder(AttentionRules, MoeRules):
         parametric_after: dict[int, bool] = {}
         for gid in reversed(order):
             after = [u for u in users[gid] if keep[u]]
-            parametric_after[gid] = any(parametric_after[u] or groups[u].params or groups[u].attrs.get("tied") for u in after)
+            parametric_after[gid] = any(
+                parametric_after[u] or groups[u].params or groups[u].attrs.get("tied") for u in after
+            )
             if groups[gid].op == "linear" and not parametric_after[gid]:
                 groups[gid].op = "head"
         index = {gid: k for k, gid in enumerate(order)}
@@ -333,8 +347,15 @@ class _GraphBuilder(AttentionRules, MoeRules):
         nodes = []
         for gid in order:
             g = groups[gid]
-            nodes.append(Node(op=g.op, name=_unique(self._name(g), names), module=g.module,
-                              params=g.params, attrs=g.attrs if g.op == "attention" else {**self._attrs(g), **g.attrs}))
+            nodes.append(
+                Node(
+                    op=g.op,
+                    name=_unique(self._name(g), names),
+                    module=g.module,
+                    params=g.params,
+                    attrs=g.attrs if g.op == "attention" else {**self._attrs(g), **g.attrs},
+                )
+            )
         edges = sorted((index[s], index[gid]) for gid in order for s in groups[gid].inputs)
         return ArchGraph(nodes=nodes, edges=edges)
 
@@ -352,7 +373,10 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if g.fx and self._leaf(g.fx[0]) is not None:
             module = self.model.get_submodule(g.module)
         if g.op in ("linear", "head"):
-            first = next((a for a in g.fx[0].all_input_nodes if is_float(a.meta.get("val")) and a.name not in self.param_names), None)
+            first = next(
+                (a for a in g.fx[0].all_input_nodes if is_float(a.meta.get("val")) and a.name not in self.param_names),
+                None,
+            )
             if first is not None:
                 attrs["in_features"] = int(first.meta["val"].shape[-1])
             attrs["out_features"] = int(g.fx[-1].meta["val"].shape[-1])
@@ -423,5 +447,3 @@ def _softcap(tanh: fx.Node) -> float | None:
     if len(other) != 1 or not isinstance(other[0], (int, float)) or abs(float(other[0]) - cap) > 1e-6 * abs(cap):
         return None
     return cap
-
-

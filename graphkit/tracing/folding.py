@@ -24,6 +24,7 @@ from graphkit.tracing.moe import is_moe_block
 # attributes that legitimately differ between otherwise identical blocks
 _INDEX_ATTRS = re.compile(r"^(layer_idx|layer_id|layer_index|layer_number|block_idx|block_id|idx|index)$")
 
+
 def repeated_blocks(model: nn.Module) -> list[tuple[str, int]]:
     """ModuleLists / Sequentials of >= 3 structurally identical blocks, outermost only: (path, length).
     An MoE block's experts are one node whatever their number, and truncating them would change
@@ -48,11 +49,15 @@ def signature(block: nn.Module) -> tuple:
     simple = (int, float, str, bool, type(None))
     items = []
     for name, m in block.named_modules():
-        attrs = tuple(sorted(
-            (k, v) for k, v in vars(m).items()
-            if not k.startswith("_") and not _INDEX_ATTRS.match(k)
-            and (isinstance(v, simple) or (isinstance(v, tuple) and all(isinstance(x, simple) for x in v)))
-        ))
+        attrs = tuple(
+            sorted(
+                (k, v)
+                for k, v in vars(m).items()
+                if not k.startswith("_")
+                and not _INDEX_ATTRS.match(k)
+                and (isinstance(v, simple) or (isinstance(v, tuple) and all(isinstance(x, simple) for x in v)))
+            )
+        )
         params = tuple((n, tuple(p.shape), p.dtype) for n, p in m.named_parameters(recurse=False))
         buffers = tuple((n, tuple(b.shape), b.dtype) for n, b in m.named_buffers(recurse=False))
         items.append((name, type(m), attrs, params, buffers))
@@ -136,7 +141,7 @@ def unfold(graph: ArchGraph, path: str, length: int) -> ArchGraph | None:
 def _block_index(module: str, path: str) -> int | None:
     if module == path or not module.startswith(path + "."):
         return None
-    head = module[len(path) + 1:].split(".", 1)[0]
+    head = module[len(path) + 1 :].split(".", 1)[0]
     return int(head) if head.isdigit() else None
 
 
@@ -146,5 +151,10 @@ def _renamed(node: Node, path: str, old: int, new: int) -> Node:
     attrs = dict(node.attrs)
     if "tied" in attrs:
         attrs["tied"] = [sub(p) for p in attrs["tied"]]
-    return Node(op=node.op, name=sub(node.name), module=sub(node.module),
-                params={sub(k): v for k, v in node.params.items()}, attrs=attrs)
+    return Node(
+        op=node.op,
+        name=sub(node.name),
+        module=sub(node.module),
+        params={sub(k): v for k, v in node.params.items()},
+        attrs=attrs,
+    )

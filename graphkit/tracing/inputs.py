@@ -31,7 +31,9 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         return (torch.zeros(2, *image, device=device),), {}
     if config is not None and getattr(config, "vocab_size", None):
         limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 8
-        kwargs: dict[str, Any] = {"input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)}
+        kwargs: dict[str, Any] = {
+            "input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)
+        }
         if "use_cache" in inspect.signature(model.forward).parameters:
             kwargs["use_cache"] = False
         return (), kwargs
@@ -50,8 +52,16 @@ _ROTARY_BUFFER = ("cos", "sin", "freq", "rope", "rotary")
 #: names of a bare position table (``nn.Parameter(torch.zeros(1, block_size, dim))``)
 _POSITION_PARAMETER = ("pos", "position", "wpe")
 #: attributes (of the model or its config) that bound the sequence length
-_LENGTH_ATTRIBUTES = ("block_size", "max_seq_len", "max_len", "context_length", "seq_len", "n_ctx", "n_positions",
-                      "max_position_embeddings")
+_LENGTH_ATTRIBUTES = (
+    "block_size",
+    "max_seq_len",
+    "max_len",
+    "context_length",
+    "seq_len",
+    "n_ctx",
+    "n_positions",
+    "max_position_embeddings",
+)
 
 
 def _token_length(model: nn.Module) -> int | None:
@@ -61,20 +71,36 @@ def _token_length(model: nn.Module) -> int | None:
     (``pos_emb = nn.Parameter(...)``, on the model or a submodule), any rotary buffer's first
     dimension or a length attribute of the model or its config (``block_size``, which nanoGPT
     asserts, ``max_seq_len``, ...)."""
-    first = next((m for m in model.modules() if not any(True for _ in m.children())
-                  and any(True for _ in m.parameters(recurse=False))), None)
+    first = next(
+        (
+            m
+            for m in model.modules()
+            if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False))
+        ),
+        None,
+    )
     if not isinstance(first, nn.Embedding):
         return None
     limits = [8]
     limits += [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding) and m is not first]
-    limits += [p.shape[-2] for name, p in model.named_parameters()
-               if p.dim() >= 2 and any(key in name.rsplit(".", 1)[-1].lower() for key in _POSITION_PARAMETER)
-               and not isinstance(model.get_submodule(name.rpartition(".")[0]), nn.Embedding)]
-    limits += [b.shape[0] for name, b in model.named_buffers()
-               if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)]
+    limits += [
+        p.shape[-2]
+        for name, p in model.named_parameters()
+        if p.dim() >= 2
+        and any(key in name.rsplit(".", 1)[-1].lower() for key in _POSITION_PARAMETER)
+        and not isinstance(model.get_submodule(name.rpartition(".")[0]), nn.Embedding)
+    ]
+    limits += [
+        b.shape[0]
+        for name, b in model.named_buffers()
+        if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)
+    ]
     for owner in (model, *(getattr(model, name, None) for name in ("config", "args", "params"))):
-        limits += [value for key in _LENGTH_ATTRIBUTES
-                   if isinstance(value := getattr(owner, key, None), int) and not isinstance(value, bool) and value > 0]
+        limits += [
+            value
+            for key in _LENGTH_ATTRIBUTES
+            if isinstance(value := getattr(owner, key, None), int) and not isinstance(value, bool) and value > 0
+        ]
     return max(1, min(limits))
 
 
@@ -103,8 +129,12 @@ def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[t
         return (example_inputs,), {}
     if isinstance(example_inputs, Mapping):
         return (), dict(example_inputs)
-    if (isinstance(example_inputs, tuple) and len(example_inputs) == 2
-            and isinstance(example_inputs[0], (tuple, list)) and isinstance(example_inputs[1], Mapping)):
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[0], (tuple, list))
+        and isinstance(example_inputs[1], Mapping)
+    ):
         return tuple(example_inputs[0]), dict(example_inputs[1])
     if isinstance(example_inputs, (tuple, list)):
         return tuple(example_inputs), {}

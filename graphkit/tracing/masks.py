@@ -49,8 +49,9 @@ class ConstantEvaluator:
     """Concrete values, on the CPU, of the parts of an exported program that do not depend on
     activations: masks, position tables, anything built from shapes, buffers and inputs."""
 
-    def __init__(self, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None,
-                 aliases: Aliases) -> None:
+    def __init__(
+        self, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None, aliases: Aliases
+    ) -> None:
         self.aliases = aliases
         self.leaves: dict[str, tuple[Any, str]] = {}  # placeholder -> (value, what it is)
         self.params: set[str] = set()
@@ -70,8 +71,9 @@ class ConstantEvaluator:
         self._learned: dict[fx.Node, bool] = {}
         self._input_based: dict[fx.Node, bool] = {}
 
-    def evaluate(self, target: fx.Node, overrides: Mapping[fx.Node, torch.Tensor],
-                 live: Callable[[fx.Node], str | None]) -> Any:
+    def evaluate(
+        self, target: fx.Node, overrides: Mapping[fx.Node, torch.Tensor], live: Callable[[fx.Node], str | None]
+    ) -> Any:
         """The value of ``target``, with ``overrides`` standing in for some nodes. ``live(node)``
         says why a node computed from the inputs is an activation (not computable here: it is
         another node's output), or returns None. Raises :class:`Unknown` with the reason when

@@ -92,13 +92,16 @@ class MoeRules:
                 continue
             inside = set(ops)
             experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
-            experts = [n for n in ops if any(p == experts_path or p.startswith(experts_path + ".") for p in self._stack(n))]
+            experts = [
+                n for n in ops if any(p == experts_path or p.startswith(experts_path + ".") for p in self._stack(n))
+            ]
             # group-limited routing (DeepSeek-V3) calls topk over groups first: the last topk is
             # the one over experts, whose indices the experts read
             router = topks[-1]
             routed = _closure([router], lambda n: [u for u in n.users if u in inside])
-            routing = _closure([router], lambda n: [a for a in n.all_input_nodes if a in inside],
-                               stop=_tokens_read(experts, routed))
+            routing = _closure(
+                [router], lambda n: [a for a in n.all_input_nodes if a in inside], stop=_tokens_read(experts, routed)
+            )
             returned = {n for n in ops if is_float(n.meta.get("val")) and any(u not in inside for u in n.users)}
             call = _MoeCall(path, router, experts, set(experts) | routing, open=len(returned) > 1)
             for n in ops:
@@ -106,8 +109,9 @@ class MoeRules:
         self.open_moe_groups: set[int] = set()
         return call_of
 
-    def _joins_moe(self, call: _MoeCall, node: fx.Node, in_leaf: bool, in_prod: frozenset[int],
-                   in_params: frozenset[str]) -> bool:
+    def _joins_moe(
+        self, call: _MoeCall, node: fx.Node, in_leaf: bool, in_prod: frozenset[int], in_params: frozenset[str]
+    ) -> bool:
         """Whether ``node`` is part of its MoE call's node. Router and expert ops are, except data
         movement at the block's own level (the block input's reshape also feeds shared experts);
         other ops of the block are if they read the MoE node alone and no parameter (gating,
@@ -131,13 +135,24 @@ class MoeRules:
         the MLP's hidden size, after gating for SwiGLU experts)."""
         router = call.router
         dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
-        products = [n for n in call.experts if functional_name(n.target) in _PRODUCT_ATEN
-                    and any(self._is_parameter(a) for a in n.all_input_nodes)]
+        products = [
+            n
+            for n in call.experts
+            if functional_name(n.target) in _PRODUCT_ATEN and any(self._is_parameter(a) for a in n.all_input_nodes)
+        ]
         last = products[-1] if products else None
-        width = None if last is None else next(
-            (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None)
-        return {"num_experts": int(router.args[0].meta["val"].shape[dim]), "top_k": topk_k(router),
-                "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None}
+        width = (
+            None
+            if last is None
+            else next(
+                (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None
+            )
+        )
+        return {
+            "num_experts": int(router.args[0].meta["val"].shape[dim]),
+            "top_k": topk_k(router),
+            "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None,
+        }
 
     def _is_parameter(self, value: fx.Node) -> bool:
         """True for a parameter or a view of one (transformers' experts transpose their 3-D weights)."""
@@ -148,8 +163,9 @@ class MoeRules:
         return value.op == "placeholder" and value.name in self.param_names
 
 
-def _closure(start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]],
-             stop: set[fx.Node] = frozenset()) -> set[fx.Node]:
+def _closure(
+    start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], stop: set[fx.Node] = frozenset()
+) -> set[fx.Node]:
     """``start`` and every node reached from it by ``step``, not entering ``stop``."""
     seen, todo = set(), [n for n in start if n not in stop]
     while todo:

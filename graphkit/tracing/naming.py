@@ -69,12 +69,48 @@ def _is_patchify(conv: nn.Module) -> bool:
 # ATen ops outside those modules. Shape-only ops pass their input through and make no node.
 SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
     {
-        "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "expand_as",
-        "contiguous", "clone", "alias", "detach", "unsqueeze", "squeeze", "flatten", "unflatten",
-        "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "narrow", "getitem",
-        "to", "_to_copy", "type_as", "dropout", "feature_dropout", "alpha_dropout", "lift_fresh_copy",
-        "_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "copy",
-        "repeat", "repeat_interleave", "index_select", "index", "movedim", "as_strided", "identity",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "expand_as",
+        "contiguous",
+        "clone",
+        "alias",
+        "detach",
+        "unsqueeze",
+        "squeeze",
+        "flatten",
+        "unflatten",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "narrow",
+        "getitem",
+        "to",
+        "_to_copy",
+        "type_as",
+        "dropout",
+        "feature_dropout",
+        "alpha_dropout",
+        "lift_fresh_copy",
+        "_assert_tensor_metadata",
+        "_assert_scalar",
+        "sym_constrain_range_for_size",
+        "copy",
+        "repeat",
+        "repeat_interleave",
+        "index_select",
+        "index",
+        "movedim",
+        "as_strided",
+        "identity",
     }
 )
 
@@ -82,9 +118,19 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
 #: what slice assignment becomes): data movement, so the result carries both inputs' sources
 PLACE_ATEN: frozenset[str] = frozenset(
     {
-        "index_put", "_index_put_impl", "index_copy", "index_fill", "index_add", "masked_scatter",
-        "scatter", "scatter_add", "scatter_reduce", "slice_scatter", "select_scatter",
-        "diagonal_scatter", "as_strided_scatter",
+        "index_put",
+        "_index_put_impl",
+        "index_copy",
+        "index_fill",
+        "index_add",
+        "masked_scatter",
+        "scatter",
+        "scatter_add",
+        "scatter_reduce",
+        "slice_scatter",
+        "select_scatter",
+        "diagonal_scatter",
+        "as_strided_scatter",
     }
 )
 
@@ -133,8 +179,21 @@ MATMUL_ATEN: frozenset[str] = frozenset({"matmul", "bmm", "mm", "einsum", "baddb
 
 #: ATen ops whose result depends on their input's shape only, never its values.
 SHAPE_DEPENDENT_ATEN: frozenset[str] = frozenset(
-    {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
-     "new_zeros", "new_ones", "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride"}
+    {
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+        "new_full",
+        "sym_size",
+        "sym_numel",
+        "sym_stride",
+    }
 )
 
 

@@ -19,8 +19,13 @@ from torch import fx
 from graphkit.tracing.naming import functional_name
 
 _PAD_ATEN = frozenset({"pad", "constant_pad_nd"})
-_ADAPTIVE_AVG_POOL_ATEN = {"adaptive_avg_pool1d": 1, "adaptive_avg_pool2d": 2, "_adaptive_avg_pool2d": 2,
-                           "adaptive_avg_pool3d": 3, "_adaptive_avg_pool3d": 3}  # name -> pooled dims
+_ADAPTIVE_AVG_POOL_ATEN = {
+    "adaptive_avg_pool1d": 1,
+    "adaptive_avg_pool2d": 2,
+    "_adaptive_avg_pool2d": 2,
+    "adaptive_avg_pool3d": 3,
+    "_adaptive_avg_pool3d": 3,
+}  # name -> pooled dims
 _AMOUNT = {"roll": "shifts", "pad": "pad"}  # op -> the attr (and ATen argument) of its amounts
 
 

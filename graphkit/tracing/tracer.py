@@ -9,7 +9,6 @@ needs real weights and a forward pass, and loses ops that have no backward node 
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from graphkit.errors import TraceError
@@ -20,8 +19,9 @@ from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfo
 from graphkit.tracing.inputs import ExampleInputs, normalise_inputs, tensors_of
 
 
-def trace(model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True,
-          cache: dict | None = None) -> ArchGraph:
+def trace(
+    model: nn.Module, example_inputs: ExampleInputs = None, *, fold_repeats: bool = True, cache: dict | None = None
+) -> ArchGraph:
     """Trace ``model`` into an :class:`ArchGraph`.
 
     ``model`` may live on any device, ``meta`` included (no weights needed). ``example_inputs``
