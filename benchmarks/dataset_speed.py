@@ -5,9 +5,10 @@
 
 For vits-1k and gpts-1k: wall time of ``graphkit generate RECIPE --workers 2`` as a user runs
 it (a fresh process, imports included) and its CPU time (user + system, workers included: on a
-shared machine the wall time depends on the neighbours, the CPU time much less); the folder's size; the time to load the dataset and
-convert all records to PyG ``Data``; the median time to fetch one record by id and decode its
-graph. The reference is the original LoGAH release, one pickle per architecture that embeds the
+shared machine the wall time depends on the neighbours, the CPU time much less); the folder's
+size; the time to load the dataset and convert all records to PyG ``Data``; the median time to fetch
+one record by id and decode its graph. The reference is the original LoGAH release, one pickle per
+architecture that embeds the
 whole model with its weights: the same figures are measured on --pickles sampled records
 (model built with real weights, ``torch.save``d, loaded back) and scaled to 1,000.
 """
@@ -103,7 +104,8 @@ def table(pickles: int) -> str:
     import torch
 
     rows = [
-        "| dataset | format | generate (2 workers) | generate CPU time | size on disk | load + all records to PyG | fetch one record by id |",
+        "| dataset | format | generate (2 workers) | generate CPU time | "
+        "size on disk | load + all records to PyG | fetch one record by id |",
         "|---|---|---|---|---|---|---|",
     ]
     load = os.getloadavg()[0]
@@ -112,7 +114,8 @@ def table(pickles: int) -> str:
         for recipe in ("vits-1k", "gpts-1k"):
             ours = graphkit_figures(recipe, root)
             rows.append(
-                f"| {recipe} ({ours['architectures']} architectures) | graphkit Parquet | **{ours['generate_s']:.1f} s** | "
+                f"| {recipe} ({ours['architectures']} architectures) | "
+                f"graphkit Parquet | **{ours['generate_s']:.1f} s** | "
                 f"{ours['generate_cpu_s']:.1f} s | **{ours['size_mb']:.1f} MB** | "
                 f"**{ours['load_pyg_s']:.2f} s** ({ours['records']:,} records) | **{ours['fetch_ms']:.1f} ms** |"
             )
@@ -120,7 +123,8 @@ def table(pickles: int) -> str:
             ref = pickle_figures(recipe, root, pickles)
             rows.append(
                 f"| {recipe} | pickled models (original release), {pickles} measured, scaled to 1,000 | - | - | "
-                f"{ref['size_mb_per_1k']:,.0f} MB | {ref['load_all_s']:.0f} s (unpickling alone) | {ref['fetch_ms']:.0f} ms |"
+                f"{ref['size_mb_per_1k']:,.0f} MB | {ref['load_all_s']:.0f} "
+                f"s (unpickling alone) | {ref['fetch_ms']:.0f} ms |"
             )
             print(rows[-1], flush=True)
     head = (

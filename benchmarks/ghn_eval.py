@@ -1,7 +1,8 @@
 """Are the bundled hypernetworks worth using? `eval-ghn` on held-out architectures for the three
-bundled LoGAH-tiny checkpoints (ViTs, GPT-2s, LLaMAs): predicted parameters against the framework's random initialisation and
-orthogonal initialisation, held-out loss and accuracy at steps 0, 100 and 300 of fine-tuning; the
-verdicts are taken at step 300, where random initialisation has learned.
+bundled LoGAH-tiny checkpoints (ViTs, GPT-2s, LLaMAs): predicted parameters against the
+framework's random initialisation and orthogonal initialisation, held-out loss and accuracy at steps
+0, 100 and 300 of fine-tuning; the verdicts are taken at step 300, where random initialisation has
+learned.
 
     .venv/bin/python benchmarks/ghn_eval.py                     # print the tables
     .venv/bin/python benchmarks/ghn_eval.py --write             # also update BENCHMARKS.md, docs/img/ and the
@@ -66,7 +67,8 @@ def table(family: str, write: bool, device: str | None = None) -> str:
         f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
         "--write` (or `make eval-bundled` for all three).",
         "",
-        f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} held-out architectures{scaled}. After {steps} fine-tuning "
+        f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} "
+        f"held-out architectures{scaled}. After {steps} fine-tuning "
         f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
         f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).",
         "",

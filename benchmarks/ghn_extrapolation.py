@@ -129,7 +129,8 @@ def fine_tuning(
     heads = {"predict": "`predict`", "calibrated": "`--calibrate`", "random": "random", "orthogonal": "orthogonal"}
     rows = [
         f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
-        f"depths {space['depth'][0]}-{space['depth'][1]}), held-out loss / accuracy at steps {', '.join(map(str, at))}:",
+        f"depths {space['depth'][0]}-{space['depth'][1]}), held-out "
+        f"loss / accuracy at steps {', '.join(map(str, at))}:",
         "",
         "| shape | how far out | "
         + " | ".join(f"{heads[init]} @{h}" if h == at[0] else f"@{h}" for init in inits for h in at)
@@ -280,7 +281,8 @@ def trained_shares(family: str, source) -> str:
         loss.backward()
         optimizer.step()
     return (
-        f"Trained directly, the same in-space {config['num_layers']} x {config['hidden']} model's token-varying share on "
+        f"Trained directly, the same in-space {config['num_layers']} "
+        f"x {config['hidden']} model's token-varying share on "
         "held-out text is " + ", ".join(f"{shares[h]:.2f} at step {h}" for h in TRAINED) + ".\n"
     )
 
@@ -325,8 +327,8 @@ def main() -> None:
                 if args.steps is not None:
                     at = tuple(sorted({0, *(h for h in at if h < args.steps), args.steps}))
                 text += (
-                    f"AdamW lr 3e-4, the same batches for every initialisation. Command: `.venv/bin/python {command}`.\n\n"
-                    + fine_tuning(family, shapes, inits, at, args.device)
+                    "AdamW lr 3e-4, the same batches for every initialisation. "
+                    f"Command: `.venv/bin/python {command}`.\n\n" + fine_tuning(family, shapes, inits, at, args.device)
                 )
             print(text, flush=True)
             if args.write:  # one section a table and family, so that rerunning one leaves the others

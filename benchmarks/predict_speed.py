@@ -97,7 +97,8 @@ def table(args) -> str:
     head = (
         f"Measured {time.strftime('%Y-%m-%d')} on {where}, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load average {load:.1f} at the start (other work shares the "
-        "machine: timings are noisy); each row a fresh process, one at a time. Timed: `predict(model)`, i.e. trace, predict, "
+        "machine: timings are noisy); each row a fresh process, one "
+        "at a time. Timed: `predict(model)`, i.e. trace, predict, "
         "check and write into the model; not the imports or the build (peak RSS includes both). The GHN-3 "
         "decoder tiles one d x d block over each parameter, the approach LoGAH replaces. Command: "
         "`.venv/bin/python benchmarks/predict_speed.py --write`."

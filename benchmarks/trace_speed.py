@@ -135,7 +135,8 @@ def measure(name: str, method: str, repeat: int) -> dict:
 
 def table(repeat: int) -> str:
     rows = [
-        "| model | method | warm (median) | cold (first call in a new process) | peak RSS | graph nodes | GHN-3 way / this, warm |",
+        "| model | method | warm (median) | cold (first call in a new "
+        "process) | peak RSS | graph nodes | GHN-3 way / this, warm |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, label in MODELS.items():

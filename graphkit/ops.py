@@ -50,7 +50,10 @@ OP_DOCS: dict[str, str] = {
     "sigmoid": "sigmoid activation",
     "other": "catch-all id for ops written as 'other:<aten op>'",
     # version 2
-    "moe": "mixture-of-experts block: router, top-k gating and experts as one node; attrs num_experts, top_k, intermediate_size",
+    "moe": (
+        "mixture-of-experts block: router, top-k gating and experts as one node; attrs num_experts, top_k, "
+        "intermediate_size"
+    ),
     "roll": "cyclic shift of tokens along spatial dims (torch.roll; Swin's shifted windows); attrs shifts",
     "pad": "zero padding of activations (F.pad; Swin pads to a multiple of the window); attrs pad",
 }

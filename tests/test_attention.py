@@ -200,7 +200,8 @@ def test_unknown_attention_modules_are_named():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.MultiheadAttention(8, 2))
     with pytest.raises(
         ConvertError,
-        match=r"module '1' \(torch.nn.modules.activation.MultiheadAttention\) is an attention graphkit cannot convert yet",
+        match=r"module '1' \(torch.nn.modules.activation.MultiheadAttention\) "
+        r"is an attention graphkit cannot convert yet",
     ):
         convert(model, "gqa", kv_heads=1)
     with pytest.raises(ConvertError, match="Linear has no attention module"):

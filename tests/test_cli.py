@@ -55,7 +55,8 @@ def test_trace_text_format_and_json_to_stdout(tmp_path):
         ("file_raises.py", "file_raises.py:4: running the file raised RuntimeError: config file not found"),
         (
             "forward_raises.py",
-            "Net.forward raised RuntimeError in module 'fc' (Linear) at forward_raises.py:11: a and b must have same reduction dim",
+            "Net.forward raised RuntimeError in module 'fc' (Linear) at "
+            "forward_raises.py:11: a and b must have same reduction dim",
         ),
         (
             "data_dependent.py",
@@ -136,7 +137,8 @@ def test_dataset_commands(tmp_path, monkeypatch):
     [
         (
             ["generate", "vits-2k"],
-            "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits (or a .json / .yaml recipe file)",
+            "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, "
+            "vits-1k, vits-digits (or a .json / .yaml recipe file)",
         ),
         (["ls", "no-such-folder"], "no-such-folder: no such dataset folder"),
         (["stats", "."], ".: not a graphkit dataset (no data/*.parquet files)"),

@@ -170,7 +170,10 @@ def test_ls_writes_csv_and_json(long_ids):
 
 def test_help_does_not_import_torch():
     """`graphkit --help` took 3 s and 650 MB, importing torch it never used."""
-    code = "import sys; from graphkit.cli import app; import graphkit; graphkit.GraphkitError; print('torch' in sys.modules)"
+    code = (
+        "import sys; from graphkit.cli import app; import graphkit; graphkit.GraphkitError; "
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
     assert subprocess.run([sys.executable, "-m", "graphkit", "--help"], capture_output=True, text=True).returncode == 0

@@ -64,7 +64,8 @@ def test_tied_alias_names_are_accepted():
     [
         (
             lambda p: p.update({"transformer.h.0.attn.c_atn.weight": p.pop("transformer.h.0.attn.c_attn.weight")}),
-            "parameter 'transformer.h.0.attn.c_atn.weight' is not a parameter of GPT2LMHeadModel; did you mean 'transformer.h.0.attn.c_attn.weight'",
+            "parameter 'transformer.h.0.attn.c_atn.weight' is not a parameter of "
+            "GPT2LMHeadModel; did you mean 'transformer.h.0.attn.c_attn.weight'",
         ),
         (
             lambda p: p.update({"transformer.ln_f.weight": torch.ones(31)}),

@@ -223,7 +223,8 @@ def error_of(result) -> str:
         (["bad.json", "--out", "g.svg"], "error: bad.json: not JSON: Expecting value: line 1 column 1 (char 0)"),
         (
             ["cyclic.json", "--out", "g.svg"],
-            "error: cyclic.json: edge 'output' -> 'input' goes backwards: the graph has a cycle or its nodes are not in topological order",
+            "error: cyclic.json: edge 'output' -> 'input' goes backwards: "
+            "the graph has a cycle or its nodes are not in topological order",
         ),
         (
             ["{llama}", "x", "--out", "g.svg"],

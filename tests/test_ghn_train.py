@@ -464,7 +464,8 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
     llama = tmp_path / "llama.py"
     llama.write_text(
         "from graphkit.families import build_model\n"
-        "model = build_model({'family': 'llama', 'num_layers': 4, 'hidden': 256, 'heads': 8, 'kv_heads': 2, 'mlp': 688})\n"
+        "model = build_model({'family': 'llama', 'num_layers': 4, "
+        "'hidden': 256, 'heads': 8, 'kv_heads': 2, 'mlp': 688})\n"
     )
     out = tmp_path / "predicted.safetensors"
     result = run("predict", llama, "--out", out)
@@ -476,7 +477,8 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
 def test_predict_cli_bad_inputs(tmp_path):
     result = run("predict", ROOT / "examples" / "llama_block.py")
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: no bundled hypernetwork for custom models (bundled: gpt2, llama, vit); train one with `graphkit train-ghn` and pass --ghn"
+        "error: no bundled hypernetwork for custom models (bundled: gpt2, "
+        "llama, vit); train one with `graphkit train-ghn` and pass --ghn"
     )
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr

@@ -117,7 +117,8 @@ def test_a_dgqa_state_buffer_must_stay_an_integer():
     [
         (
             ["-k", "2"],
-            "--kv-heads 2 needs --attention (gqa, kdgqa, dgqa, pgqa): K/V heads change only when the attention is converted",
+            "--kv-heads 2 needs --attention (gqa, kdgqa, dgqa, pgqa): "
+            "K/V heads change only when the attention is converted",
         ),
         (["-a", "gqa", "-k", "0"], "--kv-heads 0: must divide the 4 heads; accepted: 1, 2, 4"),
         (["-a", "gqa", "-k", "-2"], "--kv-heads -2: must divide the 4 heads; accepted: 1, 2, 4"),
@@ -150,7 +151,8 @@ def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record,
     readme.write_text("# my project\n")
     refused(
         run("compile", dataset, record.id, "--out", readme),
-        f"--out {readme}: exists and was not written by graphkit; refusing to overwrite it (remove it, or choose another name)",
+        f"--out {readme}: exists and was not written by graphkit; "
+        "refusing to overwrite it (remove it, or choose another name)",
     )
     assert readme.read_text() == "# my project\n"
     earlier = tmp_path / "model.safetensors"  # one of ours is replaced
@@ -168,7 +170,8 @@ def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypat
     refused(
         result,
         f"the vit model of {record.id}: its {total + buffers:,} parameters and buffers need "
-        f"{4 * (total + buffers) / 1e9:.2f} GB but 0.00 GB are available on cpu; free memory or compile on another device",
+        f"{4 * (total + buffers) / 1e9:.2f} GB but 0.00 GB are "
+        "available on cpu; free memory or compile on another device",
     )
     assert listing(tmp_path) == {}
 

@@ -76,7 +76,8 @@ def test_recipe_name_cannot_escape_the_working_folder(tmp_path, monkeypatch):
     [
         (
             {"bins": [{"layers": [1, 2], "hidden": [32, 64, 0]}]},
-            "bins[0].hidden must be a list (low, high, step) of integers with 1 <= low <= high <= 1,000,000 and step >= 1; got (32, 64, 0)",
+            "bins[0].hidden must be a list (low, high, step) of integers with "
+            "1 <= low <= high <= 1,000,000 and step >= 1; got (32, 64, 0)",
         ),
         (
             {"bins": [{"layers": [-1, 2], "hidden": [32, 64, 32]}]},
@@ -93,7 +94,8 @@ def test_recipe_name_cannot_escape_the_working_folder(tmp_path, monkeypatch):
         ({"num": 0}, "num must be an integer in 1..1,000,000; got 0"),
         (
             {"fixed": {"image_size": -8}},
-            "fixed must be a mapping of config keys to null, true/false, strings or finite numbers >= 0; got {'image_size': -8}",
+            "fixed must be a mapping of config keys to null, true/false, "
+            "strings or finite numbers >= 0; got {'image_size': -8}",
         ),
         ({"sliding_window": [0]}, "sliding_window must be a non-empty list of null or integers >= 1; got (0,)"),
         ({"attention": ["mqa"]}, "attention must be a non-empty list of null or gqa, kdgqa, dgqa, pgqa; got ('mqa',)"),
@@ -113,11 +115,13 @@ def test_recipe_name_cannot_escape_the_working_folder(tmp_path, monkeypatch):
         # the space is bounded before it is enumerated: these used to hang
         (
             {"bins": [{"layers": [1, 2], "hidden": [8, 2000000, 8]}]},
-            "bins[0].hidden must be a list (low, high, step) of integers with 1 <= low <= high <= 1,000,000 and step >= 1; got (8, 2000000, 8)",
+            "bins[0].hidden must be a list (low, high, step) of integers with "
+            "1 <= low <= high <= 1,000,000 and step >= 1; got (8, 2000000, 8)",
         ),
         (
             {"bins": [{"layers": [1, 9], "hidden": [8, 200000, 8]}]},
-            "bins span 225,000 (layers, hidden) pairs, more than the 10,000 a space may enumerate; use larger hidden steps or fewer layers",
+            "bins span 225,000 (layers, hidden) pairs, more than the 10,000 "
+            "a space may enumerate; use larger hidden steps or fewer layers",
         ),
         (
             {"bins": [{"layers": [1, 4], "hidden": [8, 8000, 8]}], "heads": [{"choices": "divisors"}]},
@@ -451,7 +455,8 @@ def test_a_shard_missing_columns_is_named(tmp_path):
         ["ls", tmp_path / "ds"],
         f"{shard}: not a complete graphkit dataset shard: missing columns family, split, "
         "num_params, num_layers, hidden, heads, kv_heads, attention, mlp, num_nodes, num_edges, fingerprint, config, "
-        "node_op, node_name, node_module, node_param_names, node_param_shapes, node_attrs, edge_src, edge_dst, graph_meta",
+        "node_op, node_name, node_module, node_param_names, "
+        "node_param_shapes, node_attrs, edge_src, edge_dst, graph_meta",
     )
     table = pa.table({"id": [1]}).replace_schema_metadata({"graphkit_schema_version": "1"})
     pq.write_table(table, shard)

@@ -209,7 +209,8 @@ def test_train_ghn_refuses_a_folder_holding_files_of_a_runs_names(gpts, tmp_path
     monkeypatch.chdir(tmp_path)
     result = run("train-ghn", "--dataset", gpts, "--out", ".", *TINY)
     assert result.exit_code == 1 and result.stderr == (
-        "error: --out .: already holds config.json; continue that run with --resume, or choose another --out (nothing was changed)\n"
+        "error: --out .: already holds config.json; continue that run "
+        "with --resume, or choose another --out (nothing was changed)\n"
     )
     assert listing(tmp_path) == before
 
@@ -311,7 +312,8 @@ def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_
     before = listing(out)
     result = run("train-ghn", "--dataset", gpts, "--out", out, *TINY)
     assert result.exit_code == 1 and result.stderr == (
-        f"error: --out {out}: already holds model.safetensors; continue that run with --resume, or choose another --out "
+        f"error: --out {out}: already holds model.safetensors; "
+        "continue that run with --resume, or choose another --out "
         "(nothing was changed)\n"
     )
     assert listing(out) == before
@@ -491,7 +493,8 @@ def test_a_crafted_cifar_batch_is_refused_without_running_its_code(gpts, tmp_pat
     result = run(command, "--dataset", gpts, "--out", tmp_path / "out", "--data", f"cifar10:{tmp_path / 'cifar'}")
     assert not marker.exists()
     assert result.exit_code == 1 and result.stderr == (
-        f"error: {folder / 'data_batch_1'}: names posix.system, which a CIFAR batch never holds; refused without running it "
+        f"error: {folder / 'data_batch_1'}: names posix.system, which "
+        "a CIFAR batch never holds; refused without running it "
         "(accepted: numpy arrays, lists, dicts, strings and numbers)\n"
     ), result.output
     assert listing(tmp_path) == before

@@ -198,7 +198,8 @@ def test_forward_that_raises_names_the_module():
     loaded = load_model_file(MODEL_FILES / "forward_raises.py")
     with pytest.raises(
         TraceError,
-        match=r"Net\.forward raised RuntimeError in module 'fc' \(Linear\) at forward_raises.py:11: a and b must have same reduction dim",
+        match=r"Net\.forward raised RuntimeError in module 'fc' \(Linear\) at "
+        r"forward_raises.py:11: a and b must have same reduction dim",
     ):
         graphkit.trace(loaded.model, loaded.example_inputs)
 

@@ -342,7 +342,8 @@ def test_predict_on_a_mixtral_is_a_one_line_error(tmp_path):
     model_file = tmp_path / "mixtral.py"
     model_file.write_text(
         "import torch, transformers\n"
-        "config = transformers.MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
+        "config = transformers.MixtralConfig(vocab_size=128, "
+        "hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
         "    num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)\n"
         "with torch.device('meta'):\n"
         "    model = transformers.MixtralForCausalLM(config)\n"

@@ -101,7 +101,8 @@ def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
     plain = all(isinstance(getattr(module, n, None), (nn.Identity, type(None))) for n in ("q_norm", "k_norm", "norm"))
     if not plain or getattr(module, "gate", None) is not None:
         raise ConvertError(
-            f"module '{path}' (timm Attention) uses qk-norm, a scale norm or gating, which convert() does not handle yet"
+            f"module '{path}' (timm Attention) uses qk-norm, a scale "
+            "norm or gating, which convert() does not handle yet"
         )
     _check_kv(path, module.num_heads, kv_heads)
 
@@ -374,7 +375,8 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
         if adapter is None:
             if "attention" in type(module).__name__.lower():
                 raise ConvertError(
-                    f"module '{path}' ({type(module).__module__}.{type(module).__name__}) is an attention graphkit cannot convert yet"
+                    f"module '{path}' ({type(module).__module__}.{type(module).__name__}) "
+                    "is an attention graphkit cannot convert yet"
                 )
             continue
         adapter.check(path, module, kv_heads)

@@ -192,7 +192,8 @@ def convert(
         ...,
         "--attention",
         "-a",
-        help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated every --window steps) or pgqa (Gaussian perturbation).",
+        help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated "
+        "every --window steps) or pgqa (Gaussian perturbation).",
     ),
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."

@@ -101,7 +101,8 @@ def generate(
         or "no records yet (other shards to come)"
     )
     console.print(
-        f"[bold]{manifest['name']}[/]: wrote {result.records:,} records ({result.architectures:,} architectures traced) "
+        f"[bold]{manifest['name']}[/]: wrote {result.records:,} "
+        f"records ({result.architectures:,} architectures traced) "
         f"in {result.parts_written} parts, {result.parts_skipped} already there, {result.seconds:.1f} s",
         highlight=False,
     )

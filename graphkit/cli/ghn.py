@@ -22,7 +22,8 @@ def train_ghn(
     data: Optional[str] = typer.Option(
         None,
         "--data",
-        help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs).",
+        help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH "
+        "or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs).",
     ),
     variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
     decoder: str = typer.Option(
@@ -31,12 +32,14 @@ def train_ghn(
     depth_buckets: int = typer.Option(
         0,
         "--depth-buckets",
-        help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints.",
+        help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated "
+        "blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints.",
     ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
-        help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md).",
+        help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map "
+        "instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md).",
     ),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
@@ -46,7 +49,8 @@ def train_ghn(
     lr_fan_in: float = typer.Option(
         64,
         "--lr-fan-in",
-        help="Linear weights of the hypernetwork train at lr * min(1, C / fan-in) (muP's Adam rule); 64 fits one architecture fastest, 8 suits pools mixing many widths and depths.",
+        help="Linear weights of the hypernetwork train at lr * min(1, C / fan-in) (muP's Adam "
+        "rule); 64 fits one architecture fastest, 8 suits pools mixing many widths and depths.",
     ),
     weight_decay: float = typer.Option(1e-2, "--weight-decay"),
     gamma: float = typer.Option(3e-5, "--gamma", help="Weight of the predicted-parameter norm penalty."),
@@ -61,7 +65,8 @@ def train_ghn(
     deterministic: bool = typer.Option(
         False,
         "--deterministic",
-        help="Deterministic GPU kernels, so that a run and its resume give the same weights on a GPU (slower; CPU runs repeat without it).",
+        help="Deterministic GPU kernels, so that a run and its resume give "
+        "the same weights on a GPU (slower; CPU runs repeat without it).",
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
 ) -> None:
@@ -121,17 +126,21 @@ def predict(
     residual_scale: Optional[bool] = typer.Option(
         None,
         "--residual-scale/--no-residual-scale",
-        help="Scale the weights that write each residual branch by 1/sqrt(branches), as the family's own init does (default: for families that do, GPT-2).",
+        help="Scale the weights that write each residual branch by 1/sqrt(branches), "
+        "as the family's own init does (default: for families that do, GPT-2).",
     ),
     grow: bool = typer.Option(
         True,
         "--grow/--no-grow",
-        help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to its width without changing what it computes (Net2Net); --no-grow decodes it directly.",
+        help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to "
+        "its width without changing what it computes (Net2Net); --no-grow decodes it directly.",
     ),
     calibrate: bool = typer.Option(
         False,
         "--calibrate",
-        help="Then shrink each residual branch and the output layer so that the stream and logits are no larger than the family's init gives on a random batch (graphkit's families; see docs/hypernetwork.md for what it costs in fine-tuning).",
+        help="Then shrink each residual branch and the output layer so that the stream and "
+        "logits are no larger than the family's init gives on a random batch (graphkit's "
+        "families; see docs/hypernetwork.md for what it costs in fine-tuning).",
     ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
@@ -183,7 +192,8 @@ def predict(
     predicted = sum(t.numel() for t in params.values())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     console.print(
-        f"{type(loaded.model).__name__}: predicted {predicted:,} of {total:,} parameters ({100 * predicted / total:.1f}%) in {seconds:.2f} s; "
+        f"{type(loaded.model).__name__}: predicted {predicted:,} of {total:,} "
+        f"parameters ({100 * predicted / total:.1f}%) in {seconds:.2f} s; "
         f"peak memory {peak:,.0f} MB",
         highlight=False,
     )
@@ -224,7 +234,8 @@ def eval_ghn(
     residual_scale: Optional[bool] = typer.Option(
         None,
         "--residual-scale/--no-residual-scale",
-        help="Scale the predicted residual branches as the family's own init does, as `predict` does (default: for families that do, GPT-2).",
+        help="Scale the predicted residual branches as the family's own init "
+        "does, as `predict` does (default: for families that do, GPT-2).",
     ),
     calibrate: bool = typer.Option(
         False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."
@@ -233,7 +244,8 @@ def eval_ghn(
         None,
         "--workers",
         "-w",
-        help="CPU processes fine-tuning side by side, one thread each (default: one per core; the rows do not depend on it). A GPU runs them one after another.",
+        help="CPU processes fine-tuning side by side, one thread each (default: one per "
+        "core; the rows do not depend on it). A GPU runs them one after another.",
     ),
     record: bool = typer.Option(
         False,
@@ -270,7 +282,8 @@ def eval_ghn(
     summary = summarize(rows)
     at = summary["horizons"]
     table = Table(
-        title=f"{dataset.name}: {summary['archs']} {split} architectures, held-out loss / accuracy after N fine-tuning steps",
+        title=f"{dataset.name}: {summary['archs']} {split} architectures, "
+        "held-out loss / accuracy after N fine-tuning steps",
         show_edge=False,
     )
     table.add_column("init")

@@ -46,7 +46,10 @@ class Record:
 
     def __repr__(self) -> str:
         r = self._row
-        return f"Record({r['id']!r}, {r['family']}, layers={r['num_layers']}, hidden={r['hidden']}, heads={r['heads']}, params={r['num_params']:,})"
+        return (
+            f"Record({r['id']!r}, {r['family']}, layers={r['num_layers']}, hidden={r['hidden']}, heads={r['heads']}, "
+            f"params={r['num_params']:,})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Every column of the row, as stored."""
@@ -95,7 +98,8 @@ class GraphDataset:
         self._data = pads.dataset([str(f) for f in files], schema=SCHEMA, format="parquet")
 
     def __repr__(self) -> str:
-        return f"GraphDataset({str(self.root)!r}, {len(self)} records{', filtered' if self.expression is not None else ''})"
+        filtered = ", filtered" if self.expression is not None else ""
+        return f"GraphDataset({str(self.root)!r}, {len(self)} records{filtered})"
 
     def _table(self, columns: list[str] | None = None, expression: pc.Expression | None = None) -> pa.Table:
         where = self.expression

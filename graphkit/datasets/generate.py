@@ -267,7 +267,8 @@ def _start_run(out: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
         existing = sorted((out / "data").glob("*.parquet")) if (out / "data").is_dir() else []
         if existing and not resume:
             raise GenerateError(
-                f"{out} already holds a dataset ({len(existing)} files); pass --resume to finish it or choose another --out"
+                f"{out} already holds a dataset ({len(existing)} files); "
+                "pass --resume to finish it or choose another --out"
             )
         recorded = recorded_run(out)
         if recorded is not None:
@@ -374,9 +375,10 @@ def generate(
     dataset folder ``out`` (default: the recipe's name). ``attention`` (mha, gqa, kdgqa, dgqa,
     pgqa) converts every model to that variant with K/V heads drawn from the divisors of its head
     count (:meth:`Recipe.with_attention`). ``num`` and ``part_size`` (records per part) default
-    to those of the run that made ``out``, else the recipe's and 100. ``progress(done, total)`` is called after each traced
-    architecture. Every option, the recipe and the folder are checked before anything is written;
-    the folder is locked while the run writes it. Returns what was written."""
+    to those of the run that made ``out``, else the recipe's and 100. ``progress(done, total)`` is
+    called after each traced architecture. Every option, the recipe and the folder are checked
+    before anything is written; the folder is locked while the run writes it. Returns what was
+    written."""
     start = time.perf_counter()
     recipe = get_recipe(recipe)
     if attention is not None:
@@ -409,7 +411,8 @@ def generate(
             _flock(
                 out / LOCK_FILE,
                 fcntl.LOCK_EX if num_shards == 1 else fcntl.LOCK_SH,
-                f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out",
+                f"{out}: another graphkit generate is writing this "
+                "folder; wait for it to finish, or choose another --out",
             )
         )
         _start_run(out, identity, resume=resume or num_shards > 1)
@@ -418,7 +421,8 @@ def generate(
                 _flock(
                     out / f".graphkit-shard-{shard_index}-of-{num_shards}.lock",
                     fcntl.LOCK_EX,
-                    f"{out}: another graphkit generate is making shard {shard_index} of {num_shards} here; wait for it to finish",
+                    f"{out}: another graphkit generate is making shard "
+                    f"{shard_index} of {num_shards} here; wait for it to finish",
                 )
             )
         _sweep_temporaries(out / "data", [shard_name(split, j, n_parts) for j in mine for split in SPLITS])

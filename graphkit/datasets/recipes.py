@@ -81,7 +81,8 @@ def _entries(recipe: str, key: str, value: Any, cls: type, required: tuple[str, 
     accepted = [f.name for f in fields(cls)]
     if not isinstance(value, list | tuple) or not value:
         raise RecipeError(
-            f"recipe {recipe!r}: {key} must be a non-empty list of mappings with keys {', '.join(accepted)}; got {value!r}"
+            f"recipe {recipe!r}: {key} must be a non-empty list of "
+            f"mappings with keys {', '.join(accepted)}; got {value!r}"
         )
     built = []
     for i, entry in enumerate(value):
@@ -128,7 +129,10 @@ class Bin:
             and all(_is_count(h, MAX_HIDDEN) for h in hidden)
             and hidden[0] <= hidden[1]
         ):
-            return f"hidden must be a list (low, high, step) of integers with 1 <= low <= high <= {MAX_HIDDEN:,} and step >= 1; got {hidden!r}"
+            return (
+                f"hidden must be a list (low, high, step) of integers with 1 <= low <= high <= {MAX_HIDDEN:,} "
+                f"and step >= 1; got {hidden!r}"
+            )
         return None
 
     @property
@@ -219,7 +223,8 @@ class Recipe:
                 "choices",
                 isinstance(self.choices, Mapping)
                 and all(isinstance(k, str) and _is_choice_list(v) for k, v in self.choices.items()),
-                "a mapping of config keys to non-empty lists of distinct null, true/false, strings or finite numbers >= 0",
+                "a mapping of config keys to non-empty lists of distinct "
+                "null, true/false, strings or finite numbers >= 0",
             ),
             ("kv_heads", self.kv_heads in (None, "divisors"), 'null or "divisors"'),
             (
@@ -252,7 +257,8 @@ class Recipe:
         for key in self.choices:
             if key in self.fixed:
                 raise RecipeError(
-                    f"recipe {self.name!r}: choices key {key!r} is also in fixed; a config key is either fixed or chosen"
+                    f"recipe {self.name!r}: choices key {key!r} is also "
+                    "in fixed; a config key is either fixed or chosen"
                 )
             if key in DRAWN_KEYS:
                 raise RecipeError(

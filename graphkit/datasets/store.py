@@ -251,13 +251,17 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
     write_text_atomic(
         out / "README.md",
         (
-            f"---\nconfigs:\n- config_name: default\n  data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
-            f"- graphs\n---\n# {name}\n\nComputation graphs of neural networks made by graphkit, one architecture per row"
-            f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; {manifest['architectures']:,} distinct architectures)."
+            "---\nconfigs:\n- config_name: default\n  "
+            f"data_files:\n{card_splits}tags:\n- graphkit\n- neural-architectures\n"
+            f"- graphs\n---\n# {name}\n\nComputation graphs of neural "
+            "networks made by graphkit, one architecture per row"
+            f" ({', '.join(f'{n:,} {s}' for s, n in counts.items())}; "
+            f"{manifest['architectures']:,} distinct architectures)."
             " Scalar columns describe each architecture (`id`, `family`, `split`, `num_params`, `num_layers`, `hidden`,"
             " `heads`, `kv_heads`, `attention`, `mlp`, `num_nodes`, `num_edges`, `fingerprint`, `config` as JSON);"
             " `node_*` and `edge_*` list columns hold its graph losslessly. The graph is also in the Hugging Face"
-            " graph-datasets layout: `node_feat` (per node: op id, indexing `manifest.json`'s `ops`, then the shape of its"
+            " graph-datasets layout: `node_feat` (per node: op id, "
+            "indexing `manifest.json`'s `ops`, then the shape of its"
             " largest parameter zero-padded to 4 dims), `edge_index` (sources, destinations), `edge_attr` (1 per edge:"
             " untyped data flow) and `num_nodes`, so `torch_geometric.data.Data(x=torch.tensor(row['node_feat']),"
             " edge_index=torch.tensor(row['edge_index']), edge_attr=torch.tensor(row['edge_attr']),"
@@ -288,11 +292,13 @@ def open_shard(path: str | Path) -> pq.ParquetFile:
         )
     if int(version) > SCHEMA_VERSION:
         raise StoreError(
-            f"{path}: schema version {int(version)} is newer than this graphkit reads ({SCHEMA_VERSION}); upgrade graphkit"
+            f"{path}: schema version {int(version)} is newer than this "
+            f"graphkit reads ({SCHEMA_VERSION}); upgrade graphkit"
         )
     if int(version) not in SCHEMAS:
         raise StoreError(
-            f"{path}: unknown graphkit_schema_version {int(version)}; this graphkit reads {', '.join(map(str, SCHEMAS))}"
+            f"{path}: unknown graphkit_schema_version {int(version)}; "
+            f"this graphkit reads {', '.join(map(str, SCHEMAS))}"
         )
     expected_schema = SCHEMAS[int(version)]
     missing = [name for name in expected_schema.names if name not in schema.names]

@@ -66,7 +66,9 @@ FAMILY = register_family(
             {
                 "name": "gpts-1k",
                 "family": "gpt2",
-                "description": "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters",
+                "description": (
+                    "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters"
+                ),
                 "bins": [
                     {"layers": [6, 9], "hidden": [72, 176, 8]},
                     {"layers": [4, 5], "hidden": [128, 176, 8]},

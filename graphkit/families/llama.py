@@ -79,7 +79,9 @@ FAMILY = register_family(
             {
                 "name": "llamas-1k",
                 "family": "llama",
-                "description": "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower",
+                "description": (
+                    "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower"
+                ),
                 "bins": [
                     {"layers": [6, 9], "hidden": [128, 256, 32]},
                     {"layers": [4, 5], "hidden": [256, 384, 32]},

@@ -74,11 +74,13 @@ class Family:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
         if full["attention"] is not None and full["attention"] not in VARIANTS:
             raise ConfigError(
-                f"{self.name} config: unknown attention {full['attention']!r}; accepted: none (the family's own), {', '.join(VARIANTS)}"
+                f"{self.name} config: unknown attention {full['attention']!r}; "
+                f"accepted: none (the family's own), {', '.join(VARIANTS)}"
             )
         if full["kv_heads"] is not None and full["attention"] is None and not self.grouped:
             raise ConfigError(
-                f"{self.name} config: kv_heads needs an attention variant ({', '.join(VARIANTS)}); {self.name} models are MHA"
+                f"{self.name} config: kv_heads needs an attention variant "
+                f"({', '.join(VARIANTS)}); {self.name} models are MHA"
             )
         if full["kv_heads"] is not None and full["heads"] % full["kv_heads"]:
             raise ConfigError(

@@ -99,7 +99,10 @@ FAMILY = register_family(
                 "name": "vits-digits",
                 "fixed": {"image_size": 8, "patch_size": 2, "num_classes": 10},
                 "choices": {},
-                "description": "ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork trains",
+                "description": (
+                    "ViTs-1K's space at the 8x8 resolution of scikit-learn's digits, where the bundled hypernetwork "
+                    "trains"
+                ),
             },
         ),
         data="digits",

@@ -295,7 +295,8 @@ def describe(ghn: LoGAH) -> str:
         alone = record["predicted_alone"]
         scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
         return (
-            f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}, the predicted "
+            f"{trained}; held out: {record['archs']} "
+            f"{Path(record['dataset']).name} architectures{scaled}, the predicted "
             f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
             f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
             f"{100 * record['predicted_beats_orthogonal']:.0f}%"

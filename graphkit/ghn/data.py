@@ -117,16 +117,19 @@ class ImageSource(DataSource):
         super().check(config)
         if self.num_classes > config["num_classes"]:
             raise DataError(
-                f"{self.spec} has {self.num_classes} classes but the {config['family']} config has num_classes {config['num_classes']}"
+                f"{self.spec} has {self.num_classes} classes but the "
+                f"{config['family']} config has num_classes {config['num_classes']}"
             )
         if self.channels != config["in_chans"] and 1 not in (self.channels, config["in_chans"]):
             raise DataError(
-                f"{self.spec} images have {self.channels} channels; in_chans {config['in_chans']} needs 1 or {self.channels}"
+                f"{self.spec} images have {self.channels} channels; "
+                f"in_chans {config['in_chans']} needs 1 or {self.channels}"
             )
 
     def describe(self) -> str:
         """E.g. "digits: 1,437 train / 360 eval images, 10 classes, 8x8x1"."""
-        return f"{self.spec}: {self.sizes['train']:,} train / {self.sizes['eval']:,} eval images, {self.num_classes} classes, {self.shape}"
+        sizes = f"{self.sizes['train']:,} train / {self.sizes['eval']:,} eval"
+        return f"{self.spec}: {sizes} images, {self.num_classes} classes, {self.shape}"
 
     def _batch(self, config, batch_size, generator, split):
         images, targets = self.splits[split]
@@ -167,18 +170,21 @@ class TextSource(DataSource):
         super().check(config)
         if config["vocab_size"] < 256:
             raise DataError(
-                f"{self.spec} tokens are UTF-8 bytes (ids 0..255); the {config['family']} config has vocab_size {config['vocab_size']}, needs >= 256"
+                f"{self.spec} tokens are UTF-8 bytes (ids 0..255); the {config['family']} "
+                f"config has vocab_size {config['vocab_size']}, needs >= 256"
             )
         length = min(self.seq_len, config["context"])
         short = [s for s in SPLITS if self.sizes[s] <= length]
         if short:
             raise DataError(
-                f"{self.spec}: the {short[0]} split has {self.sizes[short[0]]:,} bytes, too few for a window of {length} tokens plus target"
+                f"{self.spec}: the {short[0]} split has {self.sizes[short[0]]:,} "
+                f"bytes, too few for a window of {length} tokens plus target"
             )
 
     def describe(self) -> str:
         """E.g. "stdlib-text: 418,473 train / 46,497 eval bytes, UTF-8 byte tokens, windows of 64"."""
-        return f"{self.spec}: {self.sizes['train']:,} train / {self.sizes['eval']:,} eval bytes, UTF-8 byte tokens, windows of {self.seq_len}"
+        sizes = f"{self.sizes['train']:,} train / {self.sizes['eval']:,} eval"
+        return f"{self.spec}: {sizes} bytes, UTF-8 byte tokens, windows of {self.seq_len}"
 
     def unigram_loss(self) -> float:
         """The eval split's loss under the train split's byte frequencies (add-one smoothed): what a

@@ -295,8 +295,8 @@ class _DecodeBatch:
     weight queries grouped by (role map, rows, cols) across graphs; the 1-D queries, in runs of one
     role map, with their lengths and where their values lie in one padded product; per query its
     target and the Gram matrices of its (role, size)s; per target its graph, first query, chunk
-    grid, fan-in and size. Built on the CPU from the graphs' cached encodings (Python over groups and targets, no tensor work per
-    parameter); :meth:`on` moves the index tensors once per device."""
+    grid, fan-in and size. Built on the CPU from the graphs' cached encodings (Python over groups
+    and targets, no tensor work per parameter); :meth:`on` moves the index tensors once per device."""
 
     def __init__(self, graphs: Sequence[EncodedGraph]) -> None:
         queries: list[torch.Tensor] = []
@@ -381,9 +381,10 @@ class LowRankDecoding:
 
     ``first_non_finite`` proves every value finite *before* anything is written, without
     decoding: a block is ``A M B^T`` with ``A = W[:rows]``, ``B = W[:cols]`` (``W`` the
-    parameter's role map), so each value, and each value of ``A M``, is at most ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A
-    NaN or Inf anywhere in ``W`` or ``M`` makes that bound NaN or Inf; a finite bound below
-    :data:`SAFE_BOUND` means no float32 product can overflow. The 1-D output functions (sigmoid,
+    parameter's role map), so each value, and each value of ``A M``, is at most
+    ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A NaN or Inf anywhere in ``W`` or
+    ``M`` makes that bound NaN or Inf; a finite bound below :data:`SAFE_BOUND` means no float32
+    product can overflow. The 1-D output functions (sigmoid,
     tanh) are finite on finite input. So a model is either written whole or not touched.
 
     ``write_into`` then decodes each parameter's blocks straight into the destination's memory

@@ -139,7 +139,8 @@ def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[t
     if isinstance(example_inputs, (tuple, list)):
         return tuple(example_inputs), {}
     raise TraceError(
-        f"example_inputs must be a tensor, a tuple of args, a dict of kwargs or (args, kwargs); got {type(example_inputs).__name__}"
+        "example_inputs must be a tensor, a tuple of args, a dict of "
+        f"kwargs or (args, kwargs); got {type(example_inputs).__name__}"
     )
 
 

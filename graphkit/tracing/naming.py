@@ -207,7 +207,8 @@ def functional_name(target: object) -> str:
 
 def moves_data(name: str, value: object) -> bool:
     """True for an op that only moves data or computes no activation (shape-only ops, writes of
-    one tensor into another, integer and boolean results such as indices and masks): it passes its inputs through and makes no node."""
+    one tensor into another, integer and boolean results such as indices and masks): it passes its
+    inputs through and makes no node."""
     return name in SHAPE_ONLY_ATEN or name in PLACE_ATEN or not is_float(value)
 
 
