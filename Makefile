@@ -24,7 +24,11 @@ run: $(STAMP)
 	$(BIN)/graphkit ls out/vits-1k --split eval --limit 5
 	$(BIN)/graphkit predict examples/vit_b16.py --out out/vit_b16-predicted.safetensors
 
+# ruff first (pyproject.toml's [tool.ruff]: import order, imports at the top, 120 columns, the
+# format), then every test
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 # the everyday lane: every test but the ones marked slow (training, generation, subprocesses)

@@ -28,6 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import torch
+
+from graphkit.datasets import load
+from graphkit.families import build_model
 
 BIN = Path(sys.executable).parent
 
@@ -78,10 +82,6 @@ print(json.dumps({{"records": len(pyg), "load_pyg_s": load_s, "fetch_ms": 1000 *
 
 def pickle_figures(recipe: str, root: Path, count: int) -> dict:
     """The original format: one torch.save'd model (with weights) per record."""
-    import torch
-
-    from graphkit.datasets import load
-    from graphkit.families import build_model
 
     records = random.Random(0).sample(list(load(root / recipe)), count)
     sizes, loads = [], []
@@ -101,7 +101,6 @@ def pickle_figures(recipe: str, root: Path, count: int) -> dict:
 
 
 def table(pickles: int) -> str:
-    import torch
 
     rows = [
         "| dataset | format | generate (2 workers) | generate CPU time | "

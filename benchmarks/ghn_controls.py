@@ -37,7 +37,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import json
+import math
+import warnings
+
 import common  # noqa: E402
+import torch
+from torch import nn
+from torch.func import functional_call
+
+import graphkit
+from graphkit.compile import load_params
+from graphkit.families import build_model
+from graphkit.ghn import LoGAH
+from graphkit.ghn.data import load_source, output_loss
+from graphkit.ghn.encoding import role_of, targets
+from graphkit.ghn.evaluate import fine_tune, score
+from graphkit.ghn.model import INIT_GAIN
+from graphkit.ghn.training import TrainConfig, functional_model, make_optimizer
 
 CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
 #: each arm's kind and the LoGAH variant it uses (its rank r)
@@ -65,9 +82,6 @@ def tie_blocks(model) -> None:
 def at_decoder_rms(matrix, target, gain):
     """``matrix`` scaled to the RMS LoGAH's decoder gives ``target``'s weight,
     ``INIT_GAIN gain / sqrt(fan-in)`` (``gain`` in (0, 2), 1 at init)."""
-    import math
-
-    from graphkit.ghn.model import INIT_GAIN
 
     rms = INIT_GAIN * gain / math.sqrt(target.fan_in)
     return matrix * (rms / matrix.square().mean().add(1e-12).sqrt())
@@ -79,11 +93,6 @@ def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
     decoder gives it (:func:`at_decoder_rms`), its gain ``2 sigmoid(s / 2)`` with ``s`` free and 0
     at init. ``A`` and ``B`` start at ``std``, the scale of GPT-2's own weights: under the
     normalisation their scale only sets how fast Adam moves them."""
-    import torch
-    from torch import nn
-
-    import graphkit
-    from graphkit.ghn.encoding import targets
 
     class PerMatrix(nn.Module):
         def __init__(self) -> None:
@@ -107,19 +116,8 @@ def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
 
 def one(arm: str, steps: str) -> dict:
     """One arm's held-out loss and accuracy after ``steps`` steps, and its training-loss curve."""
-    import warnings
 
     warnings.filterwarnings("ignore")
-    import torch
-    from torch import nn
-
-    import graphkit
-    from graphkit.families import build_model
-    from graphkit.ghn import LoGAH
-    from graphkit.ghn.data import load_source
-    from graphkit.ghn.encoding import role_of, targets
-    from graphkit.ghn.evaluate import fine_tune, score
-    from graphkit.ghn.training import TrainConfig, make_optimizer
 
     source = load_source("stdlib-text", seq_len=64)
     generator = torch.Generator().manual_seed(123)
@@ -183,14 +181,6 @@ def train_predictor(predictor, optimizer, model, batches, held_out, task: str, c
     norm penalty) as ``train()`` trains a hypernetwork: one step per batch, the loss of ``model``'s
     architecture run on the predicted parameters plus ``config.gamma`` times the penalty, gradients
     clipped to ``config.clip``. Returns the final parameters' held-out score and the loss curve."""
-    import torch
-    from torch import nn
-    from torch.func import functional_call
-
-    from graphkit.compile import load_params
-    from graphkit.ghn.data import output_loss
-    from graphkit.ghn.evaluate import score
-    from graphkit.ghn.training import functional_model
 
     shell = functional_model(CONFIG, "cpu")
     losses = []
@@ -208,10 +198,8 @@ def train_predictor(predictor, optimizer, model, batches, held_out, task: str, c
 
 
 def table(args) -> str:
-    import math
 
     results = {arm: common.run_fresh(__file__, arm, str(args.steps)) for arm in ARMS}
-    from graphkit.ghn.data import load_source
 
     unigram = load_source("stdlib-text").unigram_loss()
     rows = ["| parameters from | held-out loss | accuracy | training loss, last 50 steps |", "|---|---|---|---|"]
@@ -229,7 +217,6 @@ def table(args) -> str:
 
 
 def main() -> None:
-    import json
 
     if "--one" in sys.argv:
         i = sys.argv.index("--one")

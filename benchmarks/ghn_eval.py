@@ -22,7 +22,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import warnings
+
 import common  # noqa: E402
+import torch
+
+from graphkit.datasets.generate import generate
+from graphkit.ghn.checkpoint import BUNDLED, bundled_checkpoint, record_evaluation
+from graphkit.ghn.data import default_source
+from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
 
 RUNS = {
     "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),
@@ -35,14 +43,8 @@ RUNS = {
 
 def table(family: str, write: bool, device: str | None = None) -> str:
     """The evaluation of one family's bundled checkpoint, as a BENCHMARKS.md section."""
-    import warnings
-
-    import torch
 
     warnings.filterwarnings("ignore")
-    from graphkit.datasets.generate import generate
-    from graphkit.ghn.checkpoint import BUNDLED
-    from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
 
     run = RUNS[family]
     dataset = common.ROOT / "out" / run["recipe"]
@@ -87,9 +89,6 @@ def table(family: str, write: bool, device: str | None = None) -> str:
         + " |"
     )
     if write and not on_gpu(device):  # the CPU run is the record; a GPU's is a section of its own (speed, agreement)
-        from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
-        from graphkit.ghn.data import default_source
-
         record_evaluation(
             bundled_checkpoint(family),
             summary,
@@ -106,7 +105,6 @@ def table(family: str, write: bool, device: str | None = None) -> str:
 
 def on_gpu(device: str | None) -> bool:
     """Whether a run given ``device`` evaluates on a GPU (None: the GPU if there is one)."""
-    import torch
 
     return device != "cpu" and torch.cuda.is_available()
 

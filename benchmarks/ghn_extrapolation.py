@@ -37,7 +37,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import copy
+import warnings
+
 import common  # noqa: E402
+import torch
+
+from graphkit.families import build_model, get_family, resolve_config
+from graphkit.ghn import load_checkpoint, predict
+from graphkit.ghn.calibrate import calibrate
+from graphkit.ghn.checkpoint import bundled_checkpoint
+from graphkit.ghn.data import default_source, load_source, output_loss
+from graphkit.ghn.evaluate import fine_tune, initialise
+from graphkit.ghn.predict import predicted_params
+from graphkit.tracing import trace
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 GPT = {"family": "gpt2"}
@@ -112,16 +125,6 @@ def fine_tuning(
     """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
     step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
     parameters; "calibrated": the same, calibrated; "random" and "orthogonal" as in eval-ghn)."""
-    import torch
-
-    from graphkit.families import build_model, resolve_config
-    from graphkit.ghn import load_checkpoint
-    from graphkit.ghn.calibrate import calibrate
-    from graphkit.ghn.checkpoint import bundled_checkpoint
-    from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.evaluate import fine_tune, initialise
-    from graphkit.ghn.predict import predicted_params
-    from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
     source = load_source(default_source(family), seq_len=64)
@@ -176,9 +179,6 @@ def fine_tuning(
 def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
     """The last block's residual-stream RMS, the share of it that varies across tokens, and the
     logits' standard deviation, on ``inputs``."""
-    import torch
-
-    from graphkit.families import get_family
 
     last = model.get_submodule(get_family(family).blocks)[-1]
     seen = []
@@ -198,16 +198,6 @@ def propagation(family: str) -> str:
     token-varying share on held-out text, where the hypernetwork's own tokens (bytes) are, and the
     same share of a model trained directly (:func:`trained_shares`), the control that says what
     share trained models have."""
-    import copy
-
-    import torch
-
-    from graphkit.families import build_model, resolve_config
-    from graphkit.ghn import load_checkpoint, predict
-    from graphkit.ghn.calibrate import calibrate
-    from graphkit.ghn.checkpoint import bundled_checkpoint
-    from graphkit.ghn.data import default_source, load_source
-    from graphkit.tracing import trace
 
     ghn = load_checkpoint(bundled_checkpoint(family))
     text = family != "vit"
@@ -257,10 +247,6 @@ def trained_shares(family: str, source) -> str:
     """The control for the token-varying target: the in-space model's share on held-out text
     while it is trained directly from its init (AdamW lr 3e-4, the framework's own batches),
     at the steps in :data:`TRAINED`."""
-    import torch
-
-    from graphkit.families import build_model, resolve_config
-    from graphkit.ghn.data import output_loss
 
     config = resolve_config(IN_SPACE[family])
     generator = torch.Generator().manual_seed(1)
@@ -304,9 +290,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
-    import warnings
-
-    import torch
 
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"

@@ -91,7 +91,7 @@ def flatten_inputs(inputs: tuple[tuple, dict] | None, program: Any) -> list[Any]
     if inputs is None:
         return None
     try:
-        from torch.fx._pytree import tree_flatten_spec
+        from torch.fx._pytree import tree_flatten_spec  # noqa: PLC0415 (private, guarded; compat loads without torch)
 
         return list(tree_flatten_spec(inputs, program.call_spec.in_spec))
     except Exception:  # an API that moved, or inputs another structure than the program's

@@ -24,6 +24,8 @@ import re
 import struct
 import tempfile
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed
 from pathlib import Path
 
 from graphkit.errors import GraphkitError
@@ -76,9 +78,6 @@ _MAX_TEXT = 256 << 20
 
 def version() -> str:
     """graphkit's installed version (what its marks record), or "unknown" outside an install."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
     try:
         return installed(MARK)
     except PackageNotFoundError:

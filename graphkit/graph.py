@@ -280,7 +280,7 @@ class ArchGraph:
 
     def to_networkx(self) -> networkx.DiGraph:
         """A networkx DiGraph; node i carries op, name, module, params and attrs; graph attrs are meta."""
-        import networkx as nx
+        import networkx as nx  # noqa: PLC0415 (ArchGraph loads without networkx and torch)
 
         g = nx.DiGraph(**self.meta)
         for i, node in enumerate(self.nodes):
@@ -301,9 +301,9 @@ class ArchGraph:
         batches in PyG's DataLoader like ``edge_index``; ``to_dense_adj(spd_index, batch,
         spd_value)`` restores the padded [B, N, N] matrix (0 on the diagonal and where unreachable).
         """
-        import torch
+        import torch  # noqa: PLC0415
 
-        from graphkit.compat import pyg_data
+        from graphkit.compat import pyg_data  # noqa: PLC0415
 
         Data = pyg_data().Data
         n = len(self.nodes)
@@ -325,7 +325,7 @@ class ArchGraph:
     def draw(self, path: str | Path, *, expand: bool = False) -> Drawing:
         """Draw the graph top to bottom to ``path`` (.svg, .png or .pdf), repeated blocks folded
         into one frame marked "x N" unless ``expand``; see :func:`graphkit.draw.draw`."""
-        from graphkit.draw import draw
+        from graphkit.draw import draw  # noqa: PLC0415 (matplotlib and grandalf, loaded on use)
 
         return draw(self, path, expand=expand)
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from graphkit.errors import GraphkitError
@@ -107,7 +109,6 @@ def _kind(dtype: torch.dtype) -> str:
 def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors file; a ParamsError naming the file otherwise
     (missing, a folder, unreadable, not safetensors, truncated)."""
-    from safetensors import safe_open
 
     path = Path(path)
     if path.is_dir():
@@ -146,7 +147,6 @@ def save_params(
     and persistent buffers to a safetensors file, atomically. ``config`` goes into its metadata
     as ``graphkit_config``, ``metadata`` as given. ``path`` is checked as
     :func:`check_params_output` does: a folder or a file other than safetensors is refused."""
-    from safetensors.torch import save_file
 
     path = check_params_output(path, "parameter file")
     tensors = (

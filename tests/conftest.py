@@ -3,6 +3,7 @@ no weights allocated."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+
+import graphkit
 
 # every run that picks its own device (train-ghn, eval-ghn) runs on the CPU, so a GPU machine runs
 # the suite as a CPU one does; a test of the GPU names cuda itself (ON_GPU)
@@ -32,9 +35,6 @@ def assert_golden_fingerprint(key: str, graph) -> None:
     """``graph``'s fingerprint is the one pinned in tests/golden_fingerprints.json for ``key``: a
     tracer change that alters the graph of a model of each kind issue #13 named fails here. After
     checking the new graph is right, repin with ``GRAPHKIT_PIN_FINGERPRINTS=1 pytest``."""
-    import json
-    import os
-
     pinned = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     if os.environ.get("GRAPHKIT_PIN_FINGERPRINTS") == "1":
         pinned[key] = graph.fingerprint()
@@ -169,20 +169,17 @@ class ExoticLM(nn.Module):
 
 @pytest.fixture(scope="session")
 def exotic_graph():
-    import graphkit
 
     return graphkit.trace(meta(ExoticLM), (torch.zeros(2, 6, dtype=torch.long, device="meta"),))
 
 
 @pytest.fixture(scope="session")
 def vit_graph():
-    import graphkit
 
     return graphkit.trace(timm_vit("vit_tiny_patch16_224", depth=3))
 
 
 @pytest.fixture(scope="session")
 def gpt2_graph():
-    import graphkit
 
     return graphkit.trace(gpt2())

@@ -15,6 +15,8 @@ from graphkit.attention import (
     GroupedQueryAttention,
     allocate_queries,
     convert,
+    core,
+    kdgqa_index,
     mean_pool_heads,
     query_groups,
 )
@@ -72,7 +74,6 @@ def test_both_gqa_paths_agree(path):
 
 
 def test_fastest_gqa_path_measures_once_per_shape():
-    from graphkit.attention import core
 
     q, k, v = (t.detach() for t in qkv())
     core._FASTEST.clear()
@@ -229,7 +230,6 @@ def test_pgqa_subtracts_noise_of_each_groups_statistics_off_the_diagonal():
 def test_kdgqa_allocation_compiles_into_one_graph_and_gives_the_eager_index(monkeypatch):
     """On a GPU the allocation runs compiled (kdgqa_index(fused=True)); dynamo must capture it
     whole (fullgraph) and give the eager index. The eager backend checks the capture on any machine."""
-    from graphkit.attention import core, kdgqa_index
 
     compiled = torch.compile(core._allocation_index, fullgraph=True, dynamic=False, backend="eager")
     monkeypatch.setitem(core._COMPILED, "index", compiled)
@@ -240,7 +240,6 @@ def test_kdgqa_allocation_compiles_into_one_graph_and_gives_the_eager_index(monk
 
 
 def test_kdgqa_falls_back_to_eager_once_when_compiling_fails(monkeypatch):
-    from graphkit.attention import core, kdgqa_index
 
     def broken(*args):
         raise RuntimeError("no compiler for this device")

@@ -12,7 +12,10 @@ from conftest import MODEL_FILES, ROOT
 from typer.testing import CliRunner
 
 from graphkit import ArchGraph
+from graphkit.attention import convert
 from graphkit.cli import app
+from graphkit.compile import load_params, read_params
+from graphkit.modelfile import load_model_file
 
 runner = CliRunner()
 
@@ -160,9 +163,6 @@ def test_show_unknown_id(tmp_path):
 
 
 def test_convert_command(tmp_path):
-    from graphkit.attention import convert
-    from graphkit.compile import load_params, read_params
-    from graphkit.modelfile import load_model_file
 
     out = tmp_path / "dgqa.safetensors"
     result = run(

@@ -1,13 +1,17 @@
 """Private torch / transformers APIs are guarded: removing each one degrades, never crashes."""
 
 import importlib
+import subprocess
+import sys
 import types
+import warnings
 
 import pytest
 import torch
 
 import graphkit
 from graphkit import compat
+from graphkit.attention import ConvertError, convert
 from graphkit.compat import aten_name, fx_flag, skip_weight_init
 from graphkit.families import build_model
 from tests.conftest import gpt2, llama, meta, timm_vit
@@ -78,9 +82,6 @@ def test_hf_models_build_without_no_init_weights(monkeypatch):
 
 def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatch):
     """transformers without masking_utils (before 4.53): a one-line ConvertError, nothing converted."""
-    import sys
-
-    from graphkit.attention import ConvertError, convert
 
     model = llama(layers=1)
     before = {n: p.shape for n, p in model.named_parameters()}
@@ -96,8 +97,6 @@ def test_llama_conversion_on_an_old_transformers_is_refused_unchanged(monkeypatc
 def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
     """Importing torch_geometric warns that torch.jit.script is deprecated; graphkit hides
     exactly that warning, so to_pyg() prints nothing."""
-    import subprocess
-    import sys
 
     code = (
         "import graphkit, torch\n"
@@ -114,7 +113,6 @@ def test_to_pyg_prints_no_warning_about_torch_jit(tmp_path):
 def test_pyg_import_hides_the_torch_jit_warning_of_every_torch_release(category, monkeypatch):
     """torch 2.11 (with PyG 2.8.0) deprecates torch.jit.script with a DeprecationWarning, later
     releases with a FutureWarning: pyg_data() hides both, and nothing else."""
-    import warnings
 
     def import_warning(name):
         warnings.warn("`torch.jit.script` is deprecated. Please switch to `torch.compile` or `torch.export`.", category)

@@ -10,6 +10,7 @@ from conftest import ROOT
 from typer.testing import CliRunner
 
 import graphkit
+from graphkit.attention import convert
 from graphkit.cli import app
 from graphkit.compile import CompileError, compile, load_params, read_params, save_params
 from graphkit.datasets import load
@@ -164,7 +165,6 @@ def test_compile_command(dataset, tmp_path):
 @pytest.mark.parametrize("config", [VIT, dict(GPT, tied=False), LLAMA], ids=["vit", "gpt2", "llama"])
 @pytest.mark.parametrize("variant", ["gqa", "dgqa"])
 def test_graphs_of_converted_models_compile_back(config, variant):
-    from graphkit.attention import convert
 
     converted = convert(build_model(config, device="cpu"), variant, kv_heads=1)
     graph = graphkit.trace(converted)

@@ -18,6 +18,7 @@ from graphkit.datasets.store import graph_to_row, write_dataset
 from graphkit.draw import DrawError, build_scene, dot_source, fold_repeats
 from graphkit.families import build_model, resolve_config
 from graphkit.fileio import OutputError
+from graphkit.modelfile import load_model_file
 
 runner = CliRunner()
 LLAMA = ROOT / "examples" / "llama_block.py"  # TinyLlama: 4 identical GQA blocks
@@ -36,7 +37,6 @@ def no_dot(monkeypatch):
 
 @pytest.fixture(scope="module")
 def llama_graph():
-    from graphkit.modelfile import load_model_file
 
     loaded = load_model_file(LLAMA)
     return graphkit.trace(loaded.model, loaded.example_inputs)

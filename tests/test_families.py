@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ExoticLM, meta
 
 import graphkit
 from graphkit.families import FAMILIES, ConfigError, build_model, config_from_graph, num_params, resolve_config
@@ -140,7 +141,6 @@ def test_config_is_read_back_from_the_graph(config):
 
 
 def test_graph_of_an_unknown_family():
-    from conftest import ExoticLM, meta
 
     graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
     with pytest.raises(

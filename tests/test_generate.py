@@ -9,7 +9,10 @@ import pytest
 
 import graphkit
 from graphkit.datasets import load
-from graphkit.datasets.generate import GenerateError, generate
+from graphkit.datasets.generate import GenerateError, _config_key, _trace_group, _width_key, generate
+from graphkit.datasets.recipes import RECIPES
+from graphkit.datasets.store import graph_to_row
+from graphkit.families import build_model
 
 TINY = str(Path(__file__).resolve().parent / "recipes" / "tiny-vits.json")
 
@@ -113,10 +116,6 @@ def test_attention_variant_datasets(tmp_path):
 def test_head_counts_share_one_export_and_match_direct_traces(recipe):
     """generate traces one head count per width and relabels the others: the rows must be
     exactly those of tracing every config on its own."""
-    from graphkit.datasets.generate import _config_key, _trace_group, _width_key
-    from graphkit.datasets.recipes import RECIPES
-    from graphkit.datasets.store import graph_to_row
-    from graphkit.families import build_model
 
     groups: dict[str, list[str]] = {}
     for config in RECIPES[recipe].space:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.func import functional_call
 
 import graphkit
 from graphkit.families import build_model, resolve_config
+from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.config import VARIANTS, LoGAHConfig
-from graphkit.ghn.model import LoGAH
+from graphkit.ghn.data import load_source
+from graphkit.ghn.encoding import targets
+from graphkit.ghn.model import INIT_GAIN, LoGAH
+from graphkit.ghn.predict import first_non_finite, residual_writers
+from graphkit.ghn.training import feature_constancy
 
 TABLE_1 = {"tiny": 2.54e6, "small": 21.41e6, "base": 78.23e6, "large": 289.42e6}
 
@@ -81,7 +88,6 @@ def test_gradients_reach_the_hypernetwork_through_the_model():
 
 
 def test_predict_loads_into_a_meta_model_that_then_runs(ghn):
-    from graphkit.ghn import predict
 
     model = build_model(dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=4))
     params = predict(model, ghn)
@@ -92,9 +98,6 @@ def test_predict_loads_into_a_meta_model_that_then_runs(ghn):
 
 @pytest.mark.slow
 def test_predict_refuses_nan(ghn):
-    import copy
-
-    from graphkit.ghn import PredictError, predict
 
     broken = copy.deepcopy(ghn)
     with torch.no_grad():
@@ -169,7 +172,6 @@ def test_prediction_norms_are_the_parameters_norms_with_their_gradient(decoder):
 
 
 def test_first_non_finite_names_nan_and_inf_but_not_an_overflowing_sum():
-    from graphkit.ghn.predict import first_non_finite
 
     fine = {"a": torch.ones(3, 4), "huge": torch.full((8,), 3e38)}  # finite values whose sum overflows
     assert first_non_finite(fine) is None
@@ -190,8 +192,6 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
     """An untrained LoGAH must start where a model can learn: weights at RMS INIT_GAIN / sqrt(fan-in)
     and no matrix collapsed onto one direction (a bias in the r -> K map made 97% of every
     matrix's energy one rank-1 term)."""
-    from graphkit.ghn.encoding import targets
-    from graphkit.ghn.model import INIT_GAIN
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
@@ -209,8 +209,6 @@ def test_untrained_predictions_are_well_scaled_and_not_rank_one(config):
 
 def test_weight_scale_stays_bounded_whatever_the_gain_head_says():
     """The predicted scale can neither blow up nor reach zero: RMS in (0, 2 INIT_GAIN / sqrt(fan-in))."""
-    from graphkit.ghn.encoding import targets
-    from graphkit.ghn.model import INIT_GAIN
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
@@ -243,7 +241,6 @@ VIT_TINY = dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, pa
     ],
 )
 def test_residual_writers_are_the_weights_that_end_each_branch(config, writers):
-    from graphkit.ghn.predict import residual_writers
 
     assert residual_writers(graphkit.trace(build_model(config))) == writers
 
@@ -253,8 +250,6 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
     """GPT-2's init makes each branch's output weights 1 / sqrt(2 n_layer) smaller; predictions
     for GPT-2 follow it by default (a ViT's, whose timm init does not, are left as predicted),
     and ``residual_scale`` turns it on or off whatever the family."""
-    from graphkit.ghn import predict
-    from graphkit.ghn.predict import residual_writers
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
@@ -290,9 +285,6 @@ def test_a_predicted_language_model_lets_the_tokens_through(checkpoint, config, 
     scaled or not (random init: below 1). The shared-map checkpoints before them wrote the same
     direction from every block: GPT-2 180 unscaled, 60 at its branch scale, LLaMA 380; unigram
     models."""
-    from graphkit.ghn import load_checkpoint, predict
-    from graphkit.ghn.data import load_source
-    from graphkit.ghn.training import feature_constancy
 
     ghn = load_checkpoint(checkpoint)
     x, _ = load_source("stdlib-text").batch(resolve_config(config), 8, torch.Generator().manual_seed(0), split="eval")

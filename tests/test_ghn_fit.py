@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import graphkit
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
-from graphkit.ghn import load_checkpoint, predict
+from graphkit.ghn import LoGAH, LoGAHConfig, load_checkpoint, predict
 from graphkit.ghn.data import load_source
+from graphkit.ghn.encoding import relative_depth
 from graphkit.ghn.evaluate import fine_tune, score
 from graphkit.ghn.training import LR_FAN_IN, ArchPool, TrainConfig, parameter_groups, train
 
@@ -106,7 +108,6 @@ def test_a_single_gpt2_fits_text_below_the_unigram_loss_at_the_default_lr(tmp_pa
 
 
 def test_every_linear_weight_trains_at_the_fan_in_scaled_rate():
-    from graphkit.ghn import LoGAH
 
     ghn = LoGAH.from_variant("tiny")
     groups = parameter_groups(ghn, 3e-4)
@@ -129,8 +130,6 @@ def test_every_linear_weight_trains_at_the_fan_in_scaled_rate():
 
 
 def test_factors_of_different_parameters_are_not_collapsed_at_init():
-    import graphkit
-    from graphkit.ghn import LoGAH
 
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny")
@@ -153,9 +152,6 @@ def test_blocks_at_different_depths_get_different_parameters_at_init(config):
     """A transformer's graph is periodic: block 1's and block 4's qkv have the same degrees, shapes
     and neighbours. Without the relative-depth embedding (depth_buckets=0, the control) the encoder
     cannot tell them apart and every block gets the same weights; with it they differ."""
-    import graphkit
-    from graphkit.ghn import LoGAH, LoGAHConfig
-    from graphkit.ghn.encoding import relative_depth
 
     graph = graphkit.trace(build_model(config))
     cosines = {}

@@ -7,6 +7,7 @@ import torch
 
 import graphkit
 from graphkit.families import build_model
+from graphkit.ghn import PredictError, predict
 from graphkit.ghn.config import LoGAHConfig, VariantError
 from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.model import LoGAH
@@ -97,7 +98,6 @@ def test_each_role_decodes_through_its_own_map(graphs, role_rows):
 
 
 def test_a_nan_in_a_role_map_is_caught_before_anything_is_written(graphs):
-    from graphkit.ghn import PredictError, predict
 
     _, with_roles = pair(graphs, role_rows=40)
     role = with_roles.config.roles.index("transformer.h.mlp.c_fc.weight")

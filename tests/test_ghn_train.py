@@ -18,8 +18,10 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import graphkit
+import graphkit.ghn.training as train_module
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
+from graphkit.datasets.recipes import get_recipe
 from graphkit.families import build_model
 from graphkit.ghn import (
     BUNDLED,
@@ -34,8 +36,13 @@ from graphkit.ghn import (
     save_checkpoint,
     train,
 )
-from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate
+from graphkit.ghn.checkpoint import describe, record_evaluation
+from graphkit.ghn.data import load_source
+from graphkit.ghn.encoding import EncodingError
+from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise, score
+from graphkit.ghn.model import GraphEncoder
 from graphkit.ghn.training import ArchPool, parameter_groups, run_models
+from graphkit.graph import ArchGraph, Node
 from graphkit.ops import VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +86,6 @@ def quick(dataset, out, **overrides) -> TrainConfig:
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["vits", "gpts"])
 def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
-    from graphkit.ghn.data import load_source
 
     pool = ArchPool(request.getfixturevalue(which))
     source = load_source("digits" if which == "vits" else "stdlib-text", seq_len=16)
@@ -133,8 +139,6 @@ def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, 
     options = dict(steps=6, device=device, deterministic=device != "cpu")
     train(quick(vits, straight, **options), progress=False)
 
-    import graphkit.ghn.training as train_module
-
     calls = {"n": 0}
     original = train_module.run_models
 
@@ -163,7 +167,6 @@ def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_after
     is computed: on the CPU it trains the weights a default run does, to rounding, and leaves
     torch's global settings as it found them."""
     train(quick(vits, tmp_path / "default", steps=2, device="cpu"), progress=False)
-    import graphkit.ghn.training as train_module
 
     during = []
     original = train_module.run_models
@@ -414,9 +417,6 @@ def test_the_bundled_vit_checkpoint_predicts_vits_that_classify_held_out_digits(
     architectures of the recipe's eval split (never trained on), the predicted parameters alone
     classify held-out digits far above chance (0.10) and above the framework's random init.
     Its config.json records 0.67 over 8 such architectures (BENCHMARKS.md)."""
-    from graphkit.datasets.recipes import get_recipe
-    from graphkit.ghn.data import load_source
-    from graphkit.ghn.evaluate import initialise, score
 
     held_out = []
     for _, config, split in get_recipe("vits-digits").sample():
@@ -436,8 +436,6 @@ def test_the_bundled_vit_checkpoint_predicts_vits_that_classify_held_out_digits(
 
 def test_an_old_checkpoint_refuses_an_op_newer_than_its_vocabulary():
     """A v1 LoGAH without training info reads v1's ids; a graph with a v2 op gets a clear error."""
-    from graphkit.ghn.encoding import EncodingError
-    from graphkit.graph import ArchGraph, Node
 
     old = LoGAH(replace(LoGAH.from_variant("tiny").config, num_ops=VOCABULARY_SIZES[1]))
     graph = ArchGraph(
@@ -549,7 +547,6 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
 
 @pytest.mark.slow
 def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect(vits, tmp_path):
-    from graphkit.ghn.checkpoint import describe, record_evaluation
 
     train(quick(vits, tmp_path / "run", steps=1), progress=False)
     line = describe(load_checkpoint(tmp_path / "run"))
@@ -624,7 +621,6 @@ def test_eval_rows_do_not_depend_on_the_number_of_workers(vits, tmp_path):
 
 
 def test_eval_horizons_are_0_100_and_the_final_step():
-    from graphkit.ghn.evaluate import EvalConfig, horizons
 
     assert EvalConfig(dataset="-").steps >= 300
     assert horizons(300) == [0, 100, 300] and horizons(50) == [0, 50] and horizons(100) == [0, 100]
@@ -634,7 +630,6 @@ def test_eval_horizons_are_0_100_and_the_final_step():
 def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
     """The factor similarity logged each step comes from the node embeddings that step's forward
     made: one encoder pass per step, not a second one for the metrics."""
-    from graphkit.ghn.model import GraphEncoder
 
     calls = []
     original = GraphEncoder.forward

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import networkx as nx
 import numpy as np
 import pytest
 import torch
@@ -115,7 +116,6 @@ def test_to_networkx(gpt2_graph):
     g = gpt2_graph.to_networkx()
     assert g.number_of_nodes() == len(gpt2_graph) and g.number_of_edges() == len(gpt2_graph.edges)
     assert g.nodes[1]["op"] == "embedding" and g.graph["family"] == "gpt2"
-    import networkx as nx
 
     assert nx.is_directed_acyclic_graph(g)
 

@@ -13,11 +13,19 @@ import torch
 from conftest import ROOT
 from typer.testing import CliRunner
 
+import graphkit
+import graphkit.compile as compile_module
+import graphkit.params as params_module
+from graphkit.attention import ConvertError, convert
 from graphkit.cli import app
 from graphkit.compile import CompileError, compile
 from graphkit.datasets import load
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
+from graphkit.fileio import OutputError
+from graphkit.ghn import LoGAH, LoGAHConfig, PredictError, predict
+from graphkit.ghn.predict import first_non_finite, scale_residuals, scales_residuals
+from graphkit.modelfile import load_model_file
 from graphkit.params import ParamsError, load_params, read_params, save_params
 
 runner = CliRunner()
@@ -99,7 +107,6 @@ def test_compile_refuses_integer_tensors_but_casts_float_ones(dataset, record, p
 
 
 def test_a_dgqa_state_buffer_must_stay_an_integer():
-    from graphkit.attention import convert
 
     model = convert(
         build_model(dict(family="vit", num_layers=1, hidden=32, heads=2, image_size=8, patch_size=4), device="cpu"),
@@ -161,9 +168,7 @@ def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record,
 
 
 def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypatch):
-    import graphkit.params
-
-    monkeypatch.setattr(graphkit.params, "available_memory", lambda device: 1000)
+    monkeypatch.setattr(params_module, "available_memory", lambda device: 1000)
     total = sum(p.numel() for p in compile(record, memory_limit=10**12).parameters())
     buffers = sum(b.numel() for b in build_model(record.config).buffers())
     result = run("compile", dataset, record.id, "--out", tmp_path / "model.safetensors")
@@ -177,13 +182,11 @@ def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypat
 
 
 def test_a_model_larger_than_memory_is_refused_before_anything_is_allocated(monkeypatch):
-    import graphkit.compile
-
     def meta_only(config, device="meta", **kwargs):  # a regression fails here instead of exhausting memory
         assert torch.device(device).type == "meta", "compile allocated before measuring"
         return build_model(config, device, **kwargs)
 
-    monkeypatch.setattr(graphkit.compile, "build_model", meta_only)
+    monkeypatch.setattr(compile_module, "build_model", meta_only)
     huge = dict(family="gpt2", num_layers=48, hidden=16384, heads=16)  # about 155B parameters, 620 GB
     with pytest.raises(CompileError, match=r"its [\d,]+ parameters and buffers need 6\d\d\.\d\d GB but"):
         compile(huge)
@@ -228,7 +231,6 @@ def test_compile_library_checks_kv_heads_types(record):
 
 
 def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_path):
-    from graphkit.fileio import OutputError
 
     with pytest.raises(OutputError, match=f"parameter file {tmp_path}: is a folder; give a file name"):
         save_params(params, tmp_path)
@@ -242,12 +244,9 @@ def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_pat
 
 
 def test_public_imports_keep_working():
-    import graphkit.compile as compile_module
-    import graphkit.params as params_module
 
     for name in ("save_params", "load_params", "read_params", "LoadReport", "CompileError"):
         assert getattr(compile_module, name) is getattr(params_module, name)
-    from graphkit.ghn.predict import first_non_finite
 
     assert first_non_finite is params_module.first_non_finite
 
@@ -340,7 +339,6 @@ def test_convert_refuses_an_output_that_is_a_folder_or_not_ours(tmp_path):
 
 
 def test_the_library_convert_refuses_options_its_variant_ignores():
-    from graphkit.attention import ConvertError, convert
 
     model = build_model(dict(family="vit", num_layers=1, hidden=32, heads=2, image_size=8, patch_size=4), device="cpu")
     before = {n: p.clone() for n, p in model.state_dict().items()}
@@ -375,7 +373,6 @@ def test_a_model_file_that_exits_is_an_error(tmp_path, source, message):
 
 
 def test_ctrl_c_in_a_model_file_still_interrupts(tmp_path):
-    from graphkit.modelfile import load_model_file
 
     path = tmp_path / "MODEL.py"
     path.write_text("raise KeyboardInterrupt\n")
@@ -400,7 +397,6 @@ GPT = dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=100, cont
 def small_chunks(decoder: str = "low_rank"):
     """A LoGAH whose decoder chunk K is 16: every parameter here spans several row and column
     chunks, 4-D patch embeddings included."""
-    from graphkit.ghn import LoGAH, LoGAHConfig
 
     torch.manual_seed(0)
     return LoGAH(LoGAHConfig(max_mask=16, decoder=decoder)).eval()
@@ -409,10 +405,6 @@ def small_chunks(decoder: str = "low_rank"):
 @pytest.mark.parametrize("config", [VIT, GPT], ids=["vit", "gpt2-tied"])
 @pytest.mark.parametrize("decoder", ["low_rank", "ghn3"])
 def test_predict_writes_into_the_models_own_storage(config, decoder):
-    import graphkit
-    from graphkit.ghn import predict
-    from graphkit.ghn.predict import scale_residuals, scales_residuals
-
     ghn = small_chunks(decoder)
     model = build_model(config, device="cpu")
     before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
@@ -434,10 +426,6 @@ def test_predict_writes_into_the_models_own_storage(config, decoder):
 
 
 def test_predict_into_a_meta_model_gives_real_tied_tensors():
-    import graphkit
-    from graphkit.ghn import predict
-    from graphkit.ghn.predict import scale_residuals
-
     ghn = small_chunks()
     model = build_model(GPT)
     predict(model, ghn)
@@ -450,9 +438,6 @@ def test_predict_into_a_meta_model_gives_real_tied_tensors():
 
 
 def test_predict_into_a_half_precision_model_casts_in_place():
-    import graphkit
-    from graphkit.ghn import predict
-
     model = build_model(VIT, device="cpu").half()
     pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
     predict(model, small_chunks(), graph=graphkit.trace(build_model(VIT)))  # float inputs do not trace a half model
@@ -471,7 +456,6 @@ def test_predict_into_a_half_precision_model_casts_in_place():
 )
 @pytest.mark.parametrize("build", ["cpu", "meta"])
 def test_a_bad_prediction_leaves_the_model_unchanged(poison, build):
-    from graphkit.ghn import PredictError, predict
 
     ghn = small_chunks()
     with torch.no_grad():
@@ -485,9 +469,6 @@ def test_a_bad_prediction_leaves_the_model_unchanged(poison, build):
 
 
 def test_predict_refuses_a_graph_of_another_model():
-    import graphkit
-    from graphkit.ghn import predict
-
     model = build_model(VIT, device="cpu")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     other = graphkit.trace(build_model(dict(VIT, hidden=64)))
@@ -499,9 +480,6 @@ def test_predict_refuses_a_graph_of_another_model():
 
 
 def test_predict_counts_only_what_it_allocates():
-    import graphkit
-    from graphkit.ghn import PredictError, predict
-
     ghn, graph = small_chunks(), graphkit.trace(build_model(GPT))
     in_place = build_model(GPT, device="cpu")
     predict(in_place, ghn, graph=graph, memory_limit=0)  # float32 weights: decoded straight into them, nothing new

@@ -9,13 +9,17 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT
 from typer.testing import CliRunner
 
+import graphkit.datasets.generate as module
 from graphkit.cli import app
-from graphkit.datasets import load
-from graphkit.datasets.generate import GenerateError, generate
+from graphkit.datasets import load, write_dataset
+from graphkit.datasets.generate import GenerateError, generate, incomplete
+from graphkit.datasets.store import StoreError, open_shard
 
 runner = CliRunner()
 
@@ -194,7 +198,6 @@ def test_bad_generate_options(option, value, message, recipe, tmp_path, monkeypa
 
 
 def test_workers_are_capped_at_the_tasks(recipe, tmp_path, monkeypatch):
-    import graphkit.datasets.generate as module
 
     pools = []
 
@@ -435,7 +438,6 @@ def test_the_warning_names_a_built_in_recipe(tmp_path):
     out = tmp_path / "ds"
     generate("vits-digits", out, num=1, part_size=1, attention="gqa")
     (out / "manifest.json").unlink()
-    from graphkit.datasets.generate import incomplete
 
     assert incomplete(out, 1) == (
         f"{out} is incomplete (no manifest.json): its graphkit generate was interrupted; "
@@ -444,8 +446,6 @@ def test_the_warning_names_a_built_in_recipe(tmp_path):
 
 
 def test_a_shard_missing_columns_is_named(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     shard = tmp_path / "ds" / "data" / "train-00000-of-00001.parquet"
     shard.parent.mkdir(parents=True)
@@ -460,14 +460,12 @@ def test_a_shard_missing_columns_is_named(tmp_path):
     )
     table = pa.table({"id": [1]}).replace_schema_metadata({"graphkit_schema_version": "1"})
     pq.write_table(table, shard)
-    from graphkit.datasets.store import StoreError, open_shard
 
     with pytest.raises(StoreError, match="missing columns family"):
         open_shard(shard)
 
 
 def test_an_empty_selection_to_pyg_is_a_clear_error(reference):
-    from graphkit.datasets.store import StoreError
 
     with pytest.raises(
         StoreError, match=r"^no records to convert to torch_geometric \(the dataset or its filter is empty\)$"
@@ -476,8 +474,6 @@ def test_an_empty_selection_to_pyg_is_a_clear_error(reference):
 
 
 def test_write_dataset_never_overwrites_a_project(tmp_path):
-    from graphkit.datasets import write_dataset
-    from graphkit.datasets.store import StoreError
 
     (tmp_path / "README.md").write_text("# my project\n")
     before = listing(tmp_path)
@@ -487,7 +483,6 @@ def test_write_dataset_never_overwrites_a_project(tmp_path):
 
 
 def test_a_hand_edited_run_file_does_not_break_the_warning(reference, tmp_path):
-    from graphkit.datasets.generate import incomplete
 
     out = copy_of(reference, tmp_path)
     (out / "manifest.json").unlink()

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import ON_EVERY_DEVICE
+from PIL import Image
 from typer.testing import CliRunner
 
+import graphkit.ghn.checkpoint as checkpoint_module
+import graphkit.ghn.evaluate as evaluate_module
+import graphkit.ghn.training as training
 from graphkit.cli import app
 from graphkit.datasets.generate import generate
 from graphkit.ghn import (
@@ -31,6 +36,10 @@ from graphkit.ghn import (
     save_checkpoint,
     train,
 )
+from graphkit.ghn.checkpoint import describe
+from graphkit.ghn.data import load_source
+from graphkit.ghn.evaluate import EvalConfig, report_json
+from graphkit.ghn.options import default_device
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -132,7 +141,6 @@ def test_a_bad_graphkit_device_variable_is_refused_before_any_work(
 
 
 def test_without_the_variable_a_run_picks_the_gpu_if_there_is_one(monkeypatch):
-    from graphkit.ghn.options import default_device
 
     monkeypatch.delenv("GRAPHKIT_DEVICE")
     assert default_device(TrainError, local_rank=0) == ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -165,7 +173,6 @@ def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(gpts, tmp_path)
 
 
 def test_eval_json_never_holds_a_bare_nan():
-    from graphkit.ghn.evaluate import EvalConfig, report_json
 
     row = {"id": "a", "loss": float("nan"), "curve": [1.0, float("inf")]}
     text = report_json(EvalConfig(dataset="-"), {"predicted": {"loss": float("nan")}}, [row])
@@ -241,7 +248,6 @@ def test_train_ghn_refuses_an_out_in_the_dataset_folder(gpts, inside):
     ],
 )
 def test_eval_ghn_checks_its_output_before_evaluating(gpts, tmp_path, monkeypatch, make, message):
-    import graphkit.ghn.evaluate as evaluate_module
 
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking --out"))
     out = tmp_path / "eval"
@@ -256,7 +262,6 @@ def test_eval_ghn_checks_its_output_before_evaluating(gpts, tmp_path, monkeypatc
 
 
 def copy_of(run_folder: Path, tmp_path: Path) -> Path:
-    import shutil
 
     return Path(shutil.copytree(run_folder, tmp_path / "run"))
 
@@ -324,7 +329,6 @@ def test_a_rerun_without_resume_into_a_run_folder_is_refused(gpts, trained, tmp_
 def test_an_interrupted_run_resumes_to_the_same_checkpoint_hash(device, gpts, tmp_path, monkeypatch):
     """GPT-2s train with dropout, which draws from the global generator: the resumed steps repeat
     only because every step seeds it. On a GPU with --deterministic (train-ghn's option for it)."""
-    import graphkit.ghn.training as training
 
     def config(out):
         return TrainConfig(
@@ -474,7 +478,6 @@ def write_cifar10(root: Path, protocol: int, data_batch_1=None) -> Path:
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])  # 2: as Python 2 wrote the release; 5: numpy's out-of-band form
 def test_a_genuine_cifar_folder_loads(tmp_path, protocol):
-    from graphkit.ghn.data import load_source
 
     folder = write_cifar10(tmp_path, protocol)
     source = load_source(f"cifar10:{folder}")
@@ -513,7 +516,6 @@ def test_a_crafted_cifar_batch_is_refused_without_running_its_code(gpts, tmp_pat
     ],
 )
 def test_a_cifar_batch_of_the_wrong_shape_is_named(tmp_path, batch, message):
-    from graphkit.ghn.data import load_source
 
     folder = write_cifar10(tmp_path, 4, data_batch_1=batch)
     with pytest.raises(DataError) as error:
@@ -553,9 +555,6 @@ def test_an_error_is_the_first_line_of_stderr(gpts, tmp_path, command):
 
 
 def test_a_damaged_image_is_named_when_a_batch_reaches_it(tmp_path):
-    from PIL import Image
-
-    from graphkit.ghn.data import load_source
 
     for name, colour in (("red", (255, 0, 0)), ("blue", (0, 0, 255))):
         (tmp_path / name).mkdir()
@@ -572,7 +571,6 @@ def test_a_damaged_image_is_named_when_a_batch_reaches_it(tmp_path):
 
 
 def test_an_unreadable_text_file_is_named(tmp_path, monkeypatch):
-    from graphkit.ghn.data import load_source
 
     text = tmp_path / "corpus.txt"
     text.write_text("x" * 100)
@@ -586,7 +584,6 @@ def test_an_unreadable_text_file_is_named(tmp_path, monkeypatch):
 
 
 def test_a_non_finite_gradient_stops_training_before_the_weights_change(gpts, tmp_path, monkeypatch):
-    import graphkit.ghn.training as training
 
     clip = training.nn.utils.clip_grad_norm_
     monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", lambda params, limit: clip(params, limit) * float("nan"))
@@ -615,7 +612,6 @@ def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_p
 
 @pytest.mark.slow
 def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, trained, tmp_path, monkeypatch):
-    import graphkit.ghn.checkpoint as checkpoint_module
 
     def read_only(path, text):
         raise PermissionError(13, "Permission denied", str(path))
@@ -647,7 +643,6 @@ def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, t
 
 
 def test_a_damaged_evaluation_record_still_describes_the_checkpoint(checkpoint):
-    from graphkit.ghn.checkpoint import describe
 
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+from unittest import mock
+
 import pytest
 import torch
-from conftest import MODEL_FILES, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
+from conftest import MODEL_FILES, ROOT, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
 from torch import nn
 
 import graphkit
+import graphkit.tracing as tracing
 from graphkit import TraceError, example_inputs_for
 from graphkit.modelfile import load_model_file
+from graphkit.tracing.builder import graph_from_export
 
 
 def attention_nodes(graph):
@@ -123,7 +128,6 @@ def test_hand_written_llama_block():
 
 
 def graphkit_root():
-    from conftest import ROOT
 
     return ROOT
 
@@ -375,13 +379,8 @@ def test_in_place_aten_ops_map_to_their_out_of_place_op():
 def test_the_tracer_is_one_package_whose_modules_import_by_their_dotted_path():
     """graphkit.trace is the function, whatever was imported first; the package is
     graphkit.tracing, so its modules import, and patch, by their dotted path."""
-    import importlib
-    from unittest import mock
-
-    from graphkit.tracing import example_inputs_for, trace
-    from graphkit.tracing.builder import graph_from_export
-
-    assert graphkit.trace is trace and graphkit.example_inputs_for is example_inputs_for and callable(graph_from_export)
+    assert graphkit.trace is tracing.trace and graphkit.example_inputs_for is tracing.example_inputs_for
+    assert callable(graph_from_export)
     assert importlib.import_module("graphkit.tracing.naming").module_op is not None
     with mock.patch("graphkit.tracing.builder.graph_from_export") as patched:
         assert importlib.import_module("graphkit.tracing.builder").graph_from_export is patched

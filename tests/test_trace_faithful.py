@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import gpt2, llama
+from test_trace_moe import deepseek_v3
 from torch import nn
 
 import graphkit
@@ -187,7 +189,6 @@ def test_a_mask_buffer_without_values_is_refused_naming_the_module_and_the_buffe
 
 @pytest.mark.slow
 def test_hugging_face_decoders_are_causal_by_their_masks_with_either_backend():
-    from conftest import gpt2, llama
 
     for build in (gpt2, llama):
         for backend in ("eager", "sdpa"):
@@ -236,7 +237,6 @@ def test_writes_through_views_keep_their_edges(how):
 
 
 def test_deepseek_v3_keys_assembled_by_copies_feed_the_attention():
-    from test_trace_moe import deepseek_v3
 
     graph = graphkit.trace(deepseek_v3())
     assert parents(graph, "model.layers.0.self_attn.attention") == [

@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphkit.attention.convert import divisors
+from graphkit.attention.core import VARIANTS
+from graphkit.datasets.dataset import Record
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.graph import ArchGraph
 from graphkit.params import (
@@ -32,6 +35,7 @@ from graphkit.params import (
     read_params,
     save_params,
 )
+from graphkit.tracing import trace
 
 
 def converted_config(
@@ -46,8 +50,6 @@ def converted_config(
     variant, ``kv_heads`` a divisor of the heads, and ``kv_heads`` without ``attention`` is
     refused rather than ignored. Errors name the options as ``names`` spells them (the command
     line passes ``--attention``, ``--kv-heads``)."""
-    from graphkit.attention.convert import divisors
-    from graphkit.attention.core import VARIANTS
 
     attention_name, kv_name = names
     if attention is None:
@@ -87,8 +89,6 @@ def compile(
     than ``memory_limit`` bytes (default: the memory available on ``device``) is refused before
     anything is allocated.
     """
-    from graphkit.datasets.dataset import Record
-    from graphkit.tracing import trace
 
     if isinstance(source, Record):
         config, expected = source.config, source["fingerprint"]

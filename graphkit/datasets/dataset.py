@@ -83,7 +83,7 @@ class Record:
 
     def build_model(self, device: str = "meta"):
         """The nn.Module of this architecture, on ``meta`` (no weights) or a real device."""
-        from graphkit.families import build_model
+        from graphkit.families import build_model  # noqa: PLC0415 (browsing a dataset needs no torch)
 
         return build_model(self.config, device=device)
 
@@ -167,7 +167,7 @@ class GraphDataset:
         holds 160 in 1,000 records), so records of one fingerprint share one conversion: only
         the first row of each is turned into Python objects, the others get a copy with their
         own ``id``."""
-        from graphkit.datasets.pyg import PygGraphDataset
+        from graphkit.datasets.pyg import PygGraphDataset  # noqa: PLC0415 (browsing a dataset needs no torch)
 
         table = self._table()
         converted: dict[str, Any] = {}

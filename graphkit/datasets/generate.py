@@ -34,6 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from graphkit.attention import VARIANTS
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
 from graphkit.datasets.store import (
     RUN_FILE,
@@ -47,8 +50,10 @@ from graphkit.datasets.store import (
     write_shard,
 )
 from graphkit.errors import GraphkitError
+from graphkit.families import build_model, get_family
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
+from graphkit.tracing import trace
 
 SPLITS = ("train", "eval")
 #: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
@@ -86,7 +91,6 @@ def _heads_only_label(config: Mapping[str, Any]) -> bool:
     not converted): there the head count changes no parameter shape, only the attention nodes'
     ``heads``, ``kv_heads`` and ``head_dim`` (tests compare against direct traces over gpts-1k
     and vits-1k), so one export serves every head count of a width."""
-    from graphkit.families import get_family
 
     return config.get("attention") is None and not get_family(config["family"]).grouped
 
@@ -124,8 +128,6 @@ def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
     them all; other head counts are relabelled) and turn each graph into its dataset row, id and
     split left for the parent to fill in per record, so the conversion runs in parallel and the
     graph crosses processes once, as a row."""
-    from graphkit.families import build_model
-    from graphkit.tracing import trace
 
     cache: dict = {}
     rows = []
@@ -145,8 +147,6 @@ def _trace_group(keys: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 def _warm_up() -> None:
     """One tiny export, so torch.export's one-time set-up happens once, before workers fork."""
-    from graphkit.families import build_model
-    from graphkit.tracing import trace
 
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
 
@@ -158,7 +158,6 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
         groups.setdefault(_width_key(key), []).append(key)
     tasks = sorted(groups.values(), key=lambda group: (-len(group), group[0]))  # long tasks first: a short tail
     workers = min(workers, len(tasks))  # more processes than tasks would only fork idle ones
-    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
@@ -382,8 +381,6 @@ def generate(
     start = time.perf_counter()
     recipe = get_recipe(recipe)
     if attention is not None:
-        from graphkit.attention import VARIANTS
-
         if attention not in ("mha", *VARIANTS):
             raise GenerateError(f"unknown attention {attention!r}; accepted: mha, {', '.join(VARIANTS)}")
         recipe = recipe.with_attention(attention)

@@ -29,8 +29,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
+from graphkit.attention.core import VARIANTS
 from graphkit.errors import GraphkitError
-from graphkit.families import ConfigError, LiveTable, get_family, num_params, resolve_config
+from graphkit.families import FAMILIES, ConfigError, LiveTable, get_family, num_params, resolve_config
 
 
 class RecipeError(GraphkitError):
@@ -209,7 +212,6 @@ class Recipe:
                 problem = entry.problem()
                 if problem:
                     raise RecipeError(f"recipe {self.name!r}: {key}[{i}].{problem}")
-        from graphkit.attention.core import VARIANTS
 
         checks = [
             ("max_params", _is_count(self.max_params), "an integer >= 1"),
@@ -298,8 +300,6 @@ class Recipe:
             raise RecipeError(f"{path}: no such recipe file")
         try:
             if path.suffix in (".yaml", ".yml"):
-                import yaml
-
                 data = yaml.safe_load(path.read_text())
             else:
                 data = json.loads(path.read_text())
@@ -442,7 +442,6 @@ class RecipeTable(LiveTable):
         self._built: dict[int, Recipe] = {}
 
     def _items(self) -> dict[str, Recipe]:
-        from graphkit.families import FAMILIES
 
         recipes = {}
         for family in FAMILIES.values():

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+import graphkit
 from graphkit.errors import GraphkitError
 from graphkit.fileio import atomic_path, write_text_atomic
 from graphkit.graph import ArchGraph, Node
-from graphkit.ops import op_id
+from graphkit.ops import OPS, OPS_VERSION, op_id
 
 SCHEMA_VERSION = 2
 
@@ -220,11 +222,6 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
     however many processes wrote them: counts per split, distinct architectures and a content
     hash of (id, fingerprint) pairs that does not depend on the sharding. ``info`` (recipe,
     seed, ...) is added to the manifest."""
-    import pyarrow.dataset as pads
-
-    import graphkit
-    from graphkit.ops import OPS, OPS_VERSION
-
     out = Path(out)
     files = sorted(str(f) for f in (out / "data").glob("*.parquet"))
     present = (

@@ -19,6 +19,7 @@ from torch import nn
 
 from graphkit.attention.convert import AttentionAdapter, convert, register_adapter
 from graphkit.attention.core import VARIANTS
+from graphkit.compat import skip_weight_init
 from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
 
@@ -122,7 +123,6 @@ def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module
     ``no_init_weights`` also skips tying the LM head to the embedding, so ties are redone."""
     if init:
         return model_class(config)
-    from graphkit.compat import skip_weight_init
 
     with skip_weight_init():
         model = model_class(config)

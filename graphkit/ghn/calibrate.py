@@ -39,7 +39,9 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.families import ConfigError, build_model, config_from_graph, get_family
 from graphkit.graph import ArchGraph
+from graphkit.params import tied_names
 
 #: calibration batch: images or sequences, and tokens per sequence
 BATCH, TOKENS = 4, 64
@@ -180,7 +182,6 @@ def check_calibration(graph: ArchGraph) -> tuple[dict[str, Any], list[list[str]]
     """The config of ``graph``'s model and its writers by block (:func:`writers_by_block`) when
     :func:`calibrate` can read it; else a CalibrationError saying why (checked before any weight
     is written)."""
-    from graphkit.families import ConfigError, config_from_graph, get_family
 
     try:
         config = config_from_graph(graph)
@@ -203,8 +204,6 @@ def calibrate(
     batch (default: :func:`calibration_inputs`). Returns the factors applied. CalibrationError
     for a model of no graphkit family or with blocks the rule cannot read; the model is then
     left unchanged."""
-    from graphkit.families import build_model, get_family
-    from graphkit.params import tied_names
 
     config, writers = check_calibration(graph)
     blocks_path = get_family(config["family"]).blocks

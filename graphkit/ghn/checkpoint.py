@@ -15,6 +15,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from dataclasses import fields as dataclass_fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from graphkit.ghn.config import VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
+from graphkit.params import memory_shortfall
 
 #: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
 #: a live view of the family registry
@@ -153,7 +155,6 @@ def _read_json(file: Path) -> dict[str, Any]:
 def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     """The LoGAHConfig of config.json's ``logah`` section, every size checked (a positive
     integer, heads dividing hidden) so that a damaged or hand-edited file fails here in one line."""
-    from dataclasses import fields as dataclass_fields
 
     known = [f.name for f in dataclass_fields(LoGAHConfig)]
     if not isinstance(fields, dict):
@@ -183,7 +184,6 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
 def _check_size(file: Path, config: LoGAHConfig) -> None:
     """Refuse, before allocating, a config whose LoGAH (measured on the meta device) holds another
     number of values than the weights file, or one too large for the memory available."""
-    from graphkit.params import memory_shortfall
 
     with torch.device("meta"):
         wanted = sum(t.numel() for t in LoGAH(config).state_dict().values())

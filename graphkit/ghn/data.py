@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -270,12 +271,11 @@ def _cifar_globals() -> dict[tuple[str, str], Any]:
     """The only globals a CIFAR pickle may name: numpy's array, dtype and scalar rebuilders
     under the module names numpy 1 and 2 write, and the bytes codec of protocol 2. Each rebuilds
     data from data; none can import or call anything else."""
-    import numpy as np
 
     try:
-        from numpy._core import multiarray, numeric
+        from numpy._core import multiarray, numeric  # noqa: PLC0415 (the name differs by numpy version)
     except ImportError:  # numpy 1
-        from numpy.core import multiarray, numeric
+        from numpy.core import multiarray, numeric  # noqa: PLC0415
     allowed: dict[tuple[str, str], Any] = {
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
@@ -323,7 +323,6 @@ def read_cifar_file(path: Path) -> dict[str, Any]:
 
 def _cifar_batch(path: Path, layout: CifarLayout, classes: int) -> tuple[Tensor, Tensor]:
     """A batch file's images, uint8 (N, 3, 32, 32), and labels, checked against the layout."""
-    import numpy as np
 
     batch = read_cifar_file(path)
     data, labels = batch.get("data"), batch.get(layout.labels)
@@ -413,7 +412,7 @@ def _held_out_tail(data: bytes) -> tuple[bytes, bytes]:
 
 
 def _stdlib_text(_: Path | None) -> tuple[bytes, bytes]:
-    from pydoc_data.topics import topics  # Python's own documentation, ~465K characters
+    from pydoc_data.topics import topics  # noqa: PLC0415 (Python's own documentation, ~465K characters, read on use)
 
     return _held_out_tail("\n".join(topics[k] for k in sorted(topics)).encode("utf-8"))
 

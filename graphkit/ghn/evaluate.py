@@ -26,10 +26,17 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from graphkit.compile import load_params
 from graphkit.errors import GraphkitError
+from graphkit.families import build_model
 from graphkit.fileio import atomic_path, figure_metadata
+from graphkit.ghn.calibrate import calibrate
+from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
+from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
+from graphkit.ghn.predict import predicted_params, scales_residuals
+from graphkit.ghn.training import ArchPool
 
 INITS = ("predicted", "random", "orthogonal")
 
@@ -72,7 +79,6 @@ class EvalConfig:
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Apply ``init`` (see :data:`INITS`) to a model built with the framework's initialisation."""
-    from graphkit.compile import load_params
 
     if init == "predicted":
         load_params(model, predicted)
@@ -88,7 +94,6 @@ def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] |
 
 def score(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], task: str) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
-    from graphkit.ghn.data import output_loss
 
     model.eval()
     with torch.no_grad():
@@ -111,7 +116,6 @@ def fine_tune(
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Train ``model`` one AdamW step per batch; returns the training losses and the held-out
     (loss, accuracy) after each step count in ``at`` (0: before the first step)."""
-    from graphkit.ghn.data import output_loss
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     scores = {0: score(model, held_out, task)} if 0 in at else {}
@@ -138,10 +142,6 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     busy less than one process per core does (a 2-core machine evaluates the bundled ViT
     checkpoint 1.3x faster), and single-threaded arithmetic gives the same rows whatever the
     number of workers. On a GPU they run one after another in this process."""
-    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
-    from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.predict import predicted_params, scales_residuals
-    from graphkit.ghn.training import ArchPool
 
     device = torch.device(config.device or default_device(EvalError))
     pool = ArchPool(config.dataset, config.split)
@@ -225,8 +225,6 @@ class _FineTuning(NamedTuple):
 
 def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[float, float]]]:
     """Build, initialise and fine-tune one model of :func:`evaluate` (in a worker, or inline)."""
-    from graphkit.families import build_model
-    from graphkit.ghn.calibrate import calibrate
 
     device = torch.device(job.device)
     torch.manual_seed(job.seed)  # every initialisation draws the same random init first

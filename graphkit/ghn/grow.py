@@ -49,9 +49,12 @@ from typing import Any
 import torch
 
 from graphkit.errors import GraphkitError
+from graphkit.families import ConfigError, build_model, config_from_graph
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.space import extent, widest_at_depth
 from graphkit.graph import ArchGraph
+from graphkit.params import first_non_finite
+from graphkit.tracing import trace
 
 #: ops whose weight's input axis reads a previous activation (its values are split among the copies)
 READERS = ("linear", "head", "patch_embed", "conv")
@@ -154,7 +157,6 @@ class GrownDecoding:
     def first_non_finite(self) -> str | None:
         """The first parameter holding a NaN or Inf, or None (growing copies values and
         multiplies them by shares in (0, 1), so the twin's values decide)."""
-        from graphkit.params import first_non_finite
 
         return first_non_finite(self.twin_params)
 
@@ -179,7 +181,6 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
     no space, when the graph is not one of graphkit's families (nothing to build a twin from),
     or when no width up to the widest trained at its depth holds whole heads and kv groups of
     its own size."""
-    from graphkit.families import ConfigError, config_from_graph
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
@@ -205,8 +206,6 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
 def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
     """``ghn``'s prediction of ``graph`` as its narrow twin's, grown (see :func:`twin_of`); None
     when the graph has no twin."""
-    from graphkit.families import build_model
-    from graphkit.tracing import trace
 
     config = twin_of(ghn, graph)
     if config is None:

@@ -20,8 +20,10 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
+from graphkit.families import FAMILIES
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
+from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import GrownDecoding, growth
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
@@ -34,6 +36,7 @@ from graphkit.params import (
     replace_parameter,
     tied_names,
 )
+from graphkit.tracing import trace
 
 
 class PredictError(GraphkitError):
@@ -44,7 +47,6 @@ def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
     """Whether ``graph``'s predicted residual branches are scaled: ``choice`` when given (the
     ``residual_scale`` of :func:`predict` and ``eval-ghn``), else whether the family ``graph`` was
     traced from scales them at init (``Family.scaled_residuals``)."""
-    from graphkit.families import FAMILIES
 
     if choice is not None:
         return choice
@@ -117,8 +119,6 @@ def predict(
     so that the stream and logits are no larger than the family's init gives
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
     graphkit family."""
-    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
-    from graphkit.tracing import trace
 
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:

@@ -32,11 +32,15 @@ import torch.distributed as dist
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from graphkit.datasets import load
 from graphkit.errors import GraphkitError
+from graphkit.families import build_model
 from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
+from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
@@ -114,7 +118,6 @@ class ArchPool:
     and a parameter-less model for ``functional_call``, built on first use."""
 
     def __init__(self, dataset: str | Path, split: str = "train", device: str | torch.device = "cpu") -> None:
-        from graphkit.datasets import load
 
         distinct: dict[str, Any] = {}
         everything = load(dataset)
@@ -158,7 +161,6 @@ class ArchPool:
 def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:
     """The model of ``config`` on ``device`` with its parameters on meta (ties kept): a shell for
     ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks)."""
-    from graphkit.families import build_model
 
     model = build_model(config, device, init=False)
     metas: dict[int, nn.Parameter] = {}
@@ -275,7 +277,6 @@ def run_models(
     back, and each Linear's input to bf16, in the forward and again in the backward: about 1,000
     of a meta-batch-8 step's kernel launches. bf16 norms accumulate in float32 and round their
     output, as the next Linear's cast did, so little else changes."""
-    from graphkit.ghn.data import output_loss
 
     losses, metrics = [], []
     for index, params in zip(indices, predicted):
@@ -307,7 +308,6 @@ def repeatable(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -332,7 +332,6 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     ``config.out``; returns the last logged metrics. The run folder, the dataset, the data and
     (with ``resume``) the recorded options are checked before the first step and the first write
     (see :func:`run_folder`, :func:`check_resume`)."""
-    from graphkit.ghn.data import default_source, load_source
 
     rank, world, device = _distributed(config.device)
     out = run_folder(config.out, resume, config.dataset)
