@@ -39,7 +39,7 @@ def train_ghn(
         False,
         "--role-maps/--no-role-maps",
         help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map "
-        "instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/hypernetwork.md).",
+        "instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/experiments.md).",
     ),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
@@ -140,7 +140,7 @@ def predict(
         "--calibrate",
         help="Then shrink each residual branch and the output layer so that the stream and "
         "logits are no larger than the family's init gives on a random batch (graphkit's "
-        "families; see docs/hypernetwork.md for what it costs in fine-tuning).",
+        "families; see docs/experiments.md for what it costs in fine-tuning).",
     ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""

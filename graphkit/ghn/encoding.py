@@ -140,7 +140,7 @@ def relative_depth(graph: ArchGraph, distance: Tensor, buckets: int) -> Tensor:
     predicted weights; fine-tuning from identical blocks stalled on the unigram plateau. Relative
     rather than absolute depth, so that a deeper model than any seen in training still spans the
     same range from its first block to its last. Off by default (``buckets`` 0): over 8 held-out
-    GPT-2s it did not yet change the 300-step verdict (docs/hypernetwork.md)."""
+    GPT-2s it did not yet change the 300-step verdict (docs/experiments.md)."""
     if buckets == 0:
         return torch.zeros(len(graph.nodes), dtype=torch.long)
     source = next(i for i, node in enumerate(graph.nodes) if node.op == "input")

@@ -8,7 +8,7 @@ Families whose own initialisation scales residual branches (GPT-2: the weights t
 branch into the residual stream start 1 / sqrt(2 n_layer) smaller than the rest) get the same
 factor on the predicted weights (:func:`scale_residuals`). Without it the branches of a predicted
 GPT-2 add up to a constant about 90 times the tokens' signal in the stream, and fine-tuning sits
-on the unigram plateau for some 150 steps (docs/hypernetwork.md has the measurements).
+on the unigram plateau for some 150 steps (docs/experiments.md has the measurements).
 
 A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
 to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,

@@ -47,10 +47,9 @@ from graphkit.ghn.options import check_counts, check_device, check_flag, check_n
 from graphkit.ghn.space import training_space
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
-#: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 against 32,
-#: seeds 0-3 of the fit tests: ViT 0.52 against 0.44 held-out accuracy, GPT-2 2.98 against 3.05
-#: nats; 128 was worse on the ViT. Pools that mix many widths and depths leave their plateau
-#: sooner at 8 (docs/hypernetwork.md)
+#: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 fits one
+#: architecture best (32 and 128 do worse on the fit tests); pools that mix many widths and
+#: depths leave their plateau sooner at 8 (docs/experiments.md has the seed study and the sweep)
 LR_FAN_IN = 64
 #: the per-parameter gain head trains at GAIN_LR times the base lr; see parameter_groups
 GAIN_LR = 0.1
@@ -178,7 +177,7 @@ def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[d
     the decoder's role maps as its low-rank map (they are rows of it), the decoder's gain head
     at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at ``lr``.
 
-    Why (docs/hypernetwork.md has the measurements): Adam moves every weight by about ``lr`` a step
+    Why (docs/experiments.md has the measurements): Adam moves every weight by about ``lr`` a step
     whatever its gradient's size, so when the updates of a Linear layer agree, its output moves by
     about ``lr * fan_in`` times its input. A hypernetwork's shared layers produce every parameter
     of the target model at once, so at the paper's lr one step replaced every predicted weight
@@ -515,8 +514,7 @@ def feature_constancy(model: nn.Module, params: dict[str, torch.Tensor], inputs:
     batch (and tokens) over their mean distance from that mean. Below 1 at random init; far above
     when the output hardly depends on the input, as on the plateaus a hypernetwork can train
     into: a ViT's class token that ignores the image, a GPT-2 whose residual stream is a constant
-    (about 180 for the bundled GPT-2 checkpoint's held-out models, 60 with its residual branches
-    scaled; docs/hypernetwork.md)."""
+    (docs/experiments.md has the values checkpoints gave)."""
     captured: list[torch.Tensor] = []
     hook = model.get_submodule(head).register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
     try:
