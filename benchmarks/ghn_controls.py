@@ -47,7 +47,7 @@ from torch import nn
 from torch.func import functional_call
 
 import graphkit
-from graphkit.compile import load_params
+from graphkit.compiler import load_params
 from graphkit.families import build_model
 from graphkit.ghn import LoGAH
 from graphkit.ghn.data import load_source, output_loss
@@ -114,7 +114,7 @@ def per_matrix_factors(model, rank: int = 32, std: float = 0.02):
     return PerMatrix()
 
 
-def one(arm: str, steps: str) -> dict:
+def train_arm(arm: str, steps: str) -> dict:
     """One arm's held-out loss and accuracy after ``steps`` steps, and its training-loss curve."""
 
     warnings.filterwarnings("ignore")
@@ -220,7 +220,7 @@ def main() -> None:
 
     if "--one" in sys.argv:
         i = sys.argv.index("--one")
-        print(json.dumps(one(*sys.argv[i + 1 :])))
+        print(json.dumps(train_arm(*sys.argv[i + 1 :])))
         return
     common.main(__doc__, "ghn_controls", table, lambda p: p.add_argument("--steps", type=int, default=300))
 

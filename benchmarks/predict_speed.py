@@ -46,7 +46,7 @@ MODELS = {
 BUILDS = {"meta": "on meta", "cpu": "with weights"}
 
 
-def one(key: str, decoder: str = "low_rank", build: str = "meta", device: str = "cpu") -> dict:
+def predict_row(key: str, decoder: str = "low_rank", build: str = "meta", device: str = "cpu") -> dict:
     import resource
     import warnings
 
@@ -114,7 +114,7 @@ def gpu_name() -> str:
 
 def main() -> None:
     if "--one" in sys.argv:
-        print(json.dumps(one(*sys.argv[sys.argv.index("--one") + 1 :])))
+        print(json.dumps(predict_row(*sys.argv[sys.argv.index("--one") + 1 :])))
         return
     key = (
         "predict_speed_gpu" if any("cuda" in a for a in sys.argv) else "predict_speed"

@@ -99,7 +99,7 @@ METHODS = {
 }
 
 
-def one(name: str, method: str, repeat: int) -> dict:
+def trace_row(name: str, method: str, repeat: int) -> dict:
     """In this (fresh) process: the first call (cold), then the median of ``repeat`` more (warm)."""
     import resource
     import warnings
@@ -167,7 +167,7 @@ def main() -> None:
     if "--one" in sys.argv:  # a measurement in a fresh process, started by measure()
         i = sys.argv.index("--one")
         repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
-        print(json.dumps(one(sys.argv[i + 1], sys.argv[i + 2], repeat)))
+        print(json.dumps(trace_row(sys.argv[i + 1], sys.argv[i + 2], repeat)))
         return
     common.main(
         __doc__,

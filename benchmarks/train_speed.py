@@ -113,7 +113,7 @@ def kernel_launches(events) -> int:
     return sum(visit(e)[0] for e in events if e.name.startswith("aten::"))
 
 
-def one(family: str, hypernet: str, steps: str) -> dict:
+def archs_per_second(family: str, hypernet: str, steps: str) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -141,7 +141,7 @@ def one(family: str, hypernet: str, steps: str) -> dict:
 
 def floor(family: str, steps: str) -> dict:
     """Architectures/s of the target models alone: the same meta-batches and data batches as
-    ``one``, forward and backward with the parameters as free tensors (made outside the timing),
+    ``archs_per_second``, forward and backward with the parameters as free tensors (made outside the timing),
     no hypernetwork. No hypernetwork can train faster than this on the same machine. Also the
     floating-point work of those steps (matmuls and attention, counted by ``FlopCounterMode`` in a
     second, untimed pass), per architecture."""
@@ -176,7 +176,9 @@ def floor(family: str, steps: str) -> dict:
             work = step_of(step)
             tic = time.perf_counter()
             work()
-            seconds += (time.perf_counter() - tic) if step >= 2 else 0.0  # as ``one``: the first 2 steps untimed
+            seconds += (
+                (time.perf_counter() - tic) if step >= 2 else 0.0
+            )  # as ``archs_per_second``: the first 2 steps untimed
         with FlopCounterMode(display=False) as counter:
             for step in range(2, int(steps) + 2):
                 step_of(step)()
@@ -425,7 +427,9 @@ def main() -> None:
         kind, rest = sys.argv[i + 1], sys.argv[i + 2 :]
         print(
             json.dumps(
-                {"speed": one, "floor": floor, "launches": launches, "peak": peak, "gpu_run": gpu_run}[kind](*rest)
+                {"speed": archs_per_second, "floor": floor, "launches": launches, "peak": peak, "gpu_run": gpu_run}[
+                    kind
+                ](*rest)
             )
         )
         return

@@ -33,7 +33,7 @@ Params = Mapping[str, torch.Tensor]
 
 class CompileError(GraphkitError):
     """A model cannot be built from what was given, or its parameters do not fit it. (It lives
-    here, below :mod:`graphkit.compile`, because every :class:`ParamsError` is one.)"""
+    here, below :mod:`graphkit.compiler`, because every :class:`ParamsError` is one.)"""
 
 
 class ParamsError(CompileError):

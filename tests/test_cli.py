@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from graphkit import ArchGraph
 from graphkit.attention import convert
 from graphkit.cli import app
-from graphkit.compile import load_params, read_params
+from graphkit.compiler import load_params, read_params
 from graphkit.modelfile import load_model_file
 
 runner = CliRunner()

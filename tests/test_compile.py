@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import graphkit
 from graphkit.attention import convert
 from graphkit.cli import app
-from graphkit.compile import CompileError, compile, load_params, read_params, save_params
+from graphkit.compiler import CompileError, compile_model, load_params, read_params, save_params
 from graphkit.datasets import load
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
@@ -116,11 +116,11 @@ def dataset(tmp_path_factory):
 @pytest.mark.slow
 def test_compile_a_record_and_its_graph(dataset):
     record = load(dataset)[0]
-    model = compile(record)
+    model = compile_model(record)
     assert next(model.parameters()).device.type == "cpu"
     assert graphkit.trace(model).fingerprint() == record["fingerprint"]
     assert model(torch.randn(1, 3, 16, 16)).shape == (1, 10)
-    from_graph = compile(record.graph, device="meta")
+    from_graph = compile_model(record.graph, device="meta")
     assert graphkit.trace(from_graph).fingerprint() == record["fingerprint"]
 
 
@@ -132,21 +132,21 @@ def test_compile_refuses_a_graph_it_cannot_reproduce(dataset):
         op=node.op, name=node.name, module=node.module, params=node.params, attrs={**node.attrs, "causal": True}
     )
     with pytest.raises(CompileError, match="traces to fingerprint"):
-        compile(graph)
-    with pytest.raises(CompileError, match="compile takes a dataset record, an ArchGraph or a config"):
-        compile(42)
+        compile_model(graph)
+    with pytest.raises(CompileError, match="compile_model takes a dataset record, an ArchGraph or a config"):
+        compile_model(42)
 
 
 def test_compile_command(dataset, tmp_path):
     runner = CliRunner()
     first = load(dataset).ids[0]
     params = tmp_path / "params.safetensors"
-    save_params(compile(load(dataset)[first]), params)
+    save_params(compile_model(load(dataset)[first]), params)
     out = tmp_path / "model.safetensors"
     result = runner.invoke(app, ["compile", str(dataset), first, "--params", str(params), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "traces to the stored fingerprint" in result.stdout and "(100.0%)" in result.stdout
-    assert load_params(compile(load(dataset)[first]), out).coverage == 1.0
+    assert load_params(compile_model(load(dataset)[first]), out).coverage == 1.0
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00" * 16)
     result = runner.invoke(
@@ -168,7 +168,7 @@ def test_graphs_of_converted_models_compile_back(config, variant):
 
     converted = convert(build_model(config, device="cpu"), variant, kv_heads=1)
     graph = graphkit.trace(converted)
-    rebuilt = compile(graph)
+    rebuilt = compile_model(graph)
     assert graphkit.trace(rebuilt).fingerprint() == graph.fingerprint()
     load_params(rebuilt, converted.state_dict(), strict=True)
     assert torch.equal(logits(rebuilt.eval(), config["family"]), logits(converted.eval(), config["family"]))
@@ -176,6 +176,6 @@ def test_graphs_of_converted_models_compile_back(config, variant):
 
 def test_compile_a_record_with_another_attention(dataset):
     record = load(dataset)[0]
-    model = compile(record, attention="kdgqa", kv_heads=1)
+    model = compile_model(record, attention="kdgqa", kv_heads=1)
     attrs = next(n.attrs for n in graphkit.trace(model).nodes if n.op == "attention")
     assert (attrs["variant"], attrs["kv_heads"]) == ("kdgqa", 1)

@@ -11,7 +11,7 @@ from torch.func import functional_call
 import graphkit
 from graphkit.families import build_model, resolve_config
 from graphkit.ghn import PredictError, load_checkpoint, predict
-from graphkit.ghn.config import VARIANTS, LoGAHConfig
+from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
 from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import INIT_GAIN, LoGAH
@@ -32,7 +32,7 @@ def test_variant_sizes_match_the_paper(name):
 def test_unknown_variant():
     with pytest.raises(ValueError, match="unknown LoGAH variant 'huge'; known: tiny, small, base, large"):
         LoGAH.from_variant("huge")
-    assert set(VARIANTS) == set(TABLE_1)
+    assert set(LOGAH_VARIANTS) == set(TABLE_1)
 
 
 @pytest.fixture(scope="module", params=["low_rank", "ghn3"])

@@ -30,7 +30,7 @@ COLLAPSED = 0.95  # mean factor cosine the collapsed decoder reached (0.96-0.98)
 SEEDS = (0, 1)  # a hypernetwork's init, not one lucky draw: the scores are averaged over these
 
 
-def fit(
+def train_on_one_architecture(
     tmp_path: Path, recipe: str, data: str, seeds: tuple[int, ...] = SEEDS, **options
 ) -> tuple[list[list[dict]], tuple[float, float], tuple[float, float], object]:
     """Train on the recipe's one train architecture at the default lr, once per seed of ``seeds``;
@@ -82,7 +82,7 @@ def assert_alive(metrics: list[dict]) -> None:
 
 @pytest.mark.slow
 def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
-    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = fit(
+    logs, (loss, accuracy), (direct_loss, direct_accuracy), _ = train_on_one_architecture(
         tmp_path, "fit-vit.json", "digits", seeds=(0, 1, 2, 3), batch_size=64
     )
     for metrics in logs:
@@ -95,7 +95,9 @@ def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
 
 @pytest.mark.slow
 def test_a_single_gpt2_fits_text_below_the_unigram_loss_at_the_default_lr(tmp_path):
-    logs, (loss, _), (direct_loss, _), source = fit(tmp_path, "fit-gpt.json", "stdlib-text", batch_size=16, seq_len=64)
+    logs, (loss, _), (direct_loss, _), source = train_on_one_architecture(
+        tmp_path, "fit-gpt.json", "stdlib-text", batch_size=16, seq_len=64
+    )
     for metrics in logs:
         assert_alive(metrics)
     unigram_loss = source.unigram_loss()  # byte frequencies: 3.25 nats

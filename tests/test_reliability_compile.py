@@ -14,17 +14,17 @@ from conftest import ROOT
 from typer.testing import CliRunner
 
 import graphkit
-import graphkit.compile as compile_module
+import graphkit.compiler as compile_module
 import graphkit.params as params_module
 from graphkit.attention import ConvertError, convert
 from graphkit.cli import app
-from graphkit.compile import CompileError, compile
+from graphkit.compiler import CompileError, compile_model
 from graphkit.datasets import load
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
 from graphkit.fileio import OutputError
 from graphkit.ghn import LoGAH, LoGAHConfig, PredictError, predict
-from graphkit.ghn.predict import first_non_finite, scale_residuals, scales_residuals
+from graphkit.ghn.predict import first_non_finite, scale_residuals, should_scale_residuals
 from graphkit.modelfile import load_model_file
 from graphkit.params import ParamsError, load_params, read_params, save_params
 
@@ -62,7 +62,7 @@ def record(dataset):
 @pytest.fixture()
 def params(record) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    return {n: p.detach().clone() for n, p in compile(record).named_parameters()}
+    return {n: p.detach().clone() for n, p in compile_model(record).named_parameters()}
 
 
 # -- compile -----------------------------------------------------------------------------------
@@ -97,11 +97,11 @@ def test_compile_refuses_integer_tensors_but_casts_float_ones(dataset, record, p
     assert listing(tmp_path) == before
     params[name] = torch.zeros(params[name].shape, dtype=torch.bool)
     with pytest.raises(ParamsError, match="is bool but the model's is float32: bool values are not cast"):
-        load_params(compile(record), params)
+        load_params(compile_model(record), params)
     halves = {n: t.half() for n, t in params.items() if n != name} | {
         name: torch.ones(params[name].shape, dtype=torch.bfloat16)
     }
-    model = compile(record)
+    model = compile_model(record)
     assert load_params(model, halves).coverage == 1.0
     assert model.get_parameter(name).dtype == torch.float32 and bool((model.get_parameter(name) == 1).all())
 
@@ -169,7 +169,7 @@ def test_compile_refuses_an_output_that_is_a_folder_or_not_ours(dataset, record,
 
 def test_compile_measures_before_allocating(dataset, record, tmp_path, monkeypatch):
     monkeypatch.setattr(params_module, "available_memory", lambda device: 1000)
-    total = sum(p.numel() for p in compile(record, memory_limit=10**12).parameters())
+    total = sum(p.numel() for p in compile_model(record, memory_limit=10**12).parameters())
     buffers = sum(b.numel() for b in build_model(record.config).buffers())
     result = run("compile", dataset, record.id, "--out", tmp_path / "model.safetensors")
     refused(
@@ -189,7 +189,7 @@ def test_a_model_larger_than_memory_is_refused_before_anything_is_allocated(monk
     monkeypatch.setattr(compile_module, "build_model", meta_only)
     huge = dict(family="gpt2", num_layers=48, hidden=16384, heads=16)  # about 155B parameters, 620 GB
     with pytest.raises(CompileError, match=r"its [\d,]+ parameters and buffers need 6\d\d\.\d\d GB but"):
-        compile(huge)
+        compile_model(huge)
 
 
 def test_truncated_and_corrupt_parameter_files_are_named(dataset, record, params, tmp_path):
@@ -227,7 +227,7 @@ def test_compile_names_a_params_path_that_is_not_a_file(dataset, record, tmp_pat
 def test_compile_library_checks_kv_heads_types(record):
     for kv_heads in (2.0, True, "2"):
         with pytest.raises(CompileError, match=f"kv_heads {kv_heads}: must divide the 4 heads; accepted: 1, 2, 4"):
-            compile(record, attention="gqa", kv_heads=kv_heads)
+            compile_model(record, attention="gqa", kv_heads=kv_heads)
 
 
 def test_save_params_refuses_a_folder_or_a_file_it_did_not_write(params, tmp_path):
@@ -411,7 +411,7 @@ def test_predict_writes_into_the_models_own_storage(config, decoder):
     graph = graphkit.trace(build_model(config))
     with torch.no_grad():
         expected = ghn.predict(graph)
-    if scales_residuals(graph):  # GPT-2: predict scales the branch ends as GPT-2's init does, in place
+    if should_scale_residuals(graph):  # GPT-2: predict scales the branch ends as GPT-2's init does, in place
         scale_residuals(graph, expected)
     if decoder == "low_rank":  # never all parameters at once (forward's way): block by block into the model
         ghn.forward = None

@@ -6,11 +6,11 @@ module, ``convert`` turns MHA models into any variant by mean-pooling K/V heads.
 
 from graphkit.attention.allocation import allocate_queries, key_norms, query_groups
 from graphkit.attention.convert import ConvertError, ViTGroupedAttention, convert, mean_pool_heads
-from graphkit.attention.core import VARIANTS, GroupedQueryAttention, kdgqa_index
+from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention, kdgqa_index
 
 __all__ = [
     "GroupedQueryAttention",
-    "VARIANTS",
+    "ATTENTION_VARIANTS",
     "allocate_queries",
     "key_norms",
     "query_groups",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.core import VARIANTS, GroupedQueryAttention
+from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
 from graphkit.errors import GraphkitError
 
 
@@ -364,8 +364,8 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
     unknown one, or a head count that does not divide, is a ConvertError naming the module and
     the model is left as it was, and so is an option the variant does not use or cannot take
     (:func:`check_variant_options`)."""
-    if variant not in VARIANTS:
-        raise ConvertError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+    if variant not in ATTENTION_VARIANTS:
+        raise ConvertError(f"unknown attention variant {variant!r}; accepted: {', '.join(ATTENTION_VARIANTS)}")
     check_variant_options(variant, variant_options)
     plan = []
     for path, module in model.named_modules():

@@ -44,7 +44,7 @@ from torch import nn
 
 from graphkit.attention.allocation import allocate_queries, key_norms, query_groups
 
-VARIANTS = ("gqa", "kdgqa", "dgqa", "pgqa")
+ATTENTION_VARIANTS = ("gqa", "kdgqa", "dgqa", "pgqa")
 #: how uniform groups reach SDPA; "auto" measures them on a GPU (see the module docstring)
 GQA_PATHS = ("auto", "enable_gqa", "repeat")
 _FASTEST: dict[tuple, str] = {}
@@ -156,8 +156,8 @@ class GroupedQueryAttention(nn.Module):
         path: str = "auto",
     ) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown attention variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+        if variant not in ATTENTION_VARIANTS:
+            raise ValueError(f"unknown attention variant {variant!r}; accepted: {', '.join(ATTENTION_VARIANTS)}")
         if kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"kv_heads must divide heads ({heads}), got {kv_heads}")
         if evolution not in ("ema", "difference"):

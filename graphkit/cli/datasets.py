@@ -277,14 +277,14 @@ def compile_record(
 ) -> None:
     """Build a record's model, check it traces to the stored graph, convert its attention if asked,
     load parameters, save it."""
-    from graphkit.compile import compile, converted_config, load_params, save_params
+    from graphkit.compiler import compile_model, converted_config, load_params, save_params
     from graphkit.datasets import load
     from graphkit.params import check_params_output
 
     check_params_output(out)
     record = load(path)[record_id]
     config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
-    model = compile(record, attention=attention, kv_heads=kv_heads)
+    model = compile_model(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
     save_params(model, out, config=config)  # the converted model's config, not the record's
     total = sum(p.numel() for p in model.parameters())

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from graphkit.attention import VARIANTS
+from graphkit.attention import ATTENTION_VARIANTS
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
 from graphkit.datasets.store import (
     RUN_FILE,
@@ -381,8 +381,8 @@ def generate(
     start = time.perf_counter()
     recipe = get_recipe(recipe)
     if attention is not None:
-        if attention not in ("mha", *VARIANTS):
-            raise GenerateError(f"unknown attention {attention!r}; accepted: mha, {', '.join(VARIANTS)}")
+        if attention not in ("mha", *ATTENTION_VARIANTS):
+            raise GenerateError(f"unknown attention {attention!r}; accepted: mha, {', '.join(ATTENTION_VARIANTS)}")
         recipe = recipe.with_attention(attention)
     out = Path(out if out is not None else recipe.name)
     _check_folder(out)

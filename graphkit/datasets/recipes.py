@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from graphkit.attention.core import VARIANTS
+from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.errors import GraphkitError
 from graphkit.families import FAMILIES, ConfigError, LiveTable, get_family, num_params, resolve_config
 
@@ -240,8 +240,8 @@ class Recipe:
                 "attention",
                 isinstance(self.attention, tuple)
                 and self.attention
-                and all(a is None or a in VARIANTS for a in self.attention),
-                f"a non-empty list of null or {', '.join(VARIANTS)}",
+                and all(a is None or a in ATTENTION_VARIANTS for a in self.attention),
+                f"a non-empty list of null or {', '.join(ATTENTION_VARIANTS)}",
             ),
             (
                 "eval_fraction",

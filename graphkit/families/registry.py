@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from graphkit.attention.convert import AttentionAdapter, convert, register_adapter
-from graphkit.attention.core import VARIANTS
+from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.compat import skip_weight_init
 from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
@@ -73,15 +73,15 @@ class Family:
             self._check_value(key, full[key], default)
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
-        if full["attention"] is not None and full["attention"] not in VARIANTS:
+        if full["attention"] is not None and full["attention"] not in ATTENTION_VARIANTS:
             raise ConfigError(
                 f"{self.name} config: unknown attention {full['attention']!r}; "
-                f"accepted: none (the family's own), {', '.join(VARIANTS)}"
+                f"accepted: none (the family's own), {', '.join(ATTENTION_VARIANTS)}"
             )
         if full["kv_heads"] is not None and full["attention"] is None and not self.grouped:
             raise ConfigError(
                 f"{self.name} config: kv_heads needs an attention variant "
-                f"({', '.join(VARIANTS)}); {self.name} models are MHA"
+                f"({', '.join(ATTENTION_VARIANTS)}); {self.name} models are MHA"
             )
         if full["kv_heads"] is not None and full["heads"] % full["kv_heads"]:
             raise ConfigError(

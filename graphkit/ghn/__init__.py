@@ -8,7 +8,7 @@ orthogonal initialisation.
 """
 
 from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, load_checkpoint, save_checkpoint
-from graphkit.ghn.config import VARIANTS, LoGAHConfig
+from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
 from graphkit.ghn.data import DataError, load_source
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import LoGAH
@@ -18,7 +18,7 @@ from graphkit.ghn.training import TrainConfig, TrainError, train
 __all__ = [
     "LoGAH",
     "LoGAHConfig",
-    "VARIANTS",
+    "LOGAH_VARIANTS",
     "targets",
     "predict",
     "PredictError",

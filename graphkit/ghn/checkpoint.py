@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from graphkit.errors import GraphkitError
 from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, write_text_atomic
-from graphkit.ghn.config import VARIANTS, LoGAHConfig, VariantError
+from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
@@ -115,9 +115,9 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
         logah = {"num_ops": VOCABULARY_SIZES[version], **logah}
     config = _logah_config(path / "config.json", logah)
     if variant is not None:
-        expected = VARIANTS.get(variant)
+        expected = LOGAH_VARIANTS.get(variant)
         if expected is None:
-            raise CheckpointError(f"unknown LoGAH variant {variant!r}; known: {', '.join(VARIANTS)}")
+            raise CheckpointError(f"unknown LoGAH variant {variant!r}; known: {', '.join(LOGAH_VARIANTS)}")
         if (expected.hidden, expected.layers, expected.heads, expected.rank) != (
             config.hidden,
             config.layers,

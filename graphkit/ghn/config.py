@@ -57,7 +57,7 @@ class LoGAHConfig:
 
 
 #: the variants of the paper's Table 1 (d, layers, heads, r)
-VARIANTS: dict[str, LoGAHConfig] = {
+LOGAH_VARIANTS: dict[str, LoGAHConfig] = {
     "tiny": LoGAHConfig(hidden=64, layers=3, heads=8, rank=32),
     "small": LoGAHConfig(hidden=128, layers=5, heads=16, rank=90),
     "base": LoGAHConfig(hidden=256, layers=5, heads=16, rank=128),

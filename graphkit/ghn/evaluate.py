@@ -26,7 +26,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from graphkit.compile import load_params
+from graphkit.compiler import load_params
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.fileio import atomic_path, figure_metadata
@@ -35,7 +35,7 @@ from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkp
 from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
-from graphkit.ghn.predict import predicted_params, scales_residuals
+from graphkit.ghn.predict import predicted_params, should_scale_residuals
 from graphkit.ghn.training import ArchPool
 
 INITS = ("predicted", "random", "orthogonal")
@@ -187,7 +187,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
                 "task": source.task,
                 "num_params": record["num_params"],
                 "init": init,
-                "residual_scale": scales_residuals(record.graph, config.residual_scale),
+                "residual_scale": should_scale_residuals(record.graph, config.residual_scale),
                 "calibrated": config.calibrate and init == "predicted",
                 "horizons": at,
             }

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.ghn.config import VARIANTS, LoGAHConfig, VariantError
+from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
@@ -569,11 +569,16 @@ class LoGAH(nn.Module):
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding; ``roles`` (parameter
         names without block indices, :func:`~graphkit.ghn.encoding.role_of`) get role maps."""
-        if name not in VARIANTS:
-            raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(VARIANTS)}")
+        if name not in LOGAH_VARIANTS:
+            raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
             LoGAHConfig(
-                **{**asdict(VARIANTS[name]), "decoder": decoder, "depth_buckets": depth_buckets, "roles": tuple(roles)}
+                **{
+                    **asdict(LOGAH_VARIANTS[name]),
+                    "decoder": decoder,
+                    "depth_buckets": depth_buckets,
+                    "roles": tuple(roles),
+                }
             )
         )
 

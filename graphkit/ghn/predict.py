@@ -43,7 +43,7 @@ class PredictError(GraphkitError):
     """The hypernetwork cannot predict this model, or produced unusable parameters."""
 
 
-def scales_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
+def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
     """Whether ``graph``'s predicted residual branches are scaled: ``choice`` when given (the
     ``residual_scale`` of :func:`predict` and ``eval-ghn``), else whether the family ``graph`` was
     traced from scales them at init (``Family.scaled_residuals``)."""
@@ -79,11 +79,11 @@ def predicted_params(
 ) -> dict[str, torch.Tensor]:
     """Every parameter of ``graph``'s model as :func:`predict` would write it (grown when the
     model is wider than the training space, residual branches scaled as ``residual_scale`` and
-    :func:`scales_residuals` say), as new tensors by state-dict name: for evaluation, where no
+    :func:`should_scale_residuals` say), as new tensors by state-dict name: for evaluation, where no
     model holds them yet."""
     plan = targets(graph, ghn.config.max_slots)
     params = decoding(ghn, graph, grow).write_into({t.name: torch.empty(t.shape, device="meta") for t in plan})
-    if scales_residuals(graph, residual_scale):
+    if should_scale_residuals(graph, residual_scale):
         scale_residuals(graph, params)
     return params
 
@@ -113,7 +113,7 @@ def predict(
     :class:`~graphkit.ghn.model.LowRankDecoding`). ``graph`` skips the trace when the caller
     already holds the model's graph. ``residual_scale`` scales the residual branches' weights
     as the family's own init does (:func:`scale_residuals`); None: when the family does
-    (:func:`scales_residuals`, GPT-2). ``grow`` predicts a model wider than any the
+    (:func:`should_scale_residuals`, GPT-2). ``grow`` predicts a model wider than any the
     hypernetwork trained on as its narrow twin, grown (:mod:`graphkit.ghn.grow`); False
     decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
     so that the stream and logits are no larger than the family's init gives
@@ -143,7 +143,7 @@ def predict(
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
     written = prediction.write_into(destinations)
-    if scales_residuals(graph, residual_scale):
+    if should_scale_residuals(graph, residual_scale):
         scale_residuals(graph, written)
     if new:  # swap the new tensors in under every tied name
         canonical = {id(p): name for name, p in model.named_parameters()}
@@ -163,7 +163,7 @@ __all__ = [
     "PredictError",
     "residual_writers",
     "scale_residuals",
-    "scales_residuals",
+    "should_scale_residuals",
     "available_memory",
     "first_non_finite",
 ]  # the last two now live in graphkit.params

@@ -39,7 +39,7 @@ from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.fileio import atomic_path, check_output_dir, figure_metadata, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from graphkit.ghn.config import DECODERS, VARIANTS, LoGAHConfig
+from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, LoGAHConfig
 from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.encoding import EncodedGraph, encode, role_of
 from graphkit.ghn.model import LoGAH
@@ -102,8 +102,8 @@ class TrainConfig:
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
-        if self.variant not in VARIANTS:
-            raise TrainError(f"unknown LoGAH variant {self.variant!r}; known: {', '.join(VARIANTS)}")
+        if self.variant not in LOGAH_VARIANTS:
+            raise TrainError(f"unknown LoGAH variant {self.variant!r}; known: {', '.join(LOGAH_VARIANTS)}")
         if self.decoder not in DECODERS:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         check_flag("role_maps", self.role_maps, TrainError)

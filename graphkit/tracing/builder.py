@@ -142,7 +142,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
             if call.group is not None:
                 self.groups[call.group].attrs.update(self._moe_attrs(call))
         self._check_all_parameters_used()
-        return self._finish(output_node)
+        return self._assemble(output_node)
 
     def _visit(self, node: fx.Node) -> None:
         """Give one op its place: part of a module's node, an attention or MoE node, passed
@@ -295,7 +295,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
             )
 
     # -- assemble -------------------------------------------------------------------------------
-    def _finish(self, output_node: fx.Node | None) -> ArchGraph:
+    def _assemble(self, output_node: fx.Node | None) -> ArchGraph:
         out = Group("output", "", live=True)
         if output_node is not None:
             for a in output_node.all_input_nodes:

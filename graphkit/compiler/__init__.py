@@ -1,9 +1,9 @@
 """Configs, graphs and parameters back into runnable models.
 
-    >>> model = compile(dataset["vits-1k-00042"], params="predicted.safetensors")
+    >>> model = compile_model(dataset["vits-1k-00042"], params="predicted.safetensors")
     >>> save_params(model, "vit.safetensors", config=dataset["vits-1k-00042"].config)
 
-:func:`compile` builds the model a dataset record, a graph or a config describes, checks that
+:func:`compile_model` builds the model a dataset record, a graph or a config describes, checks that
 it traces to the same fingerprint, and loads parameters. Reading, checking and saving parameters
 is :mod:`graphkit.params` (re-exported here): :func:`load_params` checks every name, shape,
 dtype and value before changing anything, so a bad file never leaves a half-loaded model.
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from graphkit.attention.convert import divisors
-from graphkit.attention.core import VARIANTS
+from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.datasets.dataset import Record
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.graph import ArchGraph
@@ -55,12 +55,12 @@ def converted_config(
     if attention is None:
         if kv_heads is not None:
             raise CompileError(
-                f"{kv_name} {kv_heads} needs {attention_name} ({', '.join(VARIANTS)}): "
+                f"{kv_name} {kv_heads} needs {attention_name} ({', '.join(ATTENTION_VARIANTS)}): "
                 "K/V heads change only when the attention is converted"
             )
         return dict(config)
-    if attention not in VARIANTS:
-        raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(VARIANTS)}")
+    if attention not in ATTENTION_VARIANTS:
+        raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(ATTENTION_VARIANTS)}")
     heads = config["heads"]
     kv = kv_heads if kv_heads is not None else config.get("kv_heads") or heads
     if isinstance(kv, bool) or not isinstance(kv, int) or kv not in divisors(heads):
@@ -70,7 +70,7 @@ def converted_config(
     return resolve_config({**config, "attention": attention, "kv_heads": kv})
 
 
-def compile(
+def compile_model(
     source: Any,
     params: Params | str | Path | None = None,
     *,
@@ -97,7 +97,9 @@ def compile(
     elif isinstance(source, Mapping):
         config, expected = resolve_config(source), None
     else:
-        raise CompileError(f"compile takes a dataset record, an ArchGraph or a config, got {type(source).__name__}")
+        raise CompileError(
+            f"compile_model takes a dataset record, an ArchGraph or a config, got {type(source).__name__}"
+        )
     target = converted_config(config, attention, kv_heads)
     if expected is not None:
         got = trace(build_model(config)).fingerprint()
@@ -121,7 +123,7 @@ def compile(
 
 
 __all__ = [
-    "compile",
+    "compile_model",
     "load_params",
     "save_params",
     "read_params",
