@@ -54,7 +54,8 @@ from graphkit.ghn.data import load_source, output_loss
 from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.evaluate import fine_tune, score
 from graphkit.ghn.model import INIT_GAIN
-from graphkit.ghn.training import TrainConfig, functional_model, make_optimizer
+from graphkit.ghn.pool import functional_model
+from graphkit.ghn.training import TrainConfig, make_optimizer
 
 CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
 #: each arm's kind and the LoGAH variant it uses (its rank r)

@@ -153,7 +153,7 @@ def floor(family: str, steps: str) -> dict:
 
     from graphkit.datasets.generate import generate
     from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.training import ArchPool, TrainConfig, run_models
+    from graphkit.ghn.training import ArchPool, TrainConfig, run_models, step_seed
 
     recipe, options = RUNS[family]
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +163,7 @@ def floor(family: str, steps: str) -> dict:
         source = load_source(default_source(pool.family), seq_len=config.seq_len)
 
         def step_of(step: int) -> Callable[[], None]:
-            generator = torch.Generator().manual_seed(step * 4099)  # train's draw at seed 0
+            generator = torch.Generator().manual_seed(step_seed(0, step))  # train's draw at seed 0
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
             params = [
                 {name: (torch.randn(p.shape) * 0.02).requires_grad_() for name, p in pool.model(i).named_parameters()}

@@ -15,3 +15,8 @@ class TraceError(GraphkitError):
 
 class ModelFileError(GraphkitError):
     """A user's MODEL.py could not be loaded."""
+
+
+class TrainError(GraphkitError):
+    """Training a hypernetwork cannot start or continue (bad dataset, data, resume folder or
+    loss); raised by ``graphkit.ghn.training`` and the pool and run folder it reads."""

@@ -20,7 +20,8 @@ from graphkit.ghn import LoGAH, LoGAHConfig, load_checkpoint, predict
 from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import relative_depth
 from graphkit.ghn.evaluate import fine_tune, score
-from graphkit.ghn.training import LR_FAN_IN, ArchPool, TrainConfig, parameter_groups, train
+from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.training import LR_FAN_IN, TrainConfig, parameter_groups, train
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 300

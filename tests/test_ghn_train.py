@@ -41,7 +41,8 @@ from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import EncodingError
 from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise, score
 from graphkit.ghn.model import GraphEncoder
-from graphkit.ghn.training import ArchPool, parameter_groups, run_models
+from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.training import parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import VOCABULARY_SIZES
 

@@ -317,7 +317,7 @@ def eval_ghn(
     if record:  # after eval.json: a checkpoint that cannot be written loses no results
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
         from graphkit.ghn.data import default_source
-        from graphkit.ghn.training import ArchPool
+        from graphkit.ghn.pool import ArchPool
 
         family = ArchPool(dataset, split).family
         recorded = record_evaluation(

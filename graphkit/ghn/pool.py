@@ -1,0 +1,78 @@
+"""The architectures a hypernetwork trains on: a dataset split's distinct graphs, each encoded
+once for the hypernetwork and built once as a model shell whose parameters ``functional_call``
+supplies, so that a training step allocates no target-model weights."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphkit.datasets import load
+from graphkit.errors import TrainError
+from graphkit.families import build_model
+from graphkit.ghn.config import LoGAHConfig
+from graphkit.ghn.encoding import EncodedGraph, encode, role_of
+
+
+class ArchPool:
+    """The distinct architectures of a dataset split, each with its encoding for the hypernetwork
+    and a parameter-less model for ``functional_call``, built on first use."""
+
+    def __init__(self, dataset: str | Path, split: str = "train", device: str | torch.device = "cpu") -> None:
+
+        distinct: dict[str, Any] = {}
+        everything = load(dataset)
+        for record in everything.filter(split=split):
+            distinct.setdefault(record["fingerprint"], record)
+        self.records = list(distinct.values())
+        if not self.records:
+            splits = sorted(set(everything.metadata("arrow").column("split").to_pylist()))
+            raise TrainError(
+                f"{dataset}: no records in split {split!r}; its splits: {', '.join(splits) or 'none (empty)'}"
+            )
+        families = {r.config["family"] for r in self.records}
+        if len(families) > 1:
+            raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
+        self.family = families.pop()
+        self.device = torch.device(device)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @functools.cache
+    def encoded(self, index: int, config: LoGAHConfig) -> EncodedGraph:
+        """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool)."""
+        return encode(self.records[index].graph, config)
+
+    @functools.lru_cache(maxsize=256)
+    def model(self, index: int) -> nn.Module:
+        """Architecture ``index`` with real buffers and parameters on meta (functional_call
+        supplies them), so a cached model costs no weight memory."""
+        return functional_model(self.records[index].config, self.device)
+
+    def ops(self) -> list[str]:
+        """Every op the pool's graphs use."""
+        return sorted({node.op for r in self.records for node in r.graph.nodes})
+
+    def roles(self) -> list[str]:
+        """Every parameter role (:func:`~graphkit.ghn.encoding.role_of`) of the pool's graphs."""
+        return sorted({role_of(name) for r in self.records for node in r.graph.nodes for name in node.params})
+
+
+def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:
+    """The model of ``config`` on ``device`` with its parameters on meta (ties kept): a shell for
+    ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks)."""
+
+    model = build_model(config, device, init=False)
+    metas: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                if id(param) not in metas:
+                    metas[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
+                module._parameters[name] = metas[id(param)]
+    return model

@@ -1,0 +1,122 @@
+"""A training run's folder: what it holds, the checks before a run writes into it (outside the
+dataset, no earlier run's files under a fresh run, a checkpoint to resume), the options a
+resume must repeat, and loading the checkpoint it resumes from."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphkit.errors import TrainError
+from graphkit.fileio import check_output_dir
+from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state
+from graphkit.ghn.model import LoGAH
+
+#: what a run folder holds (see train); a fresh run refuses a folder holding any of them
+RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
+#: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
+#: checkpointing and the device may change)
+RESUMED_OPTIONS = (
+    "variant",
+    "decoder",
+    "depth_buckets",
+    "role_maps",
+    "dataset",
+    "data",
+    "split",
+    "meta_batch",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "lr_fan_in",
+    "weight_decay",
+    "gamma",
+    "clip",
+    "amp",
+    "seed",
+)
+
+
+def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
+    """The absolute run folder for ``--out`` (``.`` included), checked before any work: it must
+    be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
+    files (or anyone else's files of those names), and a resumed one must find a training
+    checkpoint there."""
+    folder = Path(os.path.abspath(check_output_dir(out)))
+    data_folder = Path(os.path.abspath(dataset))
+    if folder == data_folder or data_folder in folder.parents:
+        raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
+    if resume:
+        if not (folder / "checkpoint" / "trainer_state.json").is_file():
+            raise TrainError(f"{folder / 'checkpoint'}: nothing to resume (no training checkpoint there)")
+        return folder
+    clash = next((name for name in RUN_FILES if (folder / name).exists()), None)
+    if clash is not None:
+        raise TrainError(
+            f"--out {out}: already holds {clash}; continue that run with --resume, or choose another --out "
+            "(nothing was changed)"
+        )
+    return folder
+
+
+def check_resume(folder: Path, options: Mapping[str, Any], default_data: str, world: int = 1) -> None:
+    """Refuse a resume whose options differ from those the checkpoint in ``folder`` was trained
+    with (they would be recorded as if used throughout), with another number of processes
+    (each draws its own meta-batch), or whose ``--steps`` is below the steps already done.
+    ``options`` are the run's (``TrainConfig`` as a dict, ``data`` resolved to its source),
+    ``default_data`` the family's data source (what a run recorded without ``--data`` used)."""
+    state = read_trainer_state(folder)
+    if state.get("world_size", world) != world:
+        raise TrainError(
+            f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
+            f"resume it with {state['world_size']} processes"
+        )
+    # a run recorded before the encoder read depth or had role maps has neither
+    recorded = {
+        "depth_buckets": 0,
+        "role_maps": False,
+        **state["config"],
+        "data": state["config"].get("data") or default_data,
+    }
+    given = options
+    for name in RESUMED_OPTIONS:
+        if name not in recorded:  # an option added after the run was recorded: it cannot be checked
+            continue
+        before, now = recorded[name], given[name]
+        same = before == now or (name == "dataset" and Path(str(before)).resolve() == Path(now).resolve())
+        if not same:
+            raise TrainError(
+                f"--resume: {folder.parent} was trained with --{name.replace('_', '-')} {before}, "
+                f"not {now}; resume with the run's options, or train into another --out"
+            )
+    if options["steps"] < state["step"]:
+        raise TrainError(
+            f"--steps {options['steps']}: {folder.parent} has already trained {state['step']} steps; "
+            f"resume with --steps {state['step']} or more"
+        )
+
+
+def logged_step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line cut short by an interruption counts as after every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
+    """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had done."""
+    saved = load_checkpoint(folder)
+    if saved.config != ghn.config:
+        raise TrainError(
+            f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
+        )
+    ghn.load_state_dict(saved.state_dict())
+    state = load_optimizer_state(folder, optimizer)
+    return int(state["step"])
