@@ -1,0 +1,108 @@
+"""Data the hypernetwork trains and evaluates on: random batches shaped for any model config.
+
+LoGAH scores predicted parameters by running the predicted model on real data, so a source
+must fit every config of a family (any image size, channel count, context length). Images are
+resized per batch and text is tokenised as UTF-8 bytes (ids 0..255), which any vocab >= 256
+accepts with no tokenizer download. The defaults ship with scikit-learn and Python itself, so
+training and tests never touch the network.
+
+    >>> source = load_source("digits")
+    >>> images, labels = source.batch(config, 32, torch.Generator().manual_seed(0))
+
+The sources live in ``images``, ``cifar`` and ``text``, on the base class in ``source``; this
+module names them (:data:`ACCEPTED`), loads one from its spec and scores a model's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from graphkit.families import FamilyTable
+from graphkit.ghn.data.cifar import cifar, read_cifar_file
+from graphkit.ghn.data.images import ImageSource, digits, image_folder
+from graphkit.ghn.data.source import SPLITS, DataError, DataSource
+from graphkit.ghn.data.text import TextSource, stdlib_text, text_file, wikitext
+
+#: each family's default data source (``Family.data``), a live view of the family registry
+DEFAULT_SOURCES = FamilyTable("data")
+
+__all__ = [
+    "ACCEPTED",
+    "DEFAULT_SOURCES",
+    "SPLITS",
+    "DataError",
+    "DataSource",
+    "ImageSource",
+    "TextSource",
+    "default_source",
+    "load_source",
+    "output_loss",
+    "read_cifar_file",
+]
+
+
+def default_source(family: str) -> str:
+    """The bundled source for a family's models (used when the user names none)."""
+    if family not in DEFAULT_SOURCES:
+        raise DataError(f"no default data for family {family!r}; families with one: {', '.join(DEFAULT_SOURCES)}")
+    return DEFAULT_SOURCES[family]
+
+
+def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean cross-entropy, accuracy) of a model's output: logits (B, classes) for images, an
+    object with ``.logits`` (B, T, vocab) or the tensor itself for text (accuracy per token).
+    The loss keeps its graph, as the hypernetwork trains through it; the accuracy does not."""
+    logits = getattr(output, "logits", output)
+    dims = {"image": 2, "text": 3}
+    if task not in dims:
+        raise ValueError(f"task must be one of {', '.join(dims)}; got {task!r}")
+    if logits.dim() != dims[task] or logits.shape[:-1] != targets.shape:
+        raise ValueError(f"{task} logits {tuple(logits.shape)} do not fit targets {tuple(targets.shape)}")
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())  # float32 whatever the model ran in
+    return loss, (logits.detach().argmax(-1) == targets).float().mean()
+
+
+_IMAGE: dict[str, Callable[[str, Path | None], ImageSource]] = {
+    "digits": digits,
+    "cifar10": cifar,
+    "cifar100": cifar,
+    "imagefolder": image_folder,
+}
+_TEXT: dict[str, Callable[[Path | None], tuple[bytes, bytes]]] = {
+    "stdlib-text": stdlib_text,
+    "text": text_file,
+    "wikitext": wikitext,
+}
+_ARGS = {"cifar10": "DIR", "cifar100": "DIR", "imagefolder": "DIR", "text": "PATH", "wikitext": "DIR"}
+ACCEPTED = ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in [*_IMAGE, *_TEXT])
+
+
+def load_source(spec: str, seq_len: int = 64) -> DataSource:
+    """The source a spec names (see ACCEPTED); ``seq_len`` is the text window before clipping to a model's context."""
+    name, _, arg = spec.partition(":")
+    if name not in _IMAGE and name not in _TEXT:
+        raise DataError(f"unknown data source {spec!r}; accepted: {ACCEPTED}")
+    if bool(arg) != (name in _ARGS):
+        raise DataError(
+            f"data source {spec!r}: write {name}:{_ARGS[name]}"
+            if name in _ARGS
+            else f"data source {name!r} takes no argument; got {spec!r}"
+        )
+    if seq_len < 1:
+        raise DataError(f"seq_len must be >= 1; got {seq_len}")
+    path = Path(arg).expanduser() if arg else None
+    if path is not None and not path.exists():
+        raise DataError(f"data source {spec!r}: {path} does not exist")
+    if _ARGS.get(name) == "DIR" and not path.is_dir():
+        raise DataError(f"data source {spec!r}: {path} is not a folder")
+    try:
+        if name in _IMAGE:
+            return _IMAGE[name](spec, path)
+        return TextSource(spec, *_TEXT[name](path), seq_len)
+    except OSError as e:  # unreadable files: permissions, a folder that vanished, an I/O error
+        raise DataError(f"data source {spec!r}: {e.filename or path}: {e.strerror or e}") from None
