@@ -39,7 +39,7 @@ from graphkit.ghn import (
 from graphkit.ghn.checkpoint import describe
 from graphkit.ghn.data import load_source
 from graphkit.ghn.evaluate import EvalConfig, report_json
-from graphkit.ghn.options import default_device
+from graphkit.validation import default_device
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

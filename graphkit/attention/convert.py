@@ -22,6 +22,7 @@ from torch import nn
 
 from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
 from graphkit.errors import GraphkitError
+from graphkit.validation import divisors, is_count, is_number
 
 
 class ConvertError(GraphkitError):
@@ -258,14 +259,9 @@ def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: 
     return module
 
 
-def divisors(heads: int) -> list[int]:
-    """The K/V head counts a layer of ``heads`` query heads can be grouped into."""
-    return [d for d in range(1, heads + 1) if heads % d == 0]
-
-
 def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
     kv = heads if kv_heads is None else kv_heads
-    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or heads % kv:
+    if not is_count(kv) or heads % kv:
         raise ConvertError(
             f"kv_heads {kv!r} does not divide the {heads} heads of module '{path}'; "
             f"accepted: {', '.join(map(str, divisors(heads)))}"
@@ -340,12 +336,12 @@ def check_variant_options(variant: str, options: dict[str, Any], prefix: str = "
         if variant not in VARIANT_OPTIONS[name]:
             raise ConvertError(f"{prefix}{name} applies only to {' and '.join(VARIANT_OPTIONS[name])}, not {variant}")
     window, evolution, alpha = options.get("window"), options.get("evolution"), options.get("alpha")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+    if window is not None and not is_count(window):
         raise ConvertError(f"{prefix}window {window!r}: must be a whole number of training steps >= 1")
     if evolution is not None and evolution not in EVOLUTIONS:
         raise ConvertError(f"{prefix}evolution {evolution!r}: accepted: {', '.join(EVOLUTIONS)}")
     if alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        if not is_number(alpha) or not 0 <= alpha <= 1:
             raise ConvertError(
                 f"{prefix}alpha {alpha!r}: must be a number in [0, 1] (the weight of the current key norms)"
             )

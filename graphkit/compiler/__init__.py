@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.convert import divisors
 from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.datasets.dataset import Record
 from graphkit.families import build_model, config_from_graph, resolve_config
@@ -36,6 +35,7 @@ from graphkit.params import (
     save_params,
 )
 from graphkit.tracing import trace
+from graphkit.validation import divisors, is_count
 
 
 def converted_config(
@@ -63,7 +63,7 @@ def converted_config(
         raise CompileError(f"{attention_name} {attention!r}: accepted: {', '.join(ATTENTION_VARIANTS)}")
     heads = config["heads"]
     kv = kv_heads if kv_heads is not None else config.get("kv_heads") or heads
-    if isinstance(kv, bool) or not isinstance(kv, int) or kv not in divisors(heads):
+    if not is_count(kv) or kv not in divisors(heads):
         raise CompileError(
             f"{kv_name} {kv}: must divide the {heads} heads; accepted: {', '.join(map(str, divisors(heads)))}"
         )

@@ -54,6 +54,7 @@ from graphkit.families import build_model, get_family
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
+from graphkit.validation import is_count
 
 SPLITS = ("train", "eval")
 #: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
@@ -191,7 +192,7 @@ def _check_options(num: int | None, workers: int, num_shards: int, shard_index: 
     for option, (value, high) in counts.items():
         if value is None and option == "--num":
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (high is not None and value > high):
+        if not is_count(value, 1, high):
             bound = f" and at most {high:,}" if high is not None else ""
             raise GenerateError(f"{option} must be an integer of at least 1{bound}, got {value!r}")
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:

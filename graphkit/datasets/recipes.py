@@ -34,6 +34,7 @@ import yaml
 from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.errors import GraphkitError
 from graphkit.families import FAMILIES, ConfigError, LiveTable, get_family, num_params, resolve_config
+from graphkit.validation import divisors, is_count, is_number
 
 
 class RecipeError(GraphkitError):
@@ -52,15 +53,10 @@ MAX_RECORDS = 1_000_000
 DRAWN_KEYS = ("family", "num_layers", "hidden", "heads", "attention", "kv_heads", "sliding_window")
 
 
-def _is_count(value: Any, high: int | None = None) -> bool:
-    """A positive integer (booleans excluded), at most ``high``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1 and (high is None or value <= high)
-
-
 def _is_setting(value: Any) -> bool:
     """A fixed config value: no family setting is negative, NaN or infinite."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return math.isfinite(value) and value >= 0
+        return is_number(value) and value >= 0
     return value is None or isinstance(value, bool | str)
 
 
@@ -106,12 +102,6 @@ def _check_keys(where: str, data: Mapping[str, Any], accepted: list[str], requir
         raise RecipeError(f"{where}: missing field {missing[0]!r}")
 
 
-def _divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order, in O(sqrt(n))."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
-
-
 @dataclass(frozen=True)
 class Bin:
     """Depths ``layers = (low, high)`` (inclusive) take widths ``hidden = (low, high, step)``."""
@@ -123,13 +113,13 @@ class Bin:
         """What is wrong with this bin, as ``field must be ...``; None when it is sound."""
         layers, hidden = self.layers, self.hidden
         if not (
-            isinstance(layers, tuple) and len(layers) == 2 and all(map(_is_count, layers)) and layers[0] <= layers[1]
+            isinstance(layers, tuple) and len(layers) == 2 and all(map(is_count, layers)) and layers[0] <= layers[1]
         ):
             return f"layers must be a list (low, high) of integers with 1 <= low <= high; got {layers!r}"
         if not (
             isinstance(hidden, tuple)
             and len(hidden) == 3
-            and all(_is_count(h, MAX_HIDDEN) for h in hidden)
+            and all(is_count(h, 1, MAX_HIDDEN) for h in hidden)
             and hidden[0] <= hidden[1]
         ):
             return (
@@ -163,12 +153,12 @@ class HeadRule:
     def problem(self) -> str | None:
         """What is wrong with this rule, as ``field must be ...``; None when it is sound."""
         if self.choices != "divisors" and not (
-            isinstance(self.choices, tuple) and self.choices and all(map(_is_count, self.choices))
+            isinstance(self.choices, tuple) and self.choices and all(map(is_count, self.choices))
         ):
             return f'choices must be "divisors" or a non-empty list of integers >= 1; got {self.choices!r}'
-        if not (isinstance(self.hidden, tuple) and all(map(_is_count, self.hidden))):
+        if not (isinstance(self.hidden, tuple) and all(map(is_count, self.hidden))):
             return f"hidden must be a list of integers >= 1 (empty: every width); got {self.hidden!r}"
-        if not _is_count(self.min_head_dim):
+        if not is_count(self.min_head_dim):
             return f"min_head_dim must be an integer >= 1; got {self.min_head_dim!r}"
         return None
 
@@ -214,7 +204,7 @@ class Recipe:
                     raise RecipeError(f"recipe {self.name!r}: {key}[{i}].{problem}")
 
         checks = [
-            ("max_params", _is_count(self.max_params), "an integer >= 1"),
+            ("max_params", is_count(self.max_params), "an integer >= 1"),
             (
                 "fixed",
                 isinstance(self.fixed, Mapping)
@@ -233,7 +223,7 @@ class Recipe:
                 "sliding_window",
                 isinstance(self.sliding_window, tuple)
                 and self.sliding_window
-                and all(w is None or _is_count(w) for w in self.sliding_window),
+                and all(w is None or is_count(w) for w in self.sliding_window),
                 "a non-empty list of null or integers >= 1",
             ),
             (
@@ -250,7 +240,7 @@ class Recipe:
                 and 0 <= self.eval_fraction < 1,
                 "a number in [0, 1)",
             ),
-            ("num", _is_count(self.num, MAX_RECORDS), f"an integer in 1..{MAX_RECORDS:,}"),
+            ("num", is_count(self.num, 1, MAX_RECORDS), f"an integer in 1..{MAX_RECORDS:,}"),
             ("description", isinstance(self.description, str), "a string"),
         ]
         for key, ok, accepted in checks:
@@ -337,14 +327,14 @@ class Recipe:
         if rule is None:
             return []
         if rule.choices == "divisors":
-            counts = _divisors(hidden)
+            counts = divisors(hidden)
         else:
             counts = list(rule.choices)
         return [h for h in counts if hidden % h == 0 and hidden // h >= rule.min_head_dim]
 
     def _kv_choices(self, heads: int, attention: str | None) -> list[int | None]:
         if self.kv_heads == "divisors" and (attention is not None or get_family(self.family).grouped):
-            return _divisors(heads)
+            return divisors(heads)
         return [None]
 
     def _width_settings(self, hidden: int) -> list[tuple[int, str | None, int | None, int | None]]:
@@ -416,7 +406,7 @@ class Recipe:
         shuffled space (all architectures before any repeats), with ``eval_fraction`` of the
         architectures (at least one) held out as the eval split."""
         num = self.num if num is None else num
-        if not _is_count(num, MAX_RECORDS):
+        if not is_count(num, 1, MAX_RECORDS):
             raise RecipeError(f"recipe {self.name!r}: num must be at least 1 and at most {MAX_RECORDS:,}, got {num!r}")
         space = self.space
         rng = random.Random(f"{self.name}:{seed}")

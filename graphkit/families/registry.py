@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.compat import skip_weight_init
 from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
+from graphkit.validation import is_count, is_number
 
 
 class ConfigError(GraphkitError):
@@ -100,14 +100,12 @@ class Family:
         if isinstance(default, bool):
             ok, accepted = isinstance(value, bool), "true or false"
         elif isinstance(default, float):
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            ok = is_number(value) and value > 0
             accepted = "a finite number > 0"
         elif isinstance(default, str):
             ok, accepted = isinstance(value, str), "a string"
         else:  # a size or a count; null where the default is null
-            ok = (value is None and default is None) or (
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            )
+            ok = (value is None and default is None) or is_count(value)
             accepted = "null or an integer >= 1" if default is None else "an integer >= 1"
             if key == "mlp" and isinstance(value, float):
                 accepted += " (the MLP's hidden width in units, not a ratio: a 4x MLP is mlp = 4 * hidden)"

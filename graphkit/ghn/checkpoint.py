@@ -32,6 +32,7 @@ from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
+from graphkit.validation import is_count
 
 #: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
 #: a live view of the family registry
@@ -166,9 +167,7 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
         least = 0 if name == "depth_buckets" else 1
-        if name not in ("decoder", "roles") and (
-            isinstance(value, bool) or not isinstance(value, int) or value < least
-        ):
+        if name not in ("decoder", "roles") and not is_count(value, least):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")
     if not isinstance(fields.get("roles", []), list):
         raise CheckpointError(f"{file}: logah.roles must be a list of parameter names; got {fields['roles']!r}")
@@ -311,13 +310,7 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     file = Path(path) / "trainer_state.json"
     state = _read_json(file)
     step, config, groups = state.get("step"), state.get("config"), state.get("param_groups")
-    if (
-        isinstance(step, bool)
-        or not isinstance(step, int)
-        or step < 0
-        or not isinstance(config, dict)
-        or not isinstance(groups, list)
-    ):
+    if not is_count(step, 0) or not isinstance(config, dict) or not isinstance(groups, list):
         raise CheckpointError(
             f"{file}: damaged (expected step >= 0, config and param_groups); resume from another "
             "checkpoint or start a new run"

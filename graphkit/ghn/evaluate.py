@@ -34,9 +34,9 @@ from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
+from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
 INITS = ("predicted", "random", "orthogonal")
 

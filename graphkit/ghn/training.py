@@ -46,10 +46,10 @@ from graphkit.ghn.diagnostics import (
 )
 from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.options import check_counts, check_device, check_flag, check_number, check_seed, default_device
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.run_folder import check_resume, logged_step, resume_from, run_folder
 from graphkit.ghn.space import training_space
+from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
 #: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 fits one

@@ -1,9 +1,12 @@
-"""Checks of the options train-ghn and eval-ghn share, run where the options enter (their config
-dataclasses' ``__post_init__``), so a bad value fails in a second with one line naming the option
-and what it accepts, before a dataset is read or a file written.
+"""The checks every command, recipe, config and checkpoint runs on its values where they enter,
+so a bad value fails in a second with one line naming it and what it accepts, before a dataset
+is read or a file written.
 
-Each check takes the error class to raise, so training reports a TrainError and evaluation an
-EvalError while the wording stays the same for both.
+The predicates (:func:`is_count`, :func:`is_number`, :func:`divisors`) say whether a value fits;
+the caller words the error, as a recipe field, a config key or a file's entry need. The
+``check_*`` functions word it themselves for command options (train-ghn, eval-ghn) and take the
+error class to raise, so training reports a TrainError and evaluation an EvalError in the same
+words.
 """
 
 from __future__ import annotations
@@ -22,6 +25,25 @@ DEVICE_VARIABLE = "GRAPHKIT_DEVICE"
 MAX_SEED = 2**32 - 1
 
 
+def is_count(value: Any, least: int = 1, most: int | None = None) -> bool:
+    """An integer from ``least`` to ``most`` (no bound when None); True and False are not
+    integers here, though Python counts them as 1 and 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least and (most is None or value <= most)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool (NaN compares false to everything, so a range test alone
+    lets it through)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending, in O(sqrt(n)): the K/V head counts ``n`` query heads can be
+    grouped into."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 
@@ -31,20 +53,14 @@ def check_counts(config: Any, names: tuple[str, ...], error: type[GraphkitError]
     size; 0 where zero means "none")."""
     for name in names:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if not is_count(value, least):
             raise error(f"{_flag(name)} must be an integer >= {least}; got {value!r}")
 
 
 def check_number(name: str, value: Any, error: type[GraphkitError], *, positive: bool) -> None:
     """``value`` must be a finite number, > 0 if ``positive`` else >= 0 (NaN compares false to
     everything, so without this check it slips through every range test)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-        or (positive and value == 0)
-    ):
+    if not is_number(value) or value < 0 or (positive and value == 0):
         raise error(f"{_flag(name)} must be {'a positive number' if positive else 'a number >= 0'}; got {value!r}")
 
 
@@ -56,7 +72,7 @@ def check_flag(name: str, value: Any, error: type[GraphkitError]) -> None:
 
 def check_seed(value: Any, error: type[GraphkitError]) -> None:
     """A seed is an integer from 0 to MAX_SEED."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+    if not is_count(value, 0, MAX_SEED):
         raise error(f"seed must be an integer from 0 to {MAX_SEED}; got {value!r}")
 
 
