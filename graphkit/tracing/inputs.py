@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import TraceError
+from graphkit.validation import is_count
 
 ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
 
@@ -96,11 +97,7 @@ def _token_length(model: nn.Module) -> int | None:
         if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)
     ]
     for owner in (model, *(getattr(model, name, None) for name in ("config", "args", "params"))):
-        limits += [
-            value
-            for key in _LENGTH_ATTRIBUTES
-            if isinstance(value := getattr(owner, key, None), int) and not isinstance(value, bool) and value > 0
-        ]
+        limits += [value for key in _LENGTH_ATTRIBUTES if is_count(value := getattr(owner, key, None))]
     return max(1, min(limits))
 
 
