@@ -33,7 +33,7 @@ Choices beyond the paper:
   rows of the map, drawn independently (rows beyond them, a vocabulary's, stay shared); a role
   the checkpoint never saw (a hand-written model's names) uses the shared map. On one GPT-2 this
   left the unigram plateau where the shared map did not; a residual on the shared map, zero or
-  random at init, did not (``benchmarks/ghn_controls.py``, docs/experiments.md).
+  random at init, did not (``experiments/ghn_controls.py``, docs/experiments.md).
 
 ``LoGAHConfig(decoder="ghn3")`` swaps in GHN-3's decoder (eq. 2: a d x d x 16 x 16 block,
 cropped and tiled to the target shape) as the baseline the paper compares against.
@@ -57,6 +57,13 @@ from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 
 INIT_GAIN = 0.3  # predicted weights start at RMS INIT_GAIN / sqrt(fan-in): timm's 0.02 at width 256
+
+
+def weight_rms(gain: torch.Tensor | float, sqrt_fan_in: torch.Tensor | float) -> torch.Tensor | float:
+    """The RMS the decoder gives a predicted weight: ``INIT_GAIN gain / sqrt(fan-in)``, where
+    ``gain = 2 sigmoid(s / 2)`` is in (0, 2) and 1 at init, so a weight starts at the scale timm
+    and Hugging Face initialise transformers with and can never leave (0, 2 INIT_GAIN / sqrt(fan-in))."""
+    return INIT_GAIN * gain / sqrt_fan_in
 
 
 # -- encoder -----------------------------------------------------------------------------------
@@ -250,7 +257,7 @@ class LowRankDecoder(nn.Module):
         row_grams, col_grams = (grams.index_select(0, index[key]) for key in ("row_size", "col_size"))
         square = ((fa.mT @ row_grams @ fa) * (fb.mT @ col_grams @ fb)).sum((1, 2))
         square = torch.zeros(len(batch.targets), device=device, dtype=square.dtype).index_add(0, index["owner"], square)
-        rms = INIT_GAIN * gains[index["first"]] / index["sqrt_fan_in"]
+        rms = weight_rms(gains[index["first"]], index["sqrt_fan_in"])
         scale = rms / torch.sqrt(square / index["size"] + 1e-12)
         scale = torch.where(index["is_weight_query"], scale.index_select(0, index["owner"]), 1.0)
         return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float()

@@ -1,4 +1,11 @@
-"""Why a predicted GPT-2 sits on the unigram plateau: single-architecture controls (issue #11).
+"""Why a predicted GPT-2 sits on the unigram plateau: single-architecture controls.
+
+A control, and on purpose a partial copy of the library: its arms replace the part of the
+hypernetwork that the library's code would run through, so it keeps its own copy of the
+decoder's block assembly (a weight as ``A B^T`` reshaped to the parameter) and of ``train()``'s
+step (the loss plus gamma times the norm penalty, clipping, AdamW). The RMS rule comes from the
+library (:func:`graphkit.ghn.model.weight_rms`). A change to the decoder's assembly or to the
+training step must be mirrored here, or the arms stop measuring what they claim.
 
 One GPT-2 of gpts-1k's size (6 layers, width 128, 8 heads, GPT-2's 50,257-token vocabulary,
 untied head), trained for ``--steps`` AdamW steps at lr 3e-4 (constant) on the same batches of
@@ -24,8 +31,8 @@ stdlib text (8 x 64 bytes), then scored on held-out text. Each arm changes one t
 Every arm but the two direct ones trains as ``train()`` trains a hypernetwork (gradients clipped to
 5, the norm penalty); the direct arms fine-tune as ``eval-ghn`` does (no clipping).
 
-    .venv/bin/python benchmarks/ghn_controls.py            # print the table (about 25 min on 2 cores)
-    .venv/bin/python benchmarks/ghn_controls.py --write    # also update BENCHMARKS.md
+    .venv/bin/python experiments/ghn_controls.py            # print the table (about 25 min on 2 cores)
+    .venv/bin/python experiments/ghn_controls.py --write    # also update BENCHMARKS.md
 
 The reference approach is direct training, in the same run on the same batches.
 """
@@ -36,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # common: BENCHMARKS.md sections
 import json
 import math
 import warnings
@@ -53,7 +60,7 @@ from graphkit.ghn import LoGAH
 from graphkit.ghn.data import load_source, output_loss
 from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.evaluate import fine_tune, score
-from graphkit.ghn.model import INIT_GAIN
+from graphkit.ghn.model import weight_rms
 from graphkit.ghn.pool import functional_model
 from graphkit.ghn.training import TrainConfig, make_optimizer
 
@@ -81,10 +88,10 @@ def tie_blocks(model) -> None:
 
 
 def at_decoder_rms(matrix, target, gain):
-    """``matrix`` scaled to the RMS LoGAH's decoder gives ``target``'s weight,
-    ``INIT_GAIN gain / sqrt(fan-in)`` (``gain`` in (0, 2), 1 at init)."""
+    """``matrix`` scaled to the RMS LoGAH's decoder gives ``target``'s weight
+    (:func:`~graphkit.ghn.model.weight_rms`; ``gain`` in (0, 2), 1 at init)."""
 
-    rms = INIT_GAIN * gain / math.sqrt(target.fan_in)
+    rms = weight_rms(gain, math.sqrt(target.fan_in))
     return matrix * (rms / matrix.square().mean().add(1e-12).sqrt())
 
 
