@@ -219,7 +219,7 @@ def table(args) -> str:
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} cores; one GPT-2 (6 layers, width 128, 50,257 "
         f"tokens, untied head), {args.steps} AdamW steps at lr 3e-4 on the same batches of 8 x 64 bytes; held-out "
         f"loss of the final parameters (unigram: {unigram:.2f}, uniform over the vocabulary: "
-        f"{math.log(50257):.2f}). Command: `.venv/bin/python benchmarks/ghn_controls.py --write`."
+        f"{math.log(50257):.2f}). Command: `.venv/bin/python experiments/ghn_controls.py --write`."
     )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
