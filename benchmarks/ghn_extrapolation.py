@@ -1,5 +1,5 @@
 """Beyond the training space: the bundled hypernetworks on models wider and deeper than any they
-trained on, as a user's ViT-B or GPT-2-Medium is (issue #25).
+trained on, as a user's ViT-B or GPT-2-Medium is.
 
 Three tables, each a BENCHMARKS.md section per family (``--table`` picks):
 
@@ -100,7 +100,7 @@ TRAINED = (0, 50, 300, 600)
 BATCH = {"vit": 32, "gpt2": 8, "llama": 8}
 #: the tables, each a BENCHMARKS.md section per family: out-of-space fine-tuning, the paper's shapes, propagation
 TABLES = ("extrapolation", "paper", "propagation")
-#: the paper's experiment at small scale (``--table paper``, issue #25 item 3): its shapes, inits, horizons
+#: the paper's experiment at small scale (``--table paper``, LoGAH's extrapolation study): its shapes, inits, horizons
 PAPER = {
     "vit": (
         [

@@ -275,7 +275,7 @@ def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str =
 
 #: steps profiled on a GPU (launches): enough to average out one slow step
 PROFILED = 5
-#: train()'s targets on one H100 at meta-batch 8, steps/s over a whole run (issue #26)
+#: train()'s targets on one H100 at meta-batch 8, steps/s over a whole run
 GPU_TARGETS = {"vit": 13.0, "gpt2": 6.0}
 
 

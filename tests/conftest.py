@@ -33,7 +33,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden_fingerprints.json"
 
 def assert_golden_fingerprint(key: str, graph) -> None:
     """``graph``'s fingerprint is the one pinned in tests/golden_fingerprints.json for ``key``: a
-    tracer change that alters the graph of a model of each kind issue #13 named fails here. After
+    tracer change that alters the graph of a model of each pinned kind fails here. After
     checking the new graph is right, repin with ``GRAPHKIT_PIN_FINGERPRINTS=1 pytest``."""
     pinned = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     if os.environ.get("GRAPHKIT_PIN_FINGERPRINTS") == "1":

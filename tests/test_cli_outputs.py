@@ -1,4 +1,4 @@
-"""What the commands write and print (issue #24): every --out checked before any work, no file
+"""What the commands write and print: every --out checked before any work, no file
 graphkit did not write overwritten, a model source never an output, `ls` whole when piped and as
 CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, and a `--help`
 that does not wait for torch."""

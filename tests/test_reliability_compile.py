@@ -1,4 +1,4 @@
-"""Issue #12 for compile, convert, predict and MODEL.py files: every bad option, parameter file
+"""Bad input to compile, convert, predict and MODEL.py files: every bad option, parameter file
 or model file ends as one line naming it, exit 1, and nothing written; predict writes into a
 model's own storage."""
 

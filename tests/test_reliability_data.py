@@ -1,4 +1,4 @@
-"""Issue #12, datasets: bad recipes and options are refused in one line before anything is
+"""Bad input to datasets: bad recipes and options are refused in one line before anything is
 written, output folders that are not ours are never touched, concurrent runs are locked out,
 and an interrupted or damaged dataset resumes to exactly what an uninterrupted run makes."""
 

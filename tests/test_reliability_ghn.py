@@ -1,4 +1,4 @@
-"""Issue #12, the hypernetwork's part: train-ghn and eval-ghn refuse bad options and outputs before
+"""Bad input to the hypernetwork: train-ghn and eval-ghn refuse bad options and outputs before
 any work, a resume repeats the run it continues, checkpoints and CIFAR folders are read safely."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Graphs that say what the model computes: an attention's causality wherever its mask comes from,
 attention in any spelling as one node, writes through views with their data-flow edges, and a
-clear refusal where the tracer cannot know (issue #24)."""
+clear refusal where the tracer cannot know."""
 
 from __future__ import annotations
 

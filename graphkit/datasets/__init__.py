@@ -2,7 +2,7 @@
 
 ``store`` holds the schema, the lossless graph <-> row conversion and the folder layout (shards,
 manifest, dataset card); ``dataset`` loads and browses a folder. Generation from recipes and the
-CLI build on them (issue #3).
+CLI build on them.
 """
 
 from graphkit.datasets.dataset import GraphDataset, Record, load

@@ -4,7 +4,7 @@ A hypernetwork predicts the blocks of a deep model from nearly the same node emb
 branches of every block write nearly the same direction into the residual stream. Added up, the
 stream grows linearly with depth instead of as the square root: at ViT-L's shape the last block's
 stream was 9x the init's and at GPT-2-Medium's 37x, and a stream that large drowns the tokens'
-own signal (issue #25). Scaling every branch by one factor (GPT-2's 1 / sqrt(2 n_layer)) cannot
+own signal. Scaling every branch by one factor (GPT-2's 1 / sqrt(2 n_layer)) cannot
 fix a growth whose rate depends on how aligned the branches are.
 
 The rule, one forward pass on a small calibration batch (LSUV's idea, Mishkin & Matas 2016, with
