@@ -285,6 +285,16 @@ def test_public_imports_keep_working():
             ["-a", "gqa", "-k", "-3"],
             "kv_heads -3 does not divide the 6 heads of module 'blocks.0.attn'; accepted: 1, 2, 3, 6",
         ),
+        (
+            ["-a", "kdgqa", "--grouping", "similarity"],
+            "--grouping similarity applies to gqa; kdgqa allocates its own groups",
+        ),
+        (["-a", "gqa", "--data", "digits"], "--data applies to --grouping keynorm or similarity, not mean"),
+        (["-a", "gqa", "--grouping", "keynorm", "--data", "bogus"], "unknown data source 'bogus'; accepted: digits"),
+        (
+            ["-a", "gqa", "-k", "3", "--grouping", "similarity", "--data", "stdlib-text"],
+            "stdlib-text is text data but a vit model takes image",
+        ),
     ],
 )
 def test_convert_checks_every_option(tmp_path, args, message):
@@ -321,6 +331,17 @@ def test_convert_saves_what_dgqa_used(tmp_path):
         "pgqa",
         "3",
     ) and "graphkit_window" not in metadata
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+def test_convert_saves_the_measured_groups(tmp_path, grouping):
+    out = tmp_path / f"{grouping}.safetensors"
+    assert run("convert", VIT_FILE, "-a", "gqa", "-k", "3", "--grouping", grouping, "-o", out).exit_code == 0
+    metadata = read_params(out)[1]
+    groups = json.loads(metadata["graphkit_groups"])
+    assert len(groups) == 4 and metadata["graphkit_kv_heads"] == "3"  # the example: 4 blocks of 6 heads
+    assert all(sorted(h for g in layer for h in g) == list(range(6)) and len(layer) == 3 for layer in groups.values())
 
 
 @pytest.mark.slow

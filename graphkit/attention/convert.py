@@ -1,8 +1,11 @@
 """MHA checkpoints -> GQA and key-driven variants: ``convert(model, variant, kv_heads)``.
 
-K and V heads are mean-pooled over contiguous groups of ``heads / kv_heads`` (Ainslie et al.,
-2023), weights and biases alike; Q and the output projection are copied. With ``kv_heads ==
-heads`` and ``variant="gqa"`` the converted model computes what the original did.
+K and V heads are mean-pooled over groups of ``heads / kv_heads``, weights and biases alike. By
+default the groups are neighbouring heads (Ainslie et al., 2023); ``grouping`` picks them from
+the heads' keys and values on calibration inputs instead (:mod:`graphkit.attention.grouping`).
+Q and the output projection are copied, their heads reordered so that each group's query heads
+are contiguous. With ``kv_heads == heads`` and ``variant="gqa"`` the converted model computes
+what the original did.
 
 Adapters exist for timm's ViT ``Attention`` (fused ``qkv``), Hugging Face GPT-2 (``Conv1D``
 ``c_attn``, whose weight is stored (in, out)) and LLaMA-style models (separate q/k/v projections;
@@ -13,7 +16,8 @@ names it, so nothing is silently left unconverted.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,15 @@ import torch
 from torch import nn
 
 from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
+from graphkit.attention.grouping import (
+    GROUPINGS,
+    MEASURED,
+    choose_groups,
+    contiguous_groups,
+    permute_heads,
+    pool_heads,
+    query_order,
+)
 from graphkit.errors import GraphkitError
 from graphkit.validation import divisors, is_count, is_number
 
@@ -31,9 +44,7 @@ class ConvertError(GraphkitError):
 
 def mean_pool_heads(weight: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
     """Average contiguous groups of heads along dim 0: (heads * d, ...) -> (kv_heads * d, ...)."""
-    d = weight.shape[0] // heads
-    grouped = weight.reshape(kv_heads, heads // kv_heads, d, *weight.shape[1:])
-    return grouped.mean(dim=1).reshape(kv_heads * d, *weight.shape[1:])
+    return pool_heads(weight, contiguous_groups(heads, kv_heads))
 
 
 class ViTGroupedAttention(nn.Module):
@@ -69,9 +80,14 @@ class ViTGroupedAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, n, -1))
 
     @classmethod
-    def from_timm(cls, attn: nn.Module, kv_heads: int, variant: str, **variant_options: Any) -> ViTGroupedAttention:
-        """Convert a timm ``Attention`` by mean-pooling its K/V heads."""
+    def from_timm(
+        cls, attn: nn.Module, kv_heads: int, variant: str, groups: list[list[int]] | None = None, **variant_options: Any
+    ) -> ViTGroupedAttention:
+        """Convert a timm ``Attention`` by mean-pooling its K/V heads over ``groups`` (default:
+        neighbours), its query heads reordered to match."""
         heads, dim = attn.num_heads, attn.qkv.in_features
+        measured, groups = groups, groups or contiguous_groups(heads, kv_heads)
+        order = query_order(groups, 1)
         new = cls(
             dim,
             heads,
@@ -88,9 +104,12 @@ class ViTGroupedAttention(nn.Module):
                     continue
                 q, k, v = source.chunk(3, dim=0)
                 getattr(new.qkv, name).copy_(
-                    torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)])
+                    torch.cat([permute_heads(q, order), pool_heads(k, groups), pool_heads(v, groups)])
                 )
-            new.proj.load_state_dict(attn.proj.state_dict())
+            new.proj.weight.copy_(permute_heads(attn.proj.weight, order, dim=1))
+            if attn.proj.bias is not None:
+                new.proj.bias.copy_(attn.proj.bias)
+        new.core.groups = measured  # None for neighbours: the file records only a measured grouping
         return new
 
 
@@ -108,8 +127,26 @@ def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
     _check_kv(path, module.num_heads, kv_heads)
 
 
-def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
-    return ViTGroupedAttention.from_timm(module, _check_kv(path, module.num_heads, kv_heads), variant, **options)
+def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
+    return ViTGroupedAttention.from_timm(
+        module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options
+    )
+
+
+def _capture_fused(projection: str):
+    """A capture for attention with one fused q/k/v projection (timm's ``qkv``, GPT-2's
+    ``c_attn``): its output's K and V thirds, as (tokens, heads, head_dim)."""
+
+    def capture(module: nn.Module, store: Callable[[torch.Tensor, torch.Tensor], None]) -> list:
+        heads = module.num_heads
+
+        def hook(_module, _inputs, out):
+            _, k, v = out.detach().chunk(3, dim=-1)
+            store(k.reshape(-1, heads, k.shape[-1] // heads), v.reshape(-1, heads, v.shape[-1] // heads))
+
+        return [getattr(module, projection).register_forward_hook(hook)]
+
+    return capture
 
 
 class GPT2GroupedAttention(nn.Module):
@@ -158,21 +195,26 @@ class GPT2GroupedAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, -1))), None
 
     @classmethod
-    def from_hf(cls, attn: nn.Module, kv_heads: int, variant: str, **variant_options: Any) -> GPT2GroupedAttention:
-        """Convert a ``GPT2Attention`` by mean-pooling its K/V heads (columns of the Conv1D weight)."""
+    def from_hf(
+        cls, attn: nn.Module, kv_heads: int, variant: str, groups: list[list[int]] | None = None, **variant_options: Any
+    ) -> GPT2GroupedAttention:
+        """Convert a ``GPT2Attention`` by mean-pooling its K/V heads (columns of the Conv1D weight)
+        over ``groups`` (default: neighbours), its query heads reordered to match."""
         heads, dim = attn.num_heads, attn.embed_dim
+        measured, groups = groups, groups or contiguous_groups(heads, kv_heads)
+        order = query_order(groups, 1)
         new = cls(
             dim, heads, kv_heads, variant, layer_idx=attn.layer_idx, resid_pdrop=attn.resid_dropout.p, **variant_options
         ).to(attn.c_attn.weight.device, attn.c_attn.weight.dtype)
         with torch.no_grad():
-            q, k, v = attn.c_attn.weight.t().chunk(3, dim=0)
-            pooled = [q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)]
-            new.c_attn.weight.copy_(torch.cat(pooled).t())
-            q, k, v = attn.c_attn.bias.chunk(3)
-            new.c_attn.bias.copy_(
-                torch.cat([q, mean_pool_heads(k, heads, kv_heads), mean_pool_heads(v, heads, kv_heads)])
-            )
-            new.c_proj.load_state_dict(attn.c_proj.state_dict())
+            for name in ("weight", "bias"):
+                source = getattr(attn.c_attn, name)
+                q, k, v = (source.t() if name == "weight" else source).chunk(3, dim=0)
+                pooled = torch.cat([permute_heads(q, order), pool_heads(k, groups), pool_heads(v, groups)])
+                getattr(new.c_attn, name).copy_(pooled.t() if name == "weight" else pooled)
+            new.c_proj.weight.copy_(permute_heads(attn.c_proj.weight, order, dim=0))  # Conv1D: (in, out)
+            new.c_proj.bias.copy_(attn.c_proj.bias)
+        new.core.groups = measured  # None for neighbours: the file records only a measured grouping
         return new
 
 
@@ -186,8 +228,8 @@ def _check_gpt2(path: str, module: nn.Module, kv_heads: int | None) -> None:
     _check_kv(path, module.num_heads, kv_heads)
 
 
-def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
-    return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, **options)
+def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
+    return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options)
 
 
 def _graphkit_attention(
@@ -238,25 +280,50 @@ def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
     _register_hf_attention(path)  # before anything changes: an old transformers is refused here
 
 
-def _convert_llama(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict) -> nn.Module:
+def _convert_llama(
+    path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups
+) -> nn.Module:
     heads = module.config.num_attention_heads
     current = module.k_proj.out_features // module.head_dim
     kv = _check_kv(path, heads, kv_heads)
+    measured, groups = groups, groups or contiguous_groups(current, kv)
+    order = query_order(groups, heads // current)
     with torch.no_grad():
         for name in ("k_proj", "v_proj"):
             old = getattr(module, name)
             new = nn.Linear(old.in_features, kv * module.head_dim, bias=old.bias is not None).to(
                 old.weight.device, old.weight.dtype
             )
-            new.weight.copy_(mean_pool_heads(old.weight, current, kv))
+            new.weight.copy_(pool_heads(old.weight, groups))
             if old.bias is not None:
-                new.bias.copy_(mean_pool_heads(old.bias, current, kv))
+                new.bias.copy_(pool_heads(old.bias, groups))
             setattr(module, name, new)
+        module.q_proj.weight.copy_(permute_heads(module.q_proj.weight, order))
+        if module.q_proj.bias is not None:
+            module.q_proj.bias.copy_(permute_heads(module.q_proj.bias, order))
+        module.o_proj.weight.copy_(permute_heads(module.o_proj.weight, order, dim=1))
     module.num_key_value_groups = heads // kv
     module.graphkit_core = GroupedQueryAttention(heads, kv, variant, **options)
+    module.graphkit_core.groups = measured
     module.config.num_key_value_heads = kv
     module.config._attn_implementation = "graphkit"
     return module
+
+
+def _capture_llama(module: nn.Module, store: Callable[[torch.Tensor, torch.Tensor], None]) -> list:
+    """A capture for LLaMA-style attention: ``k_proj``'s and ``v_proj``'s outputs (before RoPE,
+    which does not change the grouping), as (tokens, K/V heads, head_dim)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(name: str):
+        def record(_module, _inputs, out):
+            seen[name] = out.detach().reshape(-1, out.shape[-1] // module.head_dim, module.head_dim)
+            if len(seen) == 2:
+                store(seen.pop("k"), seen.pop("v"))
+
+        return record
+
+    return [module.k_proj.register_forward_hook(hook("k")), module.v_proj.register_forward_hook(hook("v"))]
 
 
 def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
@@ -273,17 +340,21 @@ def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
 class AttentionAdapter:
     """How :func:`convert` handles one kind of attention module, declared by the family whose
     models hold it (``Family.attention_adapter``, :func:`register_adapter`): ``claims(module)`` recognises it,
-    ``check(path, module, kv_heads)`` refuses a conversion before anything changes, and
-    ``convert(path, module, kv_heads, variant, options)`` returns the converted module."""
+    ``check(path, module, kv_heads)`` refuses a conversion before anything changes,
+    ``convert(path, module, kv_heads, variant, options, groups)`` returns the converted module
+    (``groups``: the K/V heads pooled together, None for neighbours), and
+    ``capture(module, store)`` hooks the module so that a forward pass hands its keys and values,
+    (tokens, K/V heads, head_dim) each, to ``store``; it returns the hooks' handles."""
 
     claims: Callable[[nn.Module], bool]
     check: Callable[[str, nn.Module, int | None], None]
-    convert: Callable[[str, nn.Module, int | None, str, dict], nn.Module]
+    convert: Callable[[str, nn.Module, int | None, str, dict, list[list[int]] | None], nn.Module]
+    capture: Callable[[nn.Module, Callable[[torch.Tensor, torch.Tensor], None]], list]
 
 
-TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm)
-GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2)
-LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama)
+TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm, _capture_fused("qkv"))
+GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn"))
+LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama, _capture_llama)
 
 
 #: every adapter :func:`convert` tries, in order: graphkit's own families' and those registered
@@ -306,6 +377,9 @@ def conversion_metadata(model: nn.Module) -> dict[str, str]:
     if core is None:
         raise ConvertError(f"{type(model).__name__} has no converted attention to describe")
     metadata = {"graphkit_attention": core.variant, "graphkit_kv_heads": str(core.kv_heads)}
+    groups = {path: m.groups for path, m in model.named_modules() if isinstance(m, GroupedQueryAttention)}
+    if any(g is not None for g in groups.values()):
+        metadata["graphkit_groups"] = json.dumps(groups, separators=(",", ":"))
     if core.variant == "dgqa":
         metadata.update(graphkit_window=str(core.update_every), graphkit_evolution=core.evolution)
         if core.evolution == "ema":
@@ -349,20 +423,43 @@ def check_variant_options(variant: str, options: dict[str, Any], prefix: str = "
             raise ConvertError(f"{prefix}alpha applies only to {prefix}evolution ema, not difference")
 
 
+def check_grouping(variant: str, grouping: str, prefix: str = "") -> None:
+    """Refuse a grouping :func:`convert` does not know, or one given with a variant that picks its
+    own groups (the key-driven variants allocate query heads to K/V heads as they run)."""
+    if grouping not in GROUPINGS:
+        raise ConvertError(f"unknown {prefix}grouping {grouping!r}; accepted: {', '.join(GROUPINGS)}")
+    if grouping != "mean" and variant != "gqa":
+        raise ConvertError(f"{prefix}grouping {grouping} applies to gqa; {variant} allocates its own groups")
+
+
 _CONVERTED = (ViTGroupedAttention, GPT2GroupedAttention, GroupedQueryAttention)
 
 
-def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None, **variant_options: Any) -> nn.Module:
+def convert(
+    model: nn.Module,
+    variant: str = "gqa",
+    kv_heads: int | None = None,
+    *,
+    grouping: str = "mean",
+    calibration: Sequence[Any] = (),
+    **variant_options: Any,
+) -> nn.Module:
     """Replace every attention module of ``model`` (in place) by ``variant`` with ``kv_heads``
-    K/V heads (default: as many as query heads), mean-pooling K/V; returns the model.
+    K/V heads (default: as many as query heads), mean-pooling K/V over the groups ``grouping``
+    picks (:mod:`graphkit.attention.grouping`: ``mean``, neighbouring heads, or ``keynorm`` and
+    ``similarity``, measured on ``calibration``, a sequence of the model's inputs: a tensor, a
+    tuple of arguments or a dict of keyword arguments each); returns the model.
     ``variant_options`` go to :class:`GroupedQueryAttention` (window, evolution, alpha,
     allow_empty, perturb_in_eval). Every attention module is checked before any is changed: an
     unknown one, or a head count that does not divide, is a ConvertError naming the module and
     the model is left as it was, and so is an option the variant does not use or cannot take
-    (:func:`check_variant_options`)."""
+    (:func:`check_variant_options`), and a grouping it cannot apply."""
     if variant not in ATTENTION_VARIANTS:
         raise ConvertError(f"unknown attention variant {variant!r}; accepted: {', '.join(ATTENTION_VARIANTS)}")
     check_variant_options(variant, variant_options)
+    check_grouping(variant, grouping)
+    if grouping in MEASURED and not calibration:
+        raise ConvertError(f"grouping {grouping} reads keys and values on calibration inputs; none were given")
     plan = []
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
@@ -376,12 +473,50 @@ def convert(model: nn.Module, variant: str = "gqa", kv_heads: int | None = None,
                 )
             continue
         adapter.check(path, module, kv_heads)
-        plan.append((path, module, adapter.convert))
+        plan.append((path, module, adapter))
     if not plan:
         raise ConvertError(f"{type(model).__name__} has no attention module graphkit knows how to convert")
-    for path, module, convert_one in plan:
-        new = convert_one(path, module, kv_heads, variant, variant_options).train(module.training)
+    groups = _groups(model, plan, kv_heads, grouping, calibration)
+    for path, module, adapter in plan:
+        new = adapter.convert(path, module, kv_heads, variant, variant_options, groups.get(path))
+        new = new.train(module.training)
         if new is not module:
             parent, _, name = path.rpartition(".")
             setattr(model.get_submodule(parent), name, new)
     return model
+
+
+def _groups(
+    model: nn.Module, plan: list, kv_heads: int | None, grouping: str, calibration: Sequence[Any]
+) -> dict[str, list[list[int]]]:
+    """Each planned module's groups under ``grouping``, read from one pass of every calibration
+    input through the unconverted model (none for ``mean``)."""
+    if grouping == "mean":
+        return {}
+    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {path: [] for path, _, _ in plan}
+    handles = [
+        handle
+        for path, module, adapter in plan
+        for handle in adapter.capture(module, lambda k, v, path=path: seen[path].append((k, v)))
+    ]
+    try:
+        with torch.no_grad():
+            for inputs in calibration:
+                if isinstance(inputs, dict):
+                    model(**inputs)
+                else:
+                    model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+    except Exception as e:  # a calibration input the model cannot take
+        raise ConvertError(f"calibration input: {type(model).__name__} cannot run it ({type(e).__name__}: {e})") from e
+    finally:
+        for handle in handles:
+            handle.remove()
+    groups = {}
+    for path, _, _ in plan:
+        if not seen[path]:
+            raise ConvertError(f"module '{path}': the calibration inputs never reached it")
+        k = torch.cat([k for k, _ in seen[path]])
+        v = torch.cat([v for _, v in seen[path]])
+        current = k.shape[1]
+        groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, k, v)
+    return groups

@@ -168,6 +168,8 @@ class GroupedQueryAttention(nn.Module):
         self.heads, self.kv_heads, self.variant = heads, kv_heads, variant
         self.update_every, self.evolution, self.alpha = window, evolution, alpha
         self.allow_empty, self.perturb_in_eval = allow_empty, perturb_in_eval
+        #: which K/V heads of the original model each K/V head pools (set by ``convert``; None: neighbours)
+        self.groups: list[list[int]] | None = None
         if variant == "dgqa":
             self.register_buffer("counts", torch.full((kv_heads,), heads // kv_heads, dtype=torch.long))
             self.register_buffer("cached_norms", torch.zeros(kv_heads))

@@ -182,6 +182,12 @@ class Variant(str, enum.Enum):
     pgqa = "pgqa"
 
 
+class Grouping(str, enum.Enum):
+    mean = "mean"
+    keynorm = "keynorm"
+    similarity = "similarity"
+
+
 @app.command()
 @command
 def convert(
@@ -206,12 +212,29 @@ def convert(
     alpha: Optional[float] = typer.Option(
         None, "--alpha", help="DGQA with ema: weight of the current key norms, in [0, 1] (default 0.5)."
     ),
+    grouping: Grouping = typer.Option(
+        Grouping.mean,
+        "--grouping",
+        help="GQA: which K/V heads are pooled together. mean: neighbours (Ainslie et al., 2023; no data); "
+        "keynorm: heads of similar key norm on calibration data (KDGQA's signal); similarity: heads whose "
+        "keys and values are most alike on calibration data (AsymGQA). The groups go into the metadata.",
+    ),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        help="Calibration data for --grouping keynorm or similarity, as train-ghn's --data "
+        "(default: the family's bundled data: digits for ViTs, stdlib-text for language models).",
+    ),
 ) -> None:
-    """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled) and save it
-    (the variant, K/V heads and DGQA's options go into the file's metadata)."""
+    """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled over
+    neighbours or measured groups) and save it (the variant, K/V heads, groups and DGQA's options go
+    into the file's metadata)."""
     from graphkit.attention import convert as convert_model
-    from graphkit.attention.convert import check_variant_options, conversion_metadata
+    from graphkit.attention.convert import check_grouping, check_variant_options, conversion_metadata
+    from graphkit.attention.grouping import MEASURED
     from graphkit.errors import GraphkitError
+    from graphkit.families import ConfigError, config_from_graph
+    from graphkit.ghn.data import calibration_inputs, load_source
     from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
     from graphkit.tracing import trace as trace_model
@@ -223,12 +246,29 @@ def convert(
         if value is not None
     }
     check_variant_options(attention.value, options, prefix="--")
+    check_grouping(attention.value, grouping.value, prefix="--")
+    if data is not None:
+        if grouping.value not in MEASURED:
+            raise GraphkitError(f"--data applies to --grouping {' or '.join(MEASURED)}, not {grouping.value}")
+        load_source(data)  # a bad spec fails before the model is loaded
     loaded = load_model_file(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
         raise GraphkitError(
             f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
-    model = convert_model(loaded.model, attention.value, kv_heads, **options)
+    calibration = []
+    if grouping.value in MEASURED:
+        try:
+            config = config_from_graph(trace_model(loaded.model, loaded.example_inputs))
+        except ConfigError as e:
+            raise GraphkitError(
+                f"{model_file}: --grouping {grouping.value} draws calibration data shaped for one of "
+                f"graphkit's families, and this model is not one ({e})"
+            ) from None
+        calibration = calibration_inputs(config, data)
+    model = convert_model(
+        loaded.model, attention.value, kv_heads, grouping=grouping.value, calibration=calibration, **options
+    )
     graph = trace_model(model, loaded.example_inputs)
     save_params(model, out, metadata=conversion_metadata(model))
     print_graph(graph)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -39,6 +40,7 @@ __all__ = [
     "DataSource",
     "ImageSource",
     "TextSource",
+    "calibration_inputs",
     "default_source",
     "load_source",
     "output_loss",
@@ -106,3 +108,15 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
         return TextSource(spec, *_TEXT[name](path), seq_len)
     except OSError as e:  # unreadable files: permissions, a folder that vanished, an I/O error
         raise DataError(f"data source {spec!r}: {e.filename or path}: {e.strerror or e}") from None
+
+
+def calibration_inputs(
+    config: dict[str, Any], spec: str | None = None, batches: int = 4, batch_size: int = 8, seq_len: int = 64
+) -> list[Tensor]:
+    """A few batches of inputs for the model ``config`` describes, to measure its activations on
+    (``convert``'s groupings): from the source ``spec`` names, else the family's bundled one, from
+    the train split, drawn with a fixed seed so that a conversion repeats."""
+    source = load_source(spec or default_source(config["family"]), seq_len=seq_len)
+    source.check(config)
+    generator = torch.Generator().manual_seed(0)
+    return [source.batch(config, batch_size, generator)[0] for _ in range(batches)]

@@ -1,0 +1,154 @@
+"""Which K/V heads a conversion pools together: mean (neighbours), keynorm and similarity (measured
+on calibration inputs), for every family convert handles."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from graphkit.attention import ConvertError, convert, mean_pool_heads
+from graphkit.attention.convert import conversion_metadata
+from graphkit.attention.grouping import (
+    choose_groups,
+    contiguous_groups,
+    keynorm_groups,
+    permute_heads,
+    pool_heads,
+    query_order,
+    similarity_groups,
+)
+from graphkit.families import build_model
+
+FAMILIES = {
+    "vit": dict(family="vit", num_layers=2, hidden=48, heads=4),
+    "gpt2": dict(family="gpt2", num_layers=2, hidden=48, heads=4, vocab_size=50, context=16),
+    "llama": dict(family="llama", num_layers=2, hidden=48, heads=4, vocab_size=50, context=16),
+    "llama-gqa": dict(family="llama", num_layers=2, hidden=64, heads=8, kv_heads=4, vocab_size=50, context=16),
+}
+
+
+def inputs(family: str, seed: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    if family == "vit":
+        return torch.randn(2, 3, 32, 32, generator=generator)
+    return torch.randint(0, 50, (2, 9), generator=generator)
+
+
+def run(model, family: str) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(inputs(family)) if family == "vit" else model(inputs(family), use_cache=False).logits
+    return out
+
+
+def test_pooling_neighbours_is_mean_pooling_and_permuting_heads_is_undone_by_its_inverse():
+    weight = torch.randn(6 * 5, 7)
+    assert torch.equal(pool_heads(weight, contiguous_groups(6, 3)), mean_pool_heads(weight, 6, 3))
+    order = [4, 0, 5, 2, 1, 3]
+    back = [order.index(h) for h in range(6)]
+    assert torch.equal(permute_heads(permute_heads(weight, order), back), weight)
+    assert torch.equal(permute_heads(weight.t(), order, dim=1), permute_heads(weight, order).t())
+    assert query_order([[1, 3], [0, 2]], 1) == [1, 3, 0, 2]
+    assert query_order([[1], [0]], 2) == [2, 3, 0, 1]  # a GQA model's query heads follow their K/V head
+
+
+def test_similarity_pools_the_heads_that_compute_alike():
+    generator = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 64, 4, 8, generator=generator)
+    k[:, 2], v[:, 2] = 3 * k[:, 0] + 0.01 * torch.randn(64, 8, generator=generator), v[:, 0]  # head 2 ~ head 0, scaled
+    k[:, 3], v[:, 3] = k[:, 1], v[:, 1] + 0.01 * torch.randn(64, 8, generator=generator)
+    assert similarity_groups(k, v, 2) == [[0, 2], [1, 3]]
+    assert contiguous_groups(4, 2) == [[0, 1], [2, 3]]
+
+
+def test_keynorm_pools_heads_of_similar_key_norms():
+    k = torch.randn(32, 6, 8) * torch.tensor([1.0, 9.0, 2.0, 8.0, 3.0, 7.0]).view(1, 6, 1)
+    assert keynorm_groups(k, 3) == [[0, 2], [1, 3], [4, 5]]
+    groups = choose_groups("keynorm", 6, 2, k, k)
+    assert sorted(h for g in groups for h in g) == list(range(6)) and all(len(g) == 3 for g in groups)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    torch.manual_seed(0)
+    return request.param, build_model(FAMILIES[request.param], device="cpu").eval()
+
+
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+def test_a_measured_grouping_at_full_kv_heads_reproduces_the_model(family, grouping):
+    name, model = family
+    kv = model.config.num_key_value_heads if name == "llama-gqa" else None
+    converted = convert(copy.deepcopy(model), "gqa", kv, grouping=grouping, calibration=[inputs(name, 7)])
+    assert (run(converted, name) - run(model, name)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+def test_the_groups_partition_the_heads_and_go_into_the_metadata(family, grouping):
+    name, model = family
+    converted = convert(copy.deepcopy(model), "gqa", 2, grouping=grouping, calibration=[inputs(name, 7)])
+    metadata = conversion_metadata(converted)
+    assert metadata["graphkit_attention"] == "gqa" and metadata["graphkit_kv_heads"] == "2"
+    groups = json.loads(metadata["graphkit_groups"])
+    assert len(groups) == 2  # one entry per layer, by the path of its attention core
+    for layer in groups.values():
+        assert sorted(h for g in layer for h in g) == list(range(4)) and [len(g) for g in layer] == [2, 2]
+    assert torch.isfinite(run(converted, name)).all()
+
+
+def duplicate_heads(model, name: str) -> None:
+    """Give K/V head 2 head 0's keys and values and head 3 head 1's, in every layer."""
+    with torch.no_grad():
+        if name == "vit":
+            dim = model.blocks[0].attn.qkv.in_features
+            for block in model.blocks:
+                for tensor in (block.attn.qkv.weight, block.attn.qkv.bias):
+                    for part in (1, 2):  # the k and v rows
+                        heads = tensor[part * dim : (part + 1) * dim].view(4, -1, *tensor.shape[1:])
+                        heads[2], heads[3] = heads[0].clone(), heads[1].clone()
+        elif name == "gpt2":
+            dim = model.config.n_embd
+            for block in model.transformer.h:
+                weight, bias = block.attn.c_attn.weight, block.attn.c_attn.bias  # Conv1D: (in, out)
+                for part in (1, 2):
+                    heads = weight[:, part * dim : (part + 1) * dim].t().reshape(4, -1, dim)
+                    heads[2], heads[3] = heads[0].clone(), heads[1].clone()
+                    weight[:, part * dim : (part + 1) * dim] = heads.reshape(-1, dim).t()
+                    b = bias[part * dim : (part + 1) * dim].view(4, -1)
+                    b[2], b[3] = b[0].clone(), b[1].clone()
+        else:
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    heads = proj.weight.view(4, -1, proj.in_features)
+                    heads[2], heads[3] = heads[0].clone(), heads[1].clone()
+
+
+def test_similarity_makes_pooling_exact_where_heads_are_duplicates(family):
+    """K/V head 2 duplicates head 0 and head 3 head 1: similarity pools the duplicates (groups
+    that are not neighbours, so the query heads and output columns must be reordered with them)
+    and the converted model computes what the original did; pooling neighbours does not."""
+    name, model = family
+    model = copy.deepcopy(model)
+    duplicate_heads(model, name)
+    similar = convert(copy.deepcopy(model), "gqa", 2, grouping="similarity", calibration=[inputs(name, 7)])
+    neighbours = convert(copy.deepcopy(model), "gqa", 2)
+    assert all(
+        layer == [[0, 2], [1, 3]] for layer in json.loads(conversion_metadata(similar)["graphkit_groups"]).values()
+    )
+    assert (run(similar, name) - run(model, name)).abs().max() < 1e-5
+    assert (run(neighbours, name) - run(model, name)).abs().max() > 1e-3
+
+
+def test_bad_groupings_are_refused_before_anything_changes():
+    model = build_model(FAMILIES["gpt2"], device="cpu")
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ConvertError, match="unknown grouping 'nearest'; accepted: mean, keynorm, similarity"):
+        convert(model, "gqa", 2, grouping="nearest")
+    with pytest.raises(ConvertError, match="grouping similarity reads keys and values on calibration inputs"):
+        convert(model, "gqa", 2, grouping="similarity")
+    with pytest.raises(ConvertError, match="grouping keynorm applies to gqa; kdgqa allocates its own groups"):
+        convert(model, "kdgqa", 2, grouping="keynorm", calibration=[inputs("gpt2")])
+    with pytest.raises(ConvertError, match="calibration input: GPT2LMHeadModel cannot run it"):
+        convert(model, "gqa", 2, grouping="similarity", calibration=[torch.zeros(2, 3, 8, 8)])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
