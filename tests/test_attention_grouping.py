@@ -12,12 +12,15 @@ import torch
 from graphkit.attention import ConvertError, convert, mean_pool_heads
 from graphkit.attention.convert import conversion_metadata
 from graphkit.attention.grouping import (
+    Calibration,
+    attention_error,
     choose_groups,
     contiguous_groups,
     keynorm_groups,
     permute_heads,
     pool_heads,
     query_order,
+    search_groups,
     similarity_groups,
 )
 from graphkit.families import build_model
@@ -66,8 +69,30 @@ def test_similarity_pools_the_heads_that_compute_alike():
 def test_keynorm_pools_heads_of_similar_key_norms():
     k = torch.randn(32, 6, 8) * torch.tensor([1.0, 9.0, 2.0, 8.0, 3.0, 7.0]).view(1, 6, 1)
     assert keynorm_groups(k, 3) == [[0, 2], [1, 3], [4, 5]]
-    groups = choose_groups("keynorm", 6, 2, k, k)
+    groups = choose_groups("keynorm", 6, 2, [Calibration(k.view(4, 8, 6, 8), k.view(4, 8, 6, 8), k.view(4, 8, 6, 8))])
     assert sorted(h for g in groups for h in g) == list(range(6)) and all(len(g) == 3 for g in groups)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_search_is_never_worse_than_the_groupings_it_starts_from(causal):
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 2, 12, 8, 6, generator=generator)
+    k = k * torch.linspace(0.5, 2.0, 8).view(1, 1, 8, 1)  # heads of different scales
+    batches = [Calibration(q, k, v, causal)]
+    searched = search_groups(batches, 4)
+    assert sorted(h for g in searched for h in g) == list(range(8)) and all(len(g) == 2 for g in searched)
+    for grouping in ("mean", "keynorm", "similarity"):
+        assert attention_error(batches, searched) <= attention_error(batches, choose_groups(grouping, 8, 4, batches))
+
+
+def test_search_finds_duplicates_and_scores_them_exact():
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(3, 2, 10, 4, 8, generator=generator)
+    k[:, :, 3], v[:, :, 3] = k[:, :, 0], v[:, :, 0]
+    k[:, :, 2], v[:, :, 2] = k[:, :, 1], v[:, :, 1]
+    batches = [Calibration(q, k, v, causal=True)]
+    assert search_groups(batches, 2) == [[0, 3], [1, 2]]
+    assert attention_error(batches, [[0, 3], [1, 2]]) < 1e-10 < attention_error(batches, [[0, 1], [2, 3]])
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -76,7 +101,7 @@ def family(request):
     return request.param, build_model(FAMILIES[request.param], device="cpu").eval()
 
 
-@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity", "search"])
 def test_a_measured_grouping_at_full_kv_heads_reproduces_the_model(family, grouping):
     name, model = family
     kv = model.config.num_key_value_heads if name == "llama-gqa" else None
@@ -84,7 +109,7 @@ def test_a_measured_grouping_at_full_kv_heads_reproduces_the_model(family, group
     assert (run(converted, name) - run(model, name)).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity", "search"])
 def test_the_groups_partition_the_heads_and_go_into_the_metadata(family, grouping):
     name, model = family
     converted = convert(copy.deepcopy(model), "gqa", 2, grouping=grouping, calibration=[inputs(name, 7)])
@@ -132,18 +157,20 @@ def test_similarity_makes_pooling_exact_where_heads_are_duplicates(family):
     model = copy.deepcopy(model)
     duplicate_heads(model, name)
     similar = convert(copy.deepcopy(model), "gqa", 2, grouping="similarity", calibration=[inputs(name, 7)])
+    searched = convert(copy.deepcopy(model), "gqa", 2, grouping="search", calibration=[inputs(name, 7)])
     neighbours = convert(copy.deepcopy(model), "gqa", 2)
     assert all(
         layer == [[0, 2], [1, 3]] for layer in json.loads(conversion_metadata(similar)["graphkit_groups"]).values()
     )
     assert (run(similar, name) - run(model, name)).abs().max() < 1e-5
+    assert (run(searched, name) - run(model, name)).abs().max() < 1e-5
     assert (run(neighbours, name) - run(model, name)).abs().max() > 1e-3
 
 
 def test_bad_groupings_are_refused_before_anything_changes():
     model = build_model(FAMILIES["gpt2"], device="cpu")
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ConvertError, match="unknown grouping 'nearest'; accepted: mean, keynorm, similarity"):
+    with pytest.raises(ConvertError, match="unknown grouping 'nearest'; accepted: mean, keynorm, similarity, search"):
         convert(model, "gqa", 2, grouping="nearest")
     with pytest.raises(ConvertError, match="grouping similarity reads keys and values on calibration inputs"):
         convert(model, "gqa", 2, grouping="similarity")

@@ -289,7 +289,7 @@ def test_public_imports_keep_working():
             ["-a", "kdgqa", "--grouping", "similarity"],
             "--grouping similarity applies to gqa; kdgqa allocates its own groups",
         ),
-        (["-a", "gqa", "--data", "digits"], "--data applies to --grouping keynorm or similarity, not mean"),
+        (["-a", "gqa", "--data", "digits"], "--data applies to --grouping keynorm, similarity, search, not mean"),
         (["-a", "gqa", "--grouping", "keynorm", "--data", "bogus"], "unknown data source 'bogus'; accepted: digits"),
         (
             ["-a", "gqa", "-k", "3", "--grouping", "similarity", "--data", "stdlib-text"],
@@ -334,7 +334,7 @@ def test_convert_saves_what_dgqa_used(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grouping", ["keynorm", "similarity"])
+@pytest.mark.parametrize("grouping", ["keynorm", "similarity", "search"])
 def test_convert_saves_the_measured_groups(tmp_path, grouping):
     out = tmp_path / f"{grouping}.safetensors"
     assert run("convert", VIT_FILE, "-a", "gqa", "-k", "3", "--grouping", grouping, "-o", out).exit_code == 0

@@ -28,6 +28,7 @@ from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
 from graphkit.attention.grouping import (
     GROUPINGS,
     MEASURED,
+    Calibration,
     choose_groups,
     contiguous_groups,
     permute_heads,
@@ -135,14 +136,14 @@ def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: s
 
 def _capture_fused(projection: str):
     """A capture for attention with one fused q/k/v projection (timm's ``qkv``, GPT-2's
-    ``c_attn``): its output's K and V thirds, as (tokens, heads, head_dim)."""
+    ``c_attn``): its output's Q, K and V thirds, as (batch, positions, heads, head_dim)."""
 
-    def capture(module: nn.Module, store: Callable[[torch.Tensor, torch.Tensor], None]) -> list:
+    def capture(module: nn.Module, store: Callable[..., None]) -> list:
         heads = module.num_heads
 
         def hook(_module, _inputs, out):
-            _, k, v = out.detach().chunk(3, dim=-1)
-            store(k.reshape(-1, heads, k.shape[-1] // heads), v.reshape(-1, heads, v.shape[-1] // heads))
+            q, k, v = out.detach().chunk(3, dim=-1)
+            store(*(x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads) for x in (q, k, v)))
 
         return [getattr(module, projection).register_forward_hook(hook)]
 
@@ -310,20 +311,21 @@ def _convert_llama(
     return module
 
 
-def _capture_llama(module: nn.Module, store: Callable[[torch.Tensor, torch.Tensor], None]) -> list:
-    """A capture for LLaMA-style attention: ``k_proj``'s and ``v_proj``'s outputs (before RoPE,
-    which does not change the grouping), as (tokens, K/V heads, head_dim)."""
+def _capture_llama(module: nn.Module, store: Callable[..., None]) -> list:
+    """A capture for LLaMA-style attention: ``q_proj``'s, ``k_proj``'s and ``v_proj``'s outputs,
+    before RoPE, as (batch, positions, heads, head_dim). RoPE does not change the similarity
+    groupings (see :mod:`~graphkit.attention.grouping`); ``search`` scores without it."""
     seen: dict[str, torch.Tensor] = {}
 
     def hook(name: str):
         def record(_module, _inputs, out):
-            seen[name] = out.detach().reshape(-1, out.shape[-1] // module.head_dim, module.head_dim)
-            if len(seen) == 2:
-                store(seen.pop("k"), seen.pop("v"))
+            seen[name] = out.detach().reshape(*out.shape[:-1], -1, module.head_dim)
+            if len(seen) == 3:
+                store(seen.pop("q"), seen.pop("k"), seen.pop("v"))
 
         return record
 
-    return [module.k_proj.register_forward_hook(hook("k")), module.v_proj.register_forward_hook(hook("v"))]
+    return [getattr(module, f"{n}_proj").register_forward_hook(hook(n)) for n in ("q", "k", "v")]
 
 
 def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
@@ -342,19 +344,21 @@ class AttentionAdapter:
     models hold it (``Family.attention_adapter``, :func:`register_adapter`): ``claims(module)`` recognises it,
     ``check(path, module, kv_heads)`` refuses a conversion before anything changes,
     ``convert(path, module, kv_heads, variant, options, groups)`` returns the converted module
-    (``groups``: the K/V heads pooled together, None for neighbours), and
-    ``capture(module, store)`` hooks the module so that a forward pass hands its keys and values,
-    (tokens, K/V heads, head_dim) each, to ``store``; it returns the hooks' handles."""
+    (``groups``: the K/V heads pooled together, None for neighbours),
+    ``capture(module, store)`` hooks the module so that a forward pass hands its queries, keys and
+    values, (batch, positions, heads, head_dim) each, to ``store`` (it returns the hooks'
+    handles), and ``causal`` says whether its attention is causal (what ``search`` scores)."""
 
     claims: Callable[[nn.Module], bool]
     check: Callable[[str, nn.Module, int | None], None]
     convert: Callable[[str, nn.Module, int | None, str, dict, list[list[int]] | None], nn.Module]
-    capture: Callable[[nn.Module, Callable[[torch.Tensor, torch.Tensor], None]], list]
+    capture: Callable[[nn.Module, Callable[..., None]], list]
+    causal: bool = False
 
 
 TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm, _capture_fused("qkv"))
-GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn"))
-LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama, _capture_llama)
+GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn"), causal=True)
+LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama, _capture_llama, causal=True)
 
 
 #: every adapter :func:`convert` tries, in order: graphkit's own families' and those registered
@@ -493,11 +497,11 @@ def _groups(
     input through the unconverted model (none for ``mean``)."""
     if grouping == "mean":
         return {}
-    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {path: [] for path, _, _ in plan}
+    seen: dict[str, list[tuple[torch.Tensor, ...]]] = {path: [] for path, _, _ in plan}
     handles = [
         handle
         for path, module, adapter in plan
-        for handle in adapter.capture(module, lambda k, v, path=path: seen[path].append((k, v)))
+        for handle in adapter.capture(module, lambda *qkv, path=path: seen[path].append(qkv))
     ]
     try:
         with torch.no_grad():
@@ -512,11 +516,10 @@ def _groups(
         for handle in handles:
             handle.remove()
     groups = {}
-    for path, _, _ in plan:
+    for path, _, adapter in plan:
         if not seen[path]:
             raise ConvertError(f"module '{path}': the calibration inputs never reached it")
-        k = torch.cat([k for k, _ in seen[path]])
-        v = torch.cat([v for _, v in seen[path]])
-        current = k.shape[1]
-        groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, k, v)
+        batches = [Calibration(q, k, v, adapter.causal) for q, k, v in seen[path]]
+        current = batches[0].k.shape[2]
+        groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, batches)
     return groups

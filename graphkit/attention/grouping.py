@@ -13,6 +13,13 @@ by what they compute, measured on a small calibration batch:
   averages the heads' K/V projections, so the pair that loses least is the pair whose K/V
   activations are closest: groups are grown greedily by the smallest mean squared distance
   between the heads' (centred, per-head scaled) K and V activations.
+- ``search``: the groups that minimise the error of the layer's attention output on the
+  calibration batch, as QCQA (Joshi et al., 2024) searches for them: the best of the three
+  groupings above by that error, then improved by swapping heads between groups while a swap
+  lowers it. The error is, summed over query heads, the squared distance between the head's
+  output with its own K/V head and with its group's pooled one. LLaMA's heads are scored before
+  RoPE (a query and a key at different positions are rotated differently, which the search
+  leaves out), so there the error is a proxy.
 
 Every grouping has groups of equal size, ``heads / kv_heads`` K/V heads each, so the converted
 layer is plain GQA after its query heads are reordered to make each group contiguous: one SDPA
@@ -25,11 +32,28 @@ matrix, which keeps the distance between two heads' keys, so keys read before th
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-GROUPINGS = ("mean", "keynorm", "similarity")
-#: the groupings that read K/V activations on a calibration batch
-MEASURED = ("keynorm", "similarity")
+import torch
+import torch.nn.functional as F
+
+GROUPINGS = ("mean", "keynorm", "similarity", "search")
+#: the groupings that read activations on a calibration batch
+MEASURED = ("keynorm", "similarity", "search")
+#: ``search``'s sweeps of swaps at most (each tries every pair of heads in different groups)
+SEARCH_SWEEPS = 4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One calibration batch as a layer saw it: queries (batch, positions, query heads, d), keys
+    and values (batch, positions, K/V heads, d), and whether the layer's attention is causal."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool = False
 
 
 def contiguous_groups(heads: int, kv_heads: int) -> list[list[int]]:
@@ -82,22 +106,96 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / x.square().mean(dim=(0, 2), keepdim=True).sqrt().clamp_min(1e-12)
 
 
-def choose_groups(
-    grouping: str, heads: int, kv_heads: int, k: torch.Tensor | None = None, v: torch.Tensor | None = None
-) -> list[list[int]]:
+def search_groups(batches: Sequence[Calibration], kv_heads: int) -> list[list[int]]:
+    """``search``'s groups: the best of mean, keynorm and similarity by :func:`attention_error`,
+    then every swap of two heads in different groups that lowers the error, sweep after sweep,
+    until a sweep finds none (at most :data:`SEARCH_SWEEPS`)."""
+    heads = batches[0].k.shape[2]
+    error = _GroupError(batches)
+    k, v = _flat(batches)
+    candidates = [contiguous_groups(heads, kv_heads), keynorm_groups(k, kv_heads), similarity_groups(k, v, kv_heads)]
+    groups = [list(g) for g in min(candidates, key=lambda c: sum(error(g) for g in c))]
+    for _ in range(SEARCH_SWEEPS):
+        improved = False
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                for i in range(len(groups[a])):
+                    for j in range(len(groups[b])):
+                        before = error(groups[a]) + error(groups[b])
+                        new_a = groups[a][:i] + [groups[b][j]] + groups[a][i + 1 :]
+                        new_b = groups[b][:j] + [groups[a][i]] + groups[b][j + 1 :]
+                        if error(new_a) + error(new_b) < before - 1e-9 * max(before, 1.0):
+                            groups[a], groups[b], improved = new_a, new_b, True
+        if not improved:
+            break
+    return sorted(sorted(g) for g in groups)
+
+
+def attention_error(batches: Sequence[Calibration], groups: list[list[int]]) -> float:
+    """The error ``search`` minimises: summed over query heads and calibration batches, the mean
+    squared distance between a head's attention output with its own K/V head and with its
+    group's pooled K/V (each group's query heads are those of its K/V heads)."""
+    error = _GroupError(batches)
+    return sum(error(group) for group in groups)
+
+
+class _GroupError:
+    """One group's :func:`attention_error`, cached by group; each K/V head's own outputs (the
+    reference) are computed once."""
+
+    def __init__(self, batches: Sequence[Calibration]) -> None:
+        self.batches = batches
+        self.cache: dict[tuple[int, ...], float] = {}
+        self.reference = [_attend(b.q, b.k, b.v, b.causal) for b in batches]
+
+    def __call__(self, group: list[int]) -> float:
+        key = tuple(sorted(group))
+        if key not in self.cache:
+            total = 0.0
+            for batch, reference in zip(self.batches, self.reference):
+                r = batch.q.shape[2] // batch.k.shape[2]
+                queries = [kv * r + s for kv in key for s in range(r)]
+                pooled_k = batch.k[:, :, list(key)].mean(2, keepdim=True).expand(-1, -1, len(queries), -1)
+                pooled_v = batch.v[:, :, list(key)].mean(2, keepdim=True).expand(-1, -1, len(queries), -1)
+                out = _attend(batch.q[:, :, queries], pooled_k, pooled_v, batch.causal, per_query=False)
+                total += (out - reference[:, :, queries]).square().mean(dim=(0, 1, 3)).sum().item()
+            self.cache[key] = total
+        return self.cache[key]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, per_query: bool = True) -> torch.Tensor:
+    """SDPA on (batch, positions, heads, d) tensors; with ``per_query``, each K/V head serves the
+    ``q heads / k heads`` query heads that follow it. Returns (batch, positions, q heads, d)."""
+    if per_query and q.shape[2] != k.shape[2]:
+        r = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(r, 2), v.repeat_interleave(r, 2)
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2), is_causal=causal
+    )
+    return out.transpose(1, 2)
+
+
+def _flat(batches: Sequence[Calibration]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every batch's keys and values as (tokens, K/V heads, d)."""
+    k = torch.cat([b.k.reshape(-1, *b.k.shape[2:]) for b in batches])
+    v = torch.cat([b.v.reshape(-1, *b.v.shape[2:]) for b in batches])
+    return k, v
+
+
+def choose_groups(grouping: str, heads: int, kv_heads: int, batches: Sequence[Calibration] = ()) -> list[list[int]]:
     """The groups ``grouping`` picks for a layer of ``heads`` K/V heads pooled into ``kv_heads``:
     ``kv_heads`` sorted lists of head indices of equal size, ordered by their first head. The
-    measured groupings read the layer's calibration keys and values ``k``, ``v`` (tokens,
-    heads, head_dim)."""
+    measured groupings read the layer's calibration ``batches``."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"unknown grouping {grouping!r}; accepted: {', '.join(GROUPINGS)}")
     if grouping == "mean" or kv_heads == heads:
         return contiguous_groups(heads, kv_heads)
-    if k is None or v is None:
-        raise ValueError(f"grouping {grouping!r} needs the layer's keys and values on calibration data")
-    if grouping == "keynorm":
-        return keynorm_groups(k, kv_heads)
-    if grouping == "similarity":
-        return similarity_groups(k, v, kv_heads)
-    raise ValueError(f"unknown grouping {grouping!r}; accepted: {', '.join(GROUPINGS)}")
+    if not batches:
+        raise ValueError(f"grouping {grouping!r} needs the layer's activations on calibration data")
+    if grouping == "search":
+        return search_groups(batches, kv_heads)
+    k, v = _flat(batches)
+    return keynorm_groups(k, kv_heads) if grouping == "keynorm" else similarity_groups(k, v, kv_heads)
 
 
 def pool_heads(weight: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:

@@ -186,6 +186,7 @@ class Grouping(str, enum.Enum):
     mean = "mean"
     keynorm = "keynorm"
     similarity = "similarity"
+    search = "search"
 
 
 @app.command()
@@ -217,12 +218,13 @@ def convert(
         "--grouping",
         help="GQA: which K/V heads are pooled together. mean: neighbours (Ainslie et al., 2023; no data); "
         "keynorm: heads of similar key norm on calibration data (KDGQA's signal); similarity: heads whose "
-        "keys and values are most alike on calibration data (AsymGQA). The groups go into the metadata.",
+        "keys and values are most alike on calibration data (AsymGQA); search: the groups that minimise the "
+        "attention output's error on calibration data (QCQA). The groups go into the metadata.",
     ),
     data: Optional[str] = typer.Option(
         None,
         "--data",
-        help="Calibration data for --grouping keynorm or similarity, as train-ghn's --data "
+        help="Calibration data for --grouping keynorm, similarity or search, as train-ghn's --data "
         "(default: the family's bundled data: digits for ViTs, stdlib-text for language models).",
     ),
 ) -> None:
@@ -249,7 +251,7 @@ def convert(
     check_grouping(attention.value, grouping.value, prefix="--")
     if data is not None:
         if grouping.value not in MEASURED:
-            raise GraphkitError(f"--data applies to --grouping {' or '.join(MEASURED)}, not {grouping.value}")
+            raise GraphkitError(f"--data applies to --grouping {', '.join(MEASURED)}, not {grouping.value}")
         load_source(data)  # a bad spec fails before the model is loaded
     loaded = load_model_file(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
