@@ -106,9 +106,10 @@ def _kind(dtype: torch.dtype) -> str:
     return "bool" if dtype == torch.bool else "integer"
 
 
-def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata of a safetensors file; a ParamsError naming the file otherwise
-    (missing, a folder, unreadable, not safetensors, truncated)."""
+def read_params(path: str | Path, *, tensors: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file (only the metadata, and no tensors, without
+    ``tensors``); a ParamsError naming the file otherwise (missing, a folder, unreadable, not
+    safetensors, truncated)."""
 
     path = Path(path)
     if path.is_dir():
@@ -117,7 +118,8 @@ def read_params(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         raise ParamsError(f"{path}: no such parameter file")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}, dict(f.metadata() or {})
+            values = {name: f.get_tensor(name) for name in f.keys()} if tensors else {}
+            return values, dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for bad headers and short files
         raise ParamsError(f"{path}: not a safetensors file, or truncated ({' '.join(str(e).split())})") from e
 

@@ -345,6 +345,31 @@ def test_convert_saves_the_measured_groups(tmp_path, grouping):
 
 
 @pytest.mark.slow
+def test_a_converted_file_compiles_back_with_its_attention_and_groups(dataset, record, tmp_path):
+    model_file = tmp_path / "record_model.py"
+    model_file.write_text(
+        f"import torch\nfrom graphkit.datasets import load\n\ntorch.manual_seed(0)\n"
+        f"model = load({str(dataset)!r})[{record.id!r}].build_model('cpu')\n"
+    )
+    converted = tmp_path / "converted.safetensors"
+    assert (
+        run("convert", model_file, "-a", "gqa", "-k", "2", "--grouping", "similarity", "-o", converted).exit_code == 0
+    )
+    out = tmp_path / "compiled.safetensors"
+    result = run("compile", dataset, record.id, "--params", converted, "-o", out)  # no -a / -k: the file says
+    assert result.exit_code == 0, result.output
+    (before, written), (after, carried) = read_params(converted), read_params(out)
+    assert all(torch.equal(before[name], after[name]) for name in before) and set(before) <= set(after)
+    for key in ("graphkit_attention", "graphkit_kv_heads", "graphkit_groups"):
+        assert carried[key] == written[key]
+    refused(
+        run("compile", dataset, record.id, "--params", converted, "-a", "kdgqa", "-o", tmp_path / "other.safetensors"),
+        f"--params {converted}: converted to gqa with 2 K/V heads (its metadata), not kdgqa with 2; leave "
+        "--attention and --kv-heads out to use its own",
+    )
+
+
+@pytest.mark.slow
 def test_convert_refuses_an_output_that_is_a_folder_or_not_ours(tmp_path):
     folder = tmp_path / "existing"
     folder.mkdir()

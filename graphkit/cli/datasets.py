@@ -275,18 +275,33 @@ def compile_record(
         None, "--kv-heads", "-k", help="K/V heads for --attention (default: the record's)."
     ),
 ) -> None:
-    """Build a record's model, check it traces to the stored graph, convert its attention if asked,
-    load parameters, save it."""
+    """Build a record's model, check it traces to the stored graph, convert its attention if asked
+    (or as a --params file written by `graphkit convert` records), load parameters, save it."""
     from graphkit.compiler import compile_model, converted_config, load_params, save_params
     from graphkit.datasets import load
-    from graphkit.params import check_params_output
+    from graphkit.errors import GraphkitError
+    from graphkit.params import check_params_output, read_params
 
     check_params_output(out)
+    carried = {}
+    if params is not None:
+        _, metadata = read_params(params, tensors=False)
+        recorded = metadata.get("graphkit_attention"), metadata.get("graphkit_kv_heads")
+        if recorded[0] is not None:
+            kv = int(recorded[1]) if recorded[1] is not None else None
+            if (attention or recorded[0]) != recorded[0] or (kv_heads or kv) != kv:
+                raise GraphkitError(
+                    f"--params {params}: converted to {recorded[0]} with {kv} K/V heads (its metadata), not "
+                    f"{attention or recorded[0]} with {kv_heads or kv}; leave --attention and --kv-heads out "
+                    "to use its own"
+                )
+            attention, kv_heads = recorded[0], kv
+        carried = {k: v for k, v in metadata.items() if k.startswith("graphkit_") and k != "graphkit_config"}
     record = load(path)[record_id]
     config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
     model = compile_model(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
-    save_params(model, out, config=config)  # the converted model's config, not the record's
+    save_params(model, out, config=config, metadata=carried)  # the converted model's config, not the record's
     total = sum(p.numel() for p in model.parameters())
     converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
     console.print(
