@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,18 @@ def test_public_imports_keep_working():
             "--grouping similarity applies to gqa; kdgqa allocates its own groups",
         ),
         (["-a", "gqa", "--data", "digits"], "--data applies to --grouping keynorm, similarity, search, not mean"),
+        (["-a", "mla"], "-a mla needs --kv-rank"),
+        (["-a", "gqa", "--kv-rank", "8"], "--kv-rank applies to -a mla, not gqa"),
+        (
+            ["-a", "mla", "--kv-rank", "8", "-k", "2"],
+            "--kv-heads applies to gqa and the key-driven variants; MLA's cache is set by --kv-rank",
+        ),
+        (["-a", "mla", "--kv-rank", "8", "--grouping", "search"], "--grouping search applies to gqa; mla has no K/V"),
+        (
+            ["-a", "mla", "--kv-rank", "0"],
+            "kv_rank 0 for module 'blocks.0.attn': must be an integer from 1 to its width",
+        ),
+        (["-a", "mla", "--kv-rank", "8", "--window", "3"], "--window applies only to dgqa, not mla"),
         (["-a", "gqa", "--grouping", "keynorm", "--data", "bogus"], "unknown data source 'bogus'; accepted: digits"),
         (
             ["-a", "gqa", "-k", "3", "--grouping", "similarity", "--data", "stdlib-text"],
@@ -342,6 +355,22 @@ def test_convert_saves_the_measured_groups(tmp_path, grouping):
     groups = json.loads(metadata["graphkit_groups"])
     assert len(groups) == 4 and metadata["graphkit_kv_heads"] == "3"  # the example: 4 blocks of 6 heads
     assert all(sorted(h for g in layer for h in g) == list(range(6)) and len(layer) == 3 for layer in groups.values())
+
+
+@pytest.mark.slow
+def test_convert_to_mla_says_what_the_cache_saves_and_compile_refuses_it(dataset, record, tmp_path):
+    out = tmp_path / "mla.safetensors"
+    result = run("convert", VIT_FILE, "-a", "mla", "--kv-rank", "48", "-o", out)
+    assert result.exit_code == 0, result.output
+    metadata = read_params(out)[1]
+    assert (metadata["graphkit_attention"], metadata["graphkit_kv_rank"]) == ("mla", "48")
+    line = next(line for line in result.output.splitlines() if line.startswith("KV cache per token"))
+    before, after = (int(x.replace(",", "")) for x in re.findall(r"([\d,]+) (?:bytes before|after)", line))
+    assert after * 8 == before  # 2 x 192 values a layer become 48
+    refused(
+        run("compile", dataset, record.id, "--params", out, "-o", tmp_path / "back.safetensors"),
+        f"--params {out}: an MLA conversion; graphkit compile builds GQA and the key-driven variants, not MLA yet",
+    )
 
 
 @pytest.mark.slow

@@ -134,16 +134,19 @@ def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: s
     )
 
 
-def _capture_fused(projection: str):
+def _capture_fused(projection: str, output: str):
     """A capture for attention with one fused q/k/v projection (timm's ``qkv``, GPT-2's
-    ``c_attn``): its output's Q, K and V thirds, as (batch, positions, heads, head_dim)."""
+    ``c_attn``): its output's Q, K and V thirds, as (batch, positions, heads, head_dim), and the
+    output projection's weight as (out, in) (GPT-2's ``Conv1D`` stores it transposed)."""
 
     def capture(module: nn.Module, store: Callable[..., None]) -> list:
         heads = module.num_heads
+        w_o = getattr(module, output).weight.detach()
+        w_o = w_o.t() if type(getattr(module, output)).__name__ == "Conv1D" else w_o
 
         def hook(_module, _inputs, out):
             q, k, v = out.detach().chunk(3, dim=-1)
-            store(*(x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads) for x in (q, k, v)))
+            store(*(x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads) for x in (q, k, v)), w_o)
 
         return [getattr(module, projection).register_forward_hook(hook)]
 
@@ -181,6 +184,7 @@ class GPT2GroupedAttention(nn.Module):
         hidden_states: torch.Tensor,
         past_key_values: Any = None,
         attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         b, n, _ = hidden_states.shape
@@ -190,8 +194,9 @@ class GPT2GroupedAttention(nn.Module):
         q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+        cache = cache if cache is not None else past_key_values  # transformers >= 5.2x passes ``cache``
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
         y = self.core(q, k, v, attn_mask=attention_mask, is_causal=attention_mask is None and n > 1)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, -1))), None
 
@@ -321,7 +326,7 @@ def _capture_llama(module: nn.Module, store: Callable[..., None]) -> list:
         def record(_module, _inputs, out):
             seen[name] = out.detach().reshape(*out.shape[:-1], -1, module.head_dim)
             if len(seen) == 3:
-                store(seen.pop("q"), seen.pop("k"), seen.pop("v"))
+                store(seen.pop("q"), seen.pop("k"), seen.pop("v"), module.o_proj.weight.detach())
 
         return record
 
@@ -346,8 +351,9 @@ class AttentionAdapter:
     ``convert(path, module, kv_heads, variant, options, groups)`` returns the converted module
     (``groups``: the K/V heads pooled together, None for neighbours),
     ``capture(module, store)`` hooks the module so that a forward pass hands its queries, keys and
-    values, (batch, positions, heads, head_dim) each, to ``store`` (it returns the hooks'
-    handles), and ``causal`` says whether its attention is causal (what ``search`` scores)."""
+    values, (batch, positions, heads, head_dim) each, and its output projection's weight (out,
+    in) to ``store`` (it returns the hooks' handles), and ``causal`` says whether its attention
+    is causal (what ``search`` scores)."""
 
     claims: Callable[[nn.Module], bool]
     check: Callable[[str, nn.Module, int | None], None]
@@ -356,8 +362,8 @@ class AttentionAdapter:
     causal: bool = False
 
 
-TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm, _capture_fused("qkv"))
-GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn"), causal=True)
+TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm, _capture_fused("qkv", "proj"))
+GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn", "c_proj"), causal=True)
 LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama, _capture_llama, causal=True)
 
 
@@ -433,7 +439,8 @@ def check_grouping(variant: str, grouping: str, prefix: str = "") -> None:
     if grouping not in GROUPINGS:
         raise ConvertError(f"unknown {prefix}grouping {grouping!r}; accepted: {', '.join(GROUPINGS)}")
     if grouping != "mean" and variant != "gqa":
-        raise ConvertError(f"{prefix}grouping {grouping} applies to gqa; {variant} allocates its own groups")
+        why = "has no K/V heads to group" if variant == "mla" else "allocates its own groups"
+        raise ConvertError(f"{prefix}grouping {grouping} applies to gqa; {variant} {why}")
 
 
 _CONVERTED = (ViTGroupedAttention, GPT2GroupedAttention, GroupedQueryAttention)
@@ -519,7 +526,7 @@ def _groups(
     for path, _, adapter in plan:
         if not seen[path]:
             raise ConvertError(f"module '{path}': the calibration inputs never reached it")
-        batches = [Calibration(q, k, v, adapter.causal) for q, k, v in seen[path]]
+        batches = [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]]
         current = batches[0].k.shape[2]
         groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, batches)
     return groups

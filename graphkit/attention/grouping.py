@@ -16,8 +16,9 @@ by what they compute, measured on a small calibration batch:
 - ``search``: the groups that minimise the error of the layer's attention output on the
   calibration batch, as QCQA (Joshi et al., 2024) searches for them: the best of the three
   groupings above by that error, then improved by swapping heads between groups while a swap
-  lowers it. The error is, summed over query heads, the squared distance between the head's
-  output with its own K/V head and with its group's pooled one. LLaMA's heads are scored before
+  lowers it. The error is that of the attention module's output, what it adds to the residual
+  stream: each query head's output with its group's pooled K/V instead of its own, minus the
+  original, through the output projection's columns for that head. LLaMA's heads are scored before
   RoPE (a query and a key at different positions are rotated differently, which the search
   leaves out), so there the error is a proxy.
 
@@ -48,12 +49,15 @@ SEARCH_SWEEPS = 4
 @dataclass(frozen=True)
 class Calibration:
     """One calibration batch as a layer saw it: queries (batch, positions, query heads, d), keys
-    and values (batch, positions, K/V heads, d), and whether the layer's attention is causal."""
+    and values (batch, positions, K/V heads, d), whether the layer's attention is causal, and its
+    output projection's weight (out, query heads * d), through which ``search`` measures the
+    error (None: the heads' outputs themselves)."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     causal: bool = False
+    out_proj: torch.Tensor | None = None
 
 
 def contiguous_groups(heads: int, kv_heads: int) -> list[list[int]]:
@@ -132,9 +136,10 @@ def search_groups(batches: Sequence[Calibration], kv_heads: int) -> list[list[in
 
 
 def attention_error(batches: Sequence[Calibration], groups: list[list[int]]) -> float:
-    """The error ``search`` minimises: summed over query heads and calibration batches, the mean
-    squared distance between a head's attention output with its own K/V head and with its
-    group's pooled K/V (each group's query heads are those of its K/V heads)."""
+    """The error ``search`` minimises, summed over groups and calibration batches: the mean
+    squared change of the attention module's output (through ``out_proj``, where given) when
+    each group's query heads read its pooled K/V instead of their own (each group's query heads
+    are those of its K/V heads)."""
     error = _GroupError(batches)
     return sum(error(group) for group in groups)
 
@@ -158,7 +163,12 @@ class _GroupError:
                 pooled_k = batch.k[:, :, list(key)].mean(2, keepdim=True).expand(-1, -1, len(queries), -1)
                 pooled_v = batch.v[:, :, list(key)].mean(2, keepdim=True).expand(-1, -1, len(queries), -1)
                 out = _attend(batch.q[:, :, queries], pooled_k, pooled_v, batch.causal, per_query=False)
-                total += (out - reference[:, :, queries]).square().mean(dim=(0, 1, 3)).sum().item()
+                change = out - reference[:, :, queries]  # (batch, positions, group's query heads, d)
+                if batch.out_proj is not None:
+                    d = change.shape[-1]
+                    columns = torch.cat([torch.arange(h * d, (h + 1) * d) for h in queries])
+                    change = change.flatten(2) @ batch.out_proj[:, columns].float().t()
+                total += change.square().mean(dim=(0, 1)).sum().item()
             self.cache[key] = total
         return self.cache[key]
 

@@ -180,6 +180,7 @@ class Variant(str, enum.Enum):
     kdgqa = "kdgqa"
     dgqa = "dgqa"
     pgqa = "pgqa"
+    mla = "mla"
 
 
 class Grouping(str, enum.Enum):
@@ -200,7 +201,8 @@ def convert(
         "--attention",
         "-a",
         help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated "
-        "every --window steps) or pgqa (Gaussian perturbation).",
+        "every --window steps), pgqa (Gaussian perturbation) or mla (multi-head latent attention: K and V "
+        "from one shared latent of --kv-rank numbers per token, by SVD of the K/V projections; ViT, GPT-2).",
     ),
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."
@@ -227,13 +229,18 @@ def convert(
         help="Calibration data for --grouping keynorm, similarity or search, as train-ghn's --data "
         "(default: the family's bundled data: digits for ViTs, stdlib-text for language models).",
     ),
+    kv_rank: Optional[int] = typer.Option(
+        None, "--kv-rank", help="MLA: numbers per token in the latent K and V are read from (1 to the width)."
+    ),
 ) -> None:
     """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled over
-    neighbours or measured groups) and save it (the variant, K/V heads, groups and DGQA's options go
-    into the file's metadata)."""
+    neighbours or measured groups), or to MLA (a shared low-rank latent), and save it (the variant,
+    K/V heads or rank, groups and DGQA's options go into the file's metadata). Prints the KV cache
+    per token before and after."""
     from graphkit.attention import convert as convert_model
     from graphkit.attention.convert import check_grouping, check_variant_options, conversion_metadata
     from graphkit.attention.grouping import MEASURED
+    from graphkit.attention.mla import kv_cache_bytes, mla_metadata, to_mla
     from graphkit.errors import GraphkitError
     from graphkit.families import ConfigError, config_from_graph
     from graphkit.ghn.data import calibration_inputs, load_source
@@ -247,6 +254,11 @@ def convert(
         for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
         if value is not None
     }
+    mla = attention.value == "mla"
+    if mla != (kv_rank is not None):
+        raise GraphkitError("-a mla needs --kv-rank" if mla else f"--kv-rank applies to -a mla, not {attention.value}")
+    if mla and kv_heads is not None:
+        raise GraphkitError("--kv-heads applies to gqa and the key-driven variants; MLA's cache is set by --kv-rank")
     check_variant_options(attention.value, options, prefix="--")
     check_grouping(attention.value, grouping.value, prefix="--")
     if data is not None:
@@ -258,6 +270,7 @@ def convert(
         raise GraphkitError(
             f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
+    before = kv_cache_bytes(loaded.model)
     calibration = []
     if grouping.value in MEASURED:
         try:
@@ -268,11 +281,21 @@ def convert(
                 f"graphkit's families, and this model is not one ({e})"
             ) from None
         calibration = calibration_inputs(config, data)
-    model = convert_model(
-        loaded.model, attention.value, kv_heads, grouping=grouping.value, calibration=calibration, **options
-    )
+    if mla:
+        model = to_mla(loaded.model, kv_rank)
+        metadata = mla_metadata(model)
+    else:
+        model = convert_model(
+            loaded.model, attention.value, kv_heads, grouping=grouping.value, calibration=calibration, **options
+        )
+        metadata = conversion_metadata(model)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata=conversion_metadata(model))
+    save_params(model, out, metadata=metadata)
+    after = kv_cache_bytes(model)
+    console.print(
+        f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",
+        highlight=False,
+    )
     print_graph(graph)
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)
 

@@ -287,6 +287,11 @@ def compile_record(
     if params is not None:
         _, metadata = read_params(params, tensors=False)
         recorded = metadata.get("graphkit_attention"), metadata.get("graphkit_kv_heads")
+        if recorded[0] == "mla":
+            raise GraphkitError(
+                f"--params {params}: an MLA conversion; graphkit compile builds GQA and the key-driven variants, "
+                "not MLA yet"
+            )
         if recorded[0] is not None:
             kv = int(recorded[1]) if recorded[1] is not None else None
             if (attention or recorded[0]) != recorded[0] or (kv_heads or kv) != kv:

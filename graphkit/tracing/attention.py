@@ -176,8 +176,9 @@ class AttentionRules:
         core_module = next(
             (m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None
         )
-        if core_module is not None:  # graphkit.attention: GQA and the key-driven variants
+        if core_module is not None:  # graphkit.attention: GQA, the key-driven variants, MLA
             attrs["variant"] = core_module.attention_variant
+            attrs.update(getattr(core_module, "attention_attrs", {}))  # MLA's kv_rank
         if group.attrs.get("tied"):
             attrs["tied"] = group.attrs["tied"]
         # the rarer forms are flagged only where they occur, so other graphs keep their attrs
