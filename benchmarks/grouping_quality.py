@@ -1,5 +1,6 @@
 """Which heads to pool when converting to GQA: neighbours (mean) against heads grouped by
-key norm or by K/V similarity on calibration data, on trained models of every family.
+key norm, by K/V similarity or by search on calibration data, on trained models of every family;
+and MLA at the same KV cache.
 
 A ViT (digits), a GPT-2 and a LLaMA-style model (bundled stdlib text, byte tokens), 4 layers of
 width 128 and 8 heads each, are trained directly for ``--steps`` AdamW steps, so that their heads
@@ -7,7 +8,9 @@ have structure to group by. Each is then converted to GQA with 2 K/V heads (a KV
 of MHA's) by every grouping, with calibration inputs from the same bundled data (the train
 split; the scores are on the eval split), and scored on held-out data right after conversion and
 after ``--uptrain`` steps of training on the same batches for every grouping. The reference
-approach is mean-pooling neighbouring heads (Ainslie et al., 2023), in the same run.
+approach is mean-pooling neighbouring heads (Ainslie et al., 2023), in the same run. MLA with
+the same cache per token (a latent of 2 x 2 x head_dim numbers) follows for the families it
+converts (LLaMA is refused: RoPE).
 
     .venv/bin/python benchmarks/grouping_quality.py            # print the table (about 10 min on 2 cores)
     .venv/bin/python benchmarks/grouping_quality.py --write    # also update BENCHMARKS.md
@@ -27,6 +30,7 @@ import common  # noqa: E402
 
 from graphkit.attention import convert  # noqa: E402
 from graphkit.attention.grouping import GROUPINGS  # noqa: E402
+from graphkit.attention.mla import MLAError, kv_cache_bytes, to_mla  # noqa: E402
 from graphkit.families import build_model, resolve_config  # noqa: E402
 from graphkit.ghn.data import calibration_inputs, default_source, load_source  # noqa: E402
 from graphkit.ghn.evaluate import fine_tune, score  # noqa: E402
@@ -70,6 +74,19 @@ def family_rows(family: str, steps: int, uptrain: int) -> list[str]:
         cache = f"{100 * KV_HEADS // config['heads']}%"
         rows.append(f"| {family} | {grouping} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
         print(rows[-1], flush=True)
+    rank = 2 * KV_HEADS * config["hidden"] // config["heads"]  # GQA's cache per token and layer
+    try:
+        converted = to_mla(copy.deepcopy(model), rank)
+    except MLAError as e:
+        rows.append(f"| {family} | mla (kv_rank {rank}) | - | refused: {str(e).split(': ', 1)[1]} | - |")
+        return rows
+    cache = f"{100 * kv_cache_bytes(converted) // kv_cache_bytes(model)}%"
+    _, scores = fine_tune(converted, uptraining, source.task, 3e-4, held_out, at=(0, uptrain))
+    (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
+    rows.append(
+        f"| {family} | mla (kv_rank {rank}) | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |"
+    )
+    print(rows[-1], flush=True)
     return rows
 
 
