@@ -1,4 +1,4 @@
-"""Forward latency of MHA, GQA and the key-driven variants on ViT-B/16 geometry, in one run.
+"""Forward latency of MHA, GQA, the key-driven variants and MLA on ViT-B/16 geometry, in one run.
 
     .venv/bin/python benchmarks/attention_speed.py            # print the table
     .venv/bin/python benchmarks/attention_speed.py --write    # also update BENCHMARKS.md
@@ -9,7 +9,9 @@ tokens): qkv projection, attention core, output projection, in inference mode, o
 CUDA when there is one). The reference approaches are MHA (12 K/V heads) and GQA that
 materialises repeated K/V (``repeat_interleave``, then SDPA), the way many implementations do.
 KDGQA and DGQA run as at inference (DGQA's allocation frozen, KDGQA's recomputed every call);
-PGQA is measured with its noise on (training behaviour), since in eval it is exactly GQA.
+PGQA is measured with its noise on (training behaviour), since in eval it is exactly GQA. MLA
+(``graphkit.attention.mla``) is measured with the same KV cache per token as GQA: a latent of
+2 x 6 x 64 numbers, rebuilt into every head's K and V by its up projections.
 "GQA (auto)" is graphkit's default: on a GPU it measures both uniform-group paths once and takes
 the faster (``graphkit.attention.core.fastest_gqa_path``); the last column compares every row
 with the faster of the two GQA paths measured here.
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from graphkit.attention import ViTGroupedAttention, core  # noqa: E402
+from graphkit.attention.mla import ViTLatentAttention  # noqa: E402
 
 DIM, HEADS, KV, BATCH, TOKENS = 768, 12, 6, 32, 197
 
@@ -56,6 +59,8 @@ def layers(device: str) -> dict[str, torch.nn.Module]:
         "KDGQA": ViTGroupedAttention(DIM, HEADS, KV, "kdgqa"),
         "DGQA": ViTGroupedAttention(DIM, HEADS, KV, "dgqa"),
         "PGQA (noise on)": ViTGroupedAttention(DIM, HEADS, KV, "pgqa", perturb_in_eval=True),
+        # MLA with GQA's KV cache: a latent of 2 x KV x head_dim numbers per token
+        f"MLA (kv_rank {2 * KV * DIM // HEADS}, GQA's cache)": ViTLatentAttention(DIM, HEADS, 2 * KV * DIM // HEADS),
     }
     out["GQA (repeat_kv)"].core = RepeatKV(HEADS // KV)
     return {name: layer.to(device).eval() for name, layer in out.items()}
