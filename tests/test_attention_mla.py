@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import graphkit
+from graphkit.attention import convert
 from graphkit.attention.mla import LatentKV, MLAError, kv_cache_bytes, to_mla
 from graphkit.families import build_model
 
@@ -67,9 +68,14 @@ def test_a_lower_rank_caches_less_and_stays_close(family):
     assert torch.isfinite(run(converted, name)).all()
 
 
-def test_gpt2_decodes_from_its_latent_cache_as_from_the_whole_sequence():
+@pytest.mark.parametrize("conversion", ["mla", "gqa"])
+def test_gpt2_decodes_from_its_cache_as_from_the_whole_sequence(conversion):
+    """MLA caches the latent; GQA its K/V heads. Either way, decoding token by token from the cache
+    gives the logits of one pass over the whole sequence (transformers passes the cache as
+    ``cache`` since 5.2x, and a converted attention that ignored it decoded wrong)."""
     torch.manual_seed(0)
-    converted = to_mla(build_model(FAMILIES["gpt2"], device="cpu").eval(), kv_rank=24)
+    model = build_model(FAMILIES["gpt2"], device="cpu").eval()
+    converted = to_mla(model, kv_rank=24) if conversion == "mla" else convert(model, "gqa", 2)
     tokens = inputs("gpt2")[:1]
     with torch.no_grad():
         whole = converted(tokens, use_cache=False).logits
@@ -84,7 +90,10 @@ def test_gpt2_decodes_from_its_latent_cache_as_from_the_whole_sequence():
         uncached = converted.generate(tokens[:, :5], max_new_tokens=6, do_sample=False, use_cache=False)
     assert (torch.cat(steps, dim=1) - whole).abs().max() < 1e-4
     assert torch.equal(cached, uncached)
-    assert cache.layers[0].keys.shape[-1] == 24 and cache.layers[0].values.shape[-1] == 0  # the latent, no K or V
+    if conversion == "mla":
+        assert cache.layers[0].keys.shape[-1] == 24 and cache.layers[0].values.shape[-1] == 0  # the latent alone
+    else:
+        assert cache.layers[0].keys.shape[1] == 2  # two K/V heads
 
 
 @pytest.mark.parametrize("rank", [0, -1, 49, 2.5, True])

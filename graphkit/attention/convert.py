@@ -153,7 +153,29 @@ def _capture_fused(projection: str, output: str):
     return capture
 
 
-class GPT2GroupedAttention(nn.Module):
+class GPT2AttentionCall(nn.Module):
+    """What GPT-2's blocks call, as ``GPT2Attention`` answers it: ``forward(hidden_states, cache,
+    attention_mask)`` returns ``(c_proj output after dropout, None)``. transformers up to 5.1x
+    hands the KV cache over as ``past_key_values``, later ones as ``cache``; both are taken.
+    Subclasses compute the attention before ``c_proj`` in :meth:`attend`."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        past_key_values: Any = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        cache = cache if cache is not None else past_key_values
+        return self.resid_dropout(self.c_proj(self.attend(hidden_states, cache, attention_mask))), None
+
+    def attend(self, hidden_states: torch.Tensor, cache: Any, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The heads' outputs, concatenated (batch, positions, width), before the output projection."""
+        raise NotImplementedError
+
+
+class GPT2GroupedAttention(GPT2AttentionCall):
     """Hugging Face GPT-2 attention with ``kv_heads`` K/V heads: ``c_attn`` (a Conv1D, weight
     stored (in, out)) projects to (heads + 2 kv_heads) * head_dim; a :class:`GroupedQueryAttention`
     core; ``c_proj``. Same call and return as ``GPT2Attention`` (KV cache included)."""
@@ -179,14 +201,7 @@ class GPT2GroupedAttention(nn.Module):
         self.c_proj = Conv1D(dim, dim)
         self.resid_dropout = nn.Dropout(resid_pdrop)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        past_key_values: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: Any = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
+    def attend(self, hidden_states: torch.Tensor, cache: Any, attention_mask: torch.Tensor | None) -> torch.Tensor:
         b, n, _ = hidden_states.shape
         q, k, v = self.c_attn(hidden_states).split(
             [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=2
@@ -194,11 +209,10 @@ class GPT2GroupedAttention(nn.Module):
         q = q.view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        cache = cache if cache is not None else past_key_values  # transformers >= 5.2x passes ``cache``
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
         y = self.core(q, k, v, attn_mask=attention_mask, is_causal=attention_mask is None and n > 1)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, n, -1))), None
+        return y.transpose(1, 2).reshape(b, n, -1)
 
     @classmethod
     def from_hf(

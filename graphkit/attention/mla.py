@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.attention.convert import GPT2GroupedAttention, ViTGroupedAttention
+from graphkit.attention.convert import GPT2AttentionCall, GPT2GroupedAttention, ViTGroupedAttention
 from graphkit.errors import GraphkitError
 from graphkit.validation import is_count
 
@@ -116,7 +116,7 @@ class ViTLatentAttention(nn.Module):
         return new
 
 
-class GPT2LatentAttention(nn.Module):
+class GPT2LatentAttention(GPT2AttentionCall):
     """Hugging Face GPT-2 attention as MLA; same call and return as ``GPT2Attention``. Its KV
     cache holds the latent, ``kv_rank`` numbers per token (stored in the cache's key slot, with
     an empty value), and K and V are rebuilt from it every step."""
@@ -130,17 +130,9 @@ class GPT2LatentAttention(nn.Module):
         self.c_proj = nn.Linear(dim, dim)
         self.resid_dropout = nn.Dropout(resid_pdrop)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        past_key_values: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: Any = None,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
+    def attend(self, hidden_states: torch.Tensor, cache: Any, attention_mask: torch.Tensor | None) -> torch.Tensor:
         b, n, _ = hidden_states.shape
         c = self.kv.down(hidden_states)
-        cache = cache if cache is not None else past_key_values  # transformers >= 5.2x passes ``cache``
         if cache is not None:
             cached, _ = cache.update(c.unsqueeze(1), c.new_zeros(b, 1, n, 0), self.layer_idx)
             c = cached.squeeze(1)
@@ -149,7 +141,7 @@ class GPT2LatentAttention(nn.Module):
             attention_mask = attention_mask[:, :, :, : k.shape[-2]]
         causal = attention_mask is None and n > 1
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=causal)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).flatten(2))), None
+        return y.transpose(1, 2).flatten(2)
 
     @classmethod
     def from_hf(cls, attn: nn.Module, kv_rank: int) -> GPT2LatentAttention:
