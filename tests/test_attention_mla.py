@@ -16,6 +16,9 @@ from graphkit.families import build_model
 FAMILIES = {
     "vit": dict(family="vit", num_layers=2, hidden=48, heads=4),
     "gpt2": dict(family="gpt2", num_layers=2, hidden=48, heads=4, vocab_size=50, context=16),
+    "llama": dict(family="llama", num_layers=2, hidden=48, heads=4, vocab_size=50, context=16),
+    "llama-gqa": dict(family="llama", num_layers=2, hidden=64, heads=8, kv_heads=4, vocab_size=50, context=16),
+    "mistral": dict(family="llama", num_layers=2, hidden=48, heads=4, vocab_size=50, context=16, sliding_window=3),
 }
 
 
@@ -54,29 +57,37 @@ def test_the_latent_is_the_best_low_rank_product_of_the_stacked_projections():
 
 def test_mla_at_full_rank_reproduces_the_model_and_its_graph_says_mla(family):
     name, model = family
-    converted = to_mla(copy.deepcopy(model), kv_rank=48)
+    width = FAMILIES[name]["hidden"]
+    converted = to_mla(copy.deepcopy(model), kv_rank=width)
     assert (run(converted, name) - run(model, name)).abs().max() < 1e-4
+    original = next(n.attrs for n in graphkit.trace(model).nodes if n.op == "attention")
     attention = [n.attrs for n in graphkit.trace(converted).nodes if n.op == "attention"]
-    assert len(attention) == 2 and all(a["variant"] == "mla" and a["kv_rank"] == 48 for a in attention)
+    assert len(attention) == 2 and all(a["variant"] == "mla" and a["kv_rank"] == width for a in attention)
+    assert all(a["rope"] == original["rope"] and a["window"] == original["window"] for a in attention)
 
 
 def test_a_lower_rank_caches_less_and_stays_close(family):
     name, model = family
-    before = kv_cache_bytes(model)
+    config = FAMILIES[name]
+    kv_width = config["hidden"] // config["heads"] * config.get("kv_heads", config["heads"])
+    assert kv_cache_bytes(model) == 2 * 2 * kv_width * 4  # 2 layers, K and V, float32
     converted = to_mla(copy.deepcopy(model), kv_rank=24)
-    assert before == 2 * 2 * 48 * 4 and kv_cache_bytes(converted) == 2 * 24 * 4  # 2 layers, float32: 4 x smaller
+    assert kv_cache_bytes(converted) == 2 * 24 * 4
     assert torch.isfinite(run(converted, name)).all()
 
 
-@pytest.mark.parametrize("conversion", ["mla", "gqa"])
-def test_gpt2_decodes_from_its_cache_as_from_the_whole_sequence(conversion):
+@pytest.mark.parametrize(
+    ("name", "conversion"),
+    [("gpt2", "mla"), ("gpt2", "gqa"), ("llama", "mla"), ("llama-gqa", "mla"), ("mistral", "mla")],
+)
+def test_a_language_model_decodes_from_its_cache_as_from_the_whole_sequence(name, conversion):
     """MLA caches the latent; GQA its K/V heads. Either way, decoding token by token from the cache
     gives the logits of one pass over the whole sequence (transformers passes the cache as
     ``cache`` since 5.2x, and a converted attention that ignored it decoded wrong)."""
     torch.manual_seed(0)
-    model = build_model(FAMILIES["gpt2"], device="cpu").eval()
+    model = build_model(FAMILIES[name], device="cpu").eval()
     converted = to_mla(model, kv_rank=24) if conversion == "mla" else convert(model, "gqa", 2)
-    tokens = inputs("gpt2")[:1]
+    tokens = inputs(name)[:1]
     with torch.no_grad():
         whole = converted(tokens, use_cache=False).logits
         first = converted(tokens[:, :5], use_cache=True)
@@ -105,7 +116,9 @@ def test_a_bad_rank_is_refused_before_anything_changes(rank):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_llama_is_refused_in_one_line_naming_why():
-    model = build_model(dict(family="llama", num_layers=1, hidden=32, heads=4, vocab_size=50, context=16), "cpu")
-    with pytest.raises(MLAError, match=r"module 'model.layers.0.self_attn' \(LlamaAttention\): its keys are rotated"):
-        to_mla(model, 16)
+def test_an_attention_to_mla_cannot_convert_is_named():
+    model = torch.nn.Sequential(torch.nn.MultiheadAttention(16, 4))
+    with pytest.raises(
+        MLAError, match=r"module '0' \(torch.nn.modules.activation.MultiheadAttention\) is an attention"
+    ):
+        to_mla(model, 8)

@@ -12,10 +12,15 @@ converted layer computes exactly what the original did. The K/V biases stay on t
 projections: they add the same vector to every token and do not pass through the latent. Q and
 the output projection are copied.
 
-Handled: timm ViTs and Hugging Face GPT-2 (whose converted attention caches the latent, not K
-and V). LLaMA-style attention is refused in one line: its keys are rotated per position (RoPE)
-after the projection, so a shared latent needs RoPE's dimensions kept apart (MHA2MLA's
-partial RoPE), which this module does not do yet.
+Handled: timm ViTs, Hugging Face GPT-2 and LLaMA-style models (LLaMA, Mistral, GQA or not);
+the language models' converted attention caches the latent, not K and V. LLaMA's keys are
+rotated per position (RoPE) after the projection, so the converted attention rebuilds K from the
+cached latent and rotates it for every cached position each step: exact, with the cache at
+``kv_rank`` numbers per token, but the up projection cannot be folded into the query (the
+absorbed form DeepSeek uses at inference), which would need RoPE's dimensions kept out of the
+latent (MHA2MLA's partial RoPE, TransMLA's decoupled key; not built). Cached positions are
+taken to run up to the current token's (the ``position_ids`` the decoder layer passes), which a
+full or a sliding-window cache both keep.
 """
 
 from __future__ import annotations
@@ -161,6 +166,72 @@ class GPT2LatentAttention(GPT2AttentionCall):
         return new
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as LLaMA applies it: ``x cos + rotate_half(x) sin``; x (batch, heads, positions, d),
+    cos and sin (batch, positions, d)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+class LlamaLatentAttention(nn.Module):
+    """LLaMA-style attention as MLA: ``q_proj`` and ``o_proj`` copied, K and V rebuilt from the
+    cached latent and K rotated for every cached position (see the module docstring); the
+    module's call and return are ``LlamaAttention``'s."""
+
+    def __init__(self, attn: nn.Module, kv_rank: int, rotary: nn.Module) -> None:
+        super().__init__()
+        self.config, self.layer_idx, self.head_dim = attn.config, attn.layer_idx, attn.head_dim
+        self.is_causal, self.scaling = True, attn.scaling
+        self.kv_heads = attn.k_proj.out_features // attn.head_dim
+        self.q_proj, self.o_proj = attn.q_proj, attn.o_proj
+        self.kv = LatentKV.factor(
+            attn.k_proj.weight.detach(),
+            attn.v_proj.weight.detach(),
+            None if attn.k_proj.bias is None else attn.k_proj.bias.detach(),
+            None if attn.v_proj.bias is None else attn.v_proj.bias.detach(),
+            kv_rank,
+        )
+        self._rotary = [rotary]  # the model's own rotary embedding, shared, not a submodule of each layer
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        b, n, _ = hidden_states.shape
+        cache = cache if cache is not None else past_key_values
+        cos, sin = position_embeddings
+        q = _rotate(_heads(self.q_proj(hidden_states), self.q_proj.out_features // self.head_dim), cos, sin)
+        c = self.kv.down(hidden_states)
+        if cache is not None:
+            cached, _ = cache.update(c.unsqueeze(1), c.new_zeros(b, 1, n, 0), self.layer_idx)
+            c = cached.squeeze(1)
+        length = c.shape[1]
+        if length != n:  # the cached keys run up to this step's last position (a sliding cache keeps the last few)
+            last = kwargs["position_ids"][:, -1:] if kwargs.get("position_ids") is not None else length - 1
+            positions = last - length + 1 + torch.arange(length, device=c.device)
+            cos, sin = self._rotary[0](c, positions.expand(b, length))
+        k = _rotate(_heads(self.kv.k_up(c), self.kv_heads), cos, sin)
+        v = _heads(self.kv.v_up(c), self.kv_heads)
+        if attention_mask is not None:
+            attention_mask = attention_mask[:, :, :, :length]
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attention_mask,
+            is_causal=attention_mask is None and n > 1,
+            scale=self.scaling,
+            enable_gqa=k.shape[1] != q.shape[1],
+        )
+        return self.o_proj(y.transpose(1, 2).flatten(2)), None
+
+
 def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every attention module of ``model`` ``to_mla`` would replace, checked: an attention it
     cannot convert is an MLAError naming it."""
@@ -168,7 +239,7 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     for path, module in model.named_modules():
         kind = type(module).__name__
         if any(path.startswith(p + ".") for p, _ in found) or isinstance(
-            module, (LatentKV, ViTLatentAttention, GPT2LatentAttention)
+            module, (LatentKV, ViTLatentAttention, GPT2LatentAttention, LlamaLatentAttention)
         ):
             continue
         if kind == "Attention" and type(module).__module__.startswith("timm."):
@@ -177,11 +248,8 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if module.is_cross_attention:
                 raise MLAError(f"module '{path}' (GPT2Attention) is cross-attention, which to_mla does not handle")
             found.append((path, module))
-        elif all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")):
-            raise MLAError(
-                f"module '{path}' ({kind}): its keys are rotated per position (RoPE), and MLA with RoPE needs "
-                "the rotary dimensions kept out of the latent, which graphkit does not do yet; convert it to GQA"
-            )
+        elif all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "config")):
+            found.append((path, module))
         elif "attention" in kind.lower():
             raise MLAError(f"module '{path}' ({type(module).__module__}.{kind}) is an attention to_mla cannot convert")
     if not found:
@@ -209,6 +277,13 @@ def kv_cache_bytes(model: nn.Module) -> int:
     return total * size
 
 
+def _width(module: nn.Module) -> int:
+    """The model width an attention module reads: the most ``kv_rank`` can be."""
+    if hasattr(module, "qkv"):
+        return module.qkv.in_features
+    return module.embed_dim if hasattr(module, "embed_dim") else module.k_proj.in_features
+
+
 def to_mla(model: nn.Module, kv_rank: int) -> nn.Module:
     """Replace every attention module of ``model`` (in place) by MLA with a ``kv_rank``-number
     latent per token (see the module docstring); returns the model. Every module is checked
@@ -217,18 +292,22 @@ def to_mla(model: nn.Module, kv_rank: int) -> nn.Module:
     was."""
     plan = _attention_modules(model)
     for path, module in plan:
-        dim = module.qkv.in_features if hasattr(module, "qkv") else module.embed_dim
+        dim = _width(module)
         if not is_count(kv_rank, 1, dim):
             raise MLAError(
                 f"kv_rank {kv_rank!r} for module '{path}': must be an integer from 1 to its width {dim} "
                 f"(at {dim} the latent is exact)"
             )
+    rotary = next((m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")), None)
+    if rotary is None and any(hasattr(m, "q_proj") for _, m in plan):
+        raise MLAError(f"{type(model).__name__}: no rotary embedding module found for its RoPE attention")
     for path, module in plan:
-        new = (
-            ViTLatentAttention.from_timm(module, kv_rank)
-            if hasattr(module, "qkv")
-            else GPT2LatentAttention.from_hf(module, kv_rank)
-        )
+        if hasattr(module, "qkv"):
+            new = ViTLatentAttention.from_timm(module, kv_rank)
+        elif hasattr(module, "c_attn"):
+            new = GPT2LatentAttention.from_hf(module, kv_rank)
+        else:
+            new = LlamaLatentAttention(module, kv_rank, rotary)
         new.train(module.training)
         parent, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent), name, new)
