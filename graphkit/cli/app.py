@@ -202,7 +202,7 @@ def convert(
         "-a",
         help="gqa, kdgqa (key-norm allocation), dgqa (allocation updated "
         "every --window steps), pgqa (Gaussian perturbation) or mla (multi-head latent attention: K and V "
-        "from one shared latent of --kv-rank numbers per token, by SVD of the K/V projections; ViT, GPT-2).",
+        "from one shared latent of --kv-rank numbers per token, by SVD of the K/V projections).",
     ),
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."
