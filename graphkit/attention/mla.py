@@ -31,7 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.attention.convert import GPT2AttentionCall, GPT2GroupedAttention, ViTGroupedAttention
+from graphkit.attention.convert import (
+    GPT2_ATTENTION,
+    LLAMA_ATTENTION,
+    TIMM_ATTENTION,
+    GPT2AttentionCall,
+    GPT2GroupedAttention,
+    ViTGroupedAttention,
+)
 from graphkit.errors import GraphkitError
 from graphkit.validation import is_count
 
@@ -232,26 +239,32 @@ class LlamaLatentAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).flatten(2)), None
 
 
-def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every attention module of ``model`` ``to_mla`` would replace, checked: an attention it
-    cannot convert is an MLAError naming it."""
+#: the attention modules to_mla converts, recognised as convert's adapters recognise them
+_KINDS = {"vit": TIMM_ATTENTION, "gpt2": GPT2_ATTENTION, "llama": LLAMA_ATTENTION}
+
+
+def _kind(module: nn.Module) -> str | None:
+    """Which of :data:`_KINDS` ``module`` is, or None."""
+    return next((kind for kind, adapter in _KINDS.items() if adapter.claims(module)), None)
+
+
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """Every attention module of ``model`` ``to_mla`` would replace, with its kind, checked: an
+    attention it cannot convert is an MLAError naming it."""
     found = []
     for path, module in model.named_modules():
-        kind = type(module).__name__
-        if any(path.startswith(p + ".") for p, _ in found) or isinstance(
+        name = type(module).__name__
+        if any(path.startswith(p + ".") for p, _, _ in found) or isinstance(
             module, (LatentKV, ViTLatentAttention, GPT2LatentAttention, LlamaLatentAttention)
         ):
             continue
-        if kind == "Attention" and type(module).__module__.startswith("timm."):
-            found.append((path, module))
-        elif kind == "GPT2Attention":
-            if module.is_cross_attention:
-                raise MLAError(f"module '{path}' (GPT2Attention) is cross-attention, which to_mla does not handle")
-            found.append((path, module))
-        elif all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "config")):
-            found.append((path, module))
-        elif "attention" in kind.lower():
-            raise MLAError(f"module '{path}' ({type(module).__module__}.{kind}) is an attention to_mla cannot convert")
+        kind = _kind(module)
+        if kind == "gpt2" and module.is_cross_attention:
+            raise MLAError(f"module '{path}' (GPT2Attention) is cross-attention, which to_mla does not handle")
+        if kind is not None:
+            found.append((path, module, kind))
+        elif "attention" in name.lower():
+            raise MLAError(f"module '{path}' ({type(module).__module__}.{name}) is an attention to_mla cannot convert")
     if not found:
         raise MLAError(f"{type(model).__name__} has no attention module to_mla knows how to convert")
     return found
@@ -263,25 +276,25 @@ def kv_cache_bytes(model: nn.Module) -> int:
     size = next(model.parameters()).element_size()
     total = 0
     for module in model.modules():
-        kind = type(module).__name__
+        kind = _kind(module)
         if isinstance(module, LatentKV):
             total += module.kv_rank
-        elif kind == "GPT2Attention":
-            total += 2 * module.embed_dim
-        elif kind == "Attention" and type(module).__module__.startswith("timm."):
-            total += 2 * module.qkv.in_features
         elif isinstance(module, (ViTGroupedAttention, GPT2GroupedAttention)):
             total += 2 * module.core.kv_heads * module.head_dim
-        elif all(hasattr(module, n) for n in ("k_proj", "v_proj", "head_dim")):
+        elif kind == "llama":  # its K/V projections say how many K/V heads it has, converted to GQA or not
             total += module.k_proj.out_features + module.v_proj.out_features
+        elif kind is not None:  # MHA: K and V as wide as the model
+            total += 2 * _width(module, kind)
     return total * size
 
 
-def _width(module: nn.Module) -> int:
-    """The model width an attention module reads: the most ``kv_rank`` can be."""
-    if hasattr(module, "qkv"):
+def _width(module: nn.Module, kind: str) -> int:
+    """The model width an attention module of ``kind`` reads: the most ``kv_rank`` can be."""
+    if kind == "vit":
         return module.qkv.in_features
-    return module.embed_dim if hasattr(module, "embed_dim") else module.k_proj.in_features
+    if kind == "gpt2":
+        return module.embed_dim
+    return module.k_proj.in_features
 
 
 def to_mla(model: nn.Module, kv_rank: int) -> nn.Module:
@@ -291,20 +304,20 @@ def to_mla(model: nn.Module, kv_rank: int) -> nn.Module:
     attention ``to_mla`` cannot convert, is an MLAError naming it, and the model is left as it
     was."""
     plan = _attention_modules(model)
-    for path, module in plan:
-        dim = _width(module)
+    for path, module, kind in plan:
+        dim = _width(module, kind)
         if not is_count(kv_rank, 1, dim):
             raise MLAError(
                 f"kv_rank {kv_rank!r} for module '{path}': must be an integer from 1 to its width {dim} "
                 f"(at {dim} the latent is exact)"
             )
     rotary = next((m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")), None)
-    if rotary is None and any(hasattr(m, "q_proj") for _, m in plan):
+    if rotary is None and any(kind == "llama" for _, _, kind in plan):
         raise MLAError(f"{type(model).__name__}: no rotary embedding module found for its RoPE attention")
-    for path, module in plan:
-        if hasattr(module, "qkv"):
+    for path, module, kind in plan:
+        if kind == "vit":
             new = ViTLatentAttention.from_timm(module, kv_rank)
-        elif hasattr(module, "c_attn"):
+        elif kind == "gpt2":
             new = GPT2LatentAttention.from_hf(module, kv_rank)
         else:
             new = LlamaLatentAttention(module, kv_rank, rotary)
