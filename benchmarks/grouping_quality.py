@@ -9,8 +9,8 @@ of MHA's) by every grouping, with calibration inputs from the same bundled data 
 split; the scores are on the eval split), and scored on held-out data right after conversion and
 after ``--uptrain`` steps of training on the same batches for every grouping. The reference
 approach is mean-pooling neighbouring heads (Ainslie et al., 2023), in the same run. MLA with
-the same cache per token (a latent of 2 x 2 x head_dim numbers) follows for the families it
-converts (LLaMA is refused: RoPE).
+the same cache per token follows: a latent of 2 x 2 x head_dim numbers (exact RoPE for LLaMA),
+and for LLaMA also partial RoPE, a smaller latent beside 4 rotary key dimensions per head.
 
     .venv/bin/python benchmarks/grouping_quality.py            # print the table (about 10 min on 2 cores)
     .venv/bin/python benchmarks/grouping_quality.py --write    # also update BENCHMARKS.md
@@ -42,6 +42,8 @@ MODELS = {  # resolved below: a data source shapes its batches from the full con
 }
 MODELS = {family: resolve_config(config) for family, config in MODELS.items()}
 KV_HEADS = 2
+#: LLaMA's partial-RoPE MLA row: rotary dimensions kept per head (MHA2MLA's conversion)
+ROPE_DIMS = 4
 #: batch size of each family's training and held-out batches (text: windows of 64 bytes)
 BATCH = {"vit": 64, "gpt2": 16, "llama": 16}
 
@@ -75,18 +77,21 @@ def family_rows(family: str, steps: int, uptrain: int) -> list[str]:
         rows.append(f"| {family} | {grouping} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
         print(rows[-1], flush=True)
     rank = 2 * KV_HEADS * config["hidden"] // config["heads"]  # GQA's cache per token and layer
-    try:
-        converted = to_mla(copy.deepcopy(model), rank)
-    except MLAError as e:
-        rows.append(f"| {family} | mla (kv_rank {rank}) | - | refused: {str(e).split(': ', 1)[1]} | - |")
-        return rows
-    cache = f"{100 * kv_cache_bytes(converted) // kv_cache_bytes(model)}%"
-    _, scores = fine_tune(converted, uptraining, source.task, 3e-4, held_out, at=(0, uptrain))
-    (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
-    rows.append(
-        f"| {family} | mla (kv_rank {rank}) | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |"
-    )
-    print(rows[-1], flush=True)
+    conversions = [(rank, None)]
+    if family == "llama":  # the same cache with partial RoPE: 4 rotary dimensions per head beside the latent
+        conversions.append((rank - config["heads"] * ROPE_DIMS, ROPE_DIMS))
+    for kv_rank, rope_dims in conversions:
+        label = f"mla (kv_rank {kv_rank}" + (f", rope_dims {rope_dims})" if rope_dims else ")")
+        try:
+            converted = to_mla(copy.deepcopy(model), kv_rank, rope_dims=rope_dims, calibration=calibration)
+        except MLAError as e:
+            rows.append(f"| {family} | {label} | - | refused: {str(e).split(': ', 1)[1]} | - |")
+            continue
+        cache = f"{100 * kv_cache_bytes(converted) // kv_cache_bytes(model)}%"
+        _, scores = fine_tune(converted, uptraining, source.task, 3e-4, held_out, at=(0, uptrain))
+        (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
+        rows.append(f"| {family} | {label} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
+        print(rows[-1], flush=True)
     return rows
 
 

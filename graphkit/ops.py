@@ -140,6 +140,9 @@ def window_text(window: int | list[int]) -> str:
 
 
 def attention_kind(attrs: Mapping[str, Any]) -> str:
-    """MHA, MQA or GQA from an attention node's head counts, or its recorded variant (e.g. KDGQA)."""
+    """MHA, MQA or GQA from an attention node's head counts, or its recorded variant (e.g. KDGQA),
+    with MLA's latent rank and decoupled rotary dimensions, which set its cache."""
     heads, kv = attrs.get("heads"), attrs.get("kv_heads")
-    return str(attrs.get("variant") or "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
+    kind = str(attrs.get("variant") or "").upper() or ("MHA" if kv == heads else "MQA" if kv == 1 else "GQA")
+    ranks = [f"{name}={attrs[name]}" for name in ("kv_rank", "rope_dims") if attrs.get(name)]
+    return f"{kind}({', '.join(ranks)})" if ranks else kind

@@ -10,7 +10,8 @@ import torch
 
 import graphkit
 from graphkit.attention import convert
-from graphkit.attention.mla import LatentKV, MLAError, kv_cache_bytes, to_mla
+from graphkit.attention.mla import LatentKV, MLAError, kv_cache_bytes, latent_attention, rope_pairs, to_mla
+from graphkit.compiler import CompileError, compile_model, save_params
 from graphkit.families import build_model
 
 FAMILIES = {
@@ -78,7 +79,15 @@ def test_a_lower_rank_caches_less_and_stays_close(family):
 
 @pytest.mark.parametrize(
     ("name", "conversion"),
-    [("gpt2", "mla"), ("gpt2", "gqa"), ("llama", "mla"), ("llama-gqa", "mla"), ("mistral", "mla")],
+    [
+        ("gpt2", "mla"),
+        ("gpt2", "gqa"),
+        ("llama", "mla"),
+        ("llama-gqa", "mla"),
+        ("mistral", "mla"),
+        ("llama-gqa", "mla-rope"),
+        ("mistral", "mla-rope"),
+    ],
 )
 def test_a_language_model_decodes_from_its_cache_as_from_the_whole_sequence(name, conversion):
     """MLA caches the latent; GQA its K/V heads. Either way, decoding token by token from the cache
@@ -86,7 +95,10 @@ def test_a_language_model_decodes_from_its_cache_as_from_the_whole_sequence(name
     ``cache`` since 5.2x, and a converted attention that ignored it decoded wrong)."""
     torch.manual_seed(0)
     model = build_model(FAMILIES[name], device="cpu").eval()
-    converted = to_mla(model, kv_rank=24) if conversion == "mla" else convert(model, "gqa", 2)
+    if conversion == "gqa":
+        converted = convert(model, "gqa", 2)
+    else:
+        converted = to_mla(model, kv_rank=24, rope_dims=4 if conversion == "mla-rope" else None)
     tokens = inputs(name)[:1]
     with torch.no_grad():
         whole = converted(tokens, use_cache=False).logits
@@ -103,6 +115,9 @@ def test_a_language_model_decodes_from_its_cache_as_from_the_whole_sequence(name
     assert torch.equal(cached, uncached)
     if conversion == "mla":
         assert cache.layers[0].keys.shape[-1] == 24 and cache.layers[0].values.shape[-1] == 0  # the latent alone
+    elif conversion == "mla-rope":  # the latent and each K/V head's 4 rotary key dimensions
+        kv_heads = FAMILIES[name].get("kv_heads", FAMILIES[name]["heads"])
+        assert cache.layers[0].keys.shape[-1] == 24 + 4 * kv_heads and cache.layers[0].values.shape[-1] == 0
     else:
         assert cache.layers[0].keys.shape[1] == 2  # two K/V heads
 
@@ -122,3 +137,129 @@ def test_an_attention_to_mla_cannot_convert_is_named():
         MLAError, match=r"module '0' \(torch.nn.modules.activation.MultiheadAttention\) is an attention"
     ):
         to_mla(model, 8)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_absorbed_form_computes_what_the_expanded_form_does(bias):
+    """Folding the K up projection into the query and attending over the latent (decoding's
+    form) against rebuilding K and V (the prompt's), with GQA groups, decoupled rotary keys,
+    queries that are the last of the keys, and boolean and additive masks."""
+    generator = torch.Generator().manual_seed(0)
+    latent = LatentKV(32, 2 * 6, 10, bias, v_width=2 * 8).double()
+    for p in latent.parameters():
+        p.data = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+    q, c = torch.randn(2, 4, 3, 6, generator=generator, dtype=torch.float64), torch.randn(2, 7, 10, generator=generator)
+    rope = {"q_rope": torch.randn(2, 4, 3, 2, dtype=torch.float64), "k_rope": torch.randn(2, 2, 7, 2).double()}
+    allowed = torch.rand(2, 1, 3, 7, generator=generator) > 0.3
+    allowed[..., 0] = True
+    for mask in (None, allowed, torch.where(allowed, 0.0, -1e9).double()):
+        for extra in ({}, rope):
+            c64 = c.double()
+            expanded = latent_attention(q, c64, latent, kv_heads=2, mask=mask, form="expanded", **extra)
+            absorbed = latent_attention(q, c64, latent, kv_heads=2, mask=mask, form="absorbed", **extra)
+            assert expanded.shape == (2, 4, 3, 8) and torch.allclose(expanded, absorbed, atol=1e-10)
+    causal = latent_attention(q, c.double(), latent, kv_heads=2, form="expanded")
+    first_keys_only = latent_attention(q[:, :, :1], c[:, :5].double(), latent, kv_heads=2)
+    assert torch.allclose(causal[:, :, :1], first_keys_only)  # query 0 of 3 is key 4 of 7: it reads keys 0-4
+    with pytest.raises(MLAError, match="form 'fast': accepted: expanded, absorbed"):
+        latent_attention(q, c.double(), latent, kv_heads=2, form="fast")
+
+
+def _partial_rope_attention(attn, pairs, hidden, cos, sin):
+    """LLaMA attention with RoPE on the kept pairs only, from the unconverted weights: the
+    model partial RoPE converts to, before any factoring."""
+    b, n, _ = hidden.shape
+    d, heads = attn.head_dim, attn.q_proj.out_features // attn.head_dim
+    kv_heads, half = attn.k_proj.out_features // d, d // 2
+    kept = torch.zeros(kv_heads, d, dtype=torch.bool)
+    kept.scatter_(1, torch.cat([pairs, pairs + half], dim=1), True)
+    kept = kept.view(1, kv_heads, 1, d)
+
+    def rotate_kept(x, mask):
+        rotated = x * cos.unsqueeze(1) + torch.cat([-x[..., half:], x[..., :half]], -1) * sin.unsqueeze(1)
+        return torch.where(mask, rotated, x)
+
+    q = attn.q_proj(hidden).view(b, n, heads, d).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, n, kv_heads, d).transpose(1, 2)
+    v = attn.v_proj(hidden).view(b, n, kv_heads, d).transpose(1, 2)
+    q, k = rotate_kept(q, kept.repeat_interleave(heads // kv_heads, dim=1)), rotate_kept(k, kept)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return attn.o_proj(y.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-gqa"])
+def test_partial_rope_at_full_rank_is_llama_with_rope_on_the_kept_pairs(name):
+    """MHA2MLA's conversion: the latent factors the unrotated keys and the values exactly at full
+    rank, so the converted attention is the original with RoPE kept on the chosen pairs alone,
+    and the graph and the cache say so."""
+    torch.manual_seed(0)
+    model = build_model(FAMILIES[name], device="cpu").eval()
+    attn = copy.deepcopy(model.model.layers[0].self_attn)
+    config = FAMILIES[name]
+    d = config["hidden"] // config["heads"]
+    kv_heads = config.get("kv_heads", config["heads"])
+    full = min(config["hidden"], 2 * kv_heads * d - 4 * kv_heads)
+    converted = to_mla(copy.deepcopy(model), kv_rank=full, rope_dims=4)
+    layer = converted.model.layers[0].self_attn
+    hidden = torch.randn(2, 7, config["hidden"])
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(7).expand(2, 7))
+    pairs = layer.rope_index[:, :2]
+    with torch.no_grad():
+        got = layer(hidden, position_embeddings=(cos, sin))[0]
+        want = _partial_rope_attention(attn, pairs, hidden, cos, sin)
+    assert (got - want).abs().max() < 1e-5
+    assert kv_cache_bytes(converted) == 2 * (full + 4 * kv_heads) * 4
+    graph = [n.attrs for n in graphkit.trace(converted).nodes if n.op == "attention"]
+    assert all(a["variant"] == "mla" and a["kv_rank"] == full and a["rope_dims"] == 4 and a["rope"] for a in graph)
+
+
+def test_partial_rope_keeps_the_pairs_queries_and_keys_use_most():
+    """MHA2MLA's 2-norm rule: per K/V head, the pairs whose query norm (summed over the heads
+    reading it) times key norm is largest; no calibration keeps the highest frequencies."""
+    q, k = torch.full((5, 4, 8), 0.1), torch.full((5, 2, 8), 0.1)
+    q[:, 0:2, 2] = q[:, 0:2, 6] = 3.0  # K/V head 0's queries lean on pair 2
+    k[:, 0, 1] = 4.0  # and its keys on pair 1
+    k[:, 1, 3] = k[:, 1, 7] = 5.0  # K/V head 1's keys on pair 3
+    q[:, 2:4, 0] = 1.0  # and its queries on pair 0
+    assert rope_pairs(q, k, 2, 4, 8).tolist() == [[1, 2], [0, 3]]
+    assert rope_pairs(None, None, 2, 4, 8).tolist() == [[0, 1], [0, 1]]
+
+
+@pytest.mark.parametrize(
+    ("name", "rope_dims", "message"),
+    [
+        ("gpt2", 4, r"rope_dims 4 for module 'transformer.h.0.attn' \(GPT2Attention\): it has no RoPE"),
+        ("llama", 3, r"rope_dims 3 for module 'model.layers.0.self_attn': must be an even integer from 2 to 10"),
+        ("llama", 12, r"rope_dims 12 .* must be an even integer from 2 to 10, its head_dim less one pair"),
+        ("llama", 0, r"rope_dims 0 .* must be an even integer"),
+        ("llama-gqa", None, r"kv_rank 60 for module 'model.layers.0.self_attn': must be an integer from 1 to 48"),
+    ],
+)
+def test_a_bad_rope_width_is_refused_before_anything_changes(name, rope_dims, message):
+    model = build_model(FAMILIES[name], device="cpu")
+    before = copy.deepcopy(model.state_dict())
+    rank = 60 if rope_dims is None else 8
+    with pytest.raises(MLAError, match=message):
+        to_mla(model, rank, rope_dims=rope_dims if rope_dims is not None else 4)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_partial_rope_conversion_round_trips_through_its_file(tmp_path):
+    """The converted file holds the reordered projections and each head's rotary dimensions
+    (``rope_index``); compile_model builds the MLA structure and loads them back, whatever pairs
+    the calibration chose."""
+    torch.manual_seed(0)
+    config = FAMILIES["llama-gqa"]
+    model = build_model(config, device="cpu").eval()
+    calibration = [torch.randint(0, 50, (2, 12))]
+    converted = to_mla(model, kv_rank=20, rope_dims=4, calibration=calibration)
+    save_params(converted, tmp_path / "mla.safetensors")
+    back = compile_model(config, tmp_path / "mla.safetensors", attention="mla", kv_rank=20, rope_dims=4).eval()
+    chosen = converted.model.layers[1].self_attn.rope_index
+    assert not torch.equal(chosen[:, :2], torch.tensor([[0, 1]] * 4))  # not the default: the calibration chose
+    assert torch.equal(back.model.layers[1].self_attn.rope_index, chosen)
+    assert torch.equal(run(back, "llama-gqa"), run(converted, "llama-gqa"))
+    with pytest.raises(CompileError, match="attention mla takes kv_rank"):
+        compile_model(config, attention="mla", kv_heads=2)
+    with pytest.raises(CompileError, match="kv_rank and rope_dims apply to attention mla, not gqa"):
+        compile_model(config, attention="gqa", kv_rank=8)

@@ -290,7 +290,15 @@ def test_public_imports_keep_working():
             ["-a", "kdgqa", "--grouping", "similarity"],
             "--grouping similarity applies to gqa; kdgqa allocates its own groups",
         ),
-        (["-a", "gqa", "--data", "digits"], "--data applies to --grouping keynorm, similarity, search, not mean"),
+        (
+            ["-a", "gqa", "--data", "digits"],
+            "--data applies to --grouping keynorm, similarity, search and to --rope-dims, not --grouping mean",
+        ),
+        (["-a", "gqa", "--rope-dims", "4"], "--rope-dims applies to -a mla, not gqa"),
+        (
+            ["-a", "mla", "--kv-rank", "8", "--rope-dims", "4"],
+            "rope_dims 4 for module 'blocks.0.attn' (Attention): it has no RoPE",
+        ),
         (["-a", "mla"], "-a mla needs --kv-rank"),
         (["-a", "gqa", "--kv-rank", "8"], "--kv-rank applies to -a mla, not gqa"),
         (
@@ -300,7 +308,7 @@ def test_public_imports_keep_working():
         (["-a", "mla", "--kv-rank", "8", "--grouping", "search"], "--grouping search applies to gqa; mla has no K/V"),
         (
             ["-a", "mla", "--kv-rank", "0"],
-            "kv_rank 0 for module 'blocks.0.attn': must be an integer from 1 to its width",
+            "kv_rank 0 for module 'blocks.0.attn': must be an integer from 1 to 192",
         ),
         (["-a", "mla", "--kv-rank", "8", "--window", "3"], "--window applies only to dgqa, not mla"),
         (["-a", "gqa", "--grouping", "keynorm", "--data", "bogus"], "unknown data source 'bogus'; accepted: digits"),
@@ -358,7 +366,7 @@ def test_convert_saves_the_measured_groups(tmp_path, grouping):
 
 
 @pytest.mark.slow
-def test_convert_to_mla_says_what_the_cache_saves_and_compile_refuses_it(dataset, record, tmp_path):
+def test_convert_to_mla_says_what_the_cache_saves(tmp_path):
     out = tmp_path / "mla.safetensors"
     result = run("convert", VIT_FILE, "-a", "mla", "--kv-rank", "48", "-o", out)
     assert result.exit_code == 0, result.output
@@ -367,10 +375,6 @@ def test_convert_to_mla_says_what_the_cache_saves_and_compile_refuses_it(dataset
     line = next(line for line in result.output.splitlines() if line.startswith("KV cache per token"))
     before, after = (int(x.replace(",", "")) for x in re.findall(r"([\d,]+) (?:bytes before|after)", line))
     assert after * 8 == before  # 2 x 192 values a layer become 48
-    refused(
-        run("compile", dataset, record.id, "--params", out, "-o", tmp_path / "back.safetensors"),
-        f"--params {out}: an MLA conversion; graphkit compile builds GQA and the key-driven variants, not MLA yet",
-    )
 
 
 @pytest.mark.slow
@@ -395,6 +399,21 @@ def test_a_converted_file_compiles_back_with_its_attention_and_groups(dataset, r
         run("compile", dataset, record.id, "--params", converted, "-a", "kdgqa", "-o", tmp_path / "other.safetensors"),
         f"--params {converted}: converted to gqa with 2 K/V heads (its metadata), not kdgqa with 2; leave "
         "--attention and --kv-heads out to use its own",
+    )
+    mla = tmp_path / "mla.safetensors"
+    assert run("convert", model_file, "-a", "mla", "--kv-rank", "16", "-o", mla).exit_code == 0
+    result = run("compile", dataset, record.id, "--params", mla, "-o", out)
+    assert result.exit_code == 0 and "attention converted to MLA with a rank-16 latent" in result.output
+    (before, written), (after, carried) = read_params(mla), read_params(out)
+    assert all(torch.equal(before[name], after[name]) for name in before) and set(before) == set(after)
+    assert (carried["graphkit_attention"], carried["graphkit_kv_rank"]) == ("mla", "16")
+    refused(
+        run("compile", dataset, record.id, "--params", mla, "-k", "2", "-o", tmp_path / "other.safetensors"),
+        f"--params {mla}: converted to MLA (its metadata); leave --attention and --kv-heads out",
+    )
+    refused(
+        run("compile", dataset, record.id, "-a", "mla", "-o", tmp_path / "other.safetensors"),
+        "--attention mla: compile builds MLA from the --params file `graphkit convert -a mla` wrote",
     )
 
 

@@ -518,6 +518,21 @@ def _groups(
     input through the unconverted model (none for ``mean``)."""
     if grouping == "mean":
         return {}
+    groups = {}
+    for path, batches in capture_calibration(model, plan, calibration).items():
+        current = batches[0].k.shape[2]
+        groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, batches)
+    return groups
+
+
+def capture_calibration(
+    model: nn.Module, plan: Sequence[tuple[str, nn.Module, AttentionAdapter]], calibration: Sequence[Any]
+) -> dict[str, list[Calibration]]:
+    """What each planned attention module, ``(path, module, adapter)``, saw of every calibration
+    input (a tensor, a tuple of arguments or a dict of keyword arguments) in one pass through
+    ``model``: its queries, keys and values, as :class:`~graphkit.attention.grouping.Calibration`
+    batches. A calibration input the model cannot run, or one that never reaches a module, is a
+    ConvertError."""
     seen: dict[str, list[tuple[torch.Tensor, ...]]] = {path: [] for path, _, _ in plan}
     handles = [
         handle
@@ -536,11 +551,9 @@ def _groups(
     finally:
         for handle in handles:
             handle.remove()
-    groups = {}
-    for path, _, adapter in plan:
+    for path, _, _ in plan:
         if not seen[path]:
             raise ConvertError(f"module '{path}': the calibration inputs never reached it")
-        batches = [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]]
-        current = batches[0].k.shape[2]
-        groups[path] = choose_groups(grouping, current, current if kv_heads is None else kv_heads, batches)
-    return groups
+    return {
+        path: [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]] for path, _, adapter in plan
+    }

@@ -226,11 +226,19 @@ def convert(
     data: Optional[str] = typer.Option(
         None,
         "--data",
-        help="Calibration data for --grouping keynorm, similarity or search, as train-ghn's --data "
+        help="Calibration data for --grouping keynorm, similarity or search and for --rope-dims, as train-ghn's --data "
         "(default: the family's bundled data: digits for ViTs, stdlib-text for language models).",
     ),
     kv_rank: Optional[int] = typer.Option(
         None, "--kv-rank", help="MLA: numbers per token in the latent K and V are read from (1 to the width)."
+    ),
+    rope_dims: Optional[int] = typer.Option(
+        None,
+        "--rope-dims",
+        help="MLA for RoPE models (LLaMA, Mistral): keep this many rotary dimensions per K/V head out of the "
+        "latent, cached beside it, and drop RoPE from the rest (MHA2MLA's partial RoPE, chosen on calibration "
+        "data; even, 2 to head_dim - 2). Decoding then reads the latent without rebuilding K; the model "
+        "changes and wants up-training. Without it the conversion is exact but rebuilds K every step.",
     ),
 ) -> None:
     """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled over
@@ -257,13 +265,19 @@ def convert(
     mla = attention.value == "mla"
     if mla != (kv_rank is not None):
         raise GraphkitError("-a mla needs --kv-rank" if mla else f"--kv-rank applies to -a mla, not {attention.value}")
+    if rope_dims is not None and not mla:
+        raise GraphkitError(f"--rope-dims applies to -a mla, not {attention.value}")
     if mla and kv_heads is not None:
         raise GraphkitError("--kv-heads applies to gqa and the key-driven variants; MLA's cache is set by --kv-rank")
     check_variant_options(attention.value, options, prefix="--")
     check_grouping(attention.value, grouping.value, prefix="--")
+    calibrate = grouping.value in MEASURED or rope_dims is not None
     if data is not None:
-        if grouping.value not in MEASURED:
-            raise GraphkitError(f"--data applies to --grouping {', '.join(MEASURED)}, not {grouping.value}")
+        if not calibrate:
+            raise GraphkitError(
+                f"--data applies to --grouping {', '.join(MEASURED)} and to --rope-dims, "
+                f"not --grouping {grouping.value}"
+            )
         load_source(data)  # a bad spec fails before the model is loaded
     loaded = load_model_file(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
@@ -272,17 +286,18 @@ def convert(
         )
     before = kv_cache_bytes(loaded.model)
     calibration = []
-    if grouping.value in MEASURED:
+    if calibrate:
         try:
             config = config_from_graph(trace_model(loaded.model, loaded.example_inputs))
         except ConfigError as e:
+            option = "--rope-dims" if mla else f"--grouping {grouping.value}"
             raise GraphkitError(
-                f"{model_file}: --grouping {grouping.value} draws calibration data shaped for one of "
+                f"{model_file}: {option} draws calibration data shaped for one of "
                 f"graphkit's families, and this model is not one ({e})"
             ) from None
         calibration = calibration_inputs(config, data)
     if mla:
-        model = to_mla(loaded.model, kv_rank)
+        model = to_mla(loaded.model, kv_rank, rope_dims=rope_dims, calibration=calibration)
         metadata = mla_metadata(model)
     else:
         model = convert_model(

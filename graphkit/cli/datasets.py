@@ -269,7 +269,10 @@ def compile_record(
         None, "--params", "-p", help="Parameters to load (safetensors); default: the library's initialisation."
     ),
     attention: Optional[str] = typer.Option(
-        None, "--attention", "-a", help="Convert the attention: gqa, kdgqa, dgqa or pgqa."
+        None,
+        "--attention",
+        "-a",
+        help="Convert the attention: gqa, kdgqa, dgqa or pgqa (MLA comes from a --params file's metadata).",
     ),
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads for --attention (default: the record's)."
@@ -283,16 +286,21 @@ def compile_record(
     from graphkit.params import check_params_output, read_params
 
     check_params_output(out)
-    carried = {}
+    carried, mla = {}, None
     if params is not None:
         _, metadata = read_params(params, tensors=False)
         recorded = metadata.get("graphkit_attention"), metadata.get("graphkit_kv_heads")
         if recorded[0] == "mla":
-            raise GraphkitError(
-                f"--params {params}: an MLA conversion; graphkit compile builds GQA and the key-driven variants, "
-                "not MLA yet"
-            )
-        if recorded[0] is not None:
+            if attention not in (None, "mla") or kv_heads is not None:
+                raise GraphkitError(
+                    f"--params {params}: converted to MLA (its metadata); leave --attention and --kv-heads out"
+                )
+            attention = "mla"
+            mla = {
+                name: int(metadata[f"graphkit_{name}"]) if f"graphkit_{name}" in metadata else None
+                for name in ("kv_rank", "rope_dims")
+            }
+        elif recorded[0] is not None:
             kv = int(recorded[1]) if recorded[1] is not None else None
             if (attention or recorded[0]) != recorded[0] or (kv_heads or kv) != kv:
                 raise GraphkitError(
@@ -302,13 +310,25 @@ def compile_record(
                 )
             attention, kv_heads = recorded[0], kv
         carried = {k: v for k, v in metadata.items() if k.startswith("graphkit_") and k != "graphkit_config"}
+    elif attention == "mla":
+        raise GraphkitError(
+            "--attention mla: compile builds MLA from the --params file `graphkit convert -a mla` wrote "
+            "(its rank is in the metadata)"
+        )
     record = load(path)[record_id]
-    config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
-    model = compile_model(record, attention=attention, kv_heads=kv_heads)
+    if mla:
+        config = record.config
+        model = compile_model(record, attention=attention, **mla)
+    else:
+        config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
+        model = compile_model(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
     save_params(model, out, config=config, metadata=carried)  # the converted model's config, not the record's
     total = sum(p.numel() for p in model.parameters())
     converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
+    if mla:
+        rope = f" and {mla['rope_dims']} rotary dimensions per K/V head" if mla["rope_dims"] else ""
+        converted = f", attention converted to MLA with a rank-{mla['kv_rank']} latent{rope}"
     console.print(
         f"[bold]{record.id}[/]: {type(model).__name__}, {total:,} parameters, "
         f"traces to the stored fingerprint {record['fingerprint']}{converted}",

@@ -76,6 +76,8 @@ def compile_model(
     *,
     attention: str | None = None,
     kv_heads: int | None = None,
+    kv_rank: int | None = None,
+    rope_dims: int | None = None,
     device: str | torch.device = "cpu",
     strict: bool = True,
     memory_limit: int | None = None,
@@ -83,6 +85,9 @@ def compile_model(
     """A runnable model from a dataset record, an ArchGraph or a family config, on ``device``
     (with the library's initialisation), converted to ``attention`` with ``kv_heads`` K/V heads
     when given (a graph of a converted model brings its own), with ``params`` loaded when given.
+    ``attention="mla"`` converts to MLA with ``kv_rank`` and ``rope_dims``
+    (:func:`graphkit.attention.mla.to_mla`), the structure a file ``graphkit convert -a mla``
+    wrote needs: its parameters, loaded over the factored initialisation, bring the rest.
 
     A record or graph must trace back to its own fingerprint; a CompileError says so otherwise.
     The model is measured on the meta device first: one whose parameters and buffers need more
@@ -100,7 +105,12 @@ def compile_model(
         raise CompileError(
             f"compile_model takes a dataset record, an ArchGraph or a config, got {type(source).__name__}"
         )
-    target = converted_config(config, attention, kv_heads)
+    mla = attention == "mla"
+    if mla and (kv_heads is not None or kv_rank is None):
+        raise CompileError("attention mla takes kv_rank (and rope_dims for RoPE models), not kv_heads")
+    if not mla and (kv_rank is not None or rope_dims is not None):
+        raise CompileError(f"kv_rank and rope_dims apply to attention mla, not {attention}")
+    target = config if mla else converted_config(config, attention, kv_heads)
     if expected is not None:
         got = trace(build_model(config)).fingerprint()
         if got != expected:
@@ -117,6 +127,10 @@ def compile_model(
             f"{available / 1e9:.2f} GB are available on {device}; free memory or compile on another device"
         )
     model = build_model(target, device=device)
+    if mla:
+        from graphkit.attention.mla import to_mla  # noqa: PLC0415 - the converted attentions import the families
+
+        to_mla(model, kv_rank, rope_dims=rope_dims)
     if params is not None:
         load_params(model, params, strict=strict)
     return model
