@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-OPS_VERSION = 2
+OPS_VERSION = 3
 
 #: op name -> one-line meaning. The order is the op id and is append-only.
 OP_DOCS: dict[str, str] = {
@@ -56,12 +56,27 @@ OP_DOCS: dict[str, str] = {
     ),
     "roll": "cyclic shift of tokens along spatial dims (torch.roll; Swin's shifted windows); attrs shifts",
     "pad": "zero padding of activations (F.pad; Swin pads to a multiple of the window); attrs pad",
+    # version 3: what timm's hierarchical and hybrid ViTs add (the zoo datasets)
+    "batch_norm": "BatchNorm: normalisation by running statistics with a learned scale and shift",
+    "group_norm": "GroupNorm: normalisation over groups of channels",
+    "avg_pool": "average pooling over windows of positions; attrs kernel and stride, or output_size (adaptive)",
+    "max_pool": "max pooling over windows of positions, or the max over dims; attrs kernel and stride, output_size "
+    "or dim",
+    "sum_pool": "sum over tokens or positions (SwiftFormer's global query); attrs dim",
+    "interpolate": "resampling of a feature map or a grid of position embeddings (F.interpolate); attrs mode",
+    "unfold": "sliding-window patches laid out as channels (F.unfold, im2col: TNT, VOLO); attrs kernel, stride",
+    "fold": "sliding-window patches summed back into a map (F.fold, col2im: VOLO); attrs kernel, stride",
+    "sub": "elementwise difference of two activations (PoolFormer's pool(x) - x)",
+    "div": "elementwise quotient of two activations (division by a computed norm)",
+    "clamp": "clamping of activations to a range (ReLU6, hard tanh, a norm's floor)",
+    "norm": "vector norm of activations along a dim (L2 normalisation)",
+    "matmul": "product of two activations as matrices outside softmax attention (linear attention's K^T V)",
 }
 
 OPS: tuple[str, ...] = tuple(OP_DOCS)
 #: how many ops each vocabulary version has: a version-v reader (a hypernetwork checkpoint)
 #: understands the first VOCABULARY_SIZES[v] ids, whose meaning never changes
-VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32}
+VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32, 3: 45}
 OP_IDS: dict[str, int] = {op: i for i, op in enumerate(OPS)}
 
 #: graphkit op -> GHN-3 primitive (ppuda's PRIMITIVES_DEEPNETS1M), None where GHN-3 has none.
@@ -98,6 +113,19 @@ GHN3_PRIMITIVES: dict[str, str | None] = {
     "moe": None,
     "roll": None,
     "pad": None,
+    "batch_norm": "bn",
+    "group_norm": "ln",
+    "avg_pool": "avg_pool",
+    "max_pool": "max_pool",
+    "sum_pool": None,
+    "interpolate": None,
+    "unfold": None,
+    "fold": None,
+    "sub": None,
+    "div": None,
+    "clamp": None,
+    "norm": None,
+    "matmul": None,
 }
 
 

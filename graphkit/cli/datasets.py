@@ -48,9 +48,15 @@ def _load_warning_if_incomplete(path: Path) -> GraphDataset:
 @app.command()
 @command
 def generate(
-    recipe: str = typer.Argument(..., help="vits-1k, gpts-1k, llamas-1k, vits-digits, or a .json / .yaml recipe file."),
+    recipe: str = typer.Argument(
+        ...,
+        help="vits-1k, gpts-1k, llamas-1k, vits-digits, a .json / .yaml recipe file, or a zoo of real "
+        "architectures: zoo-vits (timm's vision transformers) or zoo-decoders (transformers' causal LMs).",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
-    num: Optional[int] = typer.Option(None, "--num", "-n", help="Records to draw (default: the recipe's, 1000)."),
+    num: Optional[int] = typer.Option(
+        None, "--num", "-n", help="Records to draw (default: the recipe's, 1000); for a zoo, its first N models."
+    ),
     seed: int = typer.Option(0, "--seed", help="Same recipe and seed, same dataset, on any machine and worker count."),
     workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
     num_shards: int = typer.Option(
@@ -69,8 +75,21 @@ def generate(
         help="mha, gqa, kdgqa, dgqa or pgqa: convert every model, K/V heads drawn from the divisors of its heads.",
     ),
 ) -> None:
-    """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe."""
+    """Generate a graph dataset (Parquet, Hugging Face layout) from a recipe or a zoo."""
     from graphkit.datasets.generate import generate as run
+    from graphkit.datasets.zoo import ZOOS
+
+    if recipe in ZOOS:
+        defaults = {"--seed": (seed, 0), "--num-shards": (num_shards, 1), "--shard-index": (shard_index, 0)}
+        changed = [option for option, (value, default) in defaults.items() if value != default]
+        if attention is not None:
+            changed.append("--attention")
+        if changed:
+            raise GraphkitError(
+                f"{changed[0]} applies to recipes, not to {recipe}: a zoo is every model its library has"
+            )
+        _generate_zoo(recipe, out, num, workers, resume)
+        return
 
     with Progress(
         TextColumn("tracing architectures"),
@@ -108,6 +127,31 @@ def generate(
     )
     console.print(f"dataset now holds {counts}; {manifest['architectures']:,} distinct architectures", highlight=False)
     console.print(f"{result.path}", highlight=False, soft_wrap=True)
+
+
+def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool) -> None:
+    """``graphkit generate zoo-...``: trace the zoo with a progress bar, then say what it holds."""
+    from graphkit.datasets.zoo import generate_zoo
+
+    with Progress(
+        TextColumn(f"tracing {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
+        task = bar.add_task("trace", total=None)
+        result = generate_zoo(
+            name,
+            out,
+            workers=workers,
+            resume=resume,
+            limit=limit,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    console.print(
+        f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "
+        f"earlier run), {result.records:,} distinct architectures, {result.failed:,} failed; "
+        f"{100 * result.coverage:.1f}% traced with no other: op, {result.seconds:.1f} s",
+        highlight=False,
+    )
+    console.print(f"{result.path} (report: {result.path / 'report.md'})", highlight=False, soft_wrap=True)
 
 
 class ListFormat(str, enum.Enum):

@@ -82,9 +82,13 @@ class Record:
         return data
 
     def build_model(self, device: str = "meta"):
-        """The nn.Module of this architecture, on ``meta`` (no weights) or a real device."""
-        from graphkit.families import build_model  # noqa: PLC0415 (browsing a dataset needs no torch)
+        """The nn.Module of this architecture, on ``meta`` (no weights) or a real device: a
+        family's model from its config, or a zoo's from its library (timm, transformers)."""
+        from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model  # noqa: PLC0415 (browsing needs no torch)
+        from graphkit.families import build_model  # noqa: PLC0415
 
+        if self.config.get("family") in ZOO_FAMILIES:
+            return build_zoo_model(self.config, device=device)
         return build_model(self.config, device=device)
 
 

@@ -111,8 +111,11 @@ def _json(value: Any) -> str:
 
 
 def graph_to_row(graph: ArchGraph, config: Mapping[str, Any], *, id: str, split: str) -> dict[str, Any]:
-    """One dataset row for ``graph`` built from ``config`` (a resolved family config)."""
-    first = next((n.attrs for n in graph.nodes if n.op == "attention"), {})
+    """One dataset row for ``graph`` built from ``config`` (a resolved family config, or a zoo
+    model's: there ``num_layers`` counts the attention nodes and ``hidden`` is the first one's
+    heads x head_dim)."""
+    attention = [n.attrs for n in graph.nodes if n.op == "attention"]
+    first = attention[0] if attention else {}
     if not first:
         kind = "none"
     else:  # a graphkit variant by name; MQA is GQA with one group (the kv_heads column tells)
@@ -122,9 +125,9 @@ def graph_to_row(graph: ArchGraph, config: Mapping[str, Any], *, id: str, split:
         "family": config["family"],
         "split": split,
         "num_params": graph.num_params,
-        "num_layers": config.get("num_layers"),
-        "hidden": config.get("hidden"),
-        "heads": config.get("heads"),
+        "num_layers": config.get("num_layers", len(attention) or None),
+        "hidden": config.get("hidden", first.get("heads", 0) * first.get("head_dim", 0) or None),
+        "heads": config.get("heads", first.get("heads")),
         "kv_heads": first.get("kv_heads", config.get("kv_heads") or config.get("heads")),
         "attention": kind,
         "mlp": config.get("mlp"),
@@ -264,9 +267,24 @@ def finalize_dataset(out: str | Path, *, name: str, info: Mapping[str, Any] | No
             " edge_index=torch.tensor(row['edge_index']), edge_attr=torch.tensor(row['edge_attr']),"
             " num_nodes=row['num_nodes'])` needs no graphkit. Load with `graphkit.datasets.load(path)`, or with any"
             " Parquet reader. `manifest.json` records the recipe and seed that reproduce it.\n"
+            + _libraries_line(manifest)
         ),
     )
     return out
+
+
+def _libraries_line(manifest: Mapping[str, Any]) -> str:
+    """The card's line on where a zoo's models come from, with the library versions that
+    reproduce it (empty for a recipe's dataset)."""
+    libraries = manifest.get("libraries")
+    if not isinstance(libraries, Mapping):
+        return ""
+    versions = ", ".join(f"{name} {version}" for name, version in libraries.items())
+    return (
+        f"\nModels: {manifest.get('source', 'a zoo')}. Traced with {versions}: the same versions give the same"
+        " dataset (`graphkit generate " + str(manifest.get("zoo", manifest["name"])) + "`). `report.md` lists the"
+        " models that could not be traced, with the reason.\n"
+    )
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:

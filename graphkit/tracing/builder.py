@@ -262,8 +262,8 @@ class _GraphBuilder(AttentionRules, MoeRules):
             return "mul"
         if name == "tanh" and _softcap(node) is not None:
             return "softcap"
-        if name in MATMUL_ATEN and in_params:
-            return "linear"
+        if name in MATMUL_ATEN:  # x @ W is a linear layer; two activations multiplied, linear attention's
+            return "linear" if in_params else "matmul"
         spatial = spatial_op(node)
         if spatial is not None:
             return spatial

@@ -75,10 +75,12 @@ class ConstantEvaluator:
         self, target: fx.Node, overrides: Mapping[fx.Node, torch.Tensor], live: Callable[[fx.Node], str | None]
     ) -> Any:
         """The value of ``target``, with ``overrides`` standing in for some nodes. ``live(node)``
-        says why a node computed from the inputs is an activation (not computable here: it is
-        another node's output), or returns None. Raises :class:`Unknown` with the reason when
-        something ``target`` needs has no value."""
+        says why a node computed from the inputs is an activation (another node's output), or
+        returns None: a floating-point activation counts as zero, a boolean or integer one (a
+        mask computed from activations) cannot be computed. Raises :class:`Unknown` with the
+        reason when something ``target`` needs has no value."""
         needed: set[fx.Node] = set()
+        overrides = dict(overrides)
         stack = [target]
         while stack:
             node = stack.pop()
@@ -92,7 +94,14 @@ class ConstantEvaluator:
             if node.op != "call_function":
                 raise Unknown(f"it reads {node.op} {node.name!r}")
             reason = live(node) if self._from_input(node) else None
-            if reason is not None:  # an activation; what depends on parameters and buffers alone is computed
+            if reason is not None and is_float(node.meta.get("val")):
+                # an activation read into the scores (a relative-position bias computed from the
+                # query, SAM's and MViTv2's; XCiT's normalised channels) hides no key by its
+                # position: zero, like a learned bias
+                fake = node.meta["val"]
+                overrides[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+                continue
+            if reason is not None:  # a mask computed from activations: it has no value here
                 raise Unknown(reason)
             stack.extend(node.all_input_nodes)
             stack.extend(self.aliases.writers(node, target))  # writes into its storage (copy_ into a slice)

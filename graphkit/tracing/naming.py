@@ -111,6 +111,8 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
         "movedim",
         "as_strided",
         "identity",
+        "reshape_as",
+        "view_as",
     }
 )
 
@@ -157,7 +159,25 @@ ATEN_OPS: dict[str, str] = {
     "topk": "moe_router",
     "cat": "concat",
     "concat": "concat",
+    "stack": "concat",
     "mean": "mean_pool",
+    "batch_norm": "batch_norm",
+    "native_batch_norm": "batch_norm",
+    "_native_batch_norm_legit": "batch_norm",
+    "_native_batch_norm_legit_no_training": "batch_norm",
+    "_native_batch_norm_legit_functional": "batch_norm",
+    "group_norm": "group_norm",
+    "native_group_norm": "group_norm",
+    "sub": "sub",  # of two activations: a parameter or a constant on one side is decided before
+    "rsub": "sub",
+    "div": "div",
+    "true_divide": "div",
+    "clamp": "clamp",
+    "clamp_min": "clamp",
+    "clamp_max": "clamp",
+    "hardtanh": "clamp",
+    "linalg_vector_norm": "norm",
+    "norm": "norm",
 }
 
 #: ATen ops that are the core of an attention computation.

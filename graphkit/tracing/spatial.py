@@ -1,6 +1,11 @@
 """Ops on the token grid that the vocabulary names from their arguments: ``torch.roll``
-(Swin's shifted windows), zero padding (Swin pads the grid to a multiple of its window) and an
-adaptive average pool to one position (a global average pool, as HF's Swin and MaxViT end).
+(Swin's shifted windows), zero padding (Swin pads the grid to a multiple of its window), an
+adaptive average pool to one position (a global average pool, as HF's Swin and MaxViT end), and
+what hierarchical and hybrid ViTs add: windowed and adaptive pools (``avg_pool``, ``max_pool``
+with their kernel and stride or output size), a max or sum over dims (``max_pool`` and
+``sum_pool`` with ``dim``: Hiera pools its mask units by a max), resampling (``interpolate`` with
+its mode: CrossViT resizes its position grid) and sliding-window patches (``unfold`` and
+``fold``, im2col and col2im: TNT, VOLO).
 
 Roll and pad are vocabulary ops (``roll`` with attr ``shifts``, ``pad`` with attr ``pad``),
 because where a model shifts or pads its windows is architecture. A roll by zero or a pad by
@@ -27,10 +32,29 @@ _ADAPTIVE_AVG_POOL_ATEN = {
     "_adaptive_avg_pool3d": 3,
 }  # name -> pooled dims
 _AMOUNT = {"roll": "shifts", "pad": "pad"}  # op -> the attr (and ATen argument) of its amounts
+#: windowed pools and sliding-window patches: ATen name -> (op, argument index of the kernel, of
+#: the stride); ``im2col(x, kernel, dilation, padding, stride)``, ``col2im(x, output_size, kernel,
+#: dilation, padding, stride)``, pools ``(x, kernel, stride, ...)``
+_WINDOWED = {
+    **dict.fromkeys(("avg_pool1d", "avg_pool2d", "avg_pool3d"), ("avg_pool", 1, 2)),
+    **dict.fromkeys(
+        ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices"),
+        ("max_pool", 1, 2),
+    ),
+    "im2col": ("unfold", 1, 4),
+    "col2im": ("fold", 2, 5),
+}
+#: adaptive pools to a size other than one position: ATen name -> op; attr output_size (arg 1)
+_ADAPTIVE = {
+    **dict.fromkeys(_ADAPTIVE_AVG_POOL_ATEN, "avg_pool"),
+    **dict.fromkeys(("adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"), "max_pool"),
+}
+#: reductions over given dims: ATen name -> op; attr dim (arg 1)
+_REDUCTIONS = {"amax": "max_pool", "max": "max_pool", "sum": "sum_pool"}
 
 
 def spatial_op(node: fx.Node) -> str | None:
-    """``roll``, ``pad`` or ``mean_pool`` for an op that is one (whatever its amounts), else None."""
+    """The vocabulary op a grid op is (module docstring), whatever its amounts, else None."""
     name = functional_name(node.target)
     if name == "roll":
         return "roll"
@@ -38,6 +62,14 @@ def spatial_op(node: fx.Node) -> str | None:
         return "pad"
     if name in _ADAPTIVE_AVG_POOL_ATEN and _pools_to_one(node):
         return "mean_pool"
+    if name in _WINDOWED:
+        return _WINDOWED[name][0]
+    if name in _ADAPTIVE:
+        return _ADAPTIVE[name]
+    if name in _REDUCTIONS and _dims(node) is not None:
+        return _REDUCTIONS[name]
+    if name.startswith(("upsample_", "_upsample_")):
+        return "interpolate"
     return None
 
 
@@ -51,11 +83,38 @@ def spatial_attrs(node: fx.Node, op: str) -> dict[str, Any]:
     """``{"shifts": [...]}`` for a roll (one shift per rolled dim), ``{"pad": [...]}`` for a pad
     (F.pad's order: last dim first, (before, after) for each), ``{"dim": [...]}`` for an adaptive
     pool (the last dims of its input)."""
+    name = functional_name(node.target)
     if op == "mean_pool":
         rank = node.args[0].meta["val"].dim()
-        return {"dim": list(range(rank - _ADAPTIVE_AVG_POOL_ATEN[functional_name(node.target)], rank))}
+        return {"dim": list(range(rank - _ADAPTIVE_AVG_POOL_ATEN[name], rank))}
+    if name in _WINDOWED:
+        _, at_kernel, at_stride = _WINDOWED[name]
+        kernel = _ints(node.args[at_kernel])
+        stride = _ints(node.args[at_stride]) if len(node.args) > at_stride and node.args[at_stride] else kernel
+        return {"kernel": kernel, "stride": stride}  # a pool's stride defaults to its kernel
+    if name in _ADAPTIVE:
+        return {"output_size": _ints(node.args[1])}
+    if name in _REDUCTIONS:
+        return {"dim": _dims(node)}
+    if op == "interpolate":  # upsample_bicubic2d, _upsample_bilinear2d_aa, upsample_nearest2d, ...
+        return {"mode": name.lstrip("_").removeprefix("upsample_").rstrip("123d").removesuffix("_aa")}
     amount = node.args[1] if len(node.args) > 1 else node.kwargs[_AMOUNT[op]]
     return {_AMOUNT[op]: [int(a) for a in amount] if isinstance(amount, (list, tuple)) else [int(amount)]}
+
+
+def _ints(value: Any) -> list[int]:
+    """An ATen size argument (an int or a list of ints) as a list."""
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _dims(node: fx.Node) -> list[int] | None:
+    """The dims a reduction (``amax``, ``max``, ``sum``) runs over, as non-negative ints; None for
+    a reduction over everything or ``max`` of two tensors (elementwise)."""
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dim is None or isinstance(dim, fx.Node) or dim == []:
+        return None
+    rank = node.args[0].meta["val"].dim()
+    return [d % rank for d in _ints(dim)]
 
 
 def _pads_zeros(node: fx.Node) -> bool:

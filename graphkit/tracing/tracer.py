@@ -43,10 +43,13 @@ def trace(
         graph = None
         folds = repeated_blocks(model) if fold_repeats else []
         if folds:
-            with truncated(model, folds):
-                graph = _traced(model, args, kwargs, cache, folds)
-            for path, length in folds:
-                graph = graph and unfold(graph, path, length)
+            try:
+                with truncated(model, folds):
+                    graph = _traced(model, args, kwargs, cache, folds)
+            except TraceError:  # a forward that pairs the stack with another list (zip(blocks, norms)): no fold
+                graph = None
+            for path, length, start in folds:
+                graph = graph and unfold(graph, path, length, start)
         if graph is None:
             graph = _traced(model, args, kwargs, cache, [])
     finally:
@@ -67,7 +70,7 @@ def _traced(model: nn.Module, args: tuple, kwargs: dict, cache: dict | None, fol
     key = None
     if cache is not None:
         shapes = tuple((tuple(t.shape), t.dtype) for t in tensors_of((args, kwargs)))
-        key = (type(model), signature(model), shapes, tuple(p for p, _ in folds))
+        key = (type(model), signature(model), shapes, tuple((p, start) for p, _, start in folds))
         if key in cache:
             return cache[key]
     graph = graph_from_export(model, export_program(model, args, kwargs), (args, kwargs))

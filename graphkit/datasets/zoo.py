@@ -1,0 +1,419 @@
+"""Zoo datasets: the architectures timm's registry and transformers can build, traced as published.
+
+ViTs-1K and GPTs-1K sample synthetic spaces; a zoo holds the models people run:
+
+- ``zoo-vits``: every model of timm's registry whose module builds it from self-attention blocks
+  (:data:`TIMM_TRANSFORMER_MODULES`: plain, hierarchical and hybrid ViTs), built with
+  ``pretrained=False``.
+- ``zoo-decoders``: every decoder-only causal-LM architecture of transformers (its causal-LM
+  auto mapping, less the encoder models that can also decode and the encoder-decoder ones), each
+  at its reference config (the config class's defaults: the shape of the model it was written
+  for).
+
+Every model is built on the meta device (no weight is allocated) and traced. One record per
+distinct architecture (graph fingerprint): the first name in sort order, carrying the others as
+``aliases`` in its config; the record's id is that name. What cannot be built or traced, or
+traces with ops outside the vocabulary (``other:``), goes to ``report.json`` and ``report.md``
+with a one-line reason. The candidates, their order and the split (a tenth of the architectures
+held out, by fingerprint hash) depend on nothing but the library versions, which the manifest
+and the card record: the same versions give the same dataset.
+
+Generation runs in worker processes, and each model's outcome is written to
+``.graphkit-zoo/`` in the folder as it finishes: ``resume=True`` traces only the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphkit.datasets.store import check_dataset_folder, finalize_dataset, graph_to_row, shard_name, write_shard
+from graphkit.errors import GraphkitError
+from graphkit.fileio import check_output_dir, write_text_atomic
+
+#: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
+TIMM_TRANSFORMER_MODULES = (
+    "beit",
+    "cait",
+    "coat",
+    "convit",
+    "crossvit",
+    "davit",
+    "deepseek_vit",
+    "deit",
+    "efficientformer",
+    "efficientformer_v2",
+    "efficientvit_msra",
+    "eva",
+    "fastvit",
+    "gcvit",
+    "gemma4_vit",
+    "hiera",
+    "hieradet_sam2",
+    "levit",
+    "maxxvit",
+    "mobilevit",
+    "mvitv2",
+    "naflexvit",
+    "nest",
+    "nextvit",
+    "pit",
+    "pvt_v2",
+    "qwen3_vit",
+    "shvit",
+    "swiftformer",
+    "swin_transformer",
+    "swin_transformer_v2",
+    "swin_transformer_v2_cr",
+    "tiny_vit",
+    "tnt",
+    "twins",
+    "visformer",
+    "vision_transformer",
+    "vision_transformer_hybrid",
+    "vision_transformer_relpos",
+    "vision_transformer_sam",
+    "vitamin",
+    "volo",
+    "xcit",
+)
+#: where each model's outcome waits until the dataset is assembled (the unit of resume)
+CACHE_DIR = ".graphkit-zoo"
+#: one architecture in this many is held out (by fingerprint hash)
+EVAL_EVERY = 10
+
+
+class ZooError(GraphkitError):
+    """A zoo cannot be generated: an unknown zoo, bad options or an output folder in the way."""
+
+
+@dataclass(frozen=True)
+class Zoo:
+    """One zoo: which library it reads, how it lists its models and builds one on meta, and
+    the config a record stores (``build_zoo_model`` rebuilds the model from it)."""
+
+    name: str
+    library: str
+    description: str
+    candidates: Callable[[], list[str]]
+    config: Callable[[str], dict[str, Any]]
+
+
+def _timm_candidates() -> list[str]:
+    import timm  # noqa: PLC0415 - the zoo's library, loaded when it is used
+
+    return sorted({name for module in TIMM_TRANSFORMER_MODULES for name in timm.list_models(module=module)})
+
+
+def _decoder_candidates() -> list[str]:
+    """Model types of transformers' causal-LM auto mapping that are neither encoders (they are
+    also masked LMs) nor encoder-decoders (sequence-to-sequence LMs)."""
+    from transformers.models.auto import modeling_auto  # noqa: PLC0415
+
+    causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    encoders = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    seq2seq = set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    return sorted(t for t in causal if t not in encoders and t not in seq2seq)
+
+
+ZOOS: dict[str, Zoo] = {
+    "zoo-vits": Zoo(
+        "zoo-vits",
+        "timm",
+        "every vision-transformer architecture of timm's registry, built with pretrained=False",
+        _timm_candidates,
+        lambda name: {"family": "timm", "model": name},
+    ),
+    "zoo-decoders": Zoo(
+        "zoo-decoders",
+        "transformers",
+        "every decoder-only causal-LM architecture of transformers, at its reference config",
+        _decoder_candidates,
+        lambda name: {"family": "transformers", "model_type": name},
+    ),
+}
+#: the ``family`` of zoo records, by library: ``build_zoo_model`` reads them
+ZOO_FAMILIES = ("timm", "transformers")
+
+
+def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
+    """The model a zoo record's ``config`` names, on ``device`` (weights as the library
+    initialises them; on meta none are allocated): ``timm.create_model(model,
+    pretrained=False)``, or transformers' causal LM of ``model_type`` at its config class's
+    defaults. Raises :class:`ZooError` naming the model when its library cannot build it."""
+    family = config.get("family")
+    name = config.get("model") if family == "timm" else config.get("model_type")
+    if family not in ZOO_FAMILIES or not isinstance(name, str):
+        raise ZooError(
+            f"not a zoo config: {dict(config)!r}; zoo configs name a timm model or a transformers model_type"
+        )
+    try:
+        with warnings.catch_warnings(), torch.device(device):
+            warnings.simplefilter("ignore")  # libraries warn about their own defaults while building
+            if family == "timm":
+                import timm  # noqa: PLC0415
+
+                return timm.create_model(name, pretrained=False).eval()
+            from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+            from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+            from graphkit.compat import skip_weight_init  # noqa: PLC0415
+
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # a reference config's own inconsistencies are not the user's
+            try:
+                reference = AutoConfig.for_model(name)
+                if str(device) != "meta":
+                    return AutoModelForCausalLM.from_config(reference).eval()
+                with skip_weight_init():  # nothing to fill on meta; initialisation is most of a build
+                    model = AutoModelForCausalLM.from_config(reference)
+                model.tie_weights()
+                return model.eval()
+            finally:
+                hf_logging.set_verbosity(verbosity)
+    except Exception as e:  # whatever the library raises, named with the model it was building
+        raise ZooError(f"{family} cannot build {name!r}: {type(e).__name__}: {_first_line(e)}") from e
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return " ".join(text.splitlines()[0].split()) if text else "(no message)"
+
+
+def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
+    """Worker: build and trace one model; its row (without id and split), or why not."""
+    from graphkit.tracing import trace  # noqa: PLC0415 - workers import the tracer once, forked
+
+    start = time.perf_counter()
+    config = ZOOS[zoo_name].config(name)
+    try:
+        model = build_zoo_model(config)
+        graph = trace(model)
+    except Exception as e:  # every failure is a report line, never the end of the run
+        reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
+        return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
+    others = sorted({n.op for n in graph.nodes if n.op.startswith("other:")})
+    return {
+        "model": name,
+        "row": graph_to_row(graph, config, id=name, split=""),
+        "other_ops": others,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def _cache_path(out: Path, name: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return out / CACHE_DIR / f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}.json"
+
+
+def _traced(zoo: Zoo, out: Path, names: list[str], workers: int) -> Iterator[dict[str, Any]]:
+    """Every name's outcome, traced by ``workers`` processes, each saved as it arrives."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
+    pool = None
+    try:
+        if workers <= 1 or len(names) <= 1:
+            results: Iterator[dict[str, Any]] = (_outcome(zoo.name, n) for n in names)
+        else:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+            results = pool.map(_outcome, [zoo.name] * len(names), names)
+        for outcome in results:
+            write_text_atomic(_cache_path(out, outcome["model"]), json.dumps(outcome))
+            yield outcome
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        torch.set_num_threads(threads)
+
+
+def library_versions(zoo: Zoo) -> dict[str, str]:
+    """The versions the zoo's content depends on: its library and torch."""
+    return {package: importlib_metadata.version(package) for package in (zoo.library, "torch")}
+
+
+@dataclass
+class ZooResult:
+    """What a zoo run did: the folder, candidates, records (distinct architectures), failures,
+    models traced now and models whose outcome an earlier run had saved."""
+
+    path: Path
+    candidates: int
+    records: int
+    failed: int
+    traced: int
+    resumed: int
+    seconds: float
+    coverage: float  # share of candidates traced, validated and free of other: ops
+    report: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def generate_zoo(
+    name: str,
+    out: str | Path | None = None,
+    *,
+    workers: int = 1,
+    resume: bool = False,
+    limit: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ZooResult:
+    """Generate the zoo ``name`` (``zoo-vits`` or ``zoo-decoders``) into the dataset folder
+    ``out`` (default: its name): every candidate built on meta and traced by ``workers``
+    processes, one record per distinct architecture, ``report.json`` / ``report.md`` naming
+    every model that failed and why. ``limit`` takes the first candidates only (a sample).
+    ``resume`` keeps the outcomes an interrupted run saved. ``progress(done, total)`` is called
+    after each model. Options and the folder are checked before anything is written."""
+    start = time.perf_counter()
+    if name not in ZOOS:
+        raise ZooError(f"unknown zoo {name!r}; known zoos: {', '.join(ZOOS)}")
+    for option, value in (("--workers", workers), ("--limit", limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ZooError(f"{option} must be an integer of at least 1, got {value!r}")
+    zoo = ZOOS[name]
+    out = Path(out if out is not None else name)
+    if out.exists() and not out.is_dir():
+        raise ZooError(f"{out} exists and is not a folder")
+    check_output_dir(out)
+    check_dataset_folder(out)
+    identity = {"zoo": name, "limit": limit, "libraries": library_versions(zoo)}
+    run_file = out / ".graphkit-run.json"
+    if out.is_dir() and any(out.iterdir()):
+        recorded = json.loads(run_file.read_text()) if run_file.is_file() else None
+        if not resume:
+            raise ZooError(f"{out} already holds a dataset; pass --resume to finish it or choose another --out")
+        if recorded != identity:
+            raise ZooError(
+                f"{out} holds a run made with {json.dumps(recorded)}; this run is {json.dumps(identity)}. "
+                "Rerun with the same zoo, --limit and library versions, or choose another --out"
+            )
+    if resume and (out / "report.json").is_file() and not (out / CACHE_DIR).is_dir():  # finished before
+        report = json.loads((out / "report.json").read_text())
+        return ZooResult(
+            path=out,
+            candidates=report["candidates"],
+            records=report["records"],
+            failed=len(report["failed"]),
+            traced=0,
+            resumed=report["candidates"],
+            seconds=time.perf_counter() - start,
+            coverage=report["coverage"],
+            report=report,
+        )
+    names = zoo.candidates()[:limit]
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_file, json.dumps(identity, indent=1) + "\n")
+    outcomes: dict[str, dict[str, Any]] = {}
+    for candidate in names:
+        saved = _cache_path(out, candidate)
+        if saved.is_file():
+            try:
+                outcomes[candidate] = json.loads(saved.read_text())
+            except ValueError:  # a file cut short by a kill: trace that model again
+                saved.unlink()
+    resumed = len(outcomes)
+    todo = [n for n in names if n not in outcomes]
+    for outcome in _traced(zoo, out, todo, workers):
+        outcomes[outcome["model"]] = outcome
+        if progress is not None:
+            progress(len(outcomes), len(names))
+    report = _assemble(zoo, out, [outcomes[n] for n in names], identity)
+    for saved in (out / CACHE_DIR).glob("*.json"):
+        saved.unlink()
+    (out / CACHE_DIR).rmdir()
+    seconds = time.perf_counter() - start
+    return ZooResult(
+        path=out,
+        candidates=len(names),
+        records=report["records"],
+        failed=len(report["failed"]),
+        traced=len(todo),
+        resumed=resumed,
+        seconds=seconds,
+        coverage=report["coverage"],
+        report=report,
+    )
+
+
+def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the records (one per fingerprint, aliases in the config), the manifest, the card and
+    the report; return the report."""
+    by_fingerprint: dict[str, list[dict[str, Any]]] = {}
+    for outcome in outcomes:
+        if "row" in outcome:
+            by_fingerprint.setdefault(outcome["row"]["fingerprint"], []).append(outcome)
+    rows = []
+    for fingerprint, same in sorted(by_fingerprint.items(), key=lambda item: item[1][0]["model"]):
+        first, aliases = same[0], [o["model"] for o in same[1:]]
+        row = dict(first["row"])
+        config = {**json.loads(row["config"]), **({"aliases": aliases} if aliases else {})}
+        held_out = int(hashlib.sha256(fingerprint.encode()).hexdigest(), 16) % EVAL_EVERY == 0
+        row.update(
+            config=json.dumps(config, sort_keys=True, separators=(",", ":")), split="eval" if held_out else "train"
+        )
+        rows.append(row)
+    for split in ("train", "eval"):
+        write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, 0, 1))
+    failed = [{"model": o["model"], "reason": o["error"]} for o in outcomes if "error" in o]
+    other = [{"model": o["model"], "ops": o["other_ops"]} for o in outcomes if o.get("other_ops")]
+    clean = sum(1 for o in outcomes if "row" in o and not o["other_ops"])
+    report = {
+        "zoo": zoo.name,
+        "description": zoo.description,
+        "libraries": identity["libraries"],
+        "limit": identity["limit"],
+        "candidates": len(outcomes),
+        "traced": len(outcomes) - len(failed),
+        "clean": clean,
+        "coverage": round(clean / max(len(outcomes), 1), 4),
+        "records": len(rows),
+        "failed": failed,
+        "other_ops": other,
+        "aliases": {r["id"]: a for r in rows if (a := json.loads(r["config"]).get("aliases"))},
+    }
+    write_text_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out / "report.md", _report_markdown(report))
+    finalize_dataset(out, name=zoo.name, info={**identity, "source": zoo.description})
+    return report
+
+
+def _report_markdown(report: Mapping[str, Any]) -> str:
+    """The report for people: coverage, then every model that failed or kept ops outside the
+    vocabulary, one line each."""
+    versions = ", ".join(f"{k} {v}" for k, v in report["libraries"].items())
+    lines = [
+        f"# {report['zoo']}: coverage report",
+        "",
+        f"{report['description'][0].upper()}{report['description'][1:]} ({versions}).",
+        "",
+        f"- candidates: {report['candidates']:,}",
+        f"- traced and validated: {report['traced']:,}",
+        f"- with no `other:` op: {report['clean']:,} ({100 * report['coverage']:.1f}%)",
+        f"- records (distinct architectures): {report['records']:,}",
+        "",
+        "## Could not be traced",
+        "",
+        *([f"- `{f['model']}`: {f['reason']}" for f in report["failed"]] or ["None."]),
+        "",
+        "## Traced with ops outside the vocabulary",
+        "",
+        *([f"- `{o['model']}`: {', '.join(o['ops'])}" for o in report["other_ops"]] or ["None."]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["ZOOS", "Zoo", "ZooError", "ZooResult", "generate_zoo", "build_zoo_model", "TIMM_TRANSFORMER_MODULES"]
