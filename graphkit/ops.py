@@ -55,7 +55,8 @@ OP_DOCS: dict[str, str] = {
         "intermediate_size"
     ),
     "roll": "cyclic shift of tokens along spatial dims (torch.roll; Swin's shifted windows); attrs shifts",
-    "pad": "zero padding of activations (F.pad; Swin pads to a multiple of the window); attrs pad",
+    "pad": "constant padding of activations (F.pad; Swin pads to a multiple of the window with zeros); attrs pad, "
+    "and value where the fill is not zero (since v3)",
     # version 3: what timm's hierarchical and hybrid ViTs add (the zoo datasets)
     "batch_norm": "BatchNorm: normalisation by running statistics with a learned scale and shift",
     "group_norm": "GroupNorm: normalisation over groups of channels",

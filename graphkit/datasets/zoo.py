@@ -14,9 +14,11 @@ Every model is built on the meta device (no weight is allocated) and traced. One
 distinct architecture (graph fingerprint): the first name in sort order, carrying the others as
 ``aliases`` in its config; the record's id is that name. What cannot be built or traced, or
 traces with ops outside the vocabulary (``other:``), goes to ``report.json`` and ``report.md``
-with a one-line reason. The candidates, their order and the split (a tenth of the architectures
-held out, by fingerprint hash) depend on nothing but the library versions, which the manifest
-and the card record: the same versions give the same dataset.
+with a one-line reason, and so does how many models ``graphkit predict`` would predict with the
+bundled hypernetworks (:func:`graphkit.ghn.predict.prediction_refusal`) and why it refuses the
+rest. The candidates, their order and the split (a tenth of the architectures held out, by
+fingerprint hash) depend on nothing but the library versions, which the manifest and the card
+record: the same versions give the same dataset.
 
 Generation runs in worker processes, and each model's outcome is written to
 ``.graphkit-zoo/`` in the folder as it finishes: ``resume=True`` traces only the rest.
@@ -30,10 +32,11 @@ import multiprocessing
 import re
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,7 @@ TIMM_TRANSFORMER_MODULES = (
     "deit",
     "efficientformer",
     "efficientformer_v2",
+    "efficientvit_mit",
     "efficientvit_msra",
     "eva",
     "fastvit",
@@ -63,7 +67,9 @@ TIMM_TRANSFORMER_MODULES = (
     "gemma4_vit",
     "hiera",
     "hieradet_sam2",
+    "iformer",
     "levit",
+    "lowformer",
     "maxxvit",
     "mobilevit",
     "mvitv2",
@@ -94,6 +100,9 @@ TIMM_TRANSFORMER_MODULES = (
 CACHE_DIR = ".graphkit-zoo"
 #: one architecture in this many is held out (by fingerprint hash)
 EVAL_EVERY = 10
+#: seconds one model may take to build and trace before it is stopped and reported (the slowest
+#: reference configs, mixtures of hundreds of experts, take about two minutes on one core)
+MODEL_TIMEOUT = 300.0
 
 
 class ZooError(GraphkitError):
@@ -205,11 +214,14 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     except Exception as e:  # every failure is a report line, never the end of the run
         reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
+    from graphkit.ghn.predict import prediction_refusal  # noqa: PLC0415
+
     others = sorted({n.op for n in graph.nodes if n.op.startswith("other:")})
     return {
         "model": name,
         "row": graph_to_row(graph, config, id=name, split=""),
         "other_ops": others,
+        "predict": prediction_refusal(graph),  # None: the bundled hypernetwork of its family predicts it
         "seconds": round(time.perf_counter() - start, 2),
     }
 
@@ -219,26 +231,60 @@ def _cache_path(out: Path, name: str) -> Path:
     return out / CACHE_DIR / f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}.json"
 
 
-def _traced(zoo: Zoo, out: Path, names: list[str], workers: int) -> Iterator[dict[str, Any]]:
-    """Every name's outcome, traced by ``workers`` processes, each saved as it arrives."""
+def _child(zoo_name: str, name: str, send: Connection) -> None:
+    """A tracing process: one model's outcome, sent back whole."""
+    send.send(_outcome(zoo_name, name))
+    send.close()
+
+
+def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float) -> Iterator[dict[str, Any]]:
+    """Every name's outcome, each traced in a process of its own, ``workers`` at a time, and saved
+    as it arrives. A process is forked per model so that one that runs past ``timeout`` seconds,
+    or dies (a library's own crash), is stopped and becomes a report line instead of stopping
+    the run."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
-    pool = None
+    torch.set_num_threads(1)  # meta tensors do no arithmetic; the processes share the cores
+    pending, running = list(names), {}
     try:
-        if workers <= 1 or len(names) <= 1:
-            results: Iterator[dict[str, Any]] = (_outcome(zoo.name, n) for n in names)
-        else:
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-            results = pool.map(_outcome, [zoo.name] * len(names), names)
-        for outcome in results:
-            write_text_atomic(_cache_path(out, outcome["model"]), json.dumps(outcome))
-            yield outcome
+        while pending or running:
+            while pending and len(running) < workers:
+                name = pending.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_child, args=(zoo.name, name, send), daemon=True)
+                process.start()
+                send.close()
+                running[receive] = (process, name, time.monotonic())
+            finished = []
+            for receive in wait(list(running), timeout=1.0):
+                process, name, started = running.pop(receive)
+                try:
+                    finished.append(receive.recv())
+                except EOFError:  # it died before sending
+                    process.join()
+                    finished.append(_failure(name, f"the tracing process died (exit code {process.exitcode})", started))
+                process.join()
+                receive.close()
+            for receive, (process, name, started) in list(running.items()):
+                if time.monotonic() - started > timeout:
+                    process.kill()
+                    process.join()
+                    receive.close()
+                    del running[receive]
+                    finished.append(_failure(name, f"not traced within {timeout:.0f} s", started))
+            for outcome in finished:
+                write_text_atomic(_cache_path(out, outcome["model"]), json.dumps(outcome))
+                yield outcome
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        for process, _, _ in running.values():
+            process.kill()
+            process.join()
         torch.set_num_threads(threads)
+
+
+def _failure(name: str, reason: str, started: float) -> dict[str, Any]:
+    return {"model": name, "error": reason, "seconds": round(time.monotonic() - started, 2)}
 
 
 def library_versions(zoo: Zoo) -> dict[str, str]:
@@ -326,7 +372,7 @@ def generate_zoo(
                 saved.unlink()
     resumed = len(outcomes)
     todo = [n for n in names if n not in outcomes]
-    for outcome in _traced(zoo, out, todo, workers):
+    for outcome in _traced(zoo, out, todo, workers, MODEL_TIMEOUT):
         outcomes[outcome["model"]] = outcome
         if progress is not None:
             progress(len(outcomes), len(names))
@@ -370,6 +416,8 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     failed = [{"model": o["model"], "reason": o["error"]} for o in outcomes if "error" in o]
     other = [{"model": o["model"], "ops": o["other_ops"]} for o in outcomes if o.get("other_ops")]
     clean = sum(1 for o in outcomes if "row" in o and not o["other_ops"])
+    traced = [o for o in outcomes if "row" in o]
+    refusals = Counter(re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"])
     report = {
         "zoo": zoo.name,
         "description": zoo.description,
@@ -380,6 +428,8 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         "clean": clean,
         "coverage": round(clean / max(len(outcomes), 1), 4),
         "records": len(rows),
+        "predictable": sum(1 for o in traced if o["predict"] is None),
+        "predict_refusals": dict(refusals.most_common()),
         "failed": failed,
         "other_ops": other,
         "aliases": {r["id"]: a for r in rows if (a := json.loads(r["config"]).get("aliases"))},
@@ -403,6 +453,12 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         f"- traced and validated: {report['traced']:,}",
         f"- with no `other:` op: {report['clean']:,} ({100 * report['coverage']:.1f}%)",
         f"- records (distinct architectures): {report['records']:,}",
+        f"- predictable by graphkit's bundled hypernetworks (`graphkit predict`): {report['predictable']:,} "
+        f"of {report['traced']:,} traced",
+        "",
+        "## Why `graphkit predict` refuses the others",
+        "",
+        *([f"- {count:,} models: {reason}" for reason, count in report["predict_refusals"].items()] or ["None."]),
         "",
         "## Could not be traced",
         "",

@@ -16,6 +16,8 @@ the rows past the trained width make it confidently wrong."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -24,7 +26,7 @@ from graphkit.families import FAMILIES
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
-from graphkit.ghn.encoding import targets
+from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, growth
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
@@ -86,6 +88,27 @@ def predicted_params(
     if should_scale_residuals(graph, residual_scale):
         scale_residuals(graph, params)
     return params
+
+
+def prediction_refusal(graph: ArchGraph, ghn: LoGAH | None = None) -> str | None:
+    """Why :func:`predict` would refuse the model of ``graph`` before writing anything, as its
+    one-line error: no bundled hypernetwork for the graph's family (when ``ghn`` is None), an op
+    the hypernetwork was not trained on or newer than its vocabulary, a parameter it has no slot
+    for. None when it would predict it. Cheap (no parameter is decoded): the zoo's report counts
+    the predictable models with it."""
+    try:
+        ghn = ghn if ghn is not None else _bundled(graph.meta.get("family"))
+        check_graph(ghn, graph)
+        encode(graph, ghn.config)
+    except GraphkitError as e:
+        return str(e)
+    return None
+
+
+@functools.cache
+def _bundled(family: str | None) -> LoGAH:
+    """The bundled hypernetwork of ``family``, loaded once per process."""
+    return load_checkpoint(bundled_checkpoint(family))
 
 
 def predict(

@@ -20,7 +20,8 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
 
     Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
     ``pretrained_cfg['input_size']``) get a batch of two images; models with a
-    ``config.vocab_size`` get two sequences of token ids (``use_cache=False`` when accepted);
+    ``config.vocab_size`` (or a multimodal config's text part with one) get two sequences of
+    token ids (``use_cache=False`` when accepted);
     hand-written language models whose first layer with parameters is an ``nn.Embedding``
     (nanoGPT, minGPT) get token ids, as short as every position table, rotary cache and length
     attribute allows.
@@ -30,8 +31,9 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
     image = _image_size(model)
     if image is not None:
         return (torch.zeros(2, *image, device=device),), {}
-    if config is not None and getattr(config, "vocab_size", None):
-        limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 8
+    text = _text_config(config)
+    if text is not None and getattr(text, "vocab_size", None):
+        limit = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None) or 8
         kwargs: dict[str, Any] = {
             "input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)
         }
@@ -46,6 +48,17 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         "(no img_size / image_size) nor a language model (no config.vocab_size, and its first layer "
         "with parameters is not an nn.Embedding); pass example_inputs (or define example_inputs() in MODEL.py)"
     )
+
+
+def _text_config(config: Any) -> Any:
+    """The config that says how a model reads text: the model's own, or the text part of a
+    multimodal one (Gemma 3's ``text_config``, through transformers' ``get_text_config``)."""
+    if config is None or getattr(config, "vocab_size", None) or not hasattr(config, "get_text_config"):
+        return config
+    try:
+        return config.get_text_config()
+    except Exception:  # a config class whose sub-configs are not text; the model is not a language model
+        return config
 
 
 #: buffer names of precomputed rotary tables, whose first dimension bounds the sequence length
@@ -102,17 +115,20 @@ def _token_length(model: nn.Module) -> int | None:
 
 
 def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     patch = getattr(model, "patch_embed", None)
     if patch is not None and getattr(patch, "img_size", None) is not None:
-        proj = getattr(patch, "proj", None)
-        channels = getattr(proj, "in_channels", 3)
+        # a hybrid's patch embedding projects a CNN backbone's features: the image's channels are
+        # the model's (timm's input_size), not what the projection reads
+        channels = getattr(getattr(patch, "proj", None), "in_channels", 3)
+        if getattr(patch, "backbone", None) is not None and isinstance(cfg, Mapping) and cfg.get("input_size"):
+            channels = cfg["input_size"][0]
         return (int(channels), *(int(s) for s in patch.img_size))
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "image_size", None):
         size = config.image_size
         size = (size, size) if isinstance(size, int) else tuple(size)
         return (int(getattr(config, "num_channels", 3)), *size)
-    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, Mapping) and cfg.get("input_size"):
         return tuple(int(s) for s in cfg["input_size"])  # type: ignore[return-value]
     return None

@@ -10,13 +10,16 @@ its mode: CrossViT resizes its position grid) and sliding-window patches (``unfo
 Roll and pad are vocabulary ops (``roll`` with attr ``shifts``, ``pad`` with attr ``pad``),
 because where a model shifts or pads its windows is architecture. A roll by zero or a pad by
 zero computes nothing (Swin calls ``F.pad`` whether or not its grid needs it) and makes no node,
-as a reshape makes none. A pad that is not zero padding (reflect, replicate, another value)
-stays ``other:aten.pad``: the vocabulary op means zeros. An adaptive average pool to size 1 is
+as a reshape makes none. Since vocabulary 3 a constant pad with another fill is a ``pad`` too,
+with attr ``value`` (NesT pads with -inf before max-pooling, EfficientViT's linear attention
+with ones; an infinite fill is the string "-inf" or "inf", which JSON can hold); a pad that is
+not constant (reflect, replicate) stays ``other:aten.pad``. An adaptive average pool to size 1 is
 the mean over the pooled dims: ``mean_pool`` with those ``dim``, as ``x.mean(dim)`` gives.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import fx
@@ -58,7 +61,7 @@ def spatial_op(node: fx.Node) -> str | None:
     name = functional_name(node.target)
     if name == "roll":
         return "roll"
-    if name in _PAD_ATEN and _pads_zeros(node):
+    if name in _PAD_ATEN and _pads_constant(node):
         return "pad"
     if name in _ADAPTIVE_AVG_POOL_ATEN and _pools_to_one(node):
         return "mean_pool"
@@ -99,7 +102,11 @@ def spatial_attrs(node: fx.Node, op: str) -> dict[str, Any]:
     if op == "interpolate":  # upsample_bicubic2d, _upsample_bilinear2d_aa, upsample_nearest2d, ...
         return {"mode": name.lstrip("_").removeprefix("upsample_").rstrip("123d").removesuffix("_aa")}
     amount = node.args[1] if len(node.args) > 1 else node.kwargs[_AMOUNT[op]]
-    return {_AMOUNT[op]: [int(a) for a in amount] if isinstance(amount, (list, tuple)) else [int(amount)]}
+    attrs = {_AMOUNT[op]: [int(a) for a in amount] if isinstance(amount, (list, tuple)) else [int(amount)]}
+    value = _pad_value(node) if op == "pad" else None
+    if value:  # NesT pads with -inf before a max pool: the fill is architecture
+        attrs["value"] = value if math.isfinite(value) else str(value)
+    return attrs
 
 
 def _ints(value: Any) -> list[int]:
@@ -117,16 +124,23 @@ def _dims(node: fx.Node) -> list[int] | None:
     return [d % rank for d in _ints(dim)]
 
 
-def _pads_zeros(node: fx.Node) -> bool:
-    """F.pad (``aten.pad(x, pad, mode, value)``) or ``constant_pad_nd(x, pad, value)`` with zeros."""
+def _pad_value(node: fx.Node) -> float | None:
+    """The fill of F.pad (``aten.pad(x, pad, mode, value)``) or ``constant_pad_nd(x, pad, value)``;
+    None for a pad that is not constant (reflect, replicate, circular) or fills with a tensor."""
     name = functional_name(node.target)
     args = list(node.args[2:])
     if name == "pad":
         mode = args[0] if args else node.kwargs.get("mode", "constant")
         value = args[1] if len(args) > 1 else node.kwargs.get("value")
-        return mode == "constant" and not value
-    value = args[0] if args else node.kwargs.get("value", 0)
-    return not value
+    else:
+        mode, value = "constant", args[0] if args else node.kwargs.get("value", 0)
+    if mode != "constant" or isinstance(value, fx.Node):
+        return None
+    return float(value or 0)
+
+
+def _pads_constant(node: fx.Node) -> bool:
+    return _pad_value(node) is not None
 
 
 def _pools_to_one(node: fx.Node) -> bool:

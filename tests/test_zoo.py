@@ -1,0 +1,134 @@
+"""The zoo datasets (graphkit.datasets.zoo): timm's vision transformers and transformers' decoders
+as they are published, their coverage on a sample, the report, resume, and predict on zoo models."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from graphkit.datasets import load
+from graphkit.datasets import zoo as zoo_module
+from graphkit.datasets.zoo import TIMM_TRANSFORMER_MODULES, ZOOS, Zoo, ZooError, build_zoo_model, generate_zoo
+from graphkit.ghn import predict
+from graphkit.ghn.predict import prediction_refusal
+from graphkit.tracing import trace
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_zoo_sample_becomes_a_dataset_with_its_report(tmp_path):
+    out = tmp_path / "zoo-vits"
+    result = generate_zoo("zoo-vits", out, limit=6, workers=2)
+    assert (result.candidates, result.failed, result.coverage, result.traced) == (6, 0, 1.0, 6)
+    report = json.loads((out / "report.json").read_text())
+    assert report["libraries"]["timm"] and report["records"] == result.records <= 6
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["libraries"] == report["libraries"] and manifest["zoo"] == "zoo-vits"
+    assert "timm " + report["libraries"]["timm"] in (out / "README.md").read_text()
+    dataset = load(out)
+    assert len(dataset) == result.records and not (out / zoo_module.CACHE_DIR).exists()
+    record = dataset[dataset.ids[0]]
+    assert record.config["family"] == "timm" and record.graph.num_params == record["num_params"]
+    assert sum(p.numel() for p in record.build_model().parameters()) == record["num_params"]
+    again = generate_zoo("zoo-vits", out, limit=6, resume=True)  # finished: nothing to redo
+    assert (again.traced, again.resumed, again.records) == (0, 6, result.records)
+
+
+def test_an_interrupted_zoo_resumes_from_the_models_it_finished(tmp_path, monkeypatch):
+    out = tmp_path / "zoo"
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(zoo_module, "_assemble", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            generate_zoo("zoo-vits", out, limit=3)
+    assert len(list((out / zoo_module.CACHE_DIR).glob("*.json"))) == 3
+    with pytest.raises(ZooError, match="already holds a dataset; pass --resume"):
+        generate_zoo("zoo-vits", out, limit=3)
+    with pytest.raises(ZooError, match="holds a run made with"):
+        generate_zoo("zoo-vits", out, limit=2, resume=True)
+    result = generate_zoo("zoo-vits", out, limit=3, resume=True)
+    assert (result.traced, result.resumed, result.candidates) == (0, 3, 3) and len(load(out)) == result.records
+
+
+def _hangs_or_dies(config, device="meta"):
+    if config["model"] == "hangs":
+        time.sleep(60)
+    if config["model"] == "dies":
+        os._exit(3)
+    return build_zoo_model({"family": "timm", "model": "test_vit"}, device)
+
+
+def test_a_model_that_hangs_or_kills_its_process_is_a_report_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(
+        ZOOS,
+        "zoo-test",
+        Zoo("zoo-test", "timm", "a test zoo", lambda: ["dies", "hangs", "test_vit"], ZOOS["zoo-vits"].config),
+    )
+    monkeypatch.setattr(zoo_module, "build_zoo_model", _hangs_or_dies)
+    monkeypatch.setattr(zoo_module, "MODEL_TIMEOUT", 5.0)
+    result = generate_zoo("zoo-test", tmp_path / "z", workers=3)
+    failed = {f["model"]: f["reason"] for f in result.report["failed"]}
+    assert failed == {"dies": "the tracing process died (exit code 3)", "hangs": "not traced within 5 s"}
+    assert result.records == 1 and result.coverage == pytest.approx(1 / 3, abs=1e-4)
+    assert "- `hangs`: not traced within 5 s" in (tmp_path / "z" / "report.md").read_text()
+
+
+def test_every_timm_transformer_module_traces_cleanly_on_a_sample():
+    """The coverage pin: the first model of every module zoo-vits reads traces and validates
+    with no op outside the vocabulary (the whole zoo is measured in BENCHMARKS.md)."""
+    import timm
+
+    firsts = [timm.list_models(module=module)[0] for module in TIMM_TRANSFORMER_MODULES]
+    outcomes = [zoo_module._outcome("zoo-vits", name) for name in firsts]
+    unclean = {o["model"]: o.get("error") or o["other_ops"] for o in outcomes if "error" in o or o["other_ops"]}
+    assert not unclean
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox", "opt"])
+def test_reference_decoders_trace_cleanly(model_type):
+    outcome = zoo_module._outcome("zoo-decoders", model_type)
+    assert "error" not in outcome and outcome["other_ops"] == [], outcome.get("error")
+    assert outcome["row"]["family"] == "transformers" and outcome["row"]["num_layers"] >= 12
+
+
+def test_predict_works_on_a_zoo_model_of_a_bundled_family_or_says_why_not():
+    """Item 4 on a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
+    ViT hypernetwork, and the predicted model runs; BEiT and Swin have no bundled hypernetwork,
+    and say so in one line."""
+    deit = build_zoo_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
+    assert prediction_refusal(trace(deit)) is None
+    params = predict(deit)
+    assert all(torch.isfinite(p).all() for p in params.values())
+    with torch.no_grad():
+        assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
+    beit = build_zoo_model({"family": "timm", "model": "beit_base_patch16_224"})
+    assert prediction_refusal(trace(beit)).startswith("no bundled hypernetwork for beit models")
+    swin = build_zoo_model({"family": "timm", "model": "swin_tiny_patch4_window7_224"})
+    assert "no bundled hypernetwork" in prediction_refusal(trace(swin))
+
+
+def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ZooError, match="unknown zoo 'zoo-cnns'; known zoos: zoo-vits, zoo-decoders"):
+        generate_zoo("zoo-cnns", tmp_path / "a")
+    for option, value in (("workers", 0), ("limit", -1), ("workers", True)):
+        with pytest.raises(ZooError, match=f"--{option} must be an integer of at least 1"):
+            generate_zoo("zoo-vits", tmp_path / "a", **{option: value})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ZooError, match="exists and is not a folder"):
+        generate_zoo("zoo-vits", tmp_path / "file")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "README.md").write_text("mine")
+    with pytest.raises(Exception, match="is not empty and holds no graphkit dataset"):
+        generate_zoo("zoo-vits", tmp_path / "project")
+    assert (tmp_path / "project" / "README.md").read_text() == "mine" and not (tmp_path / "a").exists()
+    with pytest.raises(ZooError, match=r"not a zoo config"):
+        build_zoo_model({"family": "vit", "model": "x"})
+    with pytest.raises(ZooError, match=r"timm cannot build 'no_such_vit': RuntimeError: Unknown model"):
+        build_zoo_model({"family": "timm", "model": "no_such_vit"})
