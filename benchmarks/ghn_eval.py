@@ -9,6 +9,7 @@ learned.
                                                                 # evaluation recorded in each bundled config.json
     .venv/bin/python benchmarks/ghn_eval.py --family vit --write   # one family (its own section)
     python benchmarks/ghn_eval.py --device cuda --write         # on a GPU: sections ghn_eval_<family>_gpu only
+    .venv/bin/python benchmarks/ghn_eval.py --family vit --selected --write   # with weight selection: own section
 
 The datasets are generated first if out/ lacks them (same recipe and seed: the same records).
 The reference approach is random initialisation, in the same run on the same batches.
@@ -30,7 +31,7 @@ import torch
 from graphkit.datasets.generate import generate
 from graphkit.ghn.checkpoint import BUNDLED, bundled_checkpoint, record_evaluation
 from graphkit.ghn.data import default_source
-from graphkit.ghn.evaluate import INITS, EvalConfig, evaluate, plot, summarize
+from graphkit.ghn.evaluate import DEFAULT_INITS, INITS, EvalConfig, evaluate, plot, summarize
 
 RUNS = {
     "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),
@@ -41,7 +42,7 @@ RUNS = {
 }
 
 
-def table(family: str, write: bool, device: str | None = None) -> str:
+def table(family: str, write: bool, device: str | None = None, selected: bool = False, archs: int | None = None) -> str:
     """The evaluation of one family's bundled checkpoint, as a BENCHMARKS.md section."""
 
     warnings.filterwarnings("ignore")
@@ -51,7 +52,12 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     if not dataset.exists():
         generate(run["recipe"], dataset, workers=2)
     config = EvalConfig(
-        dataset=str(dataset), archs=run["archs"], steps=run["steps"], batch_size=run["batch_size"], device=device
+        dataset=str(dataset),
+        archs=archs or run["archs"],
+        steps=run["steps"],
+        batch_size=run["batch_size"],
+        device=device,
+        inits=INITS if selected else DEFAULT_INITS,
     )
     tic = time.perf_counter()
     rows = evaluate(config)  # a progress bar: the slower families take an hour on 2 cores
@@ -67,7 +73,11 @@ def table(family: str, write: bool, device: str | None = None) -> str:
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {where} ({minutes:.1f} min); AdamW lr 3e-4 fine-tuning, the same "
         f"batches for every initialisation. Command: `.venv/bin/python benchmarks/ghn_eval.py --family {family} "
-        "--write` (or `make eval-bundled` for all three).",
+        + (
+            f"--selected{f' --archs {archs}' if archs else ''} --write`."
+            if selected
+            else "--write` (or `make eval-bundled` for all three)."
+        ),
         "",
         f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} "
         f"held-out architectures{scaled}. After {steps} fine-tuning "
@@ -77,18 +87,27 @@ def table(family: str, write: bool, device: str | None = None) -> str:
         "| init | " + " | ".join(f"loss / accuracy @{h}" for h in at) + " |",
         "|---" * (len(at) + 1) + "|",
     ]
-    for init in INITS:
+    others = [init for init in config.inits if init != "predicted"]
+    for init in config.inits:
         s = summary[init]
         lines.append(f"| {init} | " + " | ".join(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at) + " |")
     lines.append(
-        "| predicted wins vs random / orthogonal | "
-        + " | ".join(
-            f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
-            for h in at
-        )
+        f"| predicted wins vs {' / '.join(others)} | "
+        + " | ".join(" / ".join(f"{100 * summary['wins'][str(h)][o]:.0f}%" for o in others) for h in at)
         + " |"
     )
-    if write and not on_gpu(device):  # the CPU run is the record; a GPU's is a section of its own (speed, agreement)
+    if selected:
+        lines.insert(
+            3,
+            f"`selected`: weight selection from the train split's smallest architecture, trained directly for "
+            f"{steps} steps on the same data (the budget: as many steps as the evaluation fine-tunes); after "
+            f"{steps} steps predicted beats it on **{100 * summary['predicted_beats_selected']:.0f}%**.\n",
+        )
+    if write and selected and not on_gpu(device):  # its own section and picture; the checkpoint's record stays
+        png = Path("docs/img") / f"eval-{family}-selected.png"
+        plot(rows, str(common.ROOT / png), f"{run['label']}, with weight selection")
+        lines += ["", f"![fine-tuning curves]({png})"]
+    elif write and not on_gpu(device):  # the CPU run is the record; a GPU's is a section of its own (speed, agreement)
         record_evaluation(
             bundled_checkpoint(family),
             summary,
@@ -114,12 +133,20 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md (one section per family)")
     parser.add_argument("--family", choices=sorted(RUNS), action="append", help="only this family (repeatable)")
     parser.add_argument("--device", help="cpu or cuda (default: the GPU if there is one)")
+    parser.add_argument(
+        "--selected",
+        action="store_true",
+        help="add weight selection (eval-ghn's selected) beside the others, in a section of its own "
+        "(ghn_eval_<family>_selected; the checkpoint's recorded evaluation is left as it is)",
+    )
+    parser.add_argument("--archs", type=int, help="held-out architectures (default: the family's, 8)")
     args = parser.parse_args()
     for family in args.family or RUNS:
-        text = table(family, args.write, args.device)
+        text = table(family, args.write, args.device, args.selected, args.archs)
         print(text, flush=True)
         if args.write:
-            common.write_section(text, f"ghn_eval_{family}" + ("_gpu" if on_gpu(args.device) else ""))
+            suffix = ("_selected" if args.selected else "") + ("_gpu" if on_gpu(args.device) else "")
+            common.write_section(text, f"ghn_eval_{family}{suffix}")
 
 
 if __name__ == "__main__":

@@ -72,12 +72,16 @@ OP_DOCS: dict[str, str] = {
     "clamp": "clamping of activations to a range (ReLU6, hard tanh, a norm's floor)",
     "norm": "vector norm of activations along a dim (L2 normalisation)",
     "matmul": "product of two activations as matrices outside softmax attention (linear attention's K^T V)",
+    "ssm": "recurrent token mixer as one node, with its module's projections and convolution: a state-space "
+    "model or linear recurrence (Mamba's selective scan, gated DeltaNet, RG-LRU, RWKV's time mixing, xLSTM)",
+    "square": "elementwise square of activations (squared ReLU)",
+    "softplus": "softplus activation",
 }
 
 OPS: tuple[str, ...] = tuple(OP_DOCS)
 #: how many ops each vocabulary version has: a version-v reader (a hypernetwork checkpoint)
 #: understands the first VOCABULARY_SIZES[v] ids, whose meaning never changes
-VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32, 3: 45}
+VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32, 3: 48}
 OP_IDS: dict[str, int] = {op: i for i, op in enumerate(OPS)}
 
 #: graphkit op -> GHN-3 primitive (ppuda's PRIMITIVES_DEEPNETS1M), None where GHN-3 has none.
@@ -127,6 +131,9 @@ GHN3_PRIMITIVES: dict[str, str | None] = {
     "clamp": None,
     "norm": None,
     "matmul": None,
+    "ssm": None,
+    "square": None,
+    "softplus": None,
 }
 
 

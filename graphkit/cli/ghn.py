@@ -252,8 +252,19 @@ def eval_ghn(
         "--record",
         help="Store the summary in the checkpoint's config.json (its measured effect, which `predict` prints).",
     ),
+    inits: str = typer.Option(
+        "predicted,random,orthogonal",
+        "--inits",
+        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always, and selected: "
+        "weight selection (Xu et al., 2024) from the train split's smallest model, trained first on the same "
+        "data for --select-steps steps.",
+    ),
+    select_steps: Optional[int] = typer.Option(
+        None, "--select-steps", help="Training steps of the model `selected` selects from (default: --steps)."
+    ),
 ) -> None:
-    """Compare predicted parameters with random and orthogonal initialisation on held-out architectures."""
+    """Compare predicted parameters with random and orthogonal initialisation (and weight
+    selection, with --inits ...,selected) on held-out architectures."""
     from rich.table import Table
 
     from graphkit.fileio import check_output_dir, check_output_file, write_text_atomic
@@ -274,6 +285,8 @@ def eval_ghn(
         residual_scale=residual_scale,
         calibrate=calibrate,
         workers=workers,
+        inits=tuple(i.strip() for i in inits.split(",")),
+        select_steps=select_steps,
     )
     check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
     for name in ("eval.json", "eval.png"):
@@ -289,22 +302,26 @@ def eval_ghn(
     table.add_column("init")
     for h in at:
         table.add_column(f"@{h}", justify="right")
-    for init in INITS:
+    others = [init for init in INITS if init in config.inits and init != "predicted"]
+    for init in (i for i in INITS if i in config.inits):
         s = summary[init]
         table.add_row(init, *(f"{s[f'loss_{h}']:.3f} / {s[f'accuracy_{h}']:.3f}" for h in at))
     table.add_row(
         "predicted wins",
-        *(
-            f"{100 * summary['wins'][str(h)]['random']:.0f}% / {100 * summary['wins'][str(h)]['orthogonal']:.0f}%"
-            for h in at
-        ),
+        *(" / ".join(f"{100 * summary['wins'][str(h)][other]:.0f}%" for other in others) for h in at),
     )
     console.print(table)
     console.print(
-        "(predicted wins: architectures where predicted has a lower held-out loss than random / than orthogonal)",
+        f"(predicted wins: architectures where predicted has a lower held-out loss than {' / than '.join(others)})",
         highlight=False,
     )
-    for other in ("random", "orthogonal"):
+    if "selected" in config.inits:
+        console.print(
+            f"selected: weight selection from the train split's smallest model, trained for "
+            f"{config.select_steps or steps} steps on the same data",
+            highlight=False,
+        )
+    for other in others:
         console.print(
             f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
             f"of {summary['archs']} architectures",

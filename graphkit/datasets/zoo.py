@@ -246,6 +246,8 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; the processes share the cores
+    if names:
+        _warm_up()
     pending, running = list(names), {}
     try:
         while pending or running:
@@ -281,6 +283,20 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
             process.kill()
             process.join()
         torch.set_num_threads(threads)
+
+
+def _warm_up() -> None:
+    """What every tracing process would otherwise pay again, paid once before they fork: the
+    tracer's and the hypernetwork's imports, torch.export's one-time set-up (one tiny export)
+    and the bundled hypernetworks that ``prediction_refusal`` reads."""
+    from graphkit.families import build_model  # noqa: PLC0415
+    from graphkit.ghn.checkpoint import BUNDLED  # noqa: PLC0415
+    from graphkit.ghn.predict import bundled_hypernetwork  # noqa: PLC0415
+    from graphkit.tracing import trace  # noqa: PLC0415
+
+    trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
+    for family in BUNDLED:
+        bundled_hypernetwork(family)
 
 
 def _failure(name: str, reason: str, started: float) -> dict[str, Any]:

@@ -1,8 +1,13 @@
-"""Is the hypernetwork worth using? Held-out architectures, three initialisations each:
+"""Is the hypernetwork worth using? Held-out architectures, three initialisations each, and a
+fourth on request:
 
 - ``predicted``: the hypernetwork's parameters;
 - ``random``: the framework's own initialisation (timm's, Hugging Face's);
-- ``orthogonal``: random, then every weight with 2+ dimensions orthogonal (GHN papers' ORTHINIT).
+- ``orthogonal``: random, then every weight with 2+ dimensions orthogonal (GHN papers' ORTHINIT);
+- ``selected``: weight selection (:mod:`graphkit.ghn.selection`) from the smallest architecture
+  of the dataset's train split, trained directly on the same data for ``select_steps`` steps
+  (default: as many as the evaluation fine-tunes), the budget a user without a hypernetwork
+  spends to have a model of the family to select from.
 
 Each model is fine-tuned for ``steps`` AdamW steps on the same training batches whatever its
 initialisation and scored on fixed held-out batches at the horizons 0, 100 and ``steps``. A head
@@ -36,9 +41,12 @@ from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
+from graphkit.ghn.selection import select_params
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
-INITS = ("predicted", "random", "orthogonal")
+INITS = ("predicted", "random", "orthogonal", "selected")
+#: what every evaluation compares; ``selected`` is added on request (it trains a model first)
+DEFAULT_INITS = ("predicted", "random", "orthogonal")
 
 
 class EvalError(GraphkitError, ValueError):
@@ -66,8 +74,19 @@ class EvalConfig:
         False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
     )
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
+    inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected if asked for
+    select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
 
     def __post_init__(self) -> None:
+        self.inits = tuple(self.inits)
+        unknown = [i for i in self.inits if i not in INITS]
+        if unknown or not set(DEFAULT_INITS) <= set(self.inits) or len(set(self.inits)) != len(self.inits):
+            raise EvalError(
+                f"inits {','.join(map(str, self.inits))}: must name predicted, random and orthogonal, and may add "
+                f"selected, each once; accepted: {', '.join(INITS)}"
+            )
+        if self.select_steps is not None:
+            check_counts(self, ("select_steps",), EvalError)
         check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
         if self.workers is not None:
             check_counts(self, ("workers",), EvalError)
@@ -78,9 +97,10 @@ class EvalConfig:
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
-    """Apply ``init`` (see :data:`INITS`) to a model built with the framework's initialisation."""
+    """Apply ``init`` (see :data:`INITS`) to a model built with the framework's initialisation;
+    ``predicted`` holds the parameters of ``predicted`` and ``selected``."""
 
-    if init == "predicted":
+    if init in ("predicted", "selected"):  # parameters made for this model: the hypernetwork's or the selection's
         load_params(model, predicted)
     elif init == "orthogonal":
         with torch.no_grad():
@@ -151,12 +171,16 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     source = load_source(config.data or default_source(pool.family), seq_len=config.seq_len)
     chosen = range(min(config.archs, len(pool)))
     at = horizons(config.steps)
+    teacher = _selection_source(config, source) if "selected" in config.inits else None
     tasks, rows = [], {}
     for index in chosen:
         record = pool.records[index]
         source.check(record.config)
         check_graph(ghn, record.graph)
-        predicted = _pack(predicted_params(ghn, record.graph, config.residual_scale))
+        made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
+        if teacher is not None:
+            torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill
+            made["selected"] = _pack(select_params(teacher, build_model(record.config, "cpu")))
         generator = torch.Generator().manual_seed(config.seed)
         held_out = _stack(
             [
@@ -165,14 +189,14 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             ]
         )
         train_batches = _stack([source.batch(record.config, config.batch_size, generator) for _ in range(config.steps)])
-        for init in INITS:
+        for init in config.inits:
             tasks.append(
                 _FineTuning(
                     len(tasks),
                     record.config,
                     record.graph if config.calibrate else None,
                     init,
-                    predicted if init == "predicted" else None,
+                    made.get(init),
                     train_batches,
                     held_out,
                     source.task,
@@ -204,6 +228,21 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     return [rows[number] for number in sorted(rows)]
 
 
+def _selection_source(config: EvalConfig, source: Any) -> dict[str, torch.Tensor]:
+    """The trained model ``selected`` selects from: the train split's smallest architecture (a
+    model of the family smaller than those evaluated), trained directly for ``select_steps``
+    steps on the same data and learning rate; its state dict."""
+    pool = ArchPool(config.dataset, "train")
+    smallest = min(pool.records, key=lambda record: (record["num_params"], record.id))
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    steps = config.select_steps or config.steps
+    batches = [source.batch(smallest.config, config.batch_size, generator) for _ in range(steps)]
+    torch.manual_seed(config.seed)
+    model = build_model(smallest.config, "cpu")
+    fine_tune(model, batches, source.task, config.lr)
+    return {name: value.detach() for name, value in model.state_dict().items()}
+
+
 class _FineTuning(NamedTuple):
     """One fine-tuning of :func:`evaluate`: everything a worker process needs, in a few tensors
     (each travels to a worker as one shared-memory file: the parameters packed into one, the
@@ -213,7 +252,7 @@ class _FineTuning(NamedTuple):
     config: dict[str, Any]
     graph: Any  # the architecture's graph where the predictions are calibrated, else None
     init: str
-    predicted: tuple[list[tuple[str, torch.Size]], torch.Tensor] | None  # see _pack
+    predicted: tuple[list[tuple[str, torch.Size]], torch.Tensor] | None  # predicted or selected; see _pack
     batches: tuple[torch.Tensor, torch.Tensor]  # inputs and labels, one batch per step
     held_out: tuple[torch.Tensor, torch.Tensor]
     task: str
@@ -302,15 +341,17 @@ def _run_all(
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means per initialisation at every horizon, and at each horizon the fraction of
-    architectures where ``predicted`` has a lower held-out loss than ``random`` and than
-    ``orthogonal``; ``residual_scale``, whether the predictions had their residual branches
-    scaled (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many
-    architectures the predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random`` /
-    ``predicted_beats_orthogonal`` are the verdicts at the final step."""
+    architectures where ``predicted`` has a lower held-out loss than each other initialisation
+    (``random``, ``orthogonal``, and ``selected`` when evaluated); ``residual_scale``, whether
+    the predictions had their residual branches scaled
+    (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many architectures the
+    predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random``
+    / ``predicted_beats_orthogonal`` (and ``_selected``) are the verdicts at the final step."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
     summary: dict[str, Any] = {"horizons": at}
-    for init in INITS:
+    inits = [init for init in INITS if any(r["init"] == init for r in rows)]
+    for init in inits:
         mine = [r for r in rows if r["init"] == init]
         summary[init] = {k: sum(r[k] for r in mine) / len(mine) for k in keys}
         if mine[0]["task"] == "text":
@@ -323,12 +364,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["wins"] = {
         str(h): {
             other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
-            for other in ("random", "orthogonal")
+            for other in inits
+            if other != "predicted"
         }
         for h in at
     }
-    summary["predicted_beats_random"] = summary["wins"][str(at[-1])]["random"]
-    summary["predicted_beats_orthogonal"] = summary["wins"][str(at[-1])]["orthogonal"]
+    for other in summary["wins"][str(at[-1])]:
+        summary[f"predicted_beats_{other}"] = summary["wins"][str(at[-1])][other]
     return summary
 
 
@@ -364,8 +406,10 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
 
     fig, (train_ax, held_ax) = plt.subplots(1, 2, figsize=(10, 4))
     at = rows[0]["horizons"]
-    for init, color in zip(INITS, ("tab:blue", "tab:orange", "tab:green")):
+    for init, color in zip(INITS, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         mine = [r for r in rows if r["init"] == init]
+        if not mine:
+            continue
         curves = torch.tensor([r["curve"] for r in mine])
         steps = range(1, curves.shape[1] + 1)
         for curve in curves:

@@ -97,7 +97,7 @@ def prediction_refusal(graph: ArchGraph, ghn: LoGAH | None = None) -> str | None
     for. None when it would predict it. Cheap (no parameter is decoded): the zoo's report counts
     the predictable models with it."""
     try:
-        ghn = ghn if ghn is not None else _bundled(graph.meta.get("family"))
+        ghn = ghn if ghn is not None else bundled_hypernetwork(graph.meta.get("family"))
         check_graph(ghn, graph)
         encode(graph, ghn.config)
     except GraphkitError as e:
@@ -106,8 +106,9 @@ def prediction_refusal(graph: ArchGraph, ghn: LoGAH | None = None) -> str | None
 
 
 @functools.cache
-def _bundled(family: str | None) -> LoGAH:
-    """The bundled hypernetwork of ``family``, loaded once per process."""
+def bundled_hypernetwork(family: str | None) -> LoGAH:
+    """The bundled hypernetwork of ``family`` (CheckpointError if none ships), loaded once per
+    process and shared: for reading, as :func:`prediction_refusal` does, not for training."""
     return load_checkpoint(bundled_checkpoint(family))
 
 

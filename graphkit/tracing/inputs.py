@@ -37,8 +37,10 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         kwargs: dict[str, Any] = {
             "input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)
         }
-        if "use_cache" in inspect.signature(model.forward).parameters:
-            kwargs["use_cache"] = False
+        parameters = inspect.signature(model.forward).parameters
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        if "use_cache" in parameters or (takes_kwargs and hasattr(config, "use_cache")):
+            kwargs["use_cache"] = False  # a returned cache is no output (GraniteMoE takes it through **kwargs)
         return (), kwargs
     length = _token_length(model)
     if length is not None:

@@ -39,6 +39,17 @@ _MODULE_NAME_RULES: tuple[tuple[str, str], ...] = (
     ("gelu", "gelu"),
     ("silu", "silu"),
     ("swish", "silu"),
+    # recurrent token mixers (transformers' hybrid and recurrent decoders), each one node
+    ("mambamixer", "ssm"),  # Mamba, FalconMamba, Jamba, Zamba
+    ("mamba2mixer", "ssm"),  # Mamba-2, Nemotron-H
+    ("mambalayer", "ssm"),  # Granite hybrid
+    ("bambamixer", "ssm"),
+    ("falconh1mixer", "ssm"),
+    ("gateddeltanet", "ssm"),  # Qwen3-Next, Qwen3.5, OLMo hybrid
+    ("deltaattention", "ssm"),  # Kimi Linear, Bailing hybrid
+    ("rglru", "ssm"),  # RecurrentGemma
+    ("rwkvselfattention", "ssm"),  # RWKV's time mixing
+    ("xlstmbackend", "ssm"),  # xLSTM's mLSTM cell
 )
 _MODULE_EXACT_NAMES = {"Conv1D": "linear"}  # transformers.pytorch_utils.Conv1D (GPT-2)
 
@@ -181,6 +192,8 @@ ATEN_OPS: dict[str, str] = {
     "hardtanh": "clamp",
     "linalg_vector_norm": "norm",
     "norm": "norm",
+    "square": "square",
+    "softplus": "softplus",
 }
 
 #: ATen ops that are the core of an attention computation.

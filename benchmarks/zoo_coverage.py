@@ -1,0 +1,68 @@
+"""How much of the real zoo graphkit traces, and how fast: `graphkit generate zoo-vits` and
+`zoo-decoders` from scratch (issue #29 targets: at least 95% of each source traced and
+validated with no `other:` op; generation within 15 minutes on 2 cores).
+
+    .venv/bin/python benchmarks/zoo_coverage.py --zoo zoo-vits  # one zoo, into out/zoo-vits
+    .venv/bin/python benchmarks/zoo_coverage.py --num 10        # a quick check: the first 10 of each
+    .venv/bin/python benchmarks/zoo_coverage.py --write         # both zoos; updates BENCHMARKS.md
+
+Each zoo is generated into a fresh folder under out/ with one worker per core; the table gives
+the candidates, the coverage, the records, the failures and the wall time. The reports
+(out/zoo-*/report.md) name every model that failed and why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from graphkit.datasets.zoo import ZOOS, generate_zoo  # noqa: E402
+
+
+def table(args) -> str:
+    rows = [
+        "| zoo | candidates | traced, validated | no `other:` op (coverage) | records | predictable | wall time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    versions = {}
+    for name in args.zoo or list(ZOOS):
+        out = common.ROOT / "out" / name
+        shutil.rmtree(out, ignore_errors=True)
+        result = generate_zoo(name, out, workers=common.cores(), limit=args.num)
+        report = result.report
+        versions.update(report["libraries"])
+        rows.append(
+            f"| {name} | {report['candidates']} | {report['traced']} | {report['clean']} "
+            f"({100 * report['coverage']:.1f}%) | {report['records']} | {report['predictable']} | "
+            f"{result.seconds / 60:.1f} min |"
+        )
+        print(rows[-1], flush=True)
+    sample = f"the first {args.num} models of each zoo, " if args.num else ""
+    head = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, {sample}with "
+        f"{', '.join(f'{k} {v}' for k, v in versions.items())}; one worker per core, from an empty folder. "
+        "Command: `.venv/bin/python benchmarks/zoo_coverage.py --write`; the failures are in "
+        "out/zoo-*/report.md."
+    )
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    common.main(
+        __doc__,
+        "zoo_coverage",
+        table,
+        lambda p: (
+            p.add_argument("--zoo", choices=sorted(ZOOS), action="append", help="only this zoo (repeatable)"),
+            p.add_argument("--num", type=int, help="only the first N models of each zoo (a quick check)"),
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()
