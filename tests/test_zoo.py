@@ -132,3 +132,17 @@ def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
         build_zoo_model({"family": "vit", "model": "x"})
     with pytest.raises(ZooError, match=r"timm cannot build 'no_such_vit': RuntimeError: Unknown model"):
         build_zoo_model({"family": "timm", "model": "no_such_vit"})
+
+
+@pytest.mark.parametrize(("model_type", "mixers"), [("mamba", 32), ("qwen3_next", 36), ("rwkv", 32)])
+def test_recurrent_mixers_are_one_node_each(model_type, mixers):
+    """Mamba's selective scan, Qwen3-Next's gated DeltaNet and RWKV's time mixing are no softmax
+    attention: each mixer module is one ``ssm`` node owning its projections (vocabulary v3)."""
+    outcome = zoo_module._outcome("zoo-decoders", model_type)
+    assert "error" not in outcome and outcome["other_ops"] == [], outcome.get("error")
+    assert outcome["row"]["node_op"].count("ssm") == mixers
+
+
+def test_squared_relu_is_a_vocabulary_op():
+    outcome = zoo_module._outcome("zoo-decoders", "arcee")  # Arcee's MLP: relu(x).square()
+    assert outcome["other_ops"] == [] and "square" in outcome["row"]["node_op"]
