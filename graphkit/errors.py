@@ -13,6 +13,11 @@ class TraceError(GraphkitError):
     """A model could not be turned into a graph."""
 
 
+class NeedsValuesError(TraceError):
+    """A model on the meta device could not be traced because the tracer needs a value it does
+    not hold (a causal-mask buffer made in ``__init__``): built on a real device, it can be."""
+
+
 class ModelFileError(GraphkitError):
     """A user's MODEL.py could not be loaded."""
 

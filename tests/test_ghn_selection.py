@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from graphkit.families import build_model
 from graphkit.ghn.evaluate import EvalConfig, EvalError
 from graphkit.ghn.selection import select_params, uniform_indices
-from graphkit.ghn.training import train
-from tests.test_ghn_train import quick, run, vits  # noqa: F401 (vits: the fixture)
 
 VIT = dict(family="vit", num_layers=2, hidden=32, heads=2, image_size=8, patch_size=2, num_classes=10)
 GPT2 = dict(family="gpt2", num_layers=2, hidden=32, heads=2, vocab_size=64, context=16)
@@ -68,22 +64,3 @@ def test_eval_refuses_inits_it_cannot_compare(inits, message):
         EvalConfig(dataset="-", inits=inits)
     with pytest.raises(EvalError, match="select-steps must be an integer >= 1; got 0"):
         EvalConfig(dataset="-", inits=("predicted", "random", "orthogonal", "selected"), select_steps=0)
-
-
-@pytest.mark.slow
-def test_eval_ghn_adds_weight_selection_beside_the_other_initialisations(vits, tmp_path):
-    train(quick(vits, tmp_path / "run", steps=1), progress=False)
-    out = tmp_path / "eval"
-    args = ["--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3"]
-    result = run("eval-ghn", *args, "--batch-size", "4", "--inits", "predicted,random,orthogonal,selected")
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "eval.json").read_text())
-    assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal", "selected"}
-    summary = report["summary"]
-    assert set(summary["wins"]["3"]) == {"random", "orthogonal", "selected"}
-    assert summary["predicted_beats_selected"] == summary["wins"]["3"]["selected"]
-    losses = {r["init"]: r["loss_0"] for r in report["rows"] if r["id"] == report["rows"][0]["id"]}
-    assert losses["selected"] != losses["random"]  # the selection changed the model
-    assert "selected: weight selection from the train split's smallest model, trained for 3 steps" in result.stdout
-    refused = run("eval-ghn", *args, "--inits", "predicted,selected")
-    assert refused.exit_code == 1 and "must name predicted, random and orthogonal" in refused.stderr

@@ -644,3 +644,22 @@ def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
     assert torch.equal(nodes, ghn.encoder(graphs)) and all(
         torch.equal(params[0][k], v) for k, v in ghn(graphs)[0].items()
     )
+
+
+@pytest.mark.slow
+def test_eval_ghn_adds_weight_selection_beside_the_other_initialisations(vits, tmp_path):
+    train(quick(vits, tmp_path / "run", steps=1), progress=False)
+    out = tmp_path / "eval"
+    args = ["--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3"]
+    result = run("eval-ghn", *args, "--batch-size", "4", "--inits", "predicted,random,orthogonal,selected")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval.json").read_text())
+    assert {r["init"] for r in report["rows"]} == {"predicted", "random", "orthogonal", "selected"}
+    summary = report["summary"]
+    assert set(summary["wins"]["3"]) == {"random", "orthogonal", "selected"}
+    assert summary["predicted_beats_selected"] == summary["wins"]["3"]["selected"]
+    losses = {r["init"]: r["loss_0"] for r in report["rows"] if r["id"] == report["rows"][0]["id"]}
+    assert losses["selected"] != losses["random"]  # the selection changed the model
+    assert "selected: weight selection from the train split's smallest model, trained for 3 steps" in result.stdout
+    refused = run("eval-ghn", *args, "--inits", "predicted,selected")
+    assert refused.exit_code == 1 and "must name predicted, random and orthogonal" in refused.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 import graphkit
 from tests.conftest import assert_golden_fingerprint, timm_vit
@@ -98,3 +99,31 @@ def test_a_stack_zipped_with_another_list_is_traced_whole(name):
     its position encoders: shortening one list breaks the forward, so nothing is folded."""
     graph = traced(name)
     assert graph == graphkit.trace(timm_vit(name), fold_repeats=False)
+
+
+def test_attention_sinks_are_the_attentions_own_parameter():
+    """GPT-OSS concatenates a learned sink logit per head to the scores before the softmax and drops
+    its column after: one attention node owning ``sinks`` (attr ``sinks``), not a class token."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "gpt_oss",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=100,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    graph = graphkit.trace(model)
+    attention = nodes(graph, "attention")
+    assert not nodes(graph, "class_token") and len(attention) == 2
+    assert all(list(n.params) == [f"{n.module}.sinks"] and n.attrs["sinks"] and n.attrs["causal"] for n in attention)
+    assert [n.attrs["window"] for n in attention] == [128, None]
+    assert_golden_fingerprint("gpt_oss_sinks", graph)

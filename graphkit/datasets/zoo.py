@@ -6,9 +6,9 @@ ViTs-1K and GPTs-1K sample synthetic spaces; a zoo holds the models people run:
   (:data:`TIMM_TRANSFORMER_MODULES`: plain, hierarchical and hybrid ViTs), built with
   ``pretrained=False``.
 - ``zoo-decoders``: every decoder-only causal-LM architecture of transformers (its causal-LM
-  auto mapping, less the encoder models that can also decode and the encoder-decoder ones), each
-  at its reference config (the config class's defaults: the shape of the model it was written
-  for).
+  auto mapping, less the encoder models that can also decode, the encoder-decoder ones and the
+  multimodal ones with a vision, audio or VQ tower), each at its reference config (the config
+  class's defaults: the shape of the model it was written for).
 
 Every model is built on the meta device (no weight is allocated) and traced. One record per
 distinct architecture (graph fingerprint): the first name in sort order, carrying the others as
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from graphkit.datasets.store import check_dataset_folder, finalize_dataset, graph_to_row, shard_name, write_shard
-from graphkit.errors import GraphkitError
+from graphkit.errors import GraphkitError, NeedsValuesError
 from graphkit.fileio import check_output_dir, write_text_atomic
 
 #: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
@@ -103,6 +103,8 @@ EVAL_EVERY = 10
 #: seconds one model may take to build and trace before it is stopped and reported (the slowest
 #: reference configs, mixtures of hundreds of experts, take about two minutes on one core)
 MODEL_TIMEOUT = 300.0
+#: parameters of a model built on the CPU when the meta device lacks a value the tracer needs
+CPU_BUILD_LIMIT = 500_000_000
 
 
 class ZooError(GraphkitError):
@@ -127,15 +129,38 @@ def _timm_candidates() -> list[str]:
     return sorted({name for module in TIMM_TRANSFORMER_MODULES for name in timm.list_models(module=module)})
 
 
+#: sub-configs that make a model more than a decoder: an image, audio or image-token tower
+TOWER_CONFIGS = ("vision_config", "audio_config", "vq_config")
+
+
 def _decoder_candidates() -> list[str]:
-    """Model types of transformers' causal-LM auto mapping that are neither encoders (they are
-    also masked LMs) nor encoder-decoders (sequence-to-sequence LMs)."""
+    """Model types of transformers' causal-LM auto mapping that are decoder-only: not encoders
+    (they are also masked LMs), not encoder-decoders (sequence-to-sequence LMs, or a reference
+    config that says ``is_encoder_decoder``: Whisper, MusicGen), and without a vision, audio or
+    VQ tower (Gemma 3's multimodal model, whose decoder is ``gemma3_text``). A reference config
+    that cannot be made stays a candidate: the report says why it fails."""
+    from transformers import AutoConfig  # noqa: PLC0415
     from transformers.models.auto import modeling_auto  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
     causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     encoders = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     seq2seq = set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
-    return sorted(t for t in causal if t not in encoders and t not in seq2seq)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+
+    def decoder_only(model_type: str) -> bool:
+        try:
+            config = AutoConfig.for_model(model_type)
+        except Exception:  # reported when it is built
+            return True
+        towers = set(getattr(config, "sub_configs", None) or {}) & set(TOWER_CONFIGS)
+        return not towers and not getattr(config, "is_encoder_decoder", False)
+
+    try:
+        return sorted(t for t in causal if t not in encoders and t not in seq2seq and decoder_only(t))
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 ZOOS: dict[str, Zoo] = {
@@ -210,7 +235,12 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     config = ZOOS[zoo_name].config(name)
     try:
         model = build_zoo_model(config)
-        graph = trace(model)
+        try:
+            graph = trace(model)
+        except NeedsValuesError:  # a mask buffer made in __init__ (GPT-1): a small model is built with values
+            if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
+                raise
+            graph = trace(build_zoo_model(config, "cpu"))
     except Exception as e:  # every failure is a report line, never the end of the run
         reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}

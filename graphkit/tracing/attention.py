@@ -19,7 +19,7 @@ import torch
 from torch import fx, nn
 
 from graphkit.compat import call_arguments
-from graphkit.errors import TraceError
+from graphkit.errors import NeedsValuesError, TraceError
 from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
 from graphkit.tracing.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
 from graphkit.tracing.spatial import is_identity, spatial_op
@@ -31,6 +31,9 @@ _LINEAR_ATEN = {"linear", "addmm"}  # a projection called functionally (SwinV2's
 _SOFTMAX_ATEN = {"softmax", "_softmax", "_safe_softmax"}
 # ops an eager attention passes through between q k^T, softmax and the product with v
 _ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fill", "tanh", "clamp", "_to_copy"}
+# a concatenation on the scores' way to the softmax: learned sink logits (GPT-OSS), one more
+# "key" per head that takes probability and is dropped before the product with V
+_ATTN_PASS |= {"cat", "concat"}
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,8 @@ class AttentionRules:
             return True
         if isinstance(window, list):  # attention inside image windows (Swin's shifted-window mask)
             return False
-        raise TraceError(
+        error = NeedsValuesError if "meta device" in reason else TraceError
+        raise error(
             f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
             f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
             "example inputs that hold values"
@@ -249,8 +253,8 @@ class AttentionRules:
     def _rarer_forms(
         self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...], attrs: dict[str, Any]
     ) -> dict[str, bool]:
-        """talking_heads, latent_query, class_attention and shifted (docs/tracer.md says why each
-        is read this way), from the ``query`` and ``key`` ops and the (queries, keys) ``lengths``."""
+        """talking_heads, latent_query, class_attention, shifted and sinks (docs/tracer.md says why
+        each is read this way), from the ``query`` and ``key`` ops and the (queries, keys) ``lengths``."""
         query_from, key_from = self._sources(query, group), self._sources(key, group)
         from_tokens = self._from_input(query_from)
         same_tokens = bool(query_from & key_from or self._feeds(query_from) & self._feeds(key_from))
@@ -259,6 +263,7 @@ class AttentionRules:
             "latent_query": not from_tokens,
             "class_attention": lengths[0] == 1 < lengths[1] and not attrs["causal"] and from_tokens and same_tokens,
             "shifted": isinstance(attrs["window"], list) and self._rolled(query, group),
+            "sinks": bool(group.params) and any(functional_name(n.target) in ("cat", "concat") for n in group.fx),
         }
 
     def _rolled(self, query: fx.Node, group: Group) -> bool:
