@@ -44,7 +44,7 @@ from graphkit.ghn.model import GraphEncoder
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
-from graphkit.ops import VOCABULARY_SIZES
+from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -358,10 +358,11 @@ def test_checkpoint_errors(tmp_path):
         load_checkpoint(folder, variant="tiny")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "ops_version": 0}))
-    for version in (0, 3, "2", None):
+    for version in (0, OPS_VERSION + 1, "2", None):
         (folder / "config.json").write_text(json.dumps({**config, "ops_version": version}))
         with pytest.raises(
-            CheckpointError, match=rf"trained with op vocabulary v{version}, but this graphkit reads v1 to v2"
+            CheckpointError,
+            match=rf"trained with op vocabulary v{version}, but this graphkit reads v1 to v{OPS_VERSION}",
         ):
             load_checkpoint(folder)
     (folder / "config.json").write_text(json.dumps(config))
