@@ -89,8 +89,8 @@ def test_a_single_vit_fits_digits_at_the_default_lr(tmp_path):
     for metrics in logs:
         assert_alive(metrics)
     # four seeds, because two alone swing by 0.15; the floors sit below what they gave
-    # (docs/experiments.md, "The fit tests' thresholds"); the collapsed hypernetwork sat at chance
-    assert accuracy >= 0.4 and accuracy >= 0.55 * direct_accuracy, (accuracy, direct_accuracy)
+    # (docs/experiments.md, "The fit tests' thresholds"); the collapsed hypernetwork sat at chance (0.1)
+    assert accuracy >= 0.35 and accuracy >= 0.5 * direct_accuracy, (accuracy, direct_accuracy)
     assert loss < 2.0, loss  # ln 10 = 2.30 is the uniform output of the collapse
 
 

@@ -320,6 +320,7 @@ def eval_ghn(
             f"selected: weight selection from the train split's smallest model, trained for "
             f"{config.select_steps or steps} steps on the same data",
             highlight=False,
+            soft_wrap=True,
         )
     for other in others:
         console.print(
