@@ -117,8 +117,8 @@ def test_predict_works_on_a_zoo_model_of_a_bundled_family_or_says_why_not():
 def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ZooError, match="unknown zoo 'zoo-cnns'; known zoos: zoo-vits, zoo-decoders"):
         generate_zoo("zoo-cnns", tmp_path / "a")
-    for option, value in (("workers", 0), ("limit", -1), ("workers", True)):
-        with pytest.raises(ZooError, match=f"--{option} must be an integer of at least 1"):
+    for option, value, named in (("workers", 0, "workers"), ("limit", -1, "num"), ("workers", True, "workers")):
+        with pytest.raises(ZooError, match=f"--{named} must be an integer of at least 1"):
             generate_zoo("zoo-vits", tmp_path / "a", **{option: value})
     (tmp_path / "file").write_text("x")
     with pytest.raises(ZooError, match="exists and is not a folder"):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -91,15 +93,7 @@ def generate(
         _generate_zoo(recipe, out, num, workers, resume)
         return
 
-    with Progress(
-        TextColumn("tracing architectures"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("trace", total=None)
+    with _tracing_bar("tracing architectures", transient=True) as progress:
         result = run(
             recipe,
             out,
@@ -110,7 +104,7 @@ def generate(
             shard_index=shard_index,
             resume=resume,
             attention=attention,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            progress=progress,
         )
     for line in result.repaired:
         errors.print(f"warning: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -129,22 +123,23 @@ def generate(
     console.print(f"{result.path}", highlight=False, soft_wrap=True)
 
 
+@contextlib.contextmanager
+def _tracing_bar(label: str, transient: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar labelled ``label`` for the block, and the ``progress(done, total)``
+    callback the generators call after each traced architecture."""
+    with Progress(
+        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=transient
+    ) as bar:
+        task = bar.add_task("trace", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool) -> None:
     """``graphkit generate zoo-...``: trace the zoo with a progress bar, then say what it holds."""
     from graphkit.datasets.zoo import generate_zoo
 
-    with Progress(
-        TextColumn(f"tracing {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as bar:
-        task = bar.add_task("trace", total=None)
-        result = generate_zoo(
-            name,
-            out,
-            workers=workers,
-            resume=resume,
-            limit=limit,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+    with _tracing_bar(f"tracing {name}") as progress:
+        result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress)
     console.print(
         f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "
         f"earlier run), {result.records:,} distinct architectures, {result.failed:,} failed; "

@@ -46,6 +46,7 @@ from torch import nn
 from graphkit.datasets.store import check_dataset_folder, finalize_dataset, graph_to_row, shard_name, write_shard
 from graphkit.errors import GraphkitError, NeedsValuesError
 from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.validation import is_count
 
 #: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
 TIMM_TRANSFORMER_MODULES = (
@@ -372,8 +373,8 @@ def generate_zoo(
     start = time.perf_counter()
     if name not in ZOOS:
         raise ZooError(f"unknown zoo {name!r}; known zoos: {', '.join(ZOOS)}")
-    for option, value in (("--workers", workers), ("--limit", limit)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    for option, value in (("--workers", workers), ("--num", limit)):  # the names graphkit generate gives them
+        if value is not None and not is_count(value):
             raise ZooError(f"{option} must be an integer of at least 1, got {value!r}")
     zoo = ZOOS[name]
     out = Path(out if out is not None else name)
