@@ -18,6 +18,11 @@ class NeedsValuesError(TraceError):
     not hold (a causal-mask buffer made in ``__init__``): built on a real device, it can be."""
 
 
+class UnusedParameterError(TraceError):
+    """A parameter was never read by the forward with the example inputs (a spare module, or a
+    branch those inputs do not take): other inputs may take it."""
+
+
 class ModelFileError(GraphkitError):
     """A user's MODEL.py could not be loaded."""
 

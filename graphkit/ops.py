@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-OPS_VERSION = 3
+OPS_VERSION = 4
 
 #: op name -> one-line meaning. The order is the op id and is append-only.
 OP_DOCS: dict[str, str] = {
@@ -30,7 +30,7 @@ OP_DOCS: dict[str, str] = {
     "pos_embedding": "learned positional embedding (lookup of positions, or x + P with a parameter P)",
     "class_token": "learned tokens prepended to the sequence (class, distillation, register tokens)",
     "layer_norm": "LayerNorm",
-    "rms_norm": "RMSNorm",
+    "rms_norm": "RMSNorm (and L2 normalisation, which differs from it by the constant sqrt(width))",
     "attention": "scaled dot-product attention core; attrs heads, kv_heads, head_dim, causal, window",
     "rotary_embedding": "rotary position embedding (RoPE) tables, applied inside attention",
     "alibi": "ALiBi attention bias",
@@ -76,12 +76,16 @@ OP_DOCS: dict[str, str] = {
     "model or linear recurrence (Mamba's selective scan, gated DeltaNet, RG-LRU, RWKV's time mixing, xLSTM)",
     "square": "elementwise square of activations (squared ReLU)",
     "softplus": "softplus activation",
+    # version 4: what transformers' decoders add (the zoo-decoders dataset)
+    "pow": "elementwise power of activations by a constant other than 2 (sqrt, rsqrt, reciprocal); attrs exponent",
+    "std": "standard deviation of activations along a dim (Gemma 3n's activation-sparsity threshold)",
+    "xielu": "xIELU activation (Apertus): a piecewise quadratic/exponential unit with learned slopes",
 }
 
 OPS: tuple[str, ...] = tuple(OP_DOCS)
 #: how many ops each vocabulary version has: a version-v reader (a hypernetwork checkpoint)
 #: understands the first VOCABULARY_SIZES[v] ids, whose meaning never changes
-VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32, 3: 48}
+VOCABULARY_SIZES: dict[int, int] = {1: 29, 2: 32, 3: 48, 4: 51}
 OP_IDS: dict[str, int] = {op: i for i, op in enumerate(OPS)}
 
 #: graphkit op -> GHN-3 primitive (ppuda's PRIMITIVES_DEEPNETS1M), None where GHN-3 has none.
@@ -134,6 +138,9 @@ GHN3_PRIMITIVES: dict[str, str | None] = {
     "ssm": None,
     "square": None,
     "softplus": None,
+    "pow": None,
+    "std": None,
+    "xielu": None,
 }
 
 

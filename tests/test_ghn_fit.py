@@ -161,7 +161,7 @@ def test_blocks_at_different_depths_get_different_parameters_at_init(config):
         qkv = [p.flatten() for name, p in params.items() if name.endswith(("attn.qkv.weight", "attn.c_attn.weight"))]
         assert len(qkv) == 4
         cosines[buckets] = torch.nn.functional.cosine_similarity(qkv[0], qkv[-1], 0).item()
-    assert cosines[0] > 0.999 and cosines[16] < 0.98, cosines
+    assert cosines[0] > 0.998 and cosines[16] < 0.98, cosines  # seeds 0-4: docs/experiments.md
     depth = relative_depth(graph, torch.from_numpy(graph.shortest_paths()).long(), 16)
     ops = [node.op for node in graph.nodes]
     blocks = [

@@ -142,8 +142,9 @@ def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, 
         result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress)
     console.print(
         f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "
-        f"earlier run), {result.records:,} distinct architectures, {result.failed:,} failed; "
-        f"{100 * result.coverage:.1f}% traced with no other: op, {result.seconds:.1f} s",
+        f"earlier run), {result.records:,} distinct architectures, {result.failed:,} failed, "
+        f"{result.unbuildable:,} the library cannot build; {100 * result.coverage:.1f}% of those it builds "
+        f"traced with no other: op, {result.seconds:.1f} s",
         highlight=False,
     )
     console.print(f"{result.path} (report: {result.path / 'report.md'})", highlight=False, soft_wrap=True)

@@ -27,6 +27,7 @@ Generation runs in worker processes, and each model's outcome is written to
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import multiprocessing
 import re
@@ -44,8 +45,11 @@ import torch
 from torch import nn
 
 from graphkit.datasets.store import check_dataset_folder, finalize_dataset, graph_to_row, shard_name, write_shard
-from graphkit.errors import GraphkitError, NeedsValuesError
+from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError
 from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.graph import ArchGraph
+from graphkit.tracing import trace
+from graphkit.tracing.inputs import example_inputs_for, text_config
 from graphkit.validation import is_count
 
 #: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
@@ -138,7 +142,8 @@ def _decoder_candidates() -> list[str]:
     """Model types of transformers' causal-LM auto mapping that are decoder-only: not encoders
     (they are also masked LMs), not encoder-decoders (sequence-to-sequence LMs, or a reference
     config that says ``is_encoder_decoder``: Whisper, MusicGen), and without a vision, audio or
-    VQ tower (Gemma 3's multimodal model, whose decoder is ``gemma3_text``). A reference config
+    VQ tower (Gemma 3's multimodal model, whose decoder is ``gemma3_text``), and not reading image
+    patches itself (Fuyu: a config with ``patch_size`` and ``num_channels``). A reference config
     that cannot be made stays a candidate: the report says why it fails."""
     from transformers import AutoConfig  # noqa: PLC0415
     from transformers.models.auto import modeling_auto  # noqa: PLC0415
@@ -156,7 +161,8 @@ def _decoder_candidates() -> list[str]:
         except Exception:  # reported when it is built
             return True
         towers = set(getattr(config, "sub_configs", None) or {}) & set(TOWER_CONFIGS)
-        return not towers and not getattr(config, "is_encoder_decoder", False)
+        reads_images = bool(getattr(config, "patch_size", None) and getattr(config, "num_channels", None))
+        return not towers and not reads_images and not getattr(config, "is_encoder_decoder", False)
 
     try:
         return sorted(t for t in causal if t not in encoders and t not in seq2seq and decoder_only(t))
@@ -230,18 +236,22 @@ def _first_line(error: BaseException) -> str:
 
 def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     """Worker: build and trace one model; its row (without id and split), or why not."""
-    from graphkit.tracing import trace  # noqa: PLC0415 - workers import the tracer once, forked
 
     start = time.perf_counter()
     config = ZOOS[zoo_name].config(name)
     try:
         model = build_zoo_model(config)
+    except ZooError as e:  # the library cannot build its own model: reported, not counted against the tracer
+        return {"model": name, "error": str(e), "unbuildable": True, "seconds": round(time.perf_counter() - start, 2)}
+    try:
         try:
-            graph = trace(model)
-        except NeedsValuesError:  # a mask buffer made in __init__ (GPT-1): a small model is built with values
+            graph = _trace_all_branches(model)
+        except NeedsValuesError:
+            # a mask buffer made in __init__ (GPT-1), a tensor made on the CPU in forward (XLNet):
+            # a model small enough is built with values
             if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
                 raise
-            graph = trace(build_zoo_model(config, "cpu"))
+            graph = _trace_all_branches(build_zoo_model(config, "cpu"))
     except Exception as e:  # every failure is a report line, never the end of the run
         reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
@@ -255,6 +265,32 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
         "predict": prediction_refusal(graph),  # None: the bundled hypernetwork of its family predicts it
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+#: tokens in the inputs that retry a model whose short inputs leave a branch untaken
+LONG_SEQUENCE = 256
+
+
+def _trace_all_branches(model: nn.Module) -> ArchGraph:
+    """``trace(model)``; where a parameter goes unused, once more with inputs that take more of
+    the forward: ``LONG_SEQUENCE`` tokens (DeepSeek-V4 compresses its keys every 128 tokens) and,
+    where the forward takes them, encoder states for its cross-attention (TrOCR's decoder)."""
+    try:
+        return trace(model)
+    except UnusedParameterError:
+        args, kwargs = example_inputs_for(model)
+        tokens = kwargs.get("input_ids")
+        if tokens is None:
+            raise
+        config = text_config(getattr(model, "config", None))
+        limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        length = min(LONG_SEQUENCE, int(limit or LONG_SEQUENCE))
+        kwargs["input_ids"] = tokens.new_zeros(tokens.shape[0], length)
+        width = getattr(config, "cross_attention_hidden_size", None) or getattr(config, "hidden_size", None)
+        if "encoder_hidden_states" in inspect.signature(model.forward).parameters and width:
+            dtype = next(model.parameters()).dtype
+            kwargs["encoder_hidden_states"] = torch.zeros(tokens.shape[0], 4, width, dtype=dtype, device=tokens.device)
+        return trace(model, (args, kwargs))
 
 
 def _cache_path(out: Path, name: str) -> Path:
@@ -323,7 +359,6 @@ def _warm_up() -> None:
     from graphkit.families import build_model  # noqa: PLC0415
     from graphkit.ghn.checkpoint import BUNDLED  # noqa: PLC0415
     from graphkit.ghn.predict import bundled_hypernetwork  # noqa: PLC0415
-    from graphkit.tracing import trace  # noqa: PLC0415
 
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
     for family in BUNDLED:
@@ -342,16 +377,18 @@ def library_versions(zoo: Zoo) -> dict[str, str]:
 @dataclass
 class ZooResult:
     """What a zoo run did: the folder, candidates, records (distinct architectures), failures,
-    models traced now and models whose outcome an earlier run had saved."""
+    candidates the library itself cannot build, models traced now and models whose outcome an
+    earlier run had saved."""
 
     path: Path
     candidates: int
     records: int
     failed: int
+    unbuildable: int
     traced: int
     resumed: int
     seconds: float
-    coverage: float  # share of candidates traced, validated and free of other: ops
+    coverage: float  # share of the candidates the library builds that trace, validate and hold no other: op
     report: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -400,6 +437,7 @@ def generate_zoo(
             candidates=report["candidates"],
             records=report["records"],
             failed=len(report["failed"]),
+            unbuildable=len(report.get("unbuildable", [])),
             traced=0,
             resumed=report["candidates"],
             seconds=time.perf_counter() - start,
@@ -433,6 +471,7 @@ def generate_zoo(
         candidates=len(names),
         records=report["records"],
         failed=len(report["failed"]),
+        unbuildable=len(report["unbuildable"]),
         traced=len(todo),
         resumed=resumed,
         seconds=seconds,
@@ -460,10 +499,14 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         rows.append(row)
     for split in ("train", "eval"):
         write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, 0, 1))
-    failed = [{"model": o["model"], "reason": o["error"]} for o in outcomes if "error" in o]
+    unbuildable = [{"model": o["model"], "reason": o["error"]} for o in outcomes if o.get("unbuildable")]
+    failed = [
+        {"model": o["model"], "reason": o["error"]} for o in outcomes if "error" in o and not o.get("unbuildable")
+    ]
     other = [{"model": o["model"], "ops": o["other_ops"]} for o in outcomes if o.get("other_ops")]
     clean = sum(1 for o in outcomes if "row" in o and not o["other_ops"])
     traced = [o for o in outcomes if "row" in o]
+    buildable = len(outcomes) - len(unbuildable)
     refusals = Counter(re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"])
     report = {
         "zoo": zoo.name,
@@ -471,12 +514,14 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         "libraries": identity["libraries"],
         "limit": identity["limit"],
         "candidates": len(outcomes),
-        "traced": len(outcomes) - len(failed),
+        "buildable": buildable,
+        "traced": len(traced),
         "clean": clean,
-        "coverage": round(clean / max(len(outcomes), 1), 4),
+        "coverage": round(clean / max(buildable, 1), 4),
         "records": len(rows),
         "predictable": sum(1 for o in traced if o["predict"] is None),
         "predict_refusals": dict(refusals.most_common()),
+        "unbuildable": unbuildable,
         "failed": failed,
         "other_ops": other,
         "aliases": {r["id"]: a for r in rows if (a := json.loads(r["config"]).get("aliases"))},
@@ -497,8 +542,9 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         f"{report['description'][0].upper()}{report['description'][1:]} ({versions}).",
         "",
         f"- candidates: {report['candidates']:,}",
+        f"- built by the library: {report['buildable']:,}",
         f"- traced and validated: {report['traced']:,}",
-        f"- with no `other:` op: {report['clean']:,} ({100 * report['coverage']:.1f}%)",
+        f"- with no `other:` op: {report['clean']:,} ({100 * report['coverage']:.1f}% of those built)",
         f"- records (distinct architectures): {report['records']:,}",
         f"- predictable by graphkit's bundled hypernetworks (`graphkit predict`): {report['predictable']:,} "
         f"of {report['traced']:,} traced",
@@ -506,6 +552,10 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         "## Why `graphkit predict` refuses the others",
         "",
         *([f"- {count:,} models: {reason}" for reason, count in report["predict_refusals"].items()] or ["None."]),
+        "",
+        "## The library cannot build them (not counted)",
+        "",
+        *([f"- `{f['model']}`: {f['reason']}" for f in report["unbuildable"]] or ["None."]),
         "",
         "## Could not be traced",
         "",

@@ -10,6 +10,7 @@ masking, GQA K/V repetition, talking-heads maps over the scores), are fused into
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torch import fx, nn
 from graphkit.compat import call_arguments
 from graphkit.errors import NeedsValuesError, TraceError
 from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
-from graphkit.tracing.naming import MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
+from graphkit.tracing.naming import EXPERTS_CHILD, MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
 from graphkit.tracing.spatial import is_identity, spatial_op
 from graphkit.tracing.state import Group
 
@@ -34,6 +35,11 @@ _ATTN_PASS = SHAPE_ONLY_ATEN | {"mul", "div", "add", "sub", "where", "masked_fil
 # a concatenation on the scores' way to the softmax: learned sink logits (GPT-OSS), one more
 # "key" per head that takes probability and is dropped before the product with V
 _ATTN_PASS |= {"cat", "concat"}
+# an elementwise max with the dtype's lowest value, where masking adds -inf (XGLM), and the max
+# a stable softmax subtracts
+_ATTN_PASS |= {"max", "maximum"}
+#: ops that give rotary embeddings away: rotate_half's negation, or complex rotation
+_ROPE_ATEN = frozenset({"neg", "view_as_complex", "complex"})
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class AttentionRules:
             else:
                 continue
             scope = self._attention_scope(node)
+            experts = f"{scope}.{EXPERTS_CHILD}" if scope else EXPERTS_CHILD
             region_of[node] = node
             stack = [a for a in node.all_input_nodes]
             while stack:
@@ -113,10 +120,51 @@ class AttentionRules:
                 uscope = self._scope(u)
                 if scope and not (uscope == scope or uscope.startswith(scope + ".")):
                     continue
+                if uscope == experts or uscope.startswith(
+                    experts + "."
+                ):  # a mixture of attention heads' experts (JetMoE)
+                    continue
                 region_of[u] = node
                 stack.extend(u.all_input_nodes)
                 stack.extend(self.aliases.writers(u, node))  # K assembled by copies into slices (DeepSeek-V3)
+            for u in self._output_scaling(node, region_of, scope):
+                region_of[u] = node
         return region_of
+
+    def _output_scaling(self, anchor: fx.Node, region_of: dict[fx.Node, fx.Node], scope: str) -> set[fx.Node]:
+        """Ops that compute a factor from the scores beside the softmax and multiply the
+        attention's output by it, with the product: a learned sink applied after the product with
+        V (Granite's ``sigmoid(logsumexp(scores) - sink)``, the same extra softmax-denominator
+        logit GPT-OSS concatenates). Empty where the scores feed nothing else."""
+        inside = {n for n, a in region_of.items() if a is anchor and n is not anchor}  # the scores' side
+
+        def from_parameters(n: fx.Node) -> bool:  # a parameter, or a reshape or cast of one
+            while n.op == "call_function" and functional_name(n.target) in SHAPE_ONLY_ATEN and n.all_input_nodes:
+                n = n.all_input_nodes[0]
+            return n.op == "placeholder" and n.name in self.param_names
+
+        branch: set[fx.Node] = set()
+        frontier = [(u.meta["_gk_pos"], u) for n in inside for u in n.users if u not in region_of]
+        heapq.heapify(frontier)  # in graph order: a node after every input it takes from the branch
+        while frontier:
+            _, u = heapq.heappop(frontier)
+            if u in branch or u.op != "call_function" or self._leaf(u) is not None:
+                continue
+            uscope = self._scope(u)
+            if scope and not (uscope == scope or uscope.startswith(scope + ".")):
+                return set()
+            sources = [a for a in u.all_input_nodes if a not in inside and a not in branch and not from_parameters(a)]
+            if functional_name(u.target) == "mul" and len(sources) == 1:
+                output = _path_back(
+                    sources[0], lambda n: n is anchor, lambda n: functional_name(n.target) in SHAPE_ONLY_ATEN
+                )
+                return set() if output is None else branch | set(output[:-1]) | {u}
+            if sources:
+                return set()
+            branch.add(u)
+            for user in u.users:
+                heapq.heappush(frontier, (user.meta["_gk_pos"], user))
+        return set()
 
     def _eager_core(self, node: fx.Node) -> tuple[_Core, list[fx.Node]] | None:
         """For a matrix product of a softmax of a matrix product with V (``softmax(q k^T) v``,
@@ -172,7 +220,7 @@ class AttentionRules:
             "head_dim": core.head_dim,
             "causal": self._causal(anchor, core, group, module, window),
             "window": window,
-            "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & {"neg", "view_as_complex", "complex"}),
+            "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & _ROPE_ATEN) or self._rotates(group.module),
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
@@ -250,6 +298,18 @@ class AttentionRules:
             "example inputs that hold values"
         )
 
+    def _rotates(self, module: str) -> bool:
+        """Whether the attention module ``module`` rotates activations where its node does not
+        reach: before a query/key norm, which ends the node (nanochat, Llama 4 rotate, then
+        normalise q and k)."""
+        if not hasattr(self, "_rotating_scopes"):
+            self._rotating_scopes = {
+                self._scope(n)
+                for n in self.graph.nodes
+                if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.prod.get(n)
+            }
+        return any(s == module or s.startswith(module + ".") for s in self._rotating_scopes)
+
     def _rarer_forms(
         self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...], attrs: dict[str, Any]
     ) -> dict[str, bool]:
@@ -263,7 +323,8 @@ class AttentionRules:
             "latent_query": not from_tokens,
             "class_attention": lengths[0] == 1 < lengths[1] and not attrs["causal"] and from_tokens and same_tokens,
             "shifted": isinstance(attrs["window"], list) and self._rolled(query, group),
-            "sinks": bool(group.params) and any(functional_name(n.target) in ("cat", "concat") for n in group.fx),
+            "sinks": bool(group.params)
+            and any(functional_name(n.target) in ("cat", "concat", "logsumexp") for n in group.fx),
         }
 
     def _rolled(self, query: fx.Node, group: Group) -> bool:

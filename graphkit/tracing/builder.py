@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphkit.errors import TraceError
+from graphkit.errors import TraceError, UnusedParameterError
 from graphkit.graph import ArchGraph, Node
 from graphkit.tracing.attention import AttentionRules, first_attr
 from graphkit.tracing.masks import ConstantEvaluator
@@ -44,7 +44,9 @@ from graphkit.tracing.naming import (
 from graphkit.tracing.spatial import is_identity, spatial_attrs, spatial_op
 from graphkit.tracing.state import Group
 
-_SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide"}
+_SCALAR_ARITH = {"mul", "div", "add", "sub", "rsub", "true_divide", "neg"}
+#: powers by a constant: ATen name -> its exponent, or None where an argument holds it
+_POWERS: dict[str, float | None] = {"sqrt": 0.5, "rsqrt": -0.5, "reciprocal": -1.0, "pow": None}
 _LEAF_KEEP_WITHOUT_INPUT = {"rotary_embedding", "alibi"}
 
 
@@ -262,6 +264,9 @@ class _GraphBuilder(AttentionRules, MoeRules):
             return "mul"
         if name == "tanh" and _softcap(node) is not None:
             return "softcap"
+        exponent = _exponent(node)
+        if exponent is not None:
+            return "square" if exponent == 2 else "pow"
         if name in MATMUL_ATEN:  # x @ W is a linear layer; two activations multiplied, linear attention's
             return "linear" if in_params else "matmul"
         spatial = spatial_op(node)
@@ -289,7 +294,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
                 if path
                 else f"the model never reads its own parameter {name!r}"
             )
-            raise TraceError(
+            raise UnusedParameterError(
                 f"parameter {name!r} is not used by forward with these inputs ({where}): remove it if "
                 "it is spare, or pass example inputs that take the branch that uses it"
             )
@@ -394,12 +399,29 @@ class _GraphBuilder(AttentionRules, MoeRules):
             attrs.update(spatial_attrs(g.fx[0], g.op))
         elif g.op == "softcap":
             attrs["cap"] = _softcap(g.fx[0])
+        elif g.op == "pow":
+            attrs["exponent"] = _exponent(g.fx[0])
         elif g.op == "moe_router":
             attrs["k"] = topk_k(g.fx[0])
         elif g.op == "mean_pool":
             dim = g.fx[0].args[1] if len(g.fx[0].args) > 1 else None
             attrs["dim"] = list(dim) if isinstance(dim, (list, tuple)) else dim
         return attrs
+
+
+def _exponent(node: fx.Node) -> float | None:
+    """The constant exponent of a power op (``sqrt``, ``rsqrt``, ``reciprocal``, ``x ** c``),
+    None for other ops and for powers whose exponent is a tensor or whose base is a constant."""
+    name = functional_name(node.target)
+    if name not in _POWERS:
+        return None
+    if _POWERS[name] is not None:
+        return _POWERS[name]
+    base = node.args[0] if node.args else node.kwargs.get("self")
+    exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+    if not isinstance(base, fx.Node) or isinstance(exponent, fx.Node) or not isinstance(exponent, (int, float)):
+        return None
+    return float(exponent)
 
 
 def _topological(ids: list[int], groups: list[Group]) -> list[int]:

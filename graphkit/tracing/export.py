@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from graphkit.compat import fx_flag
-from graphkit.errors import TraceError
+from graphkit.errors import NeedsValuesError, TraceError
 
 
 def export_program(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.ExportedProgram:
@@ -27,15 +27,33 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.
     # The flag is private: where this torch lacks it, fx_flag skips it and export is just slower.
     captured = io.StringIO()
     try:
-        with fx_flag("do_not_emit_stack_traces", True), warnings.catch_warnings(), contextlib.redirect_stderr(captured):
+        # without gradients, a forward's own ``torch.no_grad()`` blocks (DeepSeek-style indexers,
+        # HRM's recurrence) are inlined instead of exported as wrap_with_set_grad_enabled calls
+        with (
+            fx_flag("do_not_emit_stack_traces", True),
+            warnings.catch_warnings(),
+            contextlib.redirect_stderr(captured),
+            torch.no_grad(),
+        ):
             warnings.simplefilter("ignore")
             program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:  # torch.export raises many types; all become one readable line
-        raise TraceError(_describe_failure(e, model)) from e
+        error = NeedsValuesError if _mixes_meta(e) else TraceError
+        raise error(_describe_failure(e, model)) from e
     finally:
         logging.disable(previous)
     sys.stderr.write(captured.getvalue())
     return program
+
+
+def _mixes_meta(error: BaseException) -> bool:
+    """Whether an export failed because the forward made a tensor on another device than the
+    model's meta weights (XLNet builds its relative positions on the CPU): on the CPU it would run."""
+    while error is not None:
+        if "DeviceMismatch" in type(error).__name__ and "meta" in str(error):
+            return True
+        error = error.__cause__ if error.__cause__ is not error else None
+    return False
 
 
 def _describe_failure(error: BaseException, model: nn.Module) -> str:

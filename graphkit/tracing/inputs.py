@@ -31,7 +31,7 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
     image = _image_size(model)
     if image is not None:
         return (torch.zeros(2, *image, device=device),), {}
-    text = _text_config(config)
+    text = text_config(config)
     if text is not None and getattr(text, "vocab_size", None):
         limit = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None) or 8
         kwargs: dict[str, Any] = {
@@ -52,13 +52,13 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
     )
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
     """The config that says how a model reads text: the model's own, or the text part of a
     multimodal one (Gemma 3's ``text_config``, through transformers' ``get_text_config``)."""
     if config is None or getattr(config, "vocab_size", None) or not hasattr(config, "get_text_config"):
         return config
     try:
-        return config.get_text_config()
+        return config.gettext_config()
     except Exception:  # a config class whose sub-configs are not text; the model is not a language model
         return config
 

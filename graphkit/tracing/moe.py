@@ -28,14 +28,12 @@ from typing import Any
 
 from torch import fx, nn
 
-from graphkit.tracing.naming import MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+from graphkit.tracing.attention import first_attr
+from graphkit.tracing.naming import EXPERTS_CHILD, MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
 
 #: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
 #: matmuls (or their fallback) transformers runs its 3-D expert weights with
 _PRODUCT_ATEN = MATMUL_ATEN | {"linear", "addmm", "_grouped_mm", "grouped_mm", "grouped_mm_fallback"}
-
-#: the child that holds the experts, by the convention of transformers and hand-written code
-EXPERTS_CHILD = "experts"
 
 
 def is_moe_block(module: nn.Module) -> bool:
@@ -44,6 +42,17 @@ def is_moe_block(module: nn.Module) -> bool:
     hand-written ones), so a user's block needs no registration."""
     experts = module._modules.get(EXPERTS_CHILD)
     return experts is not None and next(experts.parameters(), None) is not None
+
+
+def _selects(node: fx.Node) -> bool:
+    """True for an op that picks experts: ``topk``, or a ``max``/``argmax`` over a dim whose
+    indices are read (PhiMoE's sparse mixer picks its two experts with two maxes)."""
+    name = functional_name(node.target)
+    if name == "topk":
+        return True
+    if name not in ("max", "argmax") or len(node.args) < 2 or isinstance(node.args[1], fx.Node):
+        return False
+    return name == "argmax" or any(u.args[1:2] == (1,) for u in node.users if u.op == "call_function")
 
 
 def topk_k(node: fx.Node) -> int | None:
@@ -87,23 +96,36 @@ class MoeRules:
                     break
         call_of: dict[fx.Node, _MoeCall] = {}
         for path, ops in ops_of.items():
-            topks = [n for n in ops if functional_name(n.target) == "topk"]
-            if not topks:
+            experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
+            selections = [n for n in ops if _selects(n)] or [  # hash routing (DeepSeek-V4's first layers)
+                n for n in ops if functional_name(n.target) == "gather" and not self._scope(n).startswith(experts_path)
+            ]
+            if not selections or any(n in self.cores for n in ops):
+                # no router (a soft or dense mixture), or a mixture of attention heads (JetMoE's
+                # experts are the attention's projections): traced op by op around the attention
                 continue
             inside = set(ops)
-            experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
             experts = [
                 n for n in ops if any(p == experts_path or p.startswith(experts_path + ".") for p in self._stack(n))
             ]
-            # group-limited routing (DeepSeek-V3) calls topk over groups first: the last topk is
-            # the one over experts, whose indices the experts read
-            router = topks[-1]
+            # group-limited routing (DeepSeek-V3) calls topk over groups first, sparse mixing
+            # (PhiMoE) picks one expert at a time: the last selection is the one whose indices
+            # the experts read, and it depends on the others
+            router = selections[-1]
             routed = _closure([router], lambda n: [u for u in n.users if u in inside])
             routing = _closure(
                 [router], lambda n: [a for a in n.all_input_nodes if a in inside], stop=_tokens_read(experts, routed)
             )
+            # a router module (Llama 4's is an nn.Linear that also picks and gates; Inkling's scales
+            # its weights by a parameter) is part of the node, whatever it computes after the pick
+            scope = self._scope(router)
+            if scope != path and not scope.startswith(experts_path):
+                routing |= {n for n in ops if (at := self._scope(n)) == scope or at.startswith(scope + ".")}
+            # what the experts read of the pick besides its indices (Llama 4 scales the tokens by
+            # their router scores before the experts)
+            feeding = _closure(experts, lambda n: [a for a in n.all_input_nodes if a in inside])
             returned = {n for n in ops if is_float(n.meta.get("val")) and any(u not in inside for u in n.users)}
-            call = _MoeCall(path, router, experts, set(experts) | routing, open=len(returned) > 1)
+            call = _MoeCall(path, router, experts, set(experts) | routing | (routed & feeding), open=len(returned) > 1)
             for n in ops:
                 call_of[n] = call
         self.open_moe_groups: set[int] = set()
@@ -134,7 +156,11 @@ class MoeRules:
         intermediate_size (the width entering each expert's last matrix product with a weight:
         the MLP's hidden size, after gating for SwiGLU experts)."""
         router = call.router
-        dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
+        name = functional_name(router.target)
+        if name == "topk":
+            dim = router.args[2] if len(router.args) > 2 else router.kwargs.get("dim", -1)
+        else:  # max(x, dim), argmax(x, dim), gather(x, dim, index)
+            dim = router.args[1]
         products = [
             n
             for n in call.experts
@@ -148,9 +174,14 @@ class MoeRules:
                 (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None
             )
         )
+        k = topk_k(router) if name == "topk" else None
+        if name == "gather":  # a table picked the experts: as many as the index holds
+            k = int(router.args[2].meta["val"].shape[dim])
+        if k is None:  # picked by maxes: the block says how many
+            k = first_attr(self.model.get_submodule(call.path), ("top_k", "num_experts_per_tok"))
         return {
             "num_experts": int(router.args[0].meta["val"].shape[dim]),
-            "top_k": topk_k(router),
+            "top_k": k,
             "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None,
         }
 

@@ -39,6 +39,9 @@ _MODULE_NAME_RULES: tuple[tuple[str, str], ...] = (
     ("gelu", "gelu"),
     ("silu", "silu"),
     ("swish", "silu"),
+    ("xielu", "xielu"),  # Apertus' xIELU, a piecewise activation with learned slopes
+    # L2 normalisation (nGPT, Dory): an RMSNorm up to the constant sqrt(width)
+    ("l2norm", "rms_norm"),
     # recurrent token mixers (transformers' hybrid and recurrent decoders), each one node
     ("mambamixer", "ssm"),  # Mamba, FalconMamba, Jamba, Zamba
     ("mamba2mixer", "ssm"),  # Mamba-2, Nemotron-H
@@ -51,6 +54,9 @@ _MODULE_NAME_RULES: tuple[tuple[str, str], ...] = (
     ("rwkvselfattention", "ssm"),  # RWKV's time mixing
     ("xlstmbackend", "ssm"),  # xLSTM's mLSTM cell
 )
+#: the child that holds a mixture's experts, by the convention of transformers and hand-written code
+EXPERTS_CHILD = "experts"
+
 _MODULE_EXACT_NAMES = {"Conv1D": "linear"}  # transformers.pytorch_utils.Conv1D (GPT-2)
 
 
@@ -124,6 +130,9 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
         "identity",
         "reshape_as",
         "view_as",
+        "flip",  # a reversal is a gather with fixed indices, as index_select is
+        "view_as_complex",  # the same values read as complex numbers (Llama 4's rotary) and back
+        "view_as_real",
     }
 )
 
@@ -194,6 +203,19 @@ ATEN_OPS: dict[str, str] = {
     "norm": "norm",
     "square": "square",
     "softplus": "softplus",
+    "std": "std",
+}
+
+#: ATen spellings that are another op's alias (``torch.multiply`` is ``torch.mul``)
+_ALIASES: dict[str, str] = {
+    "multiply": "mul",
+    "subtract": "sub",
+    "divide": "div",
+    "concatenate": "cat",
+    "negative": "neg",
+    "absolute": "abs",
+    "greater": "gt",
+    "less": "lt",
 }
 
 #: ATen ops that are the core of an attention computation.
@@ -235,10 +257,13 @@ SHAPE_DEPENDENT_ATEN: frozenset[str] = frozenset(
 
 def functional_name(target: object) -> str:
     """The ATen name of an FX call target with in-place variants mapped to their out-of-place
-    op (``add_`` -> ``add``, ``masked_fill_`` -> ``masked_fill``): the graph records what is
-    computed, not whether a buffer was reused (Falcon's parallel block adds in place)."""
+    op (``add_`` -> ``add``, ``masked_fill_`` -> ``masked_fill``) and aliases to the op they
+    name (``multiply`` -> ``mul``, ``concatenate`` -> ``cat``): the graph records what is
+    computed, not whether a buffer was reused (Falcon's parallel block adds in place) or which
+    spelling the code chose (Zamba concatenates, Gemma 3n multiplies)."""
     name = aten_name(target)
-    return name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
+    name = name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
+    return _ALIASES.get(name, name)
 
 
 def moves_data(name: str, value: object) -> bool:

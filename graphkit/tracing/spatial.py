@@ -45,6 +45,7 @@ _WINDOWED = {
         ("max_pool", 1, 2),
     ),
     "im2col": ("unfold", 1, 4),
+    "unfold": ("unfold", 2, 3),  # Tensor.unfold(dim, size, step): windows along one dim (a short convolution's)
     "col2im": ("fold", 2, 5),
 }
 #: adaptive pools to a size other than one position: ATen name -> op; attr output_size (arg 1)
