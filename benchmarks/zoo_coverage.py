@@ -1,6 +1,8 @@
 """How much of the real zoo graphkit traces, and how fast: `graphkit generate zoo-vits` and
 `zoo-decoders` from scratch (issue #29 targets: at least 95% of each source traced and
-validated with no `other:` op; generation within 15 minutes on 2 cores).
+validated with no `other:` op; generation within 15 minutes on 2 cores). Coverage counts the
+candidates the library itself builds: a reference config that transformers cannot instantiate
+is listed in the report, not held against the tracer.
 
     .venv/bin/python benchmarks/zoo_coverage.py --zoo zoo-vits  # one zoo, into out/zoo-vits
     .venv/bin/python benchmarks/zoo_coverage.py --num 10        # a quick check: the first 10 of each
@@ -26,8 +28,9 @@ from graphkit.datasets.zoo import ZOOS, generate_zoo  # noqa: E402
 
 def table(args) -> str:
     rows = [
-        "| zoo | candidates | traced, validated | no `other:` op (coverage) | records | predictable | wall time |",
-        "|---|---|---|---|---|---|---|",
+        "| zoo | candidates | built by the library | traced, validated | no `other:` op (coverage of those built) "
+        "| records | predictable | wall time |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     versions = {}
     for name in args.zoo or list(ZOOS):
@@ -37,7 +40,7 @@ def table(args) -> str:
         report = result.report
         versions.update(report["libraries"])
         rows.append(
-            f"| {name} | {report['candidates']} | {report['traced']} | {report['clean']} "
+            f"| {name} | {report['candidates']} | {report['buildable']} | {report['traced']} | {report['clean']} "
             f"({100 * report['coverage']:.1f}%) | {report['records']} | {report['predictable']} | "
             f"{result.seconds / 60:.1f} min |"
         )

@@ -146,3 +146,68 @@ def test_recurrent_mixers_are_one_node_each(model_type, mixers):
 def test_squared_relu_is_a_vocabulary_op():
     outcome = zoo_module._outcome("zoo-decoders", "arcee")  # Arcee's MLP: relu(x).square()
     assert outcome["other_ops"] == [] and "square" in outcome["row"]["node_op"]
+
+
+def _library_cannot_build(config, device="meta"):
+    if config["model"] == "broken":
+        raise ZooError("timm cannot build 'broken': TypeError: unsupported operand type(s)")
+    return build_zoo_model({"family": "timm", "model": "test_vit"}, device)
+
+
+def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, monkeypatch):
+    """Coverage is over the candidates the library builds: a reference config transformers itself
+    cannot instantiate (Hunyuan's, whose head_dim is None) is listed apart and not held against
+    the tracer."""
+    monkeypatch.setitem(
+        ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: ["broken", "test_vit"], ZOOS["zoo-vits"].config)
+    )
+    monkeypatch.setattr(zoo_module, "build_zoo_model", _library_cannot_build)
+    result = generate_zoo("zoo-test", tmp_path / "z")
+    report = result.report
+    assert (report["candidates"], report["buildable"], report["clean"], report["coverage"]) == (2, 1, 1, 1.0)
+    assert (result.failed, result.unbuildable, report["failed"]) == (0, 1, [])
+    assert report["unbuildable"] == [
+        {"model": "broken", "reason": "timm cannot build 'broken': TypeError: unsupported operand type(s)"}
+    ]
+    text = (tmp_path / "z" / "report.md").read_text()
+    assert (
+        "- built by the library: 1" in text and "## The library cannot build them (not counted)\n\n- `broken`" in text
+    )
+
+
+class _LongBranch(torch.nn.Module):
+    """A language model with a module that only runs on sequences of 64 tokens or more (DeepSeek-V4
+    compresses its keys every 128 tokens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 8)
+        self.compress = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)
+        return h + self.compress(h) if input_ids.shape[1] >= 64 else h
+
+
+def test_a_branch_short_inputs_leave_untaken_is_traced_with_longer_ones():
+    from transformers import PretrainedConfig
+
+    model = _LongBranch()
+    model.config = PretrainedConfig(vocab_size=16, max_position_embeddings=100)
+    with pytest.raises(Exception, match="'compress.weight' is not used by forward"):
+        trace(model)
+    graph = zoo_module._trace_all_branches(model)
+    assert "compress" in {n.module for n in graph.nodes} and graph.meta["input_shapes"] == [[2, 100]]
+
+
+def test_a_decoder_with_cross_attention_is_traced_with_encoder_states():
+    """TrOCR's decoder attends to an image encoder: its cross-attention runs once encoder states are
+    given, as a second input."""
+    outcome = zoo_module._outcome("zoo-decoders", "trocr")
+    assert "error" not in outcome and outcome["other_ops"] == [], outcome.get("error")
+    assert outcome["row"]["node_op"].count("attention") == 24  # 12 layers, each self- and cross-attention
+
+
+def test_decoder_candidates_leave_out_models_that_read_images():
+    candidates = ZOOS["zoo-decoders"].candidates()
+    assert "fuyu" not in candidates and {"trocr", "gpt2", "llama", "granite_swa"} <= set(candidates)
