@@ -217,3 +217,38 @@ def test_experts_picked_by_a_table_are_one_moe_node():
     graph = clean(_HashLM(), example_inputs=torch.zeros(6, 8))
     (moe,) = nodes(graph, "moe")
     assert (moe.attrs["num_experts"], moe.attrs["top_k"]) == (4, 2) and "mlp.gate.weight" in moe.params
+
+
+class _TopkMoE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, picked = self.gate(x).softmax(-1).topk(2, dim=-1)
+        out = torch.zeros_like(x)
+        for slot in range(2):
+            for e, expert in enumerate(self.experts):
+                out = out + (picked[:, slot] == e).unsqueeze(-1) * weights[:, slot : slot + 1] * expert(x)
+        return out
+
+
+class _Looped(nn.Module):
+    """Runs its MoE block twice (Inkling's looped layers): two calls, two ``moe`` nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = _TopkMoE()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            x = x + self.mlp(x)
+        return x
+
+
+def test_a_block_run_twice_is_two_moe_nodes():
+    graph = clean(_Looped(), example_inputs=torch.zeros(6, 8))
+    moe = nodes(graph, "moe")
+    assert len(moe) == 2 and [n.attrs["top_k"] for n in moe] == [2, 2]
+    assert moe[1].attrs.get("tied") and [n.op for n in graph.nodes].count("add") == 2

@@ -97,7 +97,17 @@ class _GraphBuilder(AttentionRules, MoeRules):
 
     @staticmethod
     def _stack(node: fx.Node) -> list[str]:
-        return [p.split("@")[0] for p, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        return [p.split("@")[0] for p in _GraphBuilder._calls(node)]
+
+    @staticmethod
+    def _calls(node: fx.Node) -> list[str]:
+        """The module calls ``node`` runs in, outermost first: each module's path, with ``@k`` for
+        its k-th call after the first (a looped model runs its blocks again; torch marks the
+        call on the stack's key, or on the path)."""
+        return [
+            path if "@" in path or "@" not in key else f"{path}@{key.rpartition('@')[2]}"
+            for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items()
+        ]
 
     def _leaf(self, node: fx.Node) -> tuple[str, str] | None:
         for path in self._stack(node):

@@ -76,26 +76,28 @@ class _MoeCall:
 
 class MoeRules:
     """The mixture-of-experts half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``param_names`` and ``_stack``."""
+    which provides ``model``, ``groups``, ``param_names``, ``_stack`` and ``_calls``."""
 
     open_moe_groups: set[int]  # the nodes of blocks that return their pieces, still being combined
 
     def _moe_calls(self, nodes: list[fx.Node]) -> dict[fx.Node, _MoeCall]:
         """Map every FX op inside a call of an MoE block (the outermost one) to that call. A block
         without a ``topk`` (a soft or dense mixture) has no router to fuse and is traced op by op."""
-        ops_of: dict[str, list[fx.Node]] = {}
+        ops_of: dict[str, list[fx.Node]] = {}  # by call: a block a looped model runs twice is two calls
         is_block: dict[str, bool] = {}
         for node in nodes:
             if node.op != "call_function":
                 continue
-            for path in self._stack(node):
+            for call in self._calls(node):
+                path = call.split("@")[0]
                 if path not in is_block:
                     is_block[path] = _is_moe_path(self.model, path)
                 if is_block[path]:
-                    ops_of.setdefault(path, []).append(node)
+                    ops_of.setdefault(call, []).append(node)
                     break
         call_of: dict[fx.Node, _MoeCall] = {}
-        for path, ops in ops_of.items():
+        for call_path, ops in ops_of.items():
+            path = call_path.split("@")[0]
             experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
             selections = [n for n in ops if _selects(n)] or [  # hash routing (DeepSeek-V4's first layers)
                 n for n in ops if functional_name(n.target) == "gather" and not self._scope(n).startswith(experts_path)
