@@ -193,10 +193,14 @@ class _HashRouted(nn.Module):
         self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
         self.register_buffer("table", torch.tensor([[0, 1], [2, 3], [1, 2]]))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two experts of each token, and their weights."""
         scores = self.gate(x).softmax(-1)  # (tokens, experts)
         picked = self.table[torch.arange(x.shape[0], device=x.device) % 3]  # (tokens, 2)
-        weights = scores.gather(-1, picked)
+        return scores.gather(-1, picked), picked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, picked = self.route(x)
         out = torch.zeros_like(x)
         for slot in range(2):
             for e, expert in enumerate(self.experts):
@@ -219,19 +223,9 @@ def test_experts_picked_by_a_table_are_one_moe_node():
     assert (moe.attrs["num_experts"], moe.attrs["top_k"]) == (4, 2) and "mlp.gate.weight" in moe.params
 
 
-class _TopkMoE(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = nn.Linear(8, 4, bias=False)
-        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, picked = self.gate(x).softmax(-1).topk(2, dim=-1)
-        out = torch.zeros_like(x)
-        for slot in range(2):
-            for e, expert in enumerate(self.experts):
-                out = out + (picked[:, slot] == e).unsqueeze(-1) * weights[:, slot : slot + 1] * expert(x)
-        return out
+class _TopkMoE(_HashRouted):
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate(x).softmax(-1).topk(2, dim=-1)
 
 
 class _Looped(nn.Module):
