@@ -92,6 +92,7 @@ class AttentionRules:
                 continue
             name = functional_name(node.target)
             mixers: set[fx.Node] = set()
+            path: list[fx.Node] = []  # eager: the ops from q k^T through the softmax to the anchor
             if name in MATMUL_ATEN:
                 found = self._eager_core(node)
                 if found is None:
@@ -120,23 +121,24 @@ class AttentionRules:
                 uscope = self._scope(u)
                 if scope and not (uscope == scope or uscope.startswith(scope + ".")):
                     continue
-                if uscope == experts or uscope.startswith(
-                    experts + "."
-                ):  # a mixture of attention heads' experts (JetMoE)
+                if uscope == experts or uscope.startswith(experts + "."):  # JetMoE: a mixture of attention heads
                     continue
                 region_of[u] = node
                 stack.extend(u.all_input_nodes)
                 stack.extend(self.aliases.writers(u, node))  # K assembled by copies into slices (DeepSeek-V3)
-            for u in self._output_scaling(node, region_of, scope):
+            for u in self._output_scaling(node, set(path) - {node}, region_of, scope):
                 region_of[u] = node
         return region_of
 
-    def _output_scaling(self, anchor: fx.Node, region_of: dict[fx.Node, fx.Node], scope: str) -> set[fx.Node]:
-        """Ops that compute a factor from the scores beside the softmax and multiply the
-        attention's output by it, with the product: a learned sink applied after the product with
-        V (Granite's ``sigmoid(logsumexp(scores) - sink)``, the same extra softmax-denominator
-        logit GPT-OSS concatenates). Empty where the scores feed nothing else."""
-        inside = {n for n, a in region_of.items() if a is anchor and n is not anchor}  # the scores' side
+    def _output_scaling(
+        self, anchor: fx.Node, inside: set[fx.Node], region_of: dict[fx.Node, fx.Node], scope: str
+    ) -> set[fx.Node]:
+        """Ops that compute a factor from the scores (``inside``: the ops from ``q k^T`` to the
+        product with V) beside the softmax and multiply the attention's output by it, with the
+        product: a learned sink applied after the product with V (Granite's
+        ``sigmoid(logsumexp(scores) - sink)``, the same extra softmax-denominator logit GPT-OSS
+        concatenates). Empty where the scores feed nothing else. A gate computed from the
+        queries' projection (Qwen3-Next's gated attention) reads no score and stays its own nodes."""
 
         def from_parameters(n: fx.Node) -> bool:  # a parameter, or a reshape or cast of one
             while n.op == "call_function" and functional_name(n.target) in SHAPE_ONLY_ATEN and n.all_input_nodes:
