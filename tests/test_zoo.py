@@ -9,7 +9,9 @@ import time
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from graphkit.cli import app
 from graphkit.datasets import load
 from graphkit.datasets import zoo as zoo_module
 from graphkit.datasets.zoo import TIMM_TRANSFORMER_MODULES, ZOOS, Zoo, ZooError, build_zoo_model, generate_zoo
@@ -211,3 +213,15 @@ def test_a_decoder_with_cross_attention_is_traced_with_encoder_states():
 def test_decoder_candidates_leave_out_models_that_read_images():
     candidates = ZOOS["zoo-decoders"].candidates()
     assert "fuyu" not in candidates and {"trocr", "gpt2", "llama", "granite_swa"} <= set(candidates)
+
+
+def test_graphkit_generate_zoo_says_what_it_holds_and_refuses_recipe_options(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["generate", "zoo-vits", "--num", "2", "--out", str(tmp_path / "z")])
+    assert result.exit_code == 0, result.output
+    assert "2 models" in result.output and "0 failed, 0 the library cannot build; 100.0% of those it builds" in (
+        " ".join(result.output.split())
+    )
+    refused = runner.invoke(app, ["generate", "zoo-decoders", "--seed", "3", "--out", str(tmp_path / "y")])
+    assert refused.exit_code != 0 and "--seed applies to recipes, not to zoo-decoders" in refused.output
+    assert not (tmp_path / "y").exists()
