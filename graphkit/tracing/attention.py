@@ -22,7 +22,15 @@ from torch import fx, nn
 from graphkit.compat import call_arguments
 from graphkit.errors import NeedsValuesError, TraceError
 from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
-from graphkit.tracing.naming import EXPERTS_CHILD, MATMUL_ATEN, SDPA_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float
+from graphkit.tracing.naming import (
+    EXPERTS_CHILD,
+    MATMUL_ATEN,
+    SDPA_ATEN,
+    SHAPE_ONLY_ATEN,
+    functional_name,
+    in_module,
+    is_float,
+)
 from graphkit.tracing.spatial import is_identity, spatial_op
 from graphkit.tracing.state import Group
 
@@ -119,9 +127,9 @@ class AttentionRules:
                 if uname in _PARAM_ATEN or any(a.name in self.param_names for a in u.all_input_nodes):
                     continue
                 uscope = self._scope(u)
-                if scope and not (uscope == scope or uscope.startswith(scope + ".")):
+                if scope and not in_module(uscope, scope):
                     continue
-                if uscope == experts or uscope.startswith(experts + "."):  # JetMoE: a mixture of attention heads
+                if in_module(uscope, experts):  # JetMoE: a mixture of attention heads
                     continue
                 region_of[u] = node
                 stack.extend(u.all_input_nodes)
@@ -152,8 +160,7 @@ class AttentionRules:
             _, u = heapq.heappop(frontier)
             if u in branch or u.op != "call_function" or self._leaf(u) is not None:
                 continue
-            uscope = self._scope(u)
-            if scope and not (uscope == scope or uscope.startswith(scope + ".")):
+            if scope and not in_module(self._scope(u), scope):
                 return set()
             sources = [a for a in u.all_input_nodes if a not in inside and a not in branch and not from_parameters(a)]
             if functional_name(u.target) == "mul" and len(sources) == 1:
@@ -310,7 +317,7 @@ class AttentionRules:
                 for n in self.graph.nodes
                 if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.prod.get(n)
             }
-        return any(s == module or s.startswith(module + ".") for s in self._rotating_scopes)
+        return any(in_module(s, module) for s in self._rotating_scopes)
 
     def _rarer_forms(
         self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...], attrs: dict[str, Any]

@@ -29,7 +29,15 @@ from typing import Any
 from torch import fx, nn
 
 from graphkit.tracing.attention import first_attr
-from graphkit.tracing.naming import EXPERTS_CHILD, MATMUL_ATEN, SHAPE_ONLY_ATEN, functional_name, is_float, moves_data
+from graphkit.tracing.naming import (
+    EXPERTS_CHILD,
+    MATMUL_ATEN,
+    SHAPE_ONLY_ATEN,
+    functional_name,
+    in_module,
+    is_float,
+    moves_data,
+)
 
 #: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
 #: matmuls (or their fallback) transformers runs its 3-D expert weights with
@@ -82,7 +90,7 @@ class MoeRules:
 
     def _moe_calls(self, nodes: list[fx.Node]) -> dict[fx.Node, _MoeCall]:
         """Map every FX op inside a call of an MoE block (the outermost one) to that call. A block
-        without a ``topk`` (a soft or dense mixture) has no router to fuse and is traced op by op."""
+        that picks no experts (a soft or dense mixture) has no router to fuse and is traced op by op."""
         ops_of: dict[str, list[fx.Node]] = {}  # by call: a block a looped model runs twice is two calls
         is_block: dict[str, bool] = {}
         for node in nodes:
@@ -100,16 +108,14 @@ class MoeRules:
             path = call_path.split("@")[0]
             experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
             selections = [n for n in ops if _selects(n)] or [  # hash routing (DeepSeek-V4's first layers)
-                n for n in ops if functional_name(n.target) == "gather" and not self._scope(n).startswith(experts_path)
+                n for n in ops if functional_name(n.target) == "gather" and not in_module(self._scope(n), experts_path)
             ]
             if not selections or any(n in self.cores for n in ops):
                 # no router (a soft or dense mixture), or a mixture of attention heads (JetMoE's
                 # experts are the attention's projections): traced op by op around the attention
                 continue
             inside = set(ops)
-            experts = [
-                n for n in ops if any(p == experts_path or p.startswith(experts_path + ".") for p in self._stack(n))
-            ]
+            experts = [n for n in ops if any(in_module(p, experts_path) for p in self._stack(n))]
             # group-limited routing (DeepSeek-V3) calls topk over groups first, sparse mixing
             # (PhiMoE) picks one expert at a time: the last selection is the one whose indices
             # the experts read, and it depends on the others
@@ -121,8 +127,8 @@ class MoeRules:
             # a router module (Llama 4's is an nn.Linear that also picks and gates; Inkling's scales
             # its weights by a parameter) is part of the node, whatever it computes after the pick
             scope = self._scope(router)
-            if scope != path and not scope.startswith(experts_path):
-                routing |= {n for n in ops if (at := self._scope(n)) == scope or at.startswith(scope + ".")}
+            if scope != path and not in_module(scope, experts_path):
+                routing |= {n for n in ops if in_module(self._scope(n), scope)}
             # what the experts read of the pick besides its indices (Llama 4 scales the tokens by
             # their router scores before the experts)
             feeding = _closure(experts, lambda n: [a for a in n.all_input_nodes if a in inside])

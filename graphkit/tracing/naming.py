@@ -266,6 +266,11 @@ def functional_name(target: object) -> str:
     return _ALIASES.get(name, name)
 
 
+def in_module(scope: str, path: str) -> bool:
+    """Whether the module path ``scope`` is the module ``path`` or inside it."""
+    return scope == path or scope.startswith(path + ".")
+
+
 def moves_data(name: str, value: object) -> bool:
     """True for an op that only moves data or computes no activation (shape-only ops, writes of
     one tensor into another, integer and boolean results such as indices and masks): it passes its
