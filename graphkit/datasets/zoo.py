@@ -278,14 +278,11 @@ def _trace_all_branches(model: nn.Module) -> ArchGraph:
     try:
         return trace(model)
     except UnusedParameterError:
-        args, kwargs = example_inputs_for(model)
+        args, kwargs = example_inputs_for(model, length=LONG_SEQUENCE)
         tokens = kwargs.get("input_ids")
         if tokens is None:
             raise
         config = text_config(getattr(model, "config", None))
-        limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-        length = min(LONG_SEQUENCE, int(limit or LONG_SEQUENCE))
-        kwargs["input_ids"] = tokens.new_zeros(tokens.shape[0], length)
         width = getattr(config, "cross_attention_hidden_size", None) or getattr(config, "hidden_size", None)
         if "encoder_hidden_states" in inspect.signature(model.forward).parameters and width:
             dtype = next(model.parameters()).dtype

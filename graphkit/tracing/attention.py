@@ -10,6 +10,7 @@ masking, GQA K/V repetition, talking-heads maps over the scores), are fused into
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -72,8 +73,8 @@ class _Core:
 
 class AttentionRules:
     """The attention half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``prod``, ``param_names``, ``aliases``, ``constants``,
-    ``INPUT``, ``_scope`` and ``_leaf``."""
+    which provides ``model``, ``graph``, ``groups``, ``prod``, ``param_names``, ``aliases``,
+    ``constants``, ``INPUT``, ``_scope``, ``_leaf`` and ``_is_parameter``."""
 
     cores: dict[fx.Node, _Core]  # anchor (SDPA, or the product of probabilities with V) -> its core
 
@@ -148,11 +149,6 @@ class AttentionRules:
         concatenates). Empty where the scores feed nothing else. A gate computed from the
         queries' projection (Qwen3-Next's gated attention) reads no score and stays its own nodes."""
 
-        def from_parameters(n: fx.Node) -> bool:  # a parameter, or a reshape or cast of one
-            while n.op == "call_function" and functional_name(n.target) in SHAPE_ONLY_ATEN and n.all_input_nodes:
-                n = n.all_input_nodes[0]
-            return n.op == "placeholder" and n.name in self.param_names
-
         branch: set[fx.Node] = set()
         frontier = [(u.meta["_gk_pos"], u) for n in inside for u in n.users if u not in region_of]
         heapq.heapify(frontier)  # in graph order: a node after every input it takes from the branch
@@ -162,7 +158,9 @@ class AttentionRules:
                 continue
             if scope and not in_module(self._scope(u), scope):
                 return set()
-            sources = [a for a in u.all_input_nodes if a not in inside and a not in branch and not from_parameters(a)]
+            sources = [
+                a for a in u.all_input_nodes if a not in inside and a not in branch and not self._is_parameter(a)
+            ]
             if functional_name(u.target) == "mul" and len(sources) == 1:
                 output = _path_back(
                     sources[0], lambda n: n is anchor, lambda n: functional_name(n.target) in SHAPE_ONLY_ATEN
@@ -311,13 +309,16 @@ class AttentionRules:
         """Whether the attention module ``module`` rotates activations where its node does not
         reach: before a query/key norm, which ends the node (nanochat, Llama 4 rotate, then
         normalise q and k)."""
-        if not hasattr(self, "_rotating_scopes"):
-            self._rotating_scopes = {
-                self._scope(n)
-                for n in self.graph.nodes
-                if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.prod.get(n)
-            }
         return any(in_module(s, module) for s in self._rotating_scopes)
+
+    @functools.cached_property
+    def _rotating_scopes(self) -> set[str]:
+        """The modules that rotate activations (read once the builder has seen every op)."""
+        return {
+            self._scope(n)
+            for n in self.graph.nodes
+            if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.prod.get(n)
+        }
 
     def _rarer_forms(
         self, group: Group, query: fx.Node, key: fx.Node, lengths: tuple[int, ...], attrs: dict[str, Any]

@@ -36,6 +36,7 @@ from graphkit.tracing.naming import (
     ATEN_OPS,
     MATMUL_ATEN,
     SHAPE_DEPENDENT_ATEN,
+    SHAPE_ONLY_ATEN,
     functional_name,
     is_float,
     module_op,
@@ -108,6 +109,15 @@ class _GraphBuilder(AttentionRules, MoeRules):
             path if "@" in path or "@" not in key else f"{path}@{key.rpartition('@')[2]}"
             for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items()
         ]
+
+    def _is_parameter(self, value: fx.Node) -> bool:
+        """True for a parameter or a view of one (transformers' experts transpose their 3-D
+        weights; Granite reshapes its sinks)."""
+        while value.op == "call_function" and functional_name(value.target) in SHAPE_ONLY_ATEN and value.args:
+            if not isinstance(value.args[0], fx.Node):
+                return False
+            value = value.args[0]
+        return value.op == "placeholder" and value.name in self.param_names
 
     def _leaf(self, node: fx.Node) -> tuple[str, str] | None:
         for path in self._stack(node):

@@ -15,13 +15,14 @@ from graphkit.validation import is_count
 ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
 
 
-def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
+def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
     """Inputs to trace ``model`` with: ``(args, kwargs)`` on the model's device.
 
     Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
     ``pretrained_cfg['input_size']``) get a batch of two images; models with a
     ``config.vocab_size`` (or a multimodal config's text part with one) get two sequences of
-    token ids (``use_cache=False`` when accepted);
+    ``length`` token ids, fewer where the position table is shorter (``use_cache=False`` when
+    accepted);
     hand-written language models whose first layer with parameters is an ``nn.Embedding``
     (nanoGPT, minGPT) get token ids, as short as every position table, rotary cache and length
     attribute allows.
@@ -33,9 +34,9 @@ def example_inputs_for(model: nn.Module) -> tuple[tuple, dict]:
         return (torch.zeros(2, *image, device=device),), {}
     text = text_config(config)
     if text is not None and getattr(text, "vocab_size", None):
-        limit = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None) or 8
+        limit = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None) or length
         kwargs: dict[str, Any] = {
-            "input_ids": torch.zeros(2, max(2, min(8, int(limit))), dtype=torch.long, device=device)
+            "input_ids": torch.zeros(2, max(2, min(length, int(limit))), dtype=torch.long, device=device)
         }
         parameters = inspect.signature(model.forward).parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

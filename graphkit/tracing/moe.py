@@ -84,7 +84,7 @@ class _MoeCall:
 
 class MoeRules:
     """The mixture-of-experts half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``param_names``, ``_stack`` and ``_calls``."""
+    which provides ``model``, ``groups``, ``param_names``, ``_stack``, ``_calls`` and ``_is_parameter``."""
 
     open_moe_groups: set[int]  # the nodes of blocks that return their pieces, still being combined
 
@@ -192,14 +192,6 @@ class MoeRules:
             "top_k": k,
             "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None,
         }
-
-    def _is_parameter(self, value: fx.Node) -> bool:
-        """True for a parameter or a view of one (transformers' experts transpose their 3-D weights)."""
-        while value.op == "call_function" and functional_name(value.target) in SHAPE_ONLY_ATEN and value.args:
-            if not isinstance(value.args[0], fx.Node):
-                return False
-            value = value.args[0]
-        return value.op == "placeholder" and value.name in self.param_names
 
 
 def _closure(
