@@ -126,12 +126,23 @@ def generate(
 @contextlib.contextmanager
 def _tracing_bar(label: str, transient: bool = False) -> Iterator[Callable[[int, int], None]]:
     """A progress bar labelled ``label`` for the block, and the ``progress(done, total)``
-    callback the generators call after each traced architecture."""
-    with Progress(
+    callback the generators call after each traced architecture. The bar is drawn from the first
+    call on, so that options refused before any work print their one line and no empty bar."""
+    bar = Progress(
         TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=transient
-    ) as bar:
-        task = bar.add_task("trace", total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+    )
+    task = bar.add_task("trace", total=None)
+
+    def progress(done: int, total: int) -> None:
+        if not bar.live.is_started:
+            bar.start()
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield progress
+    finally:
+        if bar.live.is_started:
+            bar.stop()
 
 
 def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool) -> None:
