@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_cli_outputs import one_line_error, run
 
+from graphkit.compiler import read_params
 from graphkit.errors import ModelSourceError
 from graphkit.sources import load_model_source, parse_spec, parse_value
+
+TINY_LLAMA = (
+    "hf:llama?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
+    "&intermediate_size=128&vocab_size=256"
+)
+TINY_VIT = "timm:vit_tiny_patch16_224?img_size=32&depth=2&num_classes=10"
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +171,133 @@ def test_too_large_to_hold_is_refused_before_allocating():
     huge = "hf:llama?num_hidden_layers=2&hidden_size=65536&intermediate_size=262144&num_attention_heads=64"
     with pytest.raises(ModelSourceError, match=r"its weights need [\d.]+ GiB and [\d.]+ GiB are free"):
         load_model_source(huge, weights=True)
+
+
+# -- through the commands ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "source, headline",
+    [
+        ("{llama}", "LlamaForCausalLM (llama): 26,784 parameters"),
+        (TINY_VIT, "VisionTransformer (vit): 1,040,842 parameters"),
+        (TINY_LLAMA, "LlamaForCausalLM (llama): 106,816 parameters"),
+        # a vision model type has no causal LM: its image classifier
+        ("hf:vit?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2", "ViTFor"),
+        # GPT-1's causal mask is a buffer made in __init__: on meta it holds no values, so it is built with them
+        ("hf:openai-gpt?n_layer=1&n_embd=32&n_head=2&vocab_size=64&n_positions=16", "OpenAIGPTLMHeadModel"),
+    ],
+)
+def test_trace_takes_every_form(folders, source, headline, offline):
+    result = run("trace", source.format(**folders))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(headline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["{llama}", TINY_VIT, TINY_LLAMA])
+def test_predict_takes_every_form(folders, source, tmp_path):
+    out = tmp_path / "p.safetensors"
+    result = run("predict", source.format(**folders), "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "predicted" in result.stdout and "(100.0%)" in result.stdout
+    params, _ = read_params(out)
+    assert params and all(torch.isfinite(t).all() for t in params.values())
+
+
+@pytest.mark.slow
+def test_convert_converts_the_folders_weights(folders, tmp_path):
+    """-k 2 on a model with 2 K/V heads changes nothing: the converted file holds the folder's weights."""
+    out = tmp_path / "c.safetensors"
+    result = run("convert", folders["sharded"], "-a", "gqa", "-k", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    converted, _ = read_params(out)
+    saved = load_file(folders["llama"] / "model.safetensors")
+    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert torch.equal(converted[name], saved[name])
+
+
+@pytest.mark.slow
+def test_draw_takes_a_spec(tmp_path):
+    out = tmp_path / "g.svg"
+    result = run("draw", TINY_VIT, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 0
+
+
+def test_a_path_that_exists_wins_over_the_prefixes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("timm:not_a_model").write_text(
+        "import torch\nmodel = torch.nn.Linear(3, 2)\ndef example_inputs():\n    return torch.zeros(1, 3)\n"
+    )
+    result = run("trace", "timm:not_a_model")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Linear (custom): 8 parameters")
+
+
+@pytest.mark.slow
+def test_help_shows_every_form():
+    for command in ("trace", "draw", "predict", "convert"):
+        result = run(command, "--help")
+        assert result.exit_code == 0
+        text = " ".join(result.stdout.replace("│", " ").split())
+        for form in ("MODEL.py", "FOLDER", "timm:NAME?k=v", "hf:TYPE?k=v"):
+            assert form in text, (command, form)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command, source, message",
+    [
+        (
+            "trace",
+            "timm:vit_tiny_patch16_22",
+            "timm has no model 'vit_tiny_patch16_22'; did you mean vit_tiny_patch16_224",
+        ),
+        pytest.param(  # builds the default model on meta to suggest its keys
+            "trace",
+            "timm:vit_tiny_patch16_224?img_sz=32",
+            "vit_tiny_patch16_224 takes no key 'img_sz'; did you mean img_size?",
+            marks=pytest.mark.slow,
+        ),
+        (
+            "trace",
+            "timm:vit_tiny_patch16_224?img_size=abc",
+            "timm cannot build vit_tiny_patch16_224 with img_size='abc': TypeError:",
+        ),
+        ("trace", "timm:vit_tiny_patch16_224?depth=[2,", "the value of depth does not parse"),
+        ("trace", "timm:vit_tiny_patch16_224?pretrained=true", "pretrained is not accepted: graphkit never downloads"),
+        ("trace", "timm:", "timm: needs a model name"),
+        ("trace", "hf:qwen9", "transformers has no model type 'qwen9'; did you mean"),
+        ("trace", "hf:qwen2?hiden_size=64", "Qwen2Config has no field 'hiden_size'; did you mean hidden_size"),
+        (
+            "trace",
+            "hf:qwen2?num_hidden_layers=abc",
+            "transformers cannot build Qwen2Config: StrictDataclassFieldValidationError: Validation error for field "
+            "'num_hidden_layers'",
+        ),
+        ("trace", "hf:t5", "transformers has neither a causal LM nor an image classifier for 't5'"),
+        ("trace", "hf:meta-llama/Llama-3.2-1B", "not a hub repository; graphkit never downloads"),
+        ("trace", "tim:vit_tiny_patch16_224", "no such file or folder; a model is one of MODEL.py | FOLDER | timm:"),
+        ("trace", "{no-config}", "no config.json, so not a Hugging Face model folder"),
+        ("trace", "{remote}", "model_type 'my_llama' is not one transformers defines and names remote code (auto_map)"),
+        ("trace", "{llama}/config.json", "a file of a Hugging Face model folder; give the folder that holds it"),
+        ("convert", "{bin-only}", "its weights are only in pytorch_model.bin, which graphkit never loads"),
+        ("predict", "hf:qwen9", "transformers has no model type 'qwen9'"),
+        ("draw", "timm:vit_tiny_patch16_22", "timm has no model 'vit_tiny_patch16_22'"),
+    ],
+)
+def test_bad_sources_are_one_line_errors(folders, tmp_path, command, source, message):
+    out = tmp_path / ("g.svg" if command == "draw" else "p.safetensors")
+    args = ["-a", "gqa", "-k", "1"] if command == "convert" else []
+    result = run(command, source.format(**folders), *args, "--out", out)
+    line = one_line_error(result)
+    assert message in line, line
+    assert not out.exists()
+    assert not (folders["root"] / "ran").exists()  # remote code never runs
 
 
 def test_a_class_only_remote_code_defines_is_refused(tmp_path):
