@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from graphkit.errors import GraphError, GraphkitError, ModelFileError, TraceError
+from graphkit.errors import GraphError, GraphkitError, ModelFileError, ModelSourceError, TraceError
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,7 @@ _LAZY = {
     "OP_DOCS": "graphkit.ops",
     "GHN3_PRIMITIVES": "graphkit.ops",
     "op_id": "graphkit.ops",
+    "load_model_source": "graphkit.sources",
 }
 
 __all__ = [
@@ -39,10 +40,12 @@ __all__ = [
     "OP_DOCS",
     "GHN3_PRIMITIVES",
     "op_id",
+    "load_model_source",
     "GraphkitError",
     "GraphError",
     "TraceError",
     "ModelFileError",
+    "ModelSourceError",
 ]
 
 

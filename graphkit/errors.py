@@ -23,8 +23,13 @@ class UnusedParameterError(TraceError):
     branch those inputs do not take): other inputs may take it."""
 
 
-class ModelFileError(GraphkitError):
-    """A user's MODEL.py could not be loaded."""
+class ModelSourceError(GraphkitError):
+    """A model source (a Hugging Face model folder, ``timm:NAME?k=v``, ``hf:MODEL_TYPE?k=v``) could
+    not be loaded; raised by :func:`graphkit.sources.load_model_source`."""
+
+
+class ModelFileError(ModelSourceError):
+    """A user's MODEL.py could not be loaded (the model source that is a Python file)."""
 
 
 class TrainError(GraphkitError):

@@ -22,11 +22,20 @@ from graphkit.errors import ModelFileError
 
 @dataclass
 class ModelFile:
-    """What a MODEL.py provides."""
+    """A loaded model: what a MODEL.py provides, or what a model source of
+    :func:`graphkit.sources.load_model_source` builds. ``path`` is the file or folder it was read
+    from (None for a ``timm:`` or ``hf:`` spec), ``source`` the argument as the user gave it, and
+    ``example_inputs`` None where the tracer is to guess them."""
 
-    path: Path
+    path: Path | None
     model: nn.Module
     example_inputs: Any = None
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        """A short name for messages: the file or folder's name, else the spec."""
+        return self.path.name if self.path is not None else self.source
 
 
 def load_model_file(path: str | Path) -> ModelFile:
@@ -62,7 +71,7 @@ def load_model_file(path: str | Path) -> ModelFile:
     inputs = None
     if callable(namespace.get("example_inputs")):
         inputs = _call(namespace["example_inputs"], path, "example_inputs()")
-    return ModelFile(path=path, model=model, example_inputs=inputs)
+    return ModelFile(path=path, model=model, example_inputs=inputs, source=str(path))
 
 
 def _call(fn: Callable[[], Any], path: Path, what: str) -> Any:

@@ -215,7 +215,8 @@ def error_of(result) -> str:
         (["{llama}", "--out", "file.txt/g.svg"], "error: --out file.txt/g.svg: {cwd}/file.txt is a file, not a folder"),
         (
             ["{dataset}", "--out", "g.svg"],
-            "error: {dataset}: is a folder; give a MODEL.py, or a dataset folder and a record ID",
+            "error: {dataset}: is a folder; give a MODEL.py, a Hugging Face model folder (with config.json), "
+            "or a dataset folder and a record ID",
         ),
         (["{dataset}", "nope", "--out", "g.svg"], "error: {dataset}: no record 'nope' (see `graphkit ls {dataset}`)"),
         (["missing-ds", "x", "--out", "g.svg"], "error: missing-ds: no such dataset folder"),

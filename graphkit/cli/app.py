@@ -7,7 +7,7 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,10 @@ from rich.table import Table
 
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_file, write_text_atomic
+
+if TYPE_CHECKING:
+    from graphkit.graph import ArchGraph
+    from graphkit.modelfile import ModelFile
 
 app = typer.Typer(
     name="graphkit",
@@ -58,6 +62,44 @@ def command(fn: Callable) -> Callable:
     return wrapper
 
 
+#: the forms of the MODEL argument (graphkit.sources), as --help shows them
+MODEL_FORMS = "MODEL.py|FOLDER|timm:NAME?k=v|hf:TYPE?k=v"
+
+
+def model_argument(weights: str) -> Any:
+    """The MODEL argument of a command that takes a model, every form in its --help; ``weights``
+    says what the command does with the model's weights."""
+    return typer.Argument(
+        ...,
+        metavar=MODEL_FORMS,
+        help="A Python file defining `model` or `build_model()` (optionally `example_inputs()`), a Hugging Face "
+        "model folder (config.json and safetensors weights, from save_pretrained), timm:NAME?key=value&... "
+        "(timm.create_model) or hf:MODEL_TYPE?field=value&... (transformers' causal LM, or image classifier, "
+        f"of that model type); quote the last two in the shell. {weights}",
+    )
+
+
+#: what the commands that only read a model's architecture say about its weights
+ARCHITECTURE_ONLY = "Folders, timm: and hf: are built on the meta device: no weight is read."
+
+
+def trace_loaded(loaded: ModelFile, **options: Any) -> tuple[ModelFile, ArchGraph]:
+    """``loaded`` traced (``options`` go to ``graphkit.trace``). A folder, timm: or hf: model
+    built on meta that the tracer needs values from (a causal-mask buffer made in ``__init__``,
+    as GPT-1's) is built again with weights and traced again; a MODEL.py decides its own device."""
+    from graphkit.errors import NeedsValuesError
+    from graphkit.sources import load_model_source
+    from graphkit.tracing import trace
+
+    try:
+        return loaded, trace(loaded.model, loaded.example_inputs, **options)
+    except NeedsValuesError:
+        if loaded.path is not None and loaded.path.is_file():
+            raise
+    loaded = load_model_source(loaded.source, weights=True)
+    return loaded, trace(loaded.model, loaded.example_inputs, **options)
+
+
 class GraphFormat(str, enum.Enum):
     json = "json"
     text = "text"
@@ -66,9 +108,7 @@ class GraphFormat(str, enum.Enum):
 @app.command()
 @command
 def trace(
-    model_file: Path = typer.Argument(
-        ..., metavar="MODEL.py", help="Python file defining `model` or `build_model()`, optionally `example_inputs()`."
-    ),
+    model: str = model_argument(ARCHITECTURE_ONLY),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the graph here (JSON by default)."),
     format: Optional[GraphFormat] = typer.Option(
         None, "--format", "-f", help="json or text; default: json with --out, text without."
@@ -81,16 +121,14 @@ def trace(
 ) -> None:
     """Trace a model into a computation graph and print its summary.
 
-    Build the model on the meta device (`with torch.device("meta"):`) to trace
-    billion-parameter configurations in about a second without allocating weights.
+    Folders, timm: and hf: models are built on the meta device, as a MODEL.py may be
+    (`with torch.device("meta"):`): billion-parameter models trace in about a second.
     """
-    from graphkit.modelfile import load_model_file
-    from graphkit.tracing import trace as trace_model
+    from graphkit.sources import load_model_source
 
     if out is not None:
         check_output_file(out, "--out")  # before the model runs: a bad --out costs nothing
-    loaded = load_model_file(model_file)
-    graph = trace_model(loaded.model, loaded.example_inputs, fold_repeats=fold)
+    _, graph = trace_loaded(load_model_source(model, weights=False), fold_repeats=fold)
     fmt = format or (GraphFormat.json if out else GraphFormat.text)
     text = (
         graph.to_json(indent=1)
@@ -109,10 +147,11 @@ def trace(
 @app.command()
 @command
 def draw(
-    source: Path = typer.Argument(
+    source: str = typer.Argument(
         ...,
-        metavar="MODEL.py|GRAPH.json|DATASET",
-        help="A model file to trace, a graph from `graphkit trace --out`, or a dataset folder followed by a record ID.",
+        metavar=f"{MODEL_FORMS}|GRAPH.json|DATASET",
+        help="A model to trace, in any form `graphkit trace` takes (a folder, timm: and hf: are built on the meta "
+        "device), a graph from `graphkit trace --out`, or a dataset folder followed by a record ID.",
     ),
     record_id: Optional[str] = typer.Argument(
         None, metavar="[ID]", help="Record id in the DATASET folder, e.g. vits-1k-00042."
@@ -132,12 +171,16 @@ def draw(
     from graphkit.draw import draw as draw_graph
 
     check_output_file(out, "--out", SUFFIXES)
+    path = Path(source)
     if record_id is None:
-        if source.is_dir():
-            raise GraphkitError(f"{source}: is a folder; give a MODEL.py, or a dataset folder and a record ID")
-        graph = _read_graph(source) if source.suffix.lower() == ".json" else _traced_graph(source)
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise GraphkitError(
+                f"{source}: is a folder; give a MODEL.py, a Hugging Face model folder (with config.json), "
+                "or a dataset folder and a record ID"
+            )
+        graph = _read_graph(path) if path.suffix.lower() == ".json" and not path.is_dir() else _traced_graph(source)
     else:
-        if source.is_file():
+        if path.is_file():
             raise GraphkitError(
                 f"{source}: is a file; with a record ID, give a dataset folder (or drop the ID to trace a MODEL.py)"
             )
@@ -152,13 +195,11 @@ def draw(
     )
 
 
-def _traced_graph(model_file: Path):
-    """The graph of a MODEL.py, as `graphkit trace` makes it."""
-    from graphkit.modelfile import load_model_file
-    from graphkit.tracing import trace as trace_model
+def _traced_graph(model: str):
+    """The graph of a model source, as `graphkit trace` makes it."""
+    from graphkit.sources import load_model_source
 
-    loaded = load_model_file(model_file)
-    return trace_model(loaded.model, loaded.example_inputs)
+    return trace_loaded(load_model_source(model, weights=False))[1]
 
 
 def _read_graph(path: Path):
@@ -193,8 +234,9 @@ class Grouping(str, enum.Enum):
 @app.command()
 @command
 def convert(
-    model_file: Path = typer.Argument(
-        ..., metavar="MODEL.py", help="Python file defining `model` or `build_model()` (with weights)."
+    model: str = model_argument(
+        "It needs weights: a folder's safetensors are loaded in float32; timm:, hf: and a folder without "
+        "weights get the library's random initialisation."
     ),
     attention: Variant = typer.Option(
         ...,
@@ -252,8 +294,8 @@ def convert(
     from graphkit.errors import GraphkitError
     from graphkit.families import ConfigError, config_from_graph
     from graphkit.ghn.data import calibration_inputs, load_source
-    from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
+    from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
 
     check_params_output(out)
@@ -279,10 +321,10 @@ def convert(
                 f"not --grouping {grouping.value}"
             )
         load_source(data)  # a bad spec fails before the model is loaded
-    loaded = load_model_file(model_file)
+    loaded = load_model_source(model, weights=True)
     if any(p.is_meta for p in loaded.model.parameters()):
         raise GraphkitError(
-            f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)"
+            f"{model}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
     before = kv_cache_bytes(loaded.model)
     calibration = []
@@ -292,7 +334,7 @@ def convert(
         except ConfigError as e:
             option = "--rope-dims" if mla else f"--grouping {grouping.value}"
             raise GraphkitError(
-                f"{model_file}: {option} draws calibration data shaped for one of "
+                f"{model}: {option} draws calibration data shaped for one of "
                 f"graphkit's families, and this model is not one ({e})"
             ) from None
         calibration = calibration_inputs(config, data)

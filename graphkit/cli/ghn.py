@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from graphkit.cli.app import app, command, console, errors
+from graphkit.cli.app import ARCHITECTURE_ONLY, app, command, console, errors, model_argument, trace_loaded
 
 
 @app.command("train-ghn")
@@ -112,11 +112,7 @@ def train_ghn(
 @app.command()
 @command
 def predict(
-    model_file: Path = typer.Argument(
-        ...,
-        metavar="MODEL.py",
-        help="Python file defining `model` or `build_model()` (build it on meta: no weights needed).",
-    ),
+    model: str = model_argument(f"Build a MODEL.py on meta too: its weights are predicted. {ARCHITECTURE_ONLY}"),
     ghn: Optional[str] = typer.Option(
         None,
         "--ghn",
@@ -149,22 +145,21 @@ def predict(
     from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
     from graphkit.ghn.grow import twin_of
     from graphkit.ghn.space import outside_training_space
-    from graphkit.modelfile import load_model_file
     from graphkit.params import check_params_output, save_params
-    from graphkit.tracing import trace
+    from graphkit.sources import load_model_source
 
     if out is not None:
         check_params_output(out)
-    loaded = load_model_file(model_file)
+    loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
-    graph = trace(loaded.model, loaded.example_inputs)
+    loaded, graph = trace_loaded(loaded)
     hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
     check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
     beyond = outside_training_space(hypernet.info, graph)
     if beyond:
         errors.print(
-            f"warning: {model_file.name} lies outside the space this hypernetwork was trained on: {beyond}; "
+            f"warning: {loaded.name} lies outside the space this hypernetwork was trained on: {beyond}; "
             "the scores above were measured inside that space, not on this model",
             markup=False,
             highlight=False,
