@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from graphkit import ArchGraph
 from graphkit.cli import app
-from graphkit.fileio import written_by_graphkit
+from graphkit.fileio import graphkit_kind
 
 runner = CliRunner()
 VIT = ROOT / "examples" / "vit_tiny_cifar.py"
@@ -74,12 +74,12 @@ def test_trace_checks_its_output_before_the_model_runs(tmp_path, target, message
     ).read_text() == '{"my": "settings"}'
 
 
-@pytest.mark.parametrize("name, fmt", [("graph.json", "json"), ("summary.txt", "text")])
-def test_trace_replaces_what_it_wrote(tmp_path, name, fmt):
+@pytest.mark.parametrize("name, fmt, kind", [("graph.json", "json", "graph"), ("summary.txt", "text", "summary")])
+def test_trace_replaces_what_it_wrote(tmp_path, name, fmt, kind):
     out = tmp_path / name
     for _ in range(2):
         assert run("trace", VIT, "--out", out, "--format", fmt).exit_code == 0
-    assert written_by_graphkit(out)
+    assert graphkit_kind(out) == kind
     if fmt == "json":
         ArchGraph.from_json(out.read_text()).validate()
     else:
@@ -93,7 +93,7 @@ def test_draw_replaces_its_own_pictures_and_no_one_elses(tmp_path, suffix, monke
     ours, theirs = tmp_path / f"ours{suffix}", tmp_path / f"theirs{suffix}"
     for _ in range(2):
         assert run("draw", VIT, "--out", ours).exit_code == 0, "a second drawing replaces the first"
-    assert written_by_graphkit(ours)
+    assert graphkit_kind(ours) == "drawing"
     picture = ours.read_bytes().replace(b"graphkit", b"someone")  # the same picture, another author
     theirs.write_bytes(picture)
     assert one_line_error(run("draw", VIT, "--out", theirs)).endswith(
@@ -116,7 +116,7 @@ def test_parameter_outputs_never_replace_a_checkpoint_graphkit_did_not_write(tmp
     ours = tmp_path / "predicted.safetensors"
     for _ in range(2):
         assert run("predict", VIT, "--out", ours).exit_code == 0
-    assert written_by_graphkit(ours)
+    assert graphkit_kind(ours) == "predicted-weights"
 
 
 def test_generate_refuses_a_recipe_with_a_ratio_for_mlp_before_making_a_folder(tmp_path):

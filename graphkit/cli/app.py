@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import check_output_file, write_text_atomic
+from graphkit.fileio import check_output_file, marked_json, marked_text, write_text_atomic
 
 app = typer.Typer(
     name="graphkit",
@@ -87,22 +87,21 @@ def trace(
     from graphkit.modelfile import load_model_file
     from graphkit.tracing import trace as trace_model
 
-    if out is not None:
-        check_output_file(out, "--out")  # before the model runs: a bad --out costs nothing
+    fmt = format or (GraphFormat.json if out else GraphFormat.text)
+    if out is not None:  # before the model runs: a bad --out costs nothing
+        check_output_file(out, "--out", kind="graph" if fmt is GraphFormat.json else "summary")
     loaded = load_model_file(model_file)
     graph = trace_model(loaded.model, loaded.example_inputs, fold_repeats=fold)
-    fmt = format or (GraphFormat.json if out else GraphFormat.text)
-    text = (
-        graph.to_json(indent=1)
-        if fmt is GraphFormat.json
-        else f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
-    )
+    if fmt is GraphFormat.json:  # the same marked document on stdout and in --out
+        text = marked_json("graph", graph.to_dict(), indent=1)
+    else:  # marked as graphkit's in --out only: a summary piped or appended into notes stays theirs
+        text = f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
     if out is None and fmt is GraphFormat.json:
         print(text)
         return
     print_graph(graph)
     if out is not None:
-        write_text_atomic(out, text)
+        write_text_atomic(out, text if fmt is GraphFormat.json else marked_text("summary", text))
         console.print(f"wrote {out}")
 
 
@@ -131,7 +130,7 @@ def draw(
     from graphkit.draw import SUFFIXES
     from graphkit.draw import draw as draw_graph
 
-    check_output_file(out, "--out", SUFFIXES)
+    check_output_file(out, "--out", SUFFIXES, kind="drawing")
     if record_id is None:
         if source.is_dir():
             raise GraphkitError(f"{source}: is a folder; give a MODEL.py, or a dataset folder and a record ID")
@@ -256,7 +255,7 @@ def convert(
     from graphkit.params import check_params_output, save_params
     from graphkit.tracing import trace as trace_model
 
-    check_params_output(out)
+    check_params_output(out, kind="converted-weights")
     options = {
         name: value
         for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
@@ -305,7 +304,7 @@ def convert(
         )
         metadata = conversion_metadata(model)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata=metadata)
+    save_params(model, out, metadata=metadata, kind="converted-weights")
     after = kv_cache_bytes(model)
     console.print(
         f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",

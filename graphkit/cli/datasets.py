@@ -17,7 +17,7 @@ from rich.table import Table
 
 from graphkit.cli.app import app, command, console, errors, print_graph
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_file, figure_metadata
+from graphkit.fileio import check_output_file, save_figure
 
 if TYPE_CHECKING:
     from graphkit.datasets.dataset import GraphDataset
@@ -265,7 +265,9 @@ def stats(
 
     if not 1 <= bins <= MAX_BINS:
         raise GraphkitError(f"--bins must be in 1..{MAX_BINS}, got {bins}")
-    png = check_output_file(png or Path(f"{path.resolve().name}-params.png"), "--png", FIGURE_SUFFIXES)
+    png = check_output_file(
+        png or Path(f"{path.resolve().name}-params.png"), "--png", FIGURE_SUFFIXES, kind="histogram"
+    )
     frame = _load_warning_if_incomplete(path).metadata()
     if frame.empty:
         raise GraphkitError(f"{path}: holds no records")
@@ -304,8 +306,7 @@ def _plot_params(params, bins: int, png: Path, title: str) -> None:
     ax.set_title(title)
     fig.tight_layout()
     try:
-        with atomic_path(png) as tmp:
-            fig.savefig(tmp, format=png.suffix[1:].lower(), metadata=figure_metadata(png.suffix[1:]))
+        save_figure(fig, png, "histogram")
     finally:
         plt.close(fig)
 
@@ -336,7 +337,7 @@ def compile_record(
     from graphkit.errors import GraphkitError
     from graphkit.params import check_params_output, read_params
 
-    check_params_output(out)
+    check_params_output(out, kind="compiled-weights")
     carried, mla = {}, None
     if params is not None:
         _, metadata = read_params(params, tensors=False)
@@ -374,7 +375,8 @@ def compile_record(
         config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
         model = compile_model(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
-    save_params(model, out, config=config, metadata=carried)  # the converted model's config, not the record's
+    # the converted model's config, not the record's
+    save_params(model, out, config=config, metadata=carried, kind="compiled-weights")
     total = sum(p.numel() for p in model.parameters())
     converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
     if mla:

@@ -48,7 +48,7 @@ def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
     be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
     files (or anyone else's files of those names), and a resumed one must find a training
     checkpoint there."""
-    folder = Path(os.path.abspath(check_output_dir(out)))
+    folder = Path(os.path.abspath(check_output_dir(out, kind="hypernetwork")))
     data_folder = Path(os.path.abspath(dataset))
     if folder == data_folder or data_folder in folder.parents:
         raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
