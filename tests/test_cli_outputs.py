@@ -1,18 +1,23 @@
 """What the commands write and print: every --out checked before any work, no file
 graphkit did not write overwritten, a model source never an output, `ls` whole when piped and as
-CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, and a `--help`
-that does not wait for torch."""
+CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, a malformed
+command line (a value of the wrong type, an unknown option or command) in one line, and a
+`--help` that does not wait for torch. test_outputs.py holds the rule for outputs, command by
+command and kind by kind."""
 
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import subprocess
 import sys
+import typing
 
 import pytest
 import torch
+import typer
 from conftest import MODEL_FILES, ROOT
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
@@ -210,3 +215,52 @@ def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     # grown: every coordinate of the stream is a copy of one of the twin's 512
     weight = a["patch_embed.proj.weight"]
     torch.testing.assert_close(weight[512:], weight[:256])
+
+
+def _numeric_options():
+    """(command, option) for every int or float option of every command, read from the commands'
+    signatures, so that an option added later is checked too."""
+    for info in app.registered_commands:
+        hints = typing.get_type_hints(info.callback)
+        for name, parameter in inspect.signature(info.callback).parameters.items():
+            types = {hints[name], *typing.get_args(hints[name])}
+            if types & {int, float} and isinstance(parameter.default, typer.models.OptionInfo):
+                yield info.name or info.callback.__name__, parameter.default.param_decls[0]
+
+
+NUMERIC_OPTIONS = list(_numeric_options())
+
+
+def test_every_command_has_numeric_options_to_check():
+    assert {("convert", "--kv-rank"), ("convert", "--kv-heads"), ("train-ghn", "--steps")} <= set(NUMERIC_OPTIONS)
+    assert ("convert", "--rope-dims") in NUMERIC_OPTIONS and ("eval-ghn", "--lr") in NUMERIC_OPTIONS
+
+
+@pytest.mark.parametrize("command, option", NUMERIC_OPTIONS)
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_option(command, option):
+    """Click's usage box (usage, hint, a framed message) was typer's answer to `--kv-rank x`."""
+    result = run(command, option, "x")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: Invalid value for '{option}'") and "should be a valid" in line, line
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["ls", "DIR", "--format", "xml"], "error: Invalid value for '--format' / '-f': Value error, 'xml' is not one"),
+        (["trce"], "error: No such command 'trce'. Did you mean 'trace'?"),
+        (["--nope", "ops"], "error: No such option: --nope"),
+        (["trace", "m.py", "--outt", "g.json"], "error: No such option: --outt"),
+        (["ls"], "error: Missing argument 'path'"),
+    ],
+)
+def test_every_malformed_command_line_is_one_line(args, message):
+    result = run(*args)
+    assert result.exit_code == 2 and result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_help_still_answers_without_an_error():
+    assert run("convert", "--help").exit_code == 0
+    bare = run()  # no command: the help, as before
+    assert "Usage" in bare.output and "error:" not in bare.output

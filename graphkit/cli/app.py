@@ -2,22 +2,63 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
+from graphkit.compat import is_usage_error
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_file, marked_json, marked_text, write_text_atomic
 
+errors = Console(stderr=True)
+
+
+def print_error(text: str) -> None:
+    """The one red ``error:`` line on stderr every failure prints."""
+    errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    """A malformed command line raised in the block (see :func:`graphkit.compat.is_usage_error`)
+    becomes one error line and its exit code (2), as Click's message says it: the option and
+    what it accepts ("Invalid value for '--kv-rank': Input should be a valid integer ...")."""
+    try:
+        yield
+    except Exception as e:
+        if not is_usage_error(e):
+            raise
+        print_error(e.format_message().rstrip("."))
+        raise typer.Exit(e.exit_code) from None
+
+
+class OneLineUsageErrors(TyperGroup):
+    """Typer's command group, with every malformed command line (a non-integer ``--kv-rank``,
+    a ``--format`` out of its choices, an unknown option or command) answered in one line like
+    every other bad option, not Click's usage box: the group's own options are parsed in
+    ``make_context``, a command's (and the command's name) in ``invoke``."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     name="graphkit",
     help="Neural-network architectures as data and back: trace models into computation graphs, "
     "build graph datasets, predict parameters, compile graphs into models.",
@@ -27,7 +68,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 console = Console()
-errors = Console(stderr=True)
 _state = {"debug": False}
 
 
@@ -51,8 +91,9 @@ def command(fn: Callable) -> Callable:
             if _state["debug"]:
                 raise
             known = isinstance(e, GraphkitError)
-            text = str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
-            errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
+            print_error(
+                str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+            )
             raise typer.Exit(1) from None
 
     return wrapper
