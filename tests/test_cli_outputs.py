@@ -19,11 +19,13 @@ import pytest
 import torch
 import typer
 from conftest import MODEL_FILES, ROOT
+from rich.console import Console
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from graphkit import ArchGraph
 from graphkit.cli import app
+from graphkit.cli import datasets as datasets_cli
 from graphkit.fileio import graphkit_kind
 
 runner = CliRunner()
@@ -150,6 +152,20 @@ def test_ls_prints_whole_values_when_piped(long_ids):
     assert result.exit_code == 0
     ids = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("a-dataset")]
     assert sorted(ids) == [f"a-dataset-name-well-past-eighty-columns-wide-{i:05d}" for i in range(4)]
+    assert "…" not in result.stdout
+
+
+def test_ls_keeps_every_column_and_value_on_a_narrow_terminal(long_ids, monkeypatch):
+    """At 60 columns Rich dropped the kv column and cut ids and parameter counts."""
+    monkeypatch.setattr(datasets_cli, "console", Console(width=60, force_terminal=True, color_system=None))
+    result = run("ls", long_ids)
+    assert result.exit_code == 0
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["id", "family", "split", "layers", "hidden", "heads", "kv", "attn", "params", "nodes"]
+    records = json.loads(run("ls", long_ids, "--format", "json").stdout)
+    for line, record in zip(rows, records, strict=False):
+        assert line.split()[0] == record["id"] and line.split()[6] == str(record["kv_heads"])
+        assert line.split()[8] == f"{record['num_params']:,}"
     assert "…" not in result.stdout
 
 

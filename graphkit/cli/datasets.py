@@ -194,7 +194,7 @@ def list_records(
     max_params: Optional[int] = typer.Option(None, "--max-params", help="At most this many parameters."),
     limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
     format: ListFormat = typer.Option(
-        ListFormat.table, "--format", "-f", help="table (full values when piped), csv or json (a list of records)."
+        ListFormat.table, "--format", "-f", help="table (every value whole), csv or json (a list of records)."
     ),
 ) -> None:
     """List the records of a dataset, filtered."""
@@ -226,12 +226,10 @@ def list_records(
         )
     for row in shown.itertuples(index=False):
         table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
-    # a terminal gets the table at its width; a pipe or a file gets every value whole
-    out = (
-        console
-        if console.is_terminal
-        else Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
-    )
+    # every column and every value whole, on a terminal too: fitted to a narrow terminal, Rich cut
+    # ids (which `show` needs whole) and numbers and dropped the kv column; a terminal narrower
+    # than the table wraps its lines instead
+    out = Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
     out.print(table)
     out.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
 
