@@ -18,7 +18,7 @@ import typing
 import pytest
 import torch
 import typer
-from conftest import MODEL_FILES, ROOT
+from conftest import MODEL_FILES, ROOT, one_line_error
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
@@ -35,13 +35,6 @@ TINY = ROOT / "tests" / "recipes" / "tiny-vits.json"
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_trace_never_writes_over_the_model_source(tmp_path):
