@@ -230,7 +230,7 @@ def _first_line_kind(start: bytes) -> str | None:
     first, second = (start.split(b"\n", 2) + [b"", b""])[:2]
     if first.startswith(b"<?xml"):
         first = second
-    match = re.fullmatch(rb"(?:# (.*)|<!-- (.*) -->)\r?", first)
+    match = re.fullmatch(rb"(?:# (.*?)|<!-- (.*?) -->)\r?", first)
     return _kind_in(match[1] or match[2]) if match else None
 
 

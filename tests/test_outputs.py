@@ -17,6 +17,7 @@ from conftest import MODEL_FILES, ROOT, one_line_error
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+from graphkit import ArchGraph
 from graphkit.cli import app
 from graphkit.fileio import (
     KINDS,
@@ -304,7 +305,10 @@ def test_a_summary_piped_into_notes_leaves_them_the_users(tiny_model, tmp_path):
 def test_a_graph_on_stdout_is_the_marked_document_trace_writes(tiny_model, tmp_path):
     """`trace -f json > g.json` is the graph `--out g.json` writes, so a later --out replaces it."""
     printed = run(["trace", tiny_model, "--format", "json"])
-    assert printed.exit_code == 0 and json.loads(printed.stdout)["graphkit"]["kind"] == "graph"
+    marked = json.loads(printed.stdout)
+    assert printed.exit_code == 0 and marked["graphkit"]["kind"] == "graph"
+    unmarked = json.dumps({key: value for key, value in marked.items() if key != "graphkit"})  # as before marks
+    assert ArchGraph.from_json(printed.stdout).to_dict() == ArchGraph.from_json(unmarked).to_dict()
     redirected = tmp_path / "g.json"
     redirected.write_text(printed.stdout)
     assert run(["trace", tiny_model, "--out", redirected]).exit_code == 0
