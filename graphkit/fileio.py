@@ -15,7 +15,7 @@ than after an hour of training. The rule for an existing path:
 
   =============  ===========================================================================
   JSON           a top-level ``"graphkit": {"kind": ..., "version": ...}`` key
-  safetensors    the header's metadata keys ``graphkit`` (the version) and ``graphkit_kind``
+  safetensors    the header's metadata key ``graphkit``, ``graphkit <version> <kind>``
   text           a first line ``# graphkit <version> <kind>``
   SVG            a first line ``<!-- graphkit <version> <kind> -->`` (second after ``<?xml ...?>``)
   PNG            a ``Software`` text chunk ``graphkit <version> <kind>`` before the image data
@@ -117,8 +117,6 @@ KINDS = {
 }
 #: the text of a mark: graphkit, its version, the kind
 _MARK_TEXT = re.compile(rf"{MARK} (\S+) ([a-z][a-z-]*)")
-#: the metadata key holding the kind in a safetensors header (beside ``graphkit``: the version)
-KIND_KEY = f"{MARK}_kind"
 #: the file, by folder kind, whose mark says what a folder graphkit writes holds (a dataset by
 #: its run file, named in graphkit's hidden namespace and written before anything else)
 FOLDER_MARKERS = {"dataset": ".graphkit-run.json", "hypernetwork": "config.json", "evaluation": "eval.json"}
@@ -190,11 +188,12 @@ def save_safetensors(
     tensors: Mapping[str, torch.Tensor], path: str | Path, kind: str, metadata: Mapping[str, str] | None = None
 ) -> Path:
     """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode (not
-    the 0600 safetensors gives), marked as graphkit's ``kind`` in the header's metadata beside
-    ``metadata`` (whose own ``graphkit`` or ``graphkit_kind`` is replaced)."""
+    the 0600 safetensors gives), marked as graphkit's ``kind`` in the header's metadata key
+    ``graphkit`` beside ``metadata`` (whose own ``graphkit`` is replaced; its ``graphkit_...``
+    keys are facts about the model, such as a conversion's, and are kept)."""
     from safetensors.torch import save_file  # noqa: PLC0415 (torch: the CLI imports fileio, --help must not wait)
 
-    header = {**(metadata or {}), MARK: version(), KIND_KEY: _known(kind)}
+    header = {**(metadata or {}), MARK: mark(kind)}
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=header)
     return Path(path)
@@ -266,10 +265,8 @@ def _safetensors_kind(f, head: bytes, size: int) -> str | None:
     except ValueError:
         return None
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(metadata, dict) or not isinstance(metadata.get(MARK), str):
-        return None
-    kind = metadata.get(KIND_KEY)
-    return kind if isinstance(kind, str) else None
+    stamp = metadata.get(MARK) if isinstance(metadata, dict) else None
+    return _kind_in(stamp) if isinstance(stamp, str) else None
 
 
 def _png_software(f) -> bytes:
@@ -394,7 +391,6 @@ __all__ = [
     "OutputError",
     "MARK",
     "KINDS",
-    "KIND_KEY",
     "FOLDER_MARKERS",
     "version",
     "mark",
