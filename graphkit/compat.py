@@ -121,4 +121,26 @@ def pyg_data() -> Any:
         return importlib.import_module("torch_geometric.data")
 
 
-__all__ = ["fx_flag", "aten_name", "op_schema", "call_arguments", "flatten_inputs", "skip_weight_init", "pyg_data"]
+def is_usage_error(error: BaseException) -> bool:
+    """Whether ``error`` is a malformed command line as typer's parser reports it (a value of the
+    wrong type or out of the choices, an unknown option or command, a missing argument): click's
+    ``UsageError``, which typer vendors as the private ``typer._click`` since 0.2x. The class is
+    found from the public ``typer.BadParameter``, its subclass, so no private module is named.
+    ``NoArgsIsHelpError``, a usage error by class that only signals "print the help", is not one
+    (typer itself tells it by name)."""
+    import typer  # noqa: PLC0415 (compat loads without the CLI's libraries)
+
+    usage = next((c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"), typer.BadParameter)
+    return isinstance(error, usage) and type(error).__name__ != "NoArgsIsHelpError"
+
+
+__all__ = [
+    "fx_flag",
+    "aten_name",
+    "op_schema",
+    "call_arguments",
+    "flatten_inputs",
+    "skip_weight_init",
+    "pyg_data",
+    "is_usage_error",
+]

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import MARK, atomic_path, check_output_file, figure_metadata, version
+from graphkit.fileio import check_output_file, marked_svg, save_figure, write_text_atomic
 from graphkit.ops import attention_kind, window_text
 
 
@@ -567,7 +567,6 @@ def _svg(scene: Scene) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{scene.width:.0f}" height="{scene.height:.0f}" '
         f'viewBox="0 0 {scene.width:.1f} {scene.height:.1f}" font-family="{_FONT}">',
-        f"<metadata>drawn by {MARK} {version()}</metadata>",
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
         '<rect width="100%" height="100%" fill="white"/>',
@@ -619,7 +618,8 @@ def _png_scale(scene: Scene) -> float | None:
 
 
 def _matplotlib(scene: Scene, path: Path, format: str) -> None:
-    """Draw the laid-out scene with matplotlib, one point per SVG unit (PNG at 1 to 2 pixels a point)."""
+    """Draw the laid-out scene with matplotlib to ``path``, one point per SVG unit (PNG at 1 to 2
+    pixels a point), atomically and marked as graphkit's drawing."""
     from matplotlib.figure import Figure  # not pyplot: a notebook's backend stays as it is
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     from matplotlib.path import Path as MplPath
@@ -689,7 +689,7 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
                 fontweight="bold" if style == "op" else "normal",
                 color="#111" if style == "op" else "#333",
             )
-    fig.savefig(path, format=format, dpi=72 * scale, facecolor="white", metadata=figure_metadata(format))
+    save_figure(fig, path, "drawing", dpi=72 * scale, facecolor="white")
 
 
 def draw(graph: GraphLike, path: str | Path, *, expand: bool = False) -> Drawing:
@@ -700,7 +700,7 @@ def draw(graph: GraphLike, path: str | Path, *, expand: bool = False) -> Drawing
     SVG, hovering a box shows its parameters' shapes. Graphviz's ``dot`` lays the graph out
     when installed, grandalf otherwise (``Drawing.layout`` says which).
     """
-    path = check_output_file(path, "draw path", SUFFIXES)
+    path = check_output_file(path, "draw path", SUFFIXES, kind="drawing")
     if not graph.nodes:
         raise DrawError(f"{path}: nothing to draw, the graph has no nodes")
     scene = build_scene(graph, expand)
@@ -712,11 +712,10 @@ def draw(graph: GraphLike, path: str | Path, *, expand: bool = False) -> Drawing
             f"with readable labels (at most {MAX_PNG_SIDE:,} pixels a side); write it as .svg or .pdf"
             + (", or fold its repeated blocks (without --expand)" if expand else "")
         )
-    with atomic_path(path) as tmp:
-        if suffix == ".svg":
-            tmp.write_text(_svg(scene))
-        else:
-            _matplotlib(scene, tmp, suffix[1:])
+    if suffix == ".svg":
+        write_text_atomic(path, marked_svg("drawing", _svg(scene)))
+    else:
+        _matplotlib(scene, path, suffix[1:])
     return Drawing(path=path, layout=scene.layout, boxes=len(scene.boxes), folded=len(scene.frames))
 
 

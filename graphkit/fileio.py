@@ -1,34 +1,63 @@
 """Writing files so that nothing is lost or half-written, and checking output paths before work.
 
 Every file graphkit writes appears complete or not at all: it is written to a uniquely named
-temporary file beside its final place and renamed over it. ``tempfile.mkstemp`` creates files
-with mode 0600 whatever the umask; :func:`atomic_path` gives the final file the mode a plain
-``open(path, "w")`` would (0666 less the umask), so datasets and weights stay readable by the
-group and the Hub's tooling.
+temporary file beside its final place and renamed over it. ``tempfile.mkstemp`` (and
+safetensors' own ``save_file``) create files with mode 0600 whatever the umask;
+:func:`atomic_path` gives the final file the mode a plain ``open(path, "w")`` would (0666 less
+the umask), so datasets and weights stay readable by the group and the Hub's tooling.
 
 Output paths are checked where they enter (:func:`check_output_file`,
 :func:`check_output_dir`), before any long work, so a bad ``--out`` fails in a second rather
-than after an hour of training. An existing file is overwritten only when graphkit wrote it
-(:func:`written_by_graphkit`): every file graphkit writes carries its mark (a graph's JSON
-keys, a ``graphkit`` key in a safetensors header, the ``Software`` / ``Creator`` field of a
-figure, a summary's closing ``fingerprint`` line), so ``--out model.py`` or ``--out
-pretrained.safetensors`` never replaces a user's file.
+than after an hour of training. The rule for an existing path:
+
+- A file is graphkit's only when graphkit can prove it wrote it: a mark, naming graphkit, its
+  version and the file's kind, at a fixed place in the format itself (:func:`graphkit_kind`):
+
+  =============  ===========================================================================
+  JSON           a top-level ``"graphkit": {"kind": ..., "version": ...}`` key
+  safetensors    the header's metadata key ``graphkit``, ``graphkit <version> <kind>``
+  text           a first line ``# graphkit <version> <kind>``
+  SVG            a first line ``<!-- graphkit <version> <kind> -->`` (second after ``<?xml ...?>``)
+  PNG            a ``Software`` text chunk ``graphkit <version> <kind>`` before the image data
+  PDF            the document information's ``Creator``, ``graphkit <version> <kind>``
+  =============  ===========================================================================
+
+  Nothing else counts: not a graph's ``nodes`` / ``edges`` keys, which any JSON can hold, nor
+  a trailing ``fingerprint`` line, which a user can paste into their notes. Files written by a
+  graphkit from before these marks carry none and are refused like a user's.
+- A command replaces only a file of the kind it writes (:data:`KINDS`): ``trace --out`` over
+  compiled weights, ``predict --out`` over a graph or ``compile --out`` over a drawing is
+  refused, naming both kinds. Each command's weights are their own kind, so ``predict`` never
+  replaces the weights ``compile`` or ``convert`` wrote, which may hold a trained model.
+- A symbolic link, live or dangling, is refused: replacing it would either write through to
+  a file elsewhere or silently turn the link into a file.
+- Anything that is not a regular file (a folder, a device, a pipe) is refused.
+
+Folders follow the same rule (:func:`check_output_dir`): a symbolic link is refused, and a
+folder whose marked files say it holds another kind of graphkit output (:func:`folder_kind`)
+is refused, naming both kinds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from graphkit.errors import GraphkitError
+
+if TYPE_CHECKING:
+    import torch
+    from matplotlib.figure import Figure
 
 
 class OutputError(GraphkitError):
@@ -67,13 +96,33 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
-#: the mark every file graphkit writes carries (see the module docstring)
+#: the name every mark starts with (see the module docstring)
 MARK = "graphkit"
-_FINGERPRINT_LINE = re.compile(rb"fingerprint [0-9a-f]{32}\s*$")
-#: JSON files graphkit writes, by the keys they hold: a graph (``trace --out``), an evaluation
-_JSON_KEYS = ({"nodes", "edges", "meta"}, {"config", "summary", "rows"})
-#: files larger than this are never graphkit's JSON or text, and are not read whole to find out
-_MAX_TEXT = 256 << 20
+#: what graphkit writes, by the kind its mark records: a command replaces only its own kind,
+#: and a refusal names both with these words
+KINDS = {
+    "graph": "a graph",  # trace --out (JSON)
+    "summary": "a graph summary",  # trace --format text --out
+    "drawing": "a drawing",  # draw
+    "histogram": "a parameter-count histogram",  # stats --png
+    "weights": "weights",  # graphkit.params.save_params called from Python
+    "predicted-weights": "predicted weights",  # predict --out
+    "converted-weights": "converted weights",  # convert --out
+    "compiled-weights": "compiled weights",  # compile --out
+    "evaluation": "an evaluation",  # eval-ghn: eval.json, and the folder holding it
+    "evaluation-figure": "an evaluation figure",  # eval-ghn: eval.png
+    "hypernetwork": "a hypernetwork checkpoint",  # train-ghn: its files, and the folder holding them
+    "training-figure": "a training-metrics figure",  # train-ghn: metrics.png
+    "dataset": "a dataset",  # generate: the folder
+}
+#: the text of a mark: graphkit, its version, the kind
+_MARK_TEXT = re.compile(rf"{MARK} (\S+) ([a-z][a-z-]*)")
+#: the file, by folder kind, whose mark says what a folder graphkit writes holds (a dataset by
+#: its run file, named in graphkit's hidden namespace and written before anything else)
+FOLDER_MARKERS = {"dataset": ".graphkit-run.json", "hypernetwork": "config.json", "evaluation": "eval.json"}
+#: files larger than this are never graphkit's JSON, and are not read whole to find out
+_MAX_JSON = 256 << 20
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def version() -> str:
@@ -84,47 +133,144 @@ def version() -> str:
         return "unknown"
 
 
-def figure_metadata(format: str) -> dict[str, str]:
-    """The ``savefig(metadata=...)`` that marks a matplotlib figure as graphkit's."""
-    mark = f"{MARK} {version()}"
-    return {"png": {"Software": mark}, "pdf": {"Creator": mark}, "svg": {"Creator": mark}}.get(format.lower(), {})
+def _known(kind: str) -> str:
+    """``kind``, which must be one of :data:`KINDS` (another is a bug in graphkit, not bad input)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of output {kind!r}; known: {', '.join(KINDS)}")
+    return kind
 
 
-def written_by_graphkit(path: str | Path) -> bool:
-    """Whether the file at ``path`` carries graphkit's mark (so graphkit may replace it)."""
+def mark(kind: str) -> str:
+    """The mark of a file of ``kind`` (one of :data:`KINDS`): ``graphkit <version> <kind>``."""
+    return f"{MARK} {version()} {_known(kind)}"
+
+
+def marked_text(kind: str, text: str) -> str:
+    """``text`` behind the leading comment line ``# graphkit <version> <kind>`` that proves it
+    graphkit's (a trailing line would not: a user can paste output at the end of their notes)."""
+    return f"# {mark(kind)}\n{text}"
+
+
+def marked_json(kind: str, value: Mapping[str, Any], **dumps: Any) -> str:
+    """``value`` (a JSON object) as JSON text with the top-level key ``"graphkit": {"kind": kind,
+    "version": ...}`` first (replacing any it had); ``dumps`` go to ``json.dumps``."""
+    fields = {key: item for key, item in value.items() if key != MARK}
+    return json.dumps({MARK: {"kind": _known(kind), "version": version()}, **fields}, **dumps)
+
+
+def marked_svg(kind: str, svg: str) -> str:
+    """The SVG document ``svg`` with the comment ``<!-- graphkit <version> <kind> -->`` as its
+    first line, or its second after an XML declaration (which must come first)."""
+    comment = f"<!-- {mark(kind)} -->\n"
+    if svg.startswith("<?xml"):
+        declaration, _, rest = svg.partition("\n")
+        return f"{declaration}\n{comment}{rest}"
+    return comment + svg
+
+
+def save_figure(figure: Figure, path: str | Path, kind: str, **savefig: Any) -> Path:
+    """Save a matplotlib figure atomically in the format of ``path``'s extension (.png, .svg or
+    .pdf), marked as graphkit's ``kind``; ``savefig`` go to ``Figure.savefig`` (dpi, facecolor)."""
     path = Path(path)
-    suffix = path.suffix.lower()
+    format = path.suffix[1:].lower()
+    with atomic_path(path) as tmp:
+        if format == "svg":
+            text = io.StringIO()
+            figure.savefig(text, format="svg", **savefig)
+            tmp.write_text(marked_svg(kind, text.getvalue()))
+        else:
+            field = {"png": "Software", "pdf": "Creator"}[format]
+            figure.savefig(tmp, format=format, metadata={field: mark(kind)}, **savefig)
+    return path
+
+
+def save_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str | Path, kind: str, metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode (not
+    the 0600 safetensors gives), marked as graphkit's ``kind`` in the header's metadata key
+    ``graphkit`` beside ``metadata`` (whose own ``graphkit`` is replaced; its ``graphkit_...``
+    keys are facts about the model, such as a conversion's, and are kept)."""
+    from safetensors.torch import save_file  # noqa: PLC0415 (torch: the CLI imports fileio, --help must not wait)
+
+    header = {**(metadata or {}), MARK: mark(kind)}
+    with atomic_path(path) as tmp:
+        save_file(dict(tensors), str(tmp), metadata=header)
+    return Path(path)
+
+
+def graphkit_kind(path: str | Path) -> str | None:
+    """The kind recorded in the mark of the file at ``path`` (see the module docstring), or None
+    when it carries none: a user's file, a file from a graphkit before marks, no regular file."""
+    if not Path(path).is_file():  # a pipe or a device is never opened: reading could block
+        return None
     try:
         with open(path, "rb") as f:
-            if suffix == ".safetensors":
-                size = struct.unpack("<Q", f.read(8))[0]
-                header = json.loads(f.read(size)) if 1 < size < 100_000_000 else None
-                metadata = header.get("__metadata__") if isinstance(header, dict) else None
-                return isinstance(metadata, dict) and any(str(key).startswith(MARK) for key in metadata)
-            if suffix == ".png":
-                return _png_software(f).startswith(MARK.encode())
-            if suffix in (".svg", ".pdf"):
-                head = f.read(1 << 16)
-                f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 16)))
-                return MARK.encode() in head + f.read()
-            if os.fstat(f.fileno()).st_size > _MAX_TEXT:
-                return False
-            data = f.read()
-    except (OSError, ValueError, struct.error):
-        return False
-    if suffix == ".json":
-        try:
-            value = json.loads(data)
-        except ValueError:
-            return False
-        return isinstance(value, dict) and any(keys <= value.keys() for keys in _JSON_KEYS)
-    return bool(_FINGERPRINT_LINE.search(data))
+            head = f.read(8)
+            if head == _PNG_SIGNATURE:
+                return _kind_in(_png_software(f))
+            if head.startswith(b"%PDF-"):
+                return _kind_in(_pdf_creator(f))
+            size = os.fstat(f.fileno()).st_size
+            kind = _safetensors_kind(f, head, size)
+            f.seek(0)
+            if kind is not None or size > _MAX_JSON:
+                return kind
+            start = f.read(4096)
+            if start.lstrip().startswith(b"{"):
+                return _json_kind(start + f.read())
+    except OSError:
+        return None
+    return _first_line_kind(start)
+
+
+def _first_line_kind(start: bytes) -> str | None:
+    """The kind in the comment that opens a text or SVG file (``start``: its first bytes)."""
+    first, second = (start.split(b"\n", 2) + [b"", b""])[:2]
+    if first.startswith(b"<?xml"):
+        first = second
+    match = re.fullmatch(rb"(?:# (.*?)|<!-- (.*?) -->)\r?", first)
+    return _kind_in(match[1] or match[2]) if match else None
+
+
+def _kind_in(text: bytes | str) -> str | None:
+    """The kind in a mark's text (``graphkit <version> <kind>``), or None if it is not one."""
+    if isinstance(text, bytes):
+        text = text.decode("latin-1")
+    match = _MARK_TEXT.fullmatch(text)
+    return match[2] if match else None
+
+
+def _json_kind(data: bytes) -> str | None:
+    """The kind of a JSON document's top-level ``graphkit`` key, or None."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    stamp = value.get(MARK) if isinstance(value, dict) else None
+    kind = stamp.get("kind") if isinstance(stamp, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _safetensors_kind(f, head: bytes, size: int) -> str | None:
+    """The kind in a safetensors header's metadata (``head``: the file's first 8 bytes), or None
+    when the file is not safetensors or its metadata carries no kind."""
+    if len(head) < 8:
+        return None
+    length = struct.unpack("<Q", head)[0]
+    if not 2 <= length <= min(size - 8, 100_000_000):
+        return None
+    try:
+        header = json.loads(f.read(length))
+    except ValueError:
+        return None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    stamp = metadata.get(MARK) if isinstance(metadata, dict) else None
+    return _kind_in(stamp) if isinstance(stamp, str) else None
 
 
 def _png_software(f) -> bytes:
-    """The ``Software`` text of an open PNG file (b"" when it has none, or is not a PNG)."""
-    if f.read(8) != b"\x89PNG\r\n\x1a\n":
-        return b""
+    """The ``Software`` text of an open PNG file past its signature (b"" when it has none)."""
     while True:
         head = f.read(8)
         if len(head) < 8:
@@ -138,6 +284,25 @@ def _png_software(f) -> bytes:
             return data[len(b"Software\x00") :]
 
 
+def _pdf_creator(f) -> bytes:
+    """The ``Creator`` of an open PDF's document information: the dictionary the last trailer's
+    ``/Info`` names, found in the last 64 KB (where matplotlib writes it); b"" when there is none."""
+    f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 16)))
+    tail = f.read()
+    info = re.findall(rb"/Info (\d+) 0 R", tail)
+    if not info:
+        return b""
+    objects = re.findall(rb"(?:^|[\r\n])" + info[-1] + rb" 0 obj\s*<<(.*?)>>\s*endobj", tail, re.S)
+    creator = re.search(rb"/Creator \(([^()\\]*)\)", objects[-1]) if objects else None
+    return creator[1] if creator else b""
+
+
+def describe_kind(kind: str, article: bool = True) -> str:
+    """The words for ``kind`` in a message: "a graph", or without ``article`` "graph"."""
+    words = KINDS.get(kind, f"a {kind} file")
+    return words if article else re.sub(r"^(a|an) ", "", words)
+
+
 def _check_parents(path: Path, what: str) -> None:
     for parent in path.absolute().parents:
         if parent.exists():
@@ -146,13 +311,25 @@ def _check_parents(path: Path, what: str) -> None:
             return
 
 
-def check_output_file(path: str | Path, what: str = "--out", suffixes: tuple[str, ...] = ()) -> Path:
-    """Check that a file can be written at ``path`` before any work: it has a name, is not a
-    folder, does not lie under a file, is not a Python file, ends in one of ``suffixes`` (if
-    given), and is either new or a file graphkit wrote (:func:`written_by_graphkit`)."""
-    path = Path(path)
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        state = "" if path.exists() else " (dangling)"
+        raise OutputError(
+            f"{what} {path}: is a symbolic link{state}; graphkit never writes through or over a link "
+            "(give the path it points to, or another name)"
+        )
+
+
+def check_output_file(path: str | Path, what: str = "--out", suffixes: tuple[str, ...] = (), *, kind: str) -> Path:
+    """Check that a file of ``kind`` (one of :data:`KINDS`) can be written at ``path`` before any
+    work: it has a name, is not a symbolic link, a folder or a Python file, does not lie under a
+    file, ends in one of ``suffixes`` (if given), and is either new or a regular file whose mark
+    proves it graphkit's ``kind`` (:func:`graphkit_kind`); an OutputError naming ``what`` and
+    ``path`` otherwise, the file untouched."""
+    path, kind = Path(path), _known(kind)
     if path.name in ("", ".", ".."):
         raise OutputError(f"{what} {path}: needs a file name")
+    _refuse_link(path, what)
     if path.is_dir():
         raise OutputError(f"{what} {path}: is a folder; give a file name")
     if path.suffix.lower() == ".py":
@@ -162,32 +339,71 @@ def check_output_file(path: str | Path, what: str = "--out", suffixes: tuple[str
             f"{what} {path}: unsupported extension {path.suffix or '(none)'!r}; accepted: {', '.join(suffixes)}"
         )
     _check_parents(path, what)
-    if path.exists() and not written_by_graphkit(path):
+    if not path.exists():
+        return path
+    if not path.is_file():
+        raise OutputError(f"{what} {path}: is not a regular file; refusing to write over it")
+    found = graphkit_kind(path)
+    if found is None:
         raise OutputError(
             f"{what} {path}: exists and was not written by graphkit; refusing to overwrite it "
             "(remove it, or choose another name)"
         )
+    if found != kind:
+        raise OutputError(
+            f"{what} {path}: holds graphkit's {describe_kind(found, article=False)}, not {describe_kind(kind)}; "
+            "refusing to replace it (remove it, or choose another name)"
+        )
     return path
 
 
-def check_output_dir(path: str | Path, what: str = "--out") -> Path:
-    """Check that ``path`` can be a folder graphkit writes into: it is one already or can be made
-    (it is not a file and does not lie under a file)."""
+def folder_kind(path: str | Path) -> str | None:
+    """What the folder ``path`` holds by graphkit's marks (a kind of :data:`FOLDER_MARKERS`), or
+    None: a new or empty folder, a user's, or one from a graphkit before marks."""
     path = Path(path)
+    for kind, name in FOLDER_MARKERS.items():
+        marker = path / name
+        if marker.is_file() if kind == "dataset" else graphkit_kind(marker) == kind:
+            return kind
+    return None
+
+
+def check_output_dir(path: str | Path, what: str = "--out", *, kind: str | None = None) -> Path:
+    """Check that ``path`` can be a folder graphkit writes into: it is not a symbolic link, is a
+    folder already or can be made (it is not a file and does not lie under a file), and, with
+    ``kind``, does not hold another kind of graphkit output (:func:`folder_kind`)."""
+    path = Path(path)
+    kind = kind if kind is None else _known(kind)
+    _refuse_link(path, what)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path}: is a file, not a folder")
     _check_parents(path, what)
+    found = folder_kind(path) if kind is not None else None
+    if found not in (None, kind):
+        raise OutputError(
+            f"{what} {path}: holds graphkit's {describe_kind(found, article=False)}, not {describe_kind(kind)}; "
+            "refusing to write into it (choose another folder)"
+        )
     return path
 
 
 __all__ = [
     "OutputError",
     "MARK",
+    "KINDS",
+    "FOLDER_MARKERS",
     "version",
+    "mark",
+    "marked_text",
+    "marked_json",
+    "marked_svg",
     "atomic_path",
     "write_text_atomic",
+    "save_figure",
+    "save_safetensors",
     "check_output_file",
     "check_output_dir",
-    "written_by_graphkit",
-    "figure_metadata",
+    "graphkit_kind",
+    "folder_kind",
+    "describe_kind",
 ]

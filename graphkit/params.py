@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from graphkit.errors import GraphkitError
-from graphkit.fileio import MARK, atomic_path, check_output_file, version
+from graphkit.fileio import check_output_file, save_safetensors
 
 Params = Mapping[str, torch.Tensor]
 
@@ -124,11 +123,13 @@ def read_params(path: str | Path, *, tensors: bool = True) -> tuple[dict[str, to
         raise ParamsError(f"{path}: not a safetensors file, or truncated ({' '.join(str(e).split())})") from e
 
 
-def check_params_output(path: str | Path, what: str = "--out") -> Path:
-    """Check, before any work, that a parameter file can be written at ``path``: a file name,
-    not a folder, not under a file, and new or a safetensors file graphkit wrote (a model file,
-    a downloaded checkpoint or anything else graphkit did not write is never overwritten)."""
-    return check_output_file(path, what)
+def check_params_output(path: str | Path, what: str = "--out", *, kind: str = "weights") -> Path:
+    """Check, before any work, that a parameter file of ``kind`` (weights, or the
+    predicted-, converted- or compiled-weights its command writes) can be written at ``path``:
+    a file name, not a folder or a link, not under a file, and new or a file whose mark says
+    graphkit wrote it as ``kind`` (a model file, a downloaded checkpoint, anything else graphkit
+    did not write and another command's weights are never overwritten)."""
+    return check_output_file(path, what, kind=kind)
 
 
 def persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -144,13 +145,16 @@ def save_params(
     *,
     config: Mapping[str, Any] | None = None,
     metadata: Mapping[str, str] | None = None,
+    kind: str = "weights",
 ) -> Path:
     """Write a model's parameters (tied ones once, under the name ``named_parameters`` gives)
-    and persistent buffers to a safetensors file, atomically. ``config`` goes into its metadata
-    as ``graphkit_config``, ``metadata`` as given. ``path`` is checked as
-    :func:`check_params_output` does: a folder or a file other than safetensors is refused."""
+    and persistent buffers to a safetensors file, atomically, marked as graphkit's ``kind``
+    (:func:`graphkit.fileio.save_safetensors`). ``config`` goes into its metadata as
+    ``graphkit_config``, ``metadata`` as given. ``path`` is checked as
+    :func:`check_params_output` does: a folder or a file that is not graphkit's ``kind`` is
+    refused."""
 
-    path = check_params_output(path, "parameter file")
+    path = check_params_output(path, "parameter file", kind=kind)
     tensors = (
         {**dict(model.named_parameters()), **persistent_buffers(model)} if isinstance(model, nn.Module) else dict(model)
     )
@@ -158,13 +162,10 @@ def save_params(
         raise ParamsError(f"{path}: the model is on the meta device and has no values to save")
     tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     metadata = {
-        MARK: version(),
         **(metadata or {}),
         **({"graphkit_config": json.dumps(dict(config), sort_keys=True)} if config is not None else {}),
     }
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-    return path
+    return save_safetensors(tensors, path, kind, metadata)
 
 
 def _check_value(source: str, what: str, name: str, tensor: torch.Tensor, expected: torch.Tensor) -> None:

@@ -183,3 +183,11 @@ def vit_graph():
 def gpt2_graph():
 
     return graphkit.trace(gpt2())
+
+
+def one_line_error(result) -> str:
+    """The one ``error:`` line a failed CLI run (exit code 1) printed on stderr."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]

@@ -39,7 +39,8 @@ def test_trace_writes_json_and_prints_summary(tmp_path):
 def test_trace_text_format_and_json_to_stdout(tmp_path):
     out = tmp_path / "g.txt"
     assert run("trace", ROOT / "examples" / "llama_block.py", "-o", out, "-f", "text").exit_code == 0
-    assert out.read_text().startswith("TinyLlama (custom)")
+    mark, summary = out.read_text().split("\n", 1)  # the mark that proves the file graphkit's, then the summary
+    assert mark.startswith("# graphkit ") and mark.endswith(" summary") and summary.startswith("TinyLlama (custom)")
     result = run("trace", ROOT / "examples" / "llama_block.py", "--format", "json")
     assert ArchGraph.from_json(result.stdout).meta["model_class"].endswith("TinyLlama")
 

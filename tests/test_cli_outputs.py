@@ -1,25 +1,32 @@
 """What the commands write and print: every --out checked before any work, no file
 graphkit did not write overwritten, a model source never an output, `ls` whole when piped and as
-CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, and a `--help`
-that does not wait for torch."""
+CSV or JSON, a warning when `predict` leaves its hypernetwork's training space, a malformed
+command line (a value of the wrong type, an unknown option or command) in one line, and a
+`--help` that does not wait for torch. test_outputs.py holds the rule for outputs, command by
+command and kind by kind."""
 
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import subprocess
 import sys
+import typing
 
 import pytest
 import torch
-from conftest import MODEL_FILES, ROOT
+import typer
+from conftest import MODEL_FILES, ROOT, one_line_error
+from rich.console import Console
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from graphkit import ArchGraph
 from graphkit.cli import app
-from graphkit.fileio import written_by_graphkit
+from graphkit.cli import datasets as datasets_cli
+from graphkit.fileio import graphkit_kind
 
 runner = CliRunner()
 VIT = ROOT / "examples" / "vit_tiny_cifar.py"
@@ -28,13 +35,6 @@ TINY = ROOT / "tests" / "recipes" / "tiny-vits.json"
 
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_trace_never_writes_over_the_model_source(tmp_path):
@@ -74,12 +74,12 @@ def test_trace_checks_its_output_before_the_model_runs(tmp_path, target, message
     ).read_text() == '{"my": "settings"}'
 
 
-@pytest.mark.parametrize("name, fmt", [("graph.json", "json"), ("summary.txt", "text")])
-def test_trace_replaces_what_it_wrote(tmp_path, name, fmt):
+@pytest.mark.parametrize("name, fmt, kind", [("graph.json", "json", "graph"), ("summary.txt", "text", "summary")])
+def test_trace_replaces_what_it_wrote(tmp_path, name, fmt, kind):
     out = tmp_path / name
     for _ in range(2):
         assert run("trace", VIT, "--out", out, "--format", fmt).exit_code == 0
-    assert written_by_graphkit(out)
+    assert graphkit_kind(out) == kind
     if fmt == "json":
         ArchGraph.from_json(out.read_text()).validate()
     else:
@@ -93,7 +93,7 @@ def test_draw_replaces_its_own_pictures_and_no_one_elses(tmp_path, suffix, monke
     ours, theirs = tmp_path / f"ours{suffix}", tmp_path / f"theirs{suffix}"
     for _ in range(2):
         assert run("draw", VIT, "--out", ours).exit_code == 0, "a second drawing replaces the first"
-    assert written_by_graphkit(ours)
+    assert graphkit_kind(ours) == "drawing"
     picture = ours.read_bytes().replace(b"graphkit", b"someone")  # the same picture, another author
     theirs.write_bytes(picture)
     assert one_line_error(run("draw", VIT, "--out", theirs)).endswith(
@@ -116,7 +116,7 @@ def test_parameter_outputs_never_replace_a_checkpoint_graphkit_did_not_write(tmp
     ours = tmp_path / "predicted.safetensors"
     for _ in range(2):
         assert run("predict", VIT, "--out", ours).exit_code == 0
-    assert written_by_graphkit(ours)
+    assert graphkit_kind(ours) == "predicted-weights"
 
 
 def test_generate_refuses_a_recipe_with_a_ratio_for_mlp_before_making_a_folder(tmp_path):
@@ -145,6 +145,20 @@ def test_ls_prints_whole_values_when_piped(long_ids):
     assert result.exit_code == 0
     ids = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("a-dataset")]
     assert sorted(ids) == [f"a-dataset-name-well-past-eighty-columns-wide-{i:05d}" for i in range(4)]
+    assert "…" not in result.stdout
+
+
+def test_ls_keeps_every_column_and_value_on_a_narrow_terminal(long_ids, monkeypatch):
+    """At 60 columns Rich dropped the kv column and cut ids and parameter counts."""
+    monkeypatch.setattr(datasets_cli, "console", Console(width=60, force_terminal=True, color_system=None))
+    result = run("ls", long_ids)
+    assert result.exit_code == 0
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["id", "family", "split", "layers", "hidden", "heads", "kv", "attn", "params", "nodes"]
+    records = json.loads(run("ls", long_ids, "--format", "json").stdout)
+    for line, record in zip(rows, records, strict=False):
+        assert line.split()[0] == record["id"] and line.split()[6] == str(record["kv_heads"])
+        assert line.split()[8] == f"{record['num_params']:,}"
     assert "…" not in result.stdout
 
 
@@ -210,3 +224,52 @@ def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     # grown: every coordinate of the stream is a copy of one of the twin's 512
     weight = a["patch_embed.proj.weight"]
     torch.testing.assert_close(weight[512:], weight[:256])
+
+
+def _numeric_options():
+    """(command, option) for every int or float option of every command, read from the commands'
+    signatures, so that an option added later is checked too."""
+    for info in app.registered_commands:
+        hints = typing.get_type_hints(info.callback)
+        for name, parameter in inspect.signature(info.callback).parameters.items():
+            types = {hints[name], *typing.get_args(hints[name])}
+            if types & {int, float} and isinstance(parameter.default, typer.models.OptionInfo):
+                yield info.name or info.callback.__name__, parameter.default.param_decls[0]
+
+
+NUMERIC_OPTIONS = list(_numeric_options())
+
+
+def test_every_command_has_numeric_options_to_check():
+    assert {("convert", "--kv-rank"), ("convert", "--kv-heads"), ("train-ghn", "--steps")} <= set(NUMERIC_OPTIONS)
+    assert ("convert", "--rope-dims") in NUMERIC_OPTIONS and ("eval-ghn", "--lr") in NUMERIC_OPTIONS
+
+
+@pytest.mark.parametrize("command, option", NUMERIC_OPTIONS)
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_option(command, option):
+    """Click's usage box (usage, hint, a framed message) was typer's answer to `--kv-rank x`."""
+    result = run(command, option, "x")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: Invalid value for '{option}'") and "should be a valid" in line, line
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["ls", "DIR", "--format", "xml"], "error: Invalid value for '--format' / '-f': Value error, 'xml' is not one"),
+        (["trce"], "error: No such command 'trce'. Did you mean 'trace'?"),
+        (["--nope", "ops"], "error: No such option: --nope"),
+        (["trace", "m.py", "--outt", "g.json"], "error: No such option: --outt"),
+        (["ls"], "error: Missing argument 'path'"),
+    ],
+)
+def test_every_malformed_command_line_is_one_line(args, message):
+    result = run(*args)
+    assert result.exit_code == 2 and result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_help_still_answers_without_an_error():
+    assert run("convert", "--help").exit_code == 0
+    bare = run()  # no command: the help, as before
+    assert "Usage" in bare.output and "error:" not in bare.output

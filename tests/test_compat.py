@@ -8,10 +8,13 @@ import warnings
 
 import pytest
 import torch
+from typer.core import TyperGroup
+from typer.main import get_command
 
 import graphkit
 from graphkit import compat
 from graphkit.attention import ConvertError, convert
+from graphkit.cli import app
 from graphkit.compat import aten_name, fx_flag, skip_weight_init
 from graphkit.families import build_model
 from tests.conftest import gpt2, llama, meta, timm_vit
@@ -125,3 +128,17 @@ def test_pyg_import_hides_the_torch_jit_warning_of_every_torch_release(category,
         imported = compat.pyg_data()
     assert imported == "torch_geometric.data"
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+def test_usage_errors_are_told_from_the_public_bad_parameter():
+    """typer vendors click as the private typer._click; the errors its parser raises are told
+    apart without naming it, and the bare command's help signal is not one of them."""
+    raised = {}
+    for name, args in {"unknown option": ["--nope"], "no arguments": []}.items():
+        try:
+            TyperGroup.make_context(get_command(app), "graphkit", args)  # the parser, without the CLI's handling
+        except Exception as e:
+            raised[name] = e
+    assert compat.is_usage_error(raised["unknown option"]) and "--nope" in raised["unknown option"].format_message()
+    assert type(raised["no arguments"]).__name__ == "NoArgsIsHelpError"
+    assert not compat.is_usage_error(raised["no arguments"]) and not compat.is_usage_error(ValueError("a bug"))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -13,15 +14,55 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
+from graphkit.compat import is_usage_error
 from graphkit.errors import GraphkitError
-from graphkit.fileio import check_output_file, write_text_atomic
+from graphkit.fileio import check_output_file, marked_json, marked_text, write_text_atomic
+
+errors = Console(stderr=True)
+
+
+def print_error(text: str) -> None:
+    """The one red ``error:`` line on stderr every failure prints."""
+    errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    """A malformed command line raised in the block (see :func:`graphkit.compat.is_usage_error`)
+    becomes one error line and its exit code (2), as Click's message says it: the option and
+    what it accepts ("Invalid value for '--kv-rank': Input should be a valid integer ...")."""
+    try:
+        yield
+    except Exception as e:
+        if not is_usage_error(e):
+            raise
+        print_error(e.format_message().rstrip("."))
+        raise typer.Exit(e.exit_code) from None
+
+
+class OneLineUsageErrors(TyperGroup):
+    """Typer's command group, with every malformed command line (a non-integer ``--kv-rank``,
+    a ``--format`` out of its choices, an unknown option or command) answered in one line like
+    every other bad option, not Click's usage box: the group's own options are parsed in
+    ``make_context``, a command's (and the command's name) in ``invoke``."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _usage_errors_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
 
 if TYPE_CHECKING:
     from graphkit.graph import ArchGraph
     from graphkit.modelfile import ModelFile
 
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     name="graphkit",
     help="Neural-network architectures as data and back: trace models into computation graphs, "
     "build graph datasets, predict parameters, compile graphs into models.",
@@ -31,7 +72,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 console = Console()
-errors = Console(stderr=True)
 _state = {"debug": False}
 
 
@@ -55,8 +95,9 @@ def command(fn: Callable) -> Callable:
             if _state["debug"]:
                 raise
             known = isinstance(e, GraphkitError)
-            text = str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
-            errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
+            print_error(
+                str(e) if known else f"unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)"
+            )
             raise typer.Exit(1) from None
 
     return wrapper
@@ -126,21 +167,20 @@ def trace(
     """
     from graphkit.sources import load_model_source
 
-    if out is not None:
-        check_output_file(out, "--out")  # before the model runs: a bad --out costs nothing
-    _, graph = trace_loaded(load_model_source(model, weights=False), fold_repeats=fold)
     fmt = format or (GraphFormat.json if out else GraphFormat.text)
-    text = (
-        graph.to_json(indent=1)
-        if fmt is GraphFormat.json
-        else f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
-    )
+    if out is not None:  # before the model runs: a bad --out costs nothing
+        check_output_file(out, "--out", kind="graph" if fmt is GraphFormat.json else "summary")
+    _, graph = trace_loaded(load_model_source(model, weights=False), fold_repeats=fold)
+    if fmt is GraphFormat.json:  # the same marked document on stdout and in --out
+        text = marked_json("graph", graph.to_dict(), indent=1)
+    else:  # marked as graphkit's in --out only: a summary piped or appended into notes stays theirs
+        text = f"{graph.summary()}\nfingerprint {graph.fingerprint()}\n"
     if out is None and fmt is GraphFormat.json:
         print(text)
         return
     print_graph(graph)
     if out is not None:
-        write_text_atomic(out, text)
+        write_text_atomic(out, text if fmt is GraphFormat.json else marked_text("summary", text))
         console.print(f"wrote {out}")
 
 
@@ -170,7 +210,7 @@ def draw(
     from graphkit.draw import SUFFIXES
     from graphkit.draw import draw as draw_graph
 
-    check_output_file(out, "--out", SUFFIXES)
+    check_output_file(out, "--out", SUFFIXES, kind="drawing")
     path = Path(source)
     if record_id is None:
         if path.is_dir() and not (path / "config.json").is_file():
@@ -298,7 +338,7 @@ def convert(
     from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
 
-    check_params_output(out)
+    check_params_output(out, kind="converted-weights")
     options = {
         name: value
         for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
@@ -347,7 +387,7 @@ def convert(
         )
         metadata = conversion_metadata(model)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata=metadata)
+    save_params(model, out, metadata=metadata, kind="converted-weights")
     after = kv_cache_bytes(model)
     console.print(
         f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",

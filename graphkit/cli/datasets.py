@@ -17,7 +17,7 @@ from rich.table import Table
 
 from graphkit.cli.app import app, command, console, errors, print_graph
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, check_output_file, figure_metadata
+from graphkit.fileio import check_output_file, save_figure
 
 if TYPE_CHECKING:
     from graphkit.datasets.dataset import GraphDataset
@@ -194,7 +194,7 @@ def list_records(
     max_params: Optional[int] = typer.Option(None, "--max-params", help="At most this many parameters."),
     limit: int = typer.Option(20, "--limit", help="Rows to show (0: all)."),
     format: ListFormat = typer.Option(
-        ListFormat.table, "--format", "-f", help="table (full values when piped), csv or json (a list of records)."
+        ListFormat.table, "--format", "-f", help="table (every value whole), csv or json (a list of records)."
     ),
 ) -> None:
     """List the records of a dataset, filtered."""
@@ -226,12 +226,10 @@ def list_records(
         )
     for row in shown.itertuples(index=False):
         table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
-    # a terminal gets the table at its width; a pipe or a file gets every value whole
-    out = (
-        console
-        if console.is_terminal
-        else Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
-    )
+    # every column and every value whole, on a terminal too: fitted to a narrow terminal, Rich cut
+    # ids (which `show` needs whole) and numbers and dropped the kv column; a terminal narrower
+    # than the table wraps its lines instead
+    out = Console(width=Console(width=1 << 16).measure(table).maximum, highlight=False)
     out.print(table)
     out.print(f"{len(shown)} of {len(frame):,} matching records", highlight=False)
 
@@ -265,7 +263,9 @@ def stats(
 
     if not 1 <= bins <= MAX_BINS:
         raise GraphkitError(f"--bins must be in 1..{MAX_BINS}, got {bins}")
-    png = check_output_file(png or Path(f"{path.resolve().name}-params.png"), "--png", FIGURE_SUFFIXES)
+    png = check_output_file(
+        png or Path(f"{path.resolve().name}-params.png"), "--png", FIGURE_SUFFIXES, kind="histogram"
+    )
     frame = _load_warning_if_incomplete(path).metadata()
     if frame.empty:
         raise GraphkitError(f"{path}: holds no records")
@@ -304,8 +304,7 @@ def _plot_params(params, bins: int, png: Path, title: str) -> None:
     ax.set_title(title)
     fig.tight_layout()
     try:
-        with atomic_path(png) as tmp:
-            fig.savefig(tmp, format=png.suffix[1:].lower(), metadata=figure_metadata(png.suffix[1:]))
+        save_figure(fig, png, "histogram")
     finally:
         plt.close(fig)
 
@@ -336,7 +335,7 @@ def compile_record(
     from graphkit.errors import GraphkitError
     from graphkit.params import check_params_output, read_params
 
-    check_params_output(out)
+    check_params_output(out, kind="compiled-weights")
     carried, mla = {}, None
     if params is not None:
         _, metadata = read_params(params, tensors=False)
@@ -374,7 +373,8 @@ def compile_record(
         config = converted_config(record.config, attention, kv_heads, names=("--attention", "--kv-heads"))
         model = compile_model(record, attention=attention, kv_heads=kv_heads)
     report = load_params(model, params) if params is not None else None
-    save_params(model, out, config=config, metadata=carried)  # the converted model's config, not the record's
+    # the converted model's config, not the record's
+    save_params(model, out, config=config, metadata=carried, kind="compiled-weights")
     total = sum(p.numel() for p in model.parameters())
     converted = f", attention converted to {attention} with {kv_heads or 'the same'} K/V heads" if attention else ""
     if mla:

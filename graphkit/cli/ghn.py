@@ -149,7 +149,7 @@ def predict(
     from graphkit.sources import load_model_source
 
     if out is not None:
-        check_params_output(out)
+        check_params_output(out, kind="predicted-weights")
     loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)
@@ -193,7 +193,7 @@ def predict(
         highlight=False,
     )
     if out is not None:
-        save_params(loaded.model, out, metadata={"graphkit_ghn": ghn or "bundled"})
+        save_params(loaded.model, out, metadata={"graphkit_ghn": ghn or "bundled"}, kind="predicted-weights")
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
 
 
@@ -283,9 +283,10 @@ def eval_ghn(
         inits=tuple(i.strip() for i in inits.split(",")),
         select_steps=select_steps,
     )
-    check_output_dir(out)  # before the evaluation, which takes minutes: a bad --out must not lose its results
-    for name in ("eval.json", "eval.png"):
-        check_output_file(out / name)
+    # before the evaluation, which takes minutes: a bad --out must not lose its results
+    check_output_dir(out, kind="evaluation")
+    for name, kind in (("eval.json", "evaluation"), ("eval.png", "evaluation-figure")):
+        check_output_file(out / name, kind=kind)
     rows = evaluate(config)
     summary = summarize(rows)
     at = summary["horizons"]

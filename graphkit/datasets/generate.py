@@ -51,7 +51,7 @@ from graphkit.datasets.store import (
 )
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model, get_family
-from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.fileio import write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
 from graphkit.validation import is_count
@@ -221,7 +221,6 @@ def _check_folder(out: Path) -> None:
     graphkit dataset (a project's README.md must never be overwritten by a dataset card)."""
     if out.exists() and not out.is_dir():
         raise GenerateError(f"{out} exists and is not a folder")
-    check_output_dir(out)
     check_dataset_folder(out)
 
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 import graphkit
 from graphkit.errors import GraphkitError
-from graphkit.fileio import atomic_path, write_text_atomic
+from graphkit.fileio import FOLDER_MARKERS, atomic_path, check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS, OPS_VERSION, op_id
 
@@ -75,7 +75,7 @@ METADATA_COLUMNS = tuple(name for name in SCHEMA.names if name not in GRAPH_COLU
 
 
 #: what made a dataset, written by ``graphkit generate`` when it starts (see datasets.generate)
-RUN_FILE = ".graphkit-run.json"
+RUN_FILE = FOLDER_MARKERS["dataset"]
 
 
 class StoreError(GraphkitError):
@@ -93,10 +93,12 @@ def read_manifest(out: str | Path) -> dict[str, Any] | None:
 
 
 def check_dataset_folder(out: str | Path, what: str = "--out") -> None:
-    """Refuse to write a dataset into a non-empty folder that is not a graphkit dataset (no run
-    file, no graphkit manifest): its README.md and manifest.json are the user's, never ours to
-    overwrite (``--out .`` in a project would replace the project's README)."""
-    out = Path(out)
+    """Refuse to write a dataset into a symbolic link, a file, a folder holding another kind of
+    graphkit output (:func:`graphkit.fileio.check_output_dir`), or a non-empty folder that is
+    not a graphkit dataset (no run file, no graphkit manifest): its README.md and manifest.json
+    are the user's, never ours to overwrite (``--out .`` in a project would replace the
+    project's README)."""
+    out = check_output_dir(out, what, kind="dataset")
     if not out.is_dir() or (out / RUN_FILE).is_file() or read_manifest(out) is not None:
         return
     if any(not entry.name.startswith(".graphkit") for entry in out.iterdir()):

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from graphkit.errors import GraphkitError
 from graphkit.families import FamilyTable
-from graphkit.fileio import check_output_dir, write_text_atomic
+from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
@@ -56,17 +56,18 @@ def save_checkpoint(
     atomically; ``info`` (family, trained ops, data, ...) goes into config.json. ``path`` may be
     ``.``: it names the folder it resolves to. The files are staged in a freshly made folder of
     a unique name, so no earlier file of any name is removed but the checkpoint's own."""
-    path = Path(os.path.abspath(check_output_dir(path, "checkpoint folder")))
+    path = Path(os.path.abspath(check_output_dir(path, "checkpoint folder", kind="hypernetwork")))
     in_place = path.is_dir() and bool(set(os.listdir(path)) - FILES)  # a training run's folder: replace our files only
     staging = _new_folder(path if in_place else path.parent, path.name, "tmp")
     try:
         weights = {k: v.detach().contiguous().cpu() for k, v in ghn.state_dict().items()}
-        save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
+        save_safetensors(weights, staging / "model.safetensors", "hypernetwork", {"format": "pt"})
         config = {"logah": ghn.config_dict(), "ops_version": OPS_VERSION, **info}
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        # marked: the mark tells a training run's or a checkpoint's folder apart (fileio.folder_kind)
+        (staging / "config.json").write_text(marked_json("hypernetwork", config, indent=2, sort_keys=True) + "\n")
         if optimizer is not None:
             tensors, groups = _flatten_optimizer(optimizer.state_dict())
-            save_file(tensors, staging / "optimizer.safetensors")
+            save_safetensors(tensors, staging / "optimizer.safetensors", "hypernetwork")
             (staging / "trainer_state.json").write_text(
                 json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n"
             )

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from graphkit.fileio import atomic_path, figure_metadata
+from graphkit.fileio import save_figure
 from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
@@ -133,6 +133,5 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
         title="feature constancy (high: output ignores input)",
     )
     fig.tight_layout()
-    with atomic_path(png) as tmp:  # a PNG is complete or not there
-        fig.savefig(tmp, dpi=110, format="png", metadata=figure_metadata("png"))
+    save_figure(fig, png, "training-figure", dpi=110)  # a PNG is complete or not there
     plt.close(fig)

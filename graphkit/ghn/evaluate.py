@@ -18,7 +18,6 @@ start that fine-tuning erases is no better initialisation, so the verdicts ("bea
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -34,7 +33,7 @@ from torch import nn
 from graphkit.compiler import load_params
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model
-from graphkit.fileio import atomic_path, figure_metadata
+from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.data import default_source, load_source, output_loss
@@ -388,12 +387,8 @@ def report_json(config: EvalConfig, summary: dict[str, Any], rows: Sequence[dict
             return [finite(v) for v in value]
         return value
 
-    return (
-        json.dumps(
-            finite({"config": asdict(config), "summary": summary, "rows": list(rows)}), indent=1, allow_nan=False
-        )
-        + "\n"
-    )
+    report = finite({"config": asdict(config), "summary": summary, "rows": list(rows)})
+    return marked_json("evaluation", report, indent=1, allow_nan=False) + "\n"
 
 
 def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
@@ -421,6 +416,5 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
     train_ax.legend()
     held_ax.legend()
     fig.tight_layout()
-    with atomic_path(png) as tmp:  # a PNG is complete or not there
-        fig.savefig(tmp, dpi=120, format="png", metadata=figure_metadata("png"))
+    save_figure(fig, png, "evaluation-figure", dpi=120)  # a PNG is complete or not there
     plt.close(fig)

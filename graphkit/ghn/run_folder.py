@@ -48,10 +48,10 @@ def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
     be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
     files (or anyone else's files of those names), and a resumed one must find a training
     checkpoint there."""
-    folder = Path(os.path.abspath(check_output_dir(out)))
-    data_folder = Path(os.path.abspath(dataset))
-    if folder == data_folder or data_folder in folder.parents:
+    folder, data_folder = Path(os.path.abspath(out)), Path(os.path.abspath(dataset))
+    if folder == data_folder or data_folder in folder.parents:  # said first: more to the point than its kind
         raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
+    check_output_dir(out, kind="hypernetwork")
     if resume:
         if not (folder / "checkpoint" / "trainer_state.json").is_file():
             raise TrainError(f"{folder / 'checkpoint'}: nothing to resume (no training checkpoint there)")
