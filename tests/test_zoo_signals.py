@@ -121,8 +121,8 @@ def start(script: str, out: Path, tmp_path: Path, ready) -> tuple[subprocess.Pop
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and run.poll() is None:
-        workers = children(run.pid)
-        if len(workers) >= 2 and ready():
+        workers = children(run.pid) if ready() else set()
+        if len(workers) >= 2:
             return run, workers
         time.sleep(0.2)
     run.kill()

@@ -490,7 +490,8 @@ def _locked_run(
         if progress is not None:
             progress(len(outcomes), len(names))
     report = _assemble(zoo, out, [outcomes[n] for n in names], identity)
-    shutil.rmtree(out / CACHE_DIR, ignore_errors=True)  # with the temporary files a killed run left there
+    if (out / CACHE_DIR).is_dir():  # with any temporary file a killed run left there
+        shutil.rmtree(out / CACHE_DIR)
     return ZooResult(
         path=out,
         candidates=len(names),
