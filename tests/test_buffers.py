@@ -5,9 +5,11 @@ refused in one line naming it, before anything is written."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from conftest import meta
+from conftest import ON_EVERY_DEVICE, meta
 from torch import nn
 
 from graphkit.buffers import BufferRebuildError, materialize_buffers, meta_buffers, rebuilt_buffers
@@ -83,6 +85,16 @@ def test_a_predicted_meta_model_runs_with_the_buffers_a_cpu_build_has(name, untr
     with torch.no_grad():
         out = model(inputs)
     assert torch.isfinite(out.logits if hasattr(out, "logits") else out).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ON_EVERY_DEVICE)
+def test_the_buffers_follow_the_parameters_to_the_hypernetworks_device(device, untrained):
+    model = meta(lambda: decoder("llama"))
+    predict(model, copy.deepcopy(untrained).to(device))
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {torch.device(device).type}
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 128, (1, 8), device=device)).logits).all()
 
 
 class Masked(nn.Module):
