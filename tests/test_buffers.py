@@ -6,6 +6,7 @@ refused in one line naming it, before anything is written."""
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -174,9 +175,7 @@ def test_transformers_buffer_initialisation_never_touches_a_weight():
 def test_without_transformers_buffer_initialisation_rotary_buffers_are_refused(monkeypatch):
     """The private API is guarded (graphkit.compat): where it is gone, the buffer is refused by
     name, never left with a made-up value."""
-    import transformers.initialization
-
     model = meta(lambda: decoder("llama"))
-    monkeypatch.delattr(transformers.initialization, "guard_torch_init_functions")
+    monkeypatch.delattr(importlib.import_module("transformers.initialization"), "guard_torch_init_functions")
     with pytest.raises(BufferRebuildError, match=r"'model.rotary_emb.inv_freq' \(LlamaRotaryEmbedding\) is on the"):
         rebuilt_buffers(model, "cpu")
