@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -110,6 +111,39 @@ def skip_weight_init() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def transformers_buffer_init(model: Any) -> Callable[[Any], None] | None:
+    """How transformers fills the buffers of one module of ``model`` (a ``PreTrainedModel``) that
+    ``from_pretrained`` moved off the meta device (rotary ``inv_freq`` from the config's
+    ``rope_init_fn``, among others): the model's ``_init_weights(module)`` (private), with
+    ``torch.nn.init`` guarded (``transformers.initialization.guard_torch_init_functions``) and the
+    module's parameters flagged ``_is_hf_initialized`` as loaded weights are, so that only its
+    buffers are written. None where ``model`` is no PreTrainedModel or this transformers lacks
+    either: its buffers then count as ones no library recomputes."""
+    modeling = sys.modules.get("transformers.modeling_utils")  # loaded wherever a PreTrainedModel exists
+    if modeling is None or not isinstance(model, modeling.PreTrainedModel):
+        return None
+    init_weights = getattr(model, "_init_weights", None)
+    try:
+        guard = importlib.import_module("transformers.initialization").guard_torch_init_functions
+    except (ImportError, AttributeError):
+        return None
+    if not callable(init_weights):
+        return None
+
+    def fill_buffers(module: Any) -> None:
+        flagged = [p for p in module.parameters() if not getattr(p, "_is_hf_initialized", False)]
+        for param in flagged:
+            param._is_hf_initialized = True
+        try:
+            with guard():
+                init_weights(module)
+        finally:
+            for param in flagged:
+                del param._is_hf_initialized
+
+    return fill_buffers
+
+
 def pyg_data() -> Any:
     """``torch_geometric.data``, imported without the ``torch.jit.script`` deprecation warning that
     PyG's import triggers on recent torch (it scripts helpers at import time): otherwise the
@@ -141,6 +175,7 @@ __all__ = [
     "call_arguments",
     "flatten_inputs",
     "skip_weight_init",
+    "transformers_buffer_init",
     "pyg_data",
     "is_usage_error",
 ]

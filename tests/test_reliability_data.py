@@ -202,7 +202,7 @@ def test_workers_are_capped_at_the_tasks(recipe, tmp_path, monkeypatch):
     pools = []
 
     class Pool:  # records the size asked for; traces in this process
-        def __init__(self, max_workers, mp_context):
+        def __init__(self, max_workers, mp_context, **worker_setup):
             pools.append(max_workers)
 
         map = staticmethod(map)

@@ -179,8 +179,14 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    params = predict_params(
-        loaded.model, hypernet, graph=graph, residual_scale=residual_scale, grow=grow, calibrate=calibrate
+    params = predict_params(  # the file holds the state dict: buffers outside it may stay on meta
+        loaded.model,
+        hypernet,
+        graph=graph,
+        residual_scale=residual_scale,
+        grow=grow,
+        calibrate=calibrate,
+        buffers="saved",
     )
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())

@@ -16,7 +16,9 @@ Why it is reproducible and restartable:
 - Runs lock the folder with ``flock`` on ``.graphkit*.lock`` files there (the kernel releases
   them when the process ends, however it ends): a plain run holds the folder alone; shards share
   it but each shard index runs once at a time; the manifest and run file are written by one
-  process at a time. A run that cannot have its lock is refused at once, nothing touched.
+  process at a time. A run that cannot have its lock is refused at once, nothing touched. The
+  folder lock and the handling of SIGTERM and Ctrl-C are the zoos' too
+  (:mod:`graphkit.datasets.runs`): an interrupted run stops its workers and can be resumed.
 - Each distinct architecture is traced once; configs that differ only in depth go to one worker
   together and share one export through :func:`graphkit.trace`'s cache.
 """
@@ -27,6 +29,7 @@ import contextlib
 import fcntl
 import json
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +41,7 @@ import torch
 
 from graphkit.attention import ATTENTION_VARIANTS
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
+from graphkit.datasets.runs import ended_by_sigterm, flock, folder_lock, worker_started
 from graphkit.datasets.store import (
     RUN_FILE,
     StoreError,
@@ -57,8 +61,6 @@ from graphkit.tracing import trace
 from graphkit.validation import is_count
 
 SPLITS = ("train", "eval")
-#: held (flock) by every run writing the folder: exclusively by a plain run, shared by shards
-LOCK_FILE = ".graphkit.lock"
 #: held (flock, exclusively) while the run file, manifest and card are checked or written
 MANIFEST_LOCK = ".graphkit-manifest.lock"
 DEFAULT_PART_SIZE = 100
@@ -162,7 +164,7 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
-    pool = None
+    pool, others = None, set(multiprocessing.active_children())
     try:
         if workers <= 1 or len(tasks) <= 1:
             results: Iterator[list[tuple[str, dict[str, Any]]]] = map(_trace_group, tasks)
@@ -170,11 +172,17 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
             _warm_up()
             methods = multiprocessing.get_all_start_methods()
             context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=context, initializer=worker_started, initargs=(os.getpid(),)
+            )
             results = pool.map(_trace_group, tasks)
         for traced in results:
             advance(len(traced))
             yield from traced
+    except BaseException:  # interrupted or failed: the pool's work is no longer wanted
+        for process in set(multiprocessing.active_children()) - others:
+            process.kill()
+        raise
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -246,23 +254,11 @@ def _check_identity(out: Path, recorded: Mapping[str, Any], identity: Mapping[st
         )
 
 
-@contextlib.contextmanager
-def _flock(path: Path, mode: int, refusal: str | None = None) -> Iterator[None]:
-    """Hold the ``flock`` ``mode`` (LOCK_SH / LOCK_EX) on ``path`` for the block: wait for it,
-    or with ``refusal``, raise that at once if another process holds a conflicting lock."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, mode | (fcntl.LOCK_NB if refusal else 0))
-        except BlockingIOError:
-            raise GenerateError(refusal) from None
-        yield
-
-
 def _start_run(out: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
     """Under the manifest lock: refuse to overwrite a dataset unless resuming (shards always add
     to one), refuse a run whose identity differs from the folder's, then record this run's
     identity before any part is written, so even an interrupted first run can be checked."""
-    with _flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
+    with flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
         existing = sorted((out / "data").glob("*.parquet")) if (out / "data").is_dir() else []
         if existing and not resume:
             raise GenerateError(
@@ -404,22 +400,18 @@ def generate(
     mine = [j for j in range(n_parts) if j % num_shards == shard_index]
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as locks:
-        locks.enter_context(
-            _flock(
-                out / LOCK_FILE,
-                fcntl.LOCK_EX if num_shards == 1 else fcntl.LOCK_SH,
-                f"{out}: another graphkit generate is writing this "
-                "folder; wait for it to finish, or choose another --out",
-            )
-        )
+        locks.enter_context(folder_lock(out, GenerateError, shared=num_shards > 1))
+        locks.enter_context(ended_by_sigterm())
         _start_run(out, identity, resume=resume or num_shards > 1)
         if num_shards > 1:
             locks.enter_context(
-                _flock(
+                flock(
                     out / f".graphkit-shard-{shard_index}-of-{num_shards}.lock",
                     fcntl.LOCK_EX,
-                    f"{out}: another graphkit generate is making shard "
-                    f"{shard_index} of {num_shards} here; wait for it to finish",
+                    GenerateError(
+                        f"{out}: another graphkit generate is making shard "
+                        f"{shard_index} of {num_shards} here; wait for it to finish"
+                    ),
                 )
             )
         _sweep_temporaries(out / "data", [shard_name(split, j, n_parts) for j in mine for split in SPLITS])
@@ -443,7 +435,7 @@ def generate(
             rows = [{**rows_by_key[_config_key(config)], "id": rid, "split": split} for rid, config, split in parts[j]]
             for split in SPLITS:  # both files, even an empty one: together they mark the part done
                 write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, j, n_parts))
-        with _flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
+        with flock(out / MANIFEST_LOCK, fcntl.LOCK_EX):
             finalize_dataset(out, name=recipe.name, info={**identity, "parts": n_parts})
     return GenerateResult(
         path=out,

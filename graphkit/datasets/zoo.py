@@ -30,7 +30,9 @@ import hashlib
 import inspect
 import json
 import multiprocessing
+import os
 import re
+import shutil
 import time
 import warnings
 from collections import Counter
@@ -44,7 +46,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.datasets.store import check_dataset_folder, finalize_dataset, graph_to_row, shard_name, write_shard
+from graphkit.datasets.runs import LOCK_FILE, ended_by_sigterm, folder_lock, worker_started
+from graphkit.datasets.store import (
+    RUN_FILE,
+    check_dataset_folder,
+    finalize_dataset,
+    graph_to_row,
+    shard_name,
+    write_shard,
+)
 from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
@@ -295,8 +305,10 @@ def _cache_path(out: Path, name: str) -> Path:
     return out / CACHE_DIR / f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}.json"
 
 
-def _child(zoo_name: str, name: str, send: Connection) -> None:
-    """A tracing process: one model's outcome, sent back whole."""
+def _child(zoo_name: str, name: str, send: Connection, run: int) -> None:
+    """A tracing process of the run whose process id is ``run``: one model's outcome, sent back
+    whole."""
+    worker_started(run)
     send.send(_outcome(zoo_name, name))
     send.close()
 
@@ -318,7 +330,7 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
             while pending and len(running) < workers:
                 name = pending.pop(0)
                 receive, send = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(zoo.name, name, send), daemon=True)
+                process = context.Process(target=_child, args=(zoo.name, name, send, os.getpid()), daemon=True)
                 process.start()
                 send.close()
                 running[receive] = (process, name, time.monotonic())
@@ -403,7 +415,10 @@ def generate_zoo(
     processes, one record per distinct architecture, ``report.json`` / ``report.md`` naming
     every model that failed and why. ``limit`` takes the first candidates only (a sample).
     ``resume`` keeps the outcomes an interrupted run saved. ``progress(done, total)`` is called
-    after each model. Options and the folder are checked before anything is written."""
+    after each model. Options and the folder are checked before anything is written; the folder
+    is locked while the run writes it (a second run is refused, as recipes' are), and SIGTERM or
+    Ctrl-C stops every tracing process and leaves the folder for ``resume``
+    (:mod:`graphkit.datasets.runs`)."""
     start = time.perf_counter()
     if name not in ZOOS:
         raise ZooError(f"unknown zoo {name!r}; known zoos: {', '.join(ZOOS)}")
@@ -417,8 +432,25 @@ def generate_zoo(
     check_output_dir(out)
     check_dataset_folder(out)
     identity = {"zoo": name, "limit": limit, "libraries": library_versions(zoo)}
-    run_file = out / ".graphkit-run.json"
-    if out.is_dir() and any(out.iterdir()):
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, ZooError), ended_by_sigterm():
+        return _locked_run(zoo, out, identity, workers=workers, resume=resume, progress=progress, start=start)
+
+
+def _locked_run(
+    zoo: Zoo,
+    out: Path,
+    identity: dict[str, Any],
+    *,
+    workers: int,
+    resume: bool,
+    progress: Callable[[int, int], None] | None,
+    start: float,
+) -> ZooResult:
+    """:func:`generate_zoo` once it holds the folder: refuse a folder holding another run, or
+    any run without ``resume``; trace what no earlier run saved; assemble the dataset."""
+    run_file = out / RUN_FILE
+    if any(entry.name != LOCK_FILE for entry in out.iterdir()):
         recorded = json.loads(run_file.read_text()) if run_file.is_file() else None
         if not resume:
             raise ZooError(f"{out} already holds a dataset; pass --resume to finish it or choose another --out")
@@ -441,8 +473,7 @@ def generate_zoo(
             coverage=report["coverage"],
             report=report,
         )
-    names = zoo.candidates()[:limit]
-    out.mkdir(parents=True, exist_ok=True)
+    names = zoo.candidates()[: identity["limit"]]
     write_text_atomic(run_file, json.dumps(identity, indent=1) + "\n")
     outcomes: dict[str, dict[str, Any]] = {}
     for candidate in names:
@@ -459,10 +490,8 @@ def generate_zoo(
         if progress is not None:
             progress(len(outcomes), len(names))
     report = _assemble(zoo, out, [outcomes[n] for n in names], identity)
-    for saved in (out / CACHE_DIR).glob("*.json"):
-        saved.unlink()
-    (out / CACHE_DIR).rmdir()
-    seconds = time.perf_counter() - start
+    if (out / CACHE_DIR).is_dir():  # with any temporary file a killed run left there
+        shutil.rmtree(out / CACHE_DIR)
     return ZooResult(
         path=out,
         candidates=len(names),
@@ -471,7 +500,7 @@ def generate_zoo(
         unbuildable=len(report["unbuildable"]),
         traced=len(todo),
         resumed=resumed,
-        seconds=seconds,
+        seconds=time.perf_counter() - start,
         coverage=report["coverage"],
         report=report,
     )

@@ -21,6 +21,7 @@ import functools
 import torch
 from torch import nn
 
+from graphkit.buffers import install_buffers, meta_buffers, rebuilt_buffers
 from graphkit.errors import GraphkitError
 from graphkit.families import FAMILIES
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
@@ -35,6 +36,7 @@ from graphkit.params import (
     check_params,
     first_non_finite,
     memory_shortfall,
+    persistent_buffers,
     replace_parameter,
     tied_names,
 )
@@ -122,16 +124,22 @@ def predict(
     residual_scale: bool | None = None,
     grow: bool = True,
     calibrate: bool = False,
+    buffers: str = "all",
 ) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     of the model's family) and write the predictions into ``model``: into its own tensors when
     it holds weights, parameter by parameter, with no second copy of the model; into new tensors
-    on the hypernetwork's device when it is on the meta device (tied weights stay tied). Returns
-    the model's parameters by state-dict name, now holding the predictions.
+    on the hypernetwork's device when it is on the meta device (tied weights stay tied). The
+    buffers a meta-built model computed when it was built (rotary frequencies, relative-position
+    indices, masks) are recomputed on the parameters' device (:mod:`graphkit.buffers`), so the
+    model runs; ``buffers="saved"`` recomputes only those its state dict holds, which is all that
+    :func:`~graphkit.params.save_params` writes (``graphkit predict --out``), unless ``calibrate``
+    runs the model. Returns the model's parameters by state-dict name, now holding the predictions.
 
     Refused before anything is allocated or written, so the model is left unchanged: a graph
     with an op the hypernetwork was not trained on (CheckpointError) or whose parameters are not
-    the model's (ParamsError); new tensors and scratch larger than ``memory_limit`` bytes
+    the model's (ParamsError); a meta buffer no library recomputes (BufferRebuildError, naming
+    it); new tensors and scratch larger than ``memory_limit`` bytes
     (default: the memory available on the hypernetwork's device); predictions that could hold a
     NaN or Inf, which the low-rank decoder proves impossible before its first write (see
     :class:`~graphkit.ghn.model.LowRankDecoding`). ``graph`` skips the trace when the caller
@@ -144,6 +152,8 @@ def predict(
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
     graphkit family."""
 
+    if buffers not in ("all", "saved"):
+        raise PredictError(f"buffers must be 'all' or 'saved', got {buffers!r}")
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
@@ -155,13 +165,19 @@ def predict(
     check_params(model, {t.name: torch.empty(t.shape, device="meta") for t in plan}, source=f"{type(model).__name__}: ")
     destinations = {t.name: model.get_parameter(t.name) for t in plan}
     new = {id(p): p for p in destinations.values() if p.is_meta}.values()
-    needed = sum(p.numel() * p.element_size() for p in new) + ghn.decoder.scratch_bytes(plan, destinations)
+    wanted = None if buffers == "all" or calibrate else set(persistent_buffers(model))  # calibration runs it
+    meta = {name: b for name, b in meta_buffers(model).items() if wanted is None or name in wanted}
+    allocated = [*new, *meta.values()]
+    needed = sum(t.numel() * t.element_size() for t in allocated) + ghn.decoder.scratch_bytes(plan, destinations)
     limit = memory_shortfall(needed, device, memory_limit)
     if limit is not None:
         raise PredictError(
             f"{type(model).__name__}: its {graph.num_params:,} predicted parameters need {needed / 1e9:.2f} GB "
             f"but {limit / 1e9:.2f} GB are available on {device}; free memory or predict on another device"
         )
+    # the buffers a meta-built model computed in __init__ (rotary inv_freq, position indices), on the
+    # device its parameters will be on; refused here, naming the buffer, when no library recomputes one
+    rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
     prediction = decoding(ghn, graph, grow)
     bad = prediction.first_non_finite()
     if bad is not None:
@@ -175,6 +191,7 @@ def predict(
         for name, param in destinations.items():
             if param.is_meta:
                 replace_parameter(model, canonical[id(param)], written[name], names)
+    install_buffers(model, rebuilt)
     if calibrate:
         calibrate_stream(model, graph)
     return {name: model.get_parameter(name).detach() for name in destinations}
