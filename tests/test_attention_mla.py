@@ -139,6 +139,24 @@ def test_an_attention_to_mla_cannot_convert_is_named():
         to_mla(model, 8)
 
 
+def test_per_head_query_and_key_norms_are_refused_not_dropped():
+    """Qwen3 normalises each head's query and key; to_mla replaced the module and silently lost
+    both norms (its full-rank conversion was 0.3 off in the logits, where it must be exact)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, vocab_size=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    with pytest.raises(
+        MLAError, match=r"module 'model.layers.0.self_attn' \(Qwen3Attention\) normalises .*q_norm, k_norm"
+    ):
+        to_mla(model, 32)
+    assert type(model.model.layers[0].self_attn).__name__ == "Qwen3Attention"
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_absorbed_form_computes_what_the_expanded_form_does(bias):
     """Folding the K up projection into the query and attending over the latent (decoding's

@@ -467,7 +467,15 @@ def _width(module: nn.Module, kind: str) -> int:
 def _check(path: str, module: nn.Module, kind: str, kv_rank: Any, rope_dims: Any) -> None:
     """Refuse a rank or rotary width ``module`` cannot take, naming it. The latent's rank is at
     most the width of what it factors, the model's width or the stacked K/V projections' rows
-    (fewer for a GQA model with few K/V heads), whichever is less."""
+    (fewer for a GQA model with few K/V heads), whichever is less. Per-head query and key norms
+    (Qwen3's ``q_norm`` and ``k_norm``) are refused: a key normalised per token and head is not a
+    linear function of the input, so no latent can hold it."""
+    norms = [n for n in ("q_norm", "k_norm") if not isinstance(getattr(module, n, nn.Identity()), nn.Identity)]
+    if kind == "llama" and norms:
+        raise MLAError(
+            f"module '{path}' ({type(module).__name__}) normalises its queries and keys per head ({', '.join(norms)}), "
+            "which a latent cannot hold; to_mla does not convert it"
+        )
     if rope_dims is not None:
         if kind != "llama":
             raise MLAError(
