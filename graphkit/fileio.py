@@ -21,9 +21,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import struct
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 from pathlib import Path
@@ -64,6 +66,45 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     path = Path(path)
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+    return path
+
+
+def _new_folder(parent: Path, name: str, kind: str) -> Path:
+    """An empty hidden folder of a name no one else uses, in ``parent``, for staging a save."""
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = parent / f".{name}.{uuid.uuid4().hex[:12]}.{kind}"
+    folder.mkdir()
+    return folder
+
+
+def write_folder(path: str | Path, write: Callable[[Path], None], *, in_place: bool = False) -> Path:
+    """Have ``write`` fill a freshly made hidden folder beside ``path`` (or inside it, with
+    ``in_place``), then put what it wrote at ``path`` so that an interrupted save leaves the
+    previous contents intact: by default the folder is swapped whole (its files always belong
+    together, and an earlier save's files of other names go); with ``in_place`` (a run folder
+    that holds more, such as metrics or a checkpoint) each written file replaces its namesake,
+    ``config.json`` last, and nothing else is touched. Returns the absolute ``path``. Whether
+    ``path`` may be written at all is the caller's check (:func:`check_output_dir`)."""
+    path = Path(os.path.abspath(path))
+    in_place = in_place and path.is_dir()
+    staging = _new_folder(path if in_place else path.parent, path.name, "tmp")
+    old = None
+    try:
+        write(staging)
+        if in_place:
+            for name in sorted(os.listdir(staging), key=lambda n: n == "config.json"):  # config.json last
+                os.replace(staging / name, path / name)
+            staging.rmdir()
+            return path
+        if path.exists():
+            old = _new_folder(path.parent, path.name, "old")
+            os.replace(path, old)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
     return path
 
 
@@ -186,6 +227,7 @@ __all__ = [
     "version",
     "atomic_path",
     "write_text_atomic",
+    "write_folder",
     "check_output_file",
     "check_output_dir",
     "written_by_graphkit",

@@ -540,14 +540,7 @@ def capture_calibration(
         for handle in adapter.capture(module, lambda *qkv, path=path: seen[path].append(qkv))
     ]
     try:
-        with torch.no_grad():
-            for inputs in calibration:
-                if isinstance(inputs, dict):
-                    model(**inputs)
-                else:
-                    model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
-    except Exception as e:  # a calibration input the model cannot take
-        raise ConvertError(f"calibration input: {type(model).__name__} cannot run it ({type(e).__name__}: {e})") from e
+        run_calibration(model, calibration)
     finally:
         for handle in handles:
             handle.remove()
@@ -557,3 +550,18 @@ def capture_calibration(
     return {
         path: [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]] for path, _, adapter in plan
     }
+
+
+def run_calibration(model: nn.Module, calibration: Sequence[Any]) -> None:
+    """Run ``model`` without gradients on every calibration input (a tensor, a tuple of
+    arguments or a dict of keyword arguments), for the hooks that read its activations; an input
+    the model cannot take is a ConvertError."""
+    try:
+        with torch.no_grad():
+            for inputs in calibration:
+                if isinstance(inputs, dict):
+                    model(**inputs)
+                else:
+                    model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
+    except Exception as e:  # a calibration input the model cannot take
+        raise ConvertError(f"calibration input: {type(model).__name__} cannot run it ({type(e).__name__}: {e})") from e
