@@ -439,13 +439,16 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
 def kv_cache_bytes(model: nn.Module) -> int:
     """Bytes of KV cache per token, summed over the layers: K and V, heads x head_dim values
-    each, per layer for MHA and GQA, ``kv_rank`` values for MLA, at the model's parameter dtype."""
+    each, per layer for MHA and GQA, ``kv_rank`` values (and the rotary keys) for MLA, graphkit's
+    or DeepSeek's (``kv_lora_rank + qk_rope_head_dim``), at the model's parameter dtype."""
     size = next(model.parameters()).element_size()
     total = 0
     for module in model.modules():
         kind = _kind(module)
         if isinstance(module, LatentKV):
             total += module.kv_rank + (module.k_rope.out_features if module.rope_dims else 0)
+        elif hasattr(module, "kv_a_proj_with_mqa"):  # DeepSeek's MLA: the latent and the rotary key all heads share
+            total += module.kv_a_proj_with_mqa.out_features
         elif isinstance(module, (ViTGroupedAttention, GPT2GroupedAttention)):
             total += 2 * module.core.kv_heads * module.head_dim
         elif kind == "llama":  # its K/V projections say how many K/V heads it has, converted to GQA or not

@@ -190,6 +190,27 @@ class Grouping(str, enum.Enum):
     search = "search"
 
 
+class ModelFormat(str, enum.Enum):
+    graphkit = "graphkit"
+    hf = "hf"
+
+
+#: what --format says in every command that writes a model
+FORMAT_HELP = (
+    "graphkit: a safetensors file of the parameters, the conversion in its metadata (graphkit compile rebuilds it); "
+    "hf: a folder stock transformers loads (AutoModelForCausalLM.from_pretrained, no custom code): GQA as the "
+    "model's own class with fewer num_key_value_heads, MLA as DeepSeek-V3 (LLaMA-style decoders only)."
+)
+
+
+def load_model(source: Path):
+    """The model (and example inputs) a command's SRC names: a MODEL.py. The one place the
+    convert and finetune commands load a model, so that a new kind of source reaches both."""
+    from graphkit.modelfile import load_model_file
+
+    return load_model_file(source)
+
+
 @app.command()
 @command
 def convert(
@@ -207,7 +228,10 @@ def convert(
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Converted parameters and buffers (safetensors)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Converted parameters (safetensors), or with --format hf a model folder."
+    ),
+    format: ModelFormat = typer.Option(ModelFormat.graphkit, "--format", help=FORMAT_HELP),
     window: Optional[int] = typer.Option(
         None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."
     ),
@@ -238,31 +262,55 @@ def convert(
         help="MLA for RoPE models (LLaMA, Mistral): keep this many rotary dimensions per K/V head out of the "
         "latent, cached beside it, and drop RoPE from the rest (MHA2MLA's partial RoPE, chosen on calibration "
         "data; even, 2 to head_dim - 2). Decoding then reads the latent without rebuilding K; the model "
-        "changes and wants up-training. Without it the conversion is exact but rebuilds K every step.",
+        "changes and wants up-training. Without it the conversion is exact but rebuilds K every step. "
+        "With --format hf (needed there): DeepSeek's rotary key, D dimensions shared by all heads (TransMLA's "
+        "RoRoPE; even, dividing head_dim).",
     ),
 ) -> None:
     """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled over
     neighbours or measured groups), or to MLA (a shared low-rank latent), and save it (the variant,
-    K/V heads or rank, groups and DGQA's options go into the file's metadata). Prints the KV cache
-    per token before and after."""
+    K/V heads or rank, groups and DGQA's options go into the file's metadata), or with --format hf
+    as a folder stock transformers loads. Prints the KV cache per token before and after."""
     from graphkit.attention import convert as convert_model
     from graphkit.attention.convert import check_grouping, check_variant_options, conversion_metadata
     from graphkit.attention.grouping import MEASURED
+    from graphkit.attention.hf_format import (
+        HF_VARIANTS,
+        check_deepseek,
+        check_hf_export,
+        check_hf_output,
+        hf_info,
+        save_hf,
+        to_deepseek,
+    )
     from graphkit.attention.mla import kv_cache_bytes, mla_metadata, to_mla
     from graphkit.errors import GraphkitError
-    from graphkit.families import ConfigError, config_from_graph
-    from graphkit.ghn.data import calibration_inputs, load_source
-    from graphkit.modelfile import load_model_file
+    from graphkit.families import ConfigError
+    from graphkit.ghn.data import calibration_inputs, data_config, load_source
     from graphkit.params import check_params_output, save_params
     from graphkit.tracing import trace as trace_model
 
-    check_params_output(out)
+    hf = format is ModelFormat.hf
+    mla = attention.value == "mla"
+    if hf:
+        check_hf_output(out)
+        if attention.value not in HF_VARIANTS:
+            raise GraphkitError(
+                f"--format hf writes {' or '.join(HF_VARIANTS)}: no stock transformers class computes "
+                f"{attention.value}; --format graphkit writes it"
+            )
+        if mla and rope_dims is None:
+            raise GraphkitError(
+                "-a mla --format hf needs --rope-dims: DeepSeek's format caches a rotary key of D dimensions, "
+                "shared by all heads, beside the latent"
+            )
+    else:
+        check_params_output(out)
     options = {
         name: value
         for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
         if value is not None
     }
-    mla = attention.value == "mla"
     if mla != (kv_rank is not None):
         raise GraphkitError("-a mla needs --kv-rank" if mla else f"--kv-rank applies to -a mla, not {attention.value}")
     if rope_dims is not None and not mla:
@@ -279,24 +327,31 @@ def convert(
                 f"not --grouping {grouping.value}"
             )
         load_source(data)  # a bad spec fails before the model is loaded
-    loaded = load_model_file(model_file)
+    loaded = load_model(model_file)
     if any(p.is_meta for p in loaded.model.parameters()):
         raise GraphkitError(
             f"{model_file}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
+    if hf:  # a model the format cannot hold is refused before calibration or conversion
+        check_hf_export(loaded.model, attention.value)
+        if mla:
+            check_deepseek(loaded.model, kv_rank, rope_dims)
     before = kv_cache_bytes(loaded.model)
     calibration = []
     if calibrate:
         try:
-            config = config_from_graph(trace_model(loaded.model, loaded.example_inputs))
+            config = data_config(loaded.model, loaded.example_inputs)
         except ConfigError as e:
             option = "--rope-dims" if mla else f"--grouping {grouping.value}"
             raise GraphkitError(
                 f"{model_file}: {option} draws calibration data shaped for one of "
-                f"graphkit's families, and this model is not one ({e})"
+                f"graphkit's families or a language model, and this model is neither ({e})"
             ) from None
         calibration = calibration_inputs(config, data)
-    if mla:
+    if mla and hf:
+        model = to_deepseek(loaded.model, kv_rank, rope_dims, calibration)
+        metadata = {"attention": "mla", "kv_rank": kv_rank, "rope_dims": rope_dims, "rope": "shared (RoRoPE)"}
+    elif mla:
         model = to_mla(loaded.model, kv_rank, rope_dims=rope_dims, calibration=calibration)
         metadata = mla_metadata(model)
     else:
@@ -305,7 +360,10 @@ def convert(
         )
         metadata = conversion_metadata(model)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata=metadata)
+    if hf:
+        save_hf(model, out, hf_info(metadata))
+    else:
+        save_params(model, out, metadata=metadata)
     after = kv_cache_bytes(model)
     console.print(
         f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",
