@@ -614,6 +614,23 @@ def written_by_graphkit_folder(path: str | Path) -> bool:
     return isinstance(config, dict) and isinstance(config.get(MARK), dict)
 
 
+def check_stock(model: nn.Module) -> None:
+    """Refuse a model no stock transformers class would compute from its saved folder: one that is
+    not a transformers model, or holds graphkit's own attention (anything but GQA, which runs in
+    the model's own modules)."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise ExportError(f"{type(model).__name__}: not a transformers model; --format graphkit writes it")
+    for path, module in model.named_modules():
+        if type(module).__module__.startswith("graphkit.") and getattr(module, "variant", None) != "gqa":
+            raise ExportError(
+                f"{type(model).__name__}: module '{path}' is graphkit's {type(module).__name__}, which no stock "
+                "transformers class computes; --format graphkit writes it (convert -a mla --format hf writes "
+                "DeepSeek's MLA)"
+            )
+
+
 def hf_info(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """What a conversion's metadata (``graphkit_attention``, ``graphkit_kv_heads``, ... as a
     safetensors file holds it, strings) says, for a model folder's config.json: the names without
@@ -639,13 +656,7 @@ def save_hf(model: nn.Module, out: str | Path, info: dict[str, Any], *, in_place
 
     if not in_place:
         check_hf_output(out)
-    for module in model.modules():  # graphkit's own attention would be saved as weights no stock class reads
-        variant = getattr(module, "variant", None)
-        if type(module).__module__.startswith("graphkit.") and variant != "gqa":
-            raise ExportError(
-                f"{type(model).__name__}: holds graphkit's {type(module).__name__}, which no stock transformers "
-                "class computes; --format graphkit writes it"
-            )
+    check_stock(model)
 
     def write(staging: Path) -> None:
         shown = logging.is_progress_bar_enabled()
@@ -656,7 +667,8 @@ def save_hf(model: nn.Module, out: str | Path, info: dict[str, Any], *, in_place
             if shown:
                 logging.enable_progress_bar()
         config = json.loads((staging / "config.json").read_text())
-        config[MARK] = {"version": version(), **info}
+        earlier = config.get(MARK) if isinstance(config.get(MARK), dict) else {}  # a folder graphkit wrote, trained
+        config[MARK] = {**earlier, "version": version(), **info}
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     return write_folder(out, write, in_place=in_place)

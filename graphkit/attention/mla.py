@@ -56,7 +56,9 @@ from graphkit.attention.convert import (
     GPT2GroupedAttention,
     ViTGroupedAttention,
     capture_calibration,
+    conversion_metadata,
 )
+from graphkit.attention.core import GroupedQueryAttention
 from graphkit.errors import GraphkitError
 from graphkit.validation import is_count
 
@@ -551,3 +553,15 @@ def mla_metadata(model: nn.Module) -> dict[str, str]:
     if latent.rope_dims:
         metadata["graphkit_rope_dims"] = str(latent.rope_dims)
     return metadata
+
+
+def attention_metadata(model: nn.Module) -> dict[str, str]:
+    """What ``model``'s converted attention is, for a safetensors file's metadata: MLA's rank and
+    rotary width (:func:`mla_metadata`), GQA's or a variant's K/V heads and groups
+    (:func:`~graphkit.attention.convert.conversion_metadata`), nothing for attention graphkit did
+    not convert."""
+    if any(isinstance(m, LatentKV) for m in model.modules()):
+        return mla_metadata(model)
+    if any(isinstance(m, GroupedQueryAttention) for m in model.modules()):
+        return conversion_metadata(model)
+    return {}

@@ -375,6 +375,93 @@ def convert(
 
 @app.command()
 @command
+def finetune(
+    model_file: Path = typer.Argument(
+        ...,
+        metavar="MODEL.py",
+        help="Python file defining `model` or `build_model()` (with weights): the model to train, converted or not.",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Run folder: the trained model (as --format says), checkpoint/, metrics.jsonl."
+    ),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR "
+        "(default: digits for ViTs, stdlib-text for language models).",
+    ),
+    steps: int = typer.Option(100, "--steps", help="AdamW steps, one batch each."),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (constant)."),
+    batch_size: int = typer.Option(16, "--batch-size", "-b", help="Images or sequences per step."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
+    weight_decay: float = typer.Option(0.01, "--weight-decay"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the batches and dropout (step i draws from its own)."),
+    checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
+    log_every: int = typer.Option(10, "--log-every", help="Steps between metrics.jsonl lines."),
+    format: ModelFormat = typer.Option(
+        ModelFormat.graphkit,
+        "--format",
+        help="graphkit: OUT/model.safetensors, a converted model's conversion in its metadata; hf: OUT holds what "
+        "save_pretrained writes, so AutoModelForCausalLM.from_pretrained(OUT) loads it (transformers models "
+        "whose attention is their own or GQA; convert -a mla --format hf gives DeepSeek's MLA).",
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
+) -> None:
+    """Up-train a model, converted or not, on the bundled data or yours, in a resumable run folder,
+    and save it in either format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
+    import json
+
+    from graphkit.attention.hf_format import check_stock, save_hf
+    from graphkit.attention.mla import attention_metadata
+    from graphkit.errors import GraphkitError
+    from graphkit.finetune import RUN_FILES, FinetuneConfig
+    from graphkit.finetune import finetune as up_train_model
+    from graphkit.ghn.data import load_source
+    from graphkit.ghn.run_folder import run_folder
+    from graphkit.params import save_params
+
+    config = FinetuneConfig(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        weight_decay=weight_decay,
+        data=data,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        device=device,
+    )
+    folder = run_folder(out, resume, files=RUN_FILES)
+    if data is not None:
+        load_source(data)  # a bad spec fails before the model is loaded
+    loaded = load_model(model_file)
+    if any(p.is_meta for p in loaded.model.parameters()):
+        raise GraphkitError(f"{model_file}: the model is on the meta device; finetune needs its weights")
+    if format is ModelFormat.hf:
+        check_stock(loaded.model)  # before training, not after
+    metadata = attention_metadata(loaded.model)
+    last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)
+    record = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
+    if format is ModelFormat.hf:
+        save_hf(loaded.model, folder, {"finetune": record}, in_place=True)
+    else:
+        metadata["graphkit_finetune"] = json.dumps(record)
+        save_params(loaded.model, folder / "model.safetensors", metadata=metadata)
+    trained = f"loss {last['loss']:.4f}, " if last["loss"] is not None else ""
+    console.print(
+        f"step {steps}: {trained}held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}; "
+        f"wrote {folder}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@command
 def ops(
     markdown: bool = typer.Option(False, "--markdown", help="Print the Markdown table of docs/vocabulary.md."),
 ) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from graphkit.errors import TrainError
-from graphkit.fileio import check_output_dir
+from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state
 from graphkit.ghn.model import LoGAH
 
@@ -118,6 +118,14 @@ def logged_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return math.inf
+
+
+def trim_metrics(metrics_file: Path, step: int) -> None:
+    """Drop the lines a run logged after the checkpoint it resumes from at ``step``: it logs them
+    again as it redoes those steps."""
+    if metrics_file.exists():
+        lines = metrics_file.read_text().splitlines(keepends=True)
+        write_text_atomic(metrics_file, "".join(line for line in lines if logged_step(line) <= step))
 
 
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
