@@ -120,16 +120,14 @@ def table(args) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
+def options(parser) -> None:
+    """The training and up-training steps (hf_export.py takes the same)."""
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--uptrain", type=int, default=100)
+
+
 def main() -> None:
-    common.main(
-        __doc__,
-        "grouping_quality",
-        table,
-        lambda p: (
-            p.add_argument("--steps", type=int, default=2000),
-            p.add_argument("--uptrain", type=int, default=100),
-        ),
-    )
+    common.main(__doc__, "grouping_quality", table, options)
 
 
 if __name__ == "__main__":
