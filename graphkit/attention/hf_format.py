@@ -81,6 +81,8 @@ from graphkit.validation import divisors, is_count
 HF_VARIANTS = ("gqa", "mla")
 #: a LLaMA-style decoder layer's parts, all DeepSeek's dense layer has
 _DECODER_PARTS = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+#: the SwiGLU MLP's projections, LLaMA's and DeepSeek's alike
+_MLP = ("gate_proj", "up_proj", "down_proj")
 #: RoPE types whose frequencies are a function of the frequency alone, so that every s-th pair
 #: of the source is what DeepSeek's rotary embedding of head_dim / s dimensions computes
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -208,8 +210,8 @@ def check_deepseek(model: nn.Module, kv_rank: Any, rope_dims: Any) -> DecoderPla
             raise ExportError(
                 f"module '{where}.self_attn.{extra[0]}': per-head query/key norms have no place in DeepSeek's attention"
             )
-        linears = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        others = [n for n, m in mlp.named_children() if n not in ("gate_proj", "up_proj", "down_proj", "act_fn")]
+        linears = [getattr(mlp, n, None) for n in _MLP]
+        others = [n for n, m in mlp.named_children() if n not in (*_MLP, "act_fn")]
         if not all(isinstance(m, nn.Linear) and m.bias is None for m in linears) or others:
             raise ExportError(
                 f"module '{where}.mlp' ({type(mlp).__name__}): DeepSeek's MLP is gate_proj, up_proj and down_proj "
@@ -238,7 +240,7 @@ def check_deepseek(model: nn.Module, kv_rank: Any, rope_dims: Any) -> DecoderPla
         raise ExportError(
             f"--kv-rank {kv_rank!r}: must be an integer from 1 to the width {width} (at {width} the latent is exact)"
         )
-    return DecoderPlan(
+    plan = DecoderPlan(
         layers=len(attentions),
         heads=heads,
         kv_heads=kv_heads,
@@ -255,6 +257,8 @@ def check_deepseek(model: nn.Module, kv_rank: Any, rope_dims: Any) -> DecoderPla
         query_bias=any(biases[0::4]),
         attention_bias=any(biases),
     )
+    _check_frequencies(model, deepseek_config(model, plan, kv_rank, rope_dims), _kept_pairs(plan, rope_dims))
+    return plan
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -370,37 +374,35 @@ def principal_directions(covariances: torch.Tensor) -> torch.Tensor:
     return top * sign
 
 
-def _key_covariances(
-    model: nn.Module, plan: DecoderPlan, layers: list[_Layer], pairs: torch.Tensor, calibration: Sequence[Any]
-) -> list[torch.Tensor]:
-    """Per layer, the (pairs, kv_heads, kv_heads) second moments of the K/V heads' key components
-    at each kept pair, summed over both components of the pair: from the keys the source computes
-    on ``calibration`` (before RoPE, which turns all heads alike), or without it from the weights
-    alone, as for a white unit-RMS input."""
-    half = plan.head_dim // 2
+def _pair_moments(keys: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """The (pairs, kv_heads, kv_heads) second moments of keys (tokens, kv_heads, head_dim) at each
+    kept pair, summed over both components of the pair (LLaMA pairs dimension p with p + head_dim / 2)."""
+    half = keys.shape[-1] // 2
+    a, b = keys[..., pairs], keys[..., pairs + half]  # (tokens, kv_heads, pairs)
+    return torch.einsum("tgp,thp->pgh", a, a) + torch.einsum("tgp,thp->pgh", b, b)
 
-    def moments(keys: torch.Tensor) -> torch.Tensor:  # keys (tokens, kv_heads, head_dim)
-        a, b = keys[..., pairs], keys[..., pairs + half]  # (tokens, kv_heads, pairs)
-        return torch.einsum("tgp,thp->pgh", a, a) + torch.einsum("tgp,thp->pgh", b, b)
 
-    if not calibration:
-        result = []
-        for layer in layers:  # E[k k^T] = W W^T + b b^T for a white input: the weights' own moments
-            parts = [layer.k.permute(2, 0, 1)]  # (width, kv_heads, head_dim): one "token" per input direction
-            if layer.k_bias is not None:
-                parts.append(layer.k_bias.unsqueeze(0))
-            result.append(moments(torch.cat(parts)))
-        return result
+def _weight_moments(layer: _Layer, pairs: torch.Tensor) -> torch.Tensor:
+    """The keys' moments of :func:`_pair_moments` for a white unit-RMS input, from the weights
+    alone: E[k k^T] = W W^T + b b^T, one "token" per input direction and the bias."""
+    keys = [layer.k.permute(2, 0, 1)]  # (width, kv_heads, head_dim)
+    if layer.k_bias is not None:
+        keys.append(layer.k_bias.unsqueeze(0))
+    return _pair_moments(torch.cat(keys), pairs)
+
+
+def _key_moments(model: nn.Module, plan: DecoderPlan, pairs: torch.Tensor, calibration: Sequence[Any]) -> list:
+    """Per layer, :func:`_pair_moments` of the keys the source computes on ``calibration``
+    (``k_proj``'s output: before RoPE, which turns all heads alike), summed over its tokens."""
+    layers = model.model.layers
     totals = [torch.zeros(len(pairs), plan.kv_heads, plan.kv_heads, dtype=torch.float64) for _ in layers]
 
     def record(i: int) -> Callable:
         def hook(_module, _inputs, out):
-            keys = out.detach().double().cpu().reshape(-1, plan.kv_heads, plan.head_dim)
-            totals[i] += moments(keys)
+            totals[i] += _pair_moments(out.detach().double().cpu().reshape(-1, plan.kv_heads, plan.head_dim), pairs)
 
         return hook
 
-    layers = model.model.layers
     run_calibration(
         model, calibration, [x.self_attn.k_proj.register_forward_hook(record(i)) for i, x in enumerate(layers)]
     )
@@ -540,7 +542,8 @@ def to_deepseek(model: nn.Module, kv_rank: int, rope_dims: int, calibration: Seq
     ``rope_dims`` rotary key shared by all heads, by RoRoPE on ``calibration`` (the model's
     inputs; without them, the weights alone) (module docstring). ``model`` is left as it was. A
     model or option DeepSeek's format cannot hold is an ExportError before any work
-    (:func:`check_deepseek`)."""
+    (:func:`check_deepseek`). Layer by layer: beside the two models, memory holds one layer's
+    float64 working copies."""
     from transformers import DeepseekV3ForCausalLM
 
     plan = check_deepseek(model, kv_rank, rope_dims)
@@ -548,39 +551,51 @@ def to_deepseek(model: nn.Module, kv_rank: int, rope_dims: int, calibration: Seq
     if reference.is_meta:
         raise ExportError(f"{type(model).__name__}: on the meta device; converting needs its weights")
     pairs = _kept_pairs(plan, rope_dims)
-    sources = model.model.layers
-    layers = [_Layer.read(layer.self_attn, plan.input_norms[i], plan) for i, layer in enumerate(sources)]
-    mixes = [principal_directions(c) for c in _key_covariances(model, plan, layers, pairs, calibration)]
-    converted = [_attention_tensors(layer, plan, pairs, mix, kv_rank) for layer, mix in zip(layers, mixes)]
-    rms = _latent_rms(model, plan, [down for _, down in converted], calibration)
-    inner = model.model
-    state = {
-        "model.embed_tokens.weight": inner.embed_tokens.weight.detach().double().cpu() * plan.embed_scale,
-        "model.norm.weight": plan.final_norm,
-        "lm_head.weight": model.lm_head.weight.detach().double().cpu(),
-    }
-    for i, ((tensors, _), layer) in enumerate(zip(converted, sources)):
-        prefix = f"model.layers.{i}."
-        state.update({f"{prefix}self_attn.{name}": t for name, t in tensors.items()})
-        state[f"{prefix}self_attn.kv_a_layernorm.weight"] = torch.full((kv_rank,), rms[i], dtype=torch.float64)
-        state[f"{prefix}input_layernorm.weight"] = torch.ones(plan.width, dtype=torch.float64)
-        state[f"{prefix}post_attention_layernorm.weight"] = plan.post_norms[i]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            state[f"{prefix}mlp.{name}.weight"] = getattr(layer.mlp, name).weight.detach().double().cpu()
-    config = deepseek_config(model, plan, kv_rank, rope_dims)
+    moments = _key_moments(model, plan, pairs, calibration) if calibration else None
     with torch.device(reference.device):
-        new = DeepseekV3ForCausalLM(config)
-    new.load_state_dict({name: t.to(reference.dtype) for name, t in state.items()})  # tied: the same tensor twice
-    new = new.to(reference.dtype).train(model.training)
-    _check_frequencies(model, new, pairs)
+        new = DeepseekV3ForCausalLM(deepseek_config(model, plan, kv_rank, rope_dims)).to(reference.dtype)
+
+    def load(module: nn.Module, tensors: dict[str, torch.Tensor]) -> None:  # strict: every parameter, right shapes
+        module.load_state_dict({name: t.to(reference.dtype) for name, t in tensors.items()})
+
+    downs = []
+    for i, (source, target) in enumerate(zip(model.model.layers, new.model.layers)):
+        layer = _Layer.read(source.self_attn, plan.input_norms[i], plan)
+        mix = principal_directions(moments[i] if moments is not None else _weight_moments(layer, pairs))
+        attention, down = _attention_tensors(layer, plan, pairs, mix, kv_rank)
+        downs.append(down)
+        mlp = {f"mlp.{name}.weight": getattr(source.mlp, name).weight.detach() for name in _MLP}
+        load(
+            target,
+            {
+                **{f"self_attn.{name}": t for name, t in attention.items()},
+                "self_attn.kv_a_layernorm.weight": torch.ones(kv_rank),  # the latent's RMS, measured below
+                "input_layernorm.weight": torch.ones(plan.width),  # folded into the projections
+                "post_attention_layernorm.weight": plan.post_norms[i],
+                **mlp,
+            },
+        )
+    for target, rms in zip(new.model.layers, _latent_rms(model, plan, downs, calibration)):
+        with torch.no_grad():
+            target.self_attn.kv_a_layernorm.weight.fill_(rms)
+    load(new.model.embed_tokens, {"weight": model.model.embed_tokens.weight.detach().double() * plan.embed_scale})
+    load(new.model.norm, {"weight": plan.final_norm})
+    load(new.lm_head, {"weight": model.lm_head.weight.detach()})  # tied: the embeddings, loaded twice alike
+    new.train(model.training)
     if getattr(model, "generation_config", None) is not None:
         new.generation_config = copy.deepcopy(model.generation_config)
     return new
 
 
-def _check_frequencies(source: nn.Module, converted: nn.Module, pairs: torch.Tensor) -> None:
-    """Refuse a conversion whose rotary key would not turn at the kept pairs' own frequencies."""
-    ours, theirs = source.model.rotary_emb, converted.model.rotary_emb
+def _check_frequencies(source: nn.Module, config: Any, pairs: torch.Tensor) -> None:
+    """Refuse a conversion whose rotary key would not turn at the kept pairs' own frequencies: what
+    DeepSeek's rotary embedding computes from ``config`` (built alone, with no layers), against
+    the source's frequencies at ``pairs``."""
+    from transformers import DeepseekV3Model
+
+    bare = copy.deepcopy(config)
+    bare.num_hidden_layers, bare.vocab_size, bare.hidden_size, bare.intermediate_size = 0, 1, 1, 1
+    ours, theirs = source.model.rotary_emb, DeepseekV3Model(bare).rotary_emb
     expected = ours.inv_freq.detach().double().cpu()[pairs]
     got = theirs.inv_freq.detach().double().cpu()
     scales = (float(getattr(ours, "attention_scaling", 1.0)), float(getattr(theirs, "attention_scaling", 1.0)))
