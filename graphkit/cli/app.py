@@ -195,14 +195,6 @@ class ModelFormat(str, enum.Enum):
     hf = "hf"
 
 
-#: what --format says in every command that writes a model
-FORMAT_HELP = (
-    "graphkit: a safetensors file of the parameters, the conversion in its metadata (graphkit compile rebuilds it); "
-    "hf: a folder stock transformers loads (AutoModelForCausalLM.from_pretrained, no custom code): GQA as the "
-    "model's own class with fewer num_key_value_heads, MLA as DeepSeek-V3 (LLaMA-style decoders only)."
-)
-
-
 def load_model(source: Path):
     """The model (and example inputs) a command's SRC names: a MODEL.py. The one place the
     convert and finetune commands load a model, so that a new kind of source reaches both."""
@@ -231,7 +223,14 @@ def convert(
     out: Path = typer.Option(
         ..., "--out", "-o", help="Converted parameters (safetensors), or with --format hf a model folder."
     ),
-    format: ModelFormat = typer.Option(ModelFormat.graphkit, "--format", help=FORMAT_HELP),
+    format: ModelFormat = typer.Option(
+        ModelFormat.graphkit,
+        "--format",
+        help="graphkit: a safetensors file of the parameters, the conversion in its metadata (graphkit compile "
+        "rebuilds it); hf: a folder stock transformers loads (AutoModelForCausalLM.from_pretrained, no custom "
+        "code): GQA as the model's own class with fewer num_key_value_heads, MLA as DeepSeek-V3 (LLaMA-style "
+        "decoders only).",
+    ),
     window: Optional[int] = typer.Option(
         None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."
     ),
