@@ -32,8 +32,8 @@ from graphkit.attention import convert  # noqa: E402
 from graphkit.attention.grouping import GROUPINGS  # noqa: E402
 from graphkit.attention.mla import MLAError, kv_cache_bytes, to_mla  # noqa: E402
 from graphkit.families import build_model, resolve_config  # noqa: E402
+from graphkit.finetune import score, up_train  # noqa: E402
 from graphkit.ghn.data import calibration_inputs, default_source, load_source  # noqa: E402
-from graphkit.ghn.evaluate import fine_tune, score  # noqa: E402
 
 MODELS = {  # resolved below: a data source shapes its batches from the full config
     "vit": dict(family="vit", num_layers=4, hidden=128, heads=8, image_size=8, patch_size=2, num_classes=10),
@@ -54,8 +54,16 @@ def trained(family: str, steps: int, source) -> torch.nn.Module:
     model = build_model(MODELS[family], "cpu")
     generator = torch.Generator().manual_seed(1)
     batches = [source.batch(MODELS[family], BATCH[family], generator) for _ in range(steps)]
-    fine_tune(model, batches, source.task, 1e-3)
+    up_train(model, source.task, batches.__getitem__, steps, 1e-3)
     return model
+
+
+def up_trained(model: torch.nn.Module, batches: list, task: str, held_out: list) -> dict[int, tuple[float, float]]:
+    """Held-out (loss, accuracy) of ``model`` at step 0 and after up-training on every batch of
+    ``batches`` at lr 3e-4: ``graphkit finetune``'s loop (graphkit.finetune.up_train), on the
+    same batches for every conversion."""
+    _, scores = up_train(model, task, batches.__getitem__, len(batches), 3e-4, held_out=held_out, at=(0, len(batches)))
+    return scores
 
 
 def family_rows(family: str, steps: int, uptrain: int) -> list[str]:
@@ -71,7 +79,7 @@ def family_rows(family: str, steps: int, uptrain: int) -> list[str]:
     calibration = calibration_inputs(config)
     for grouping in GROUPINGS:
         converted = convert(copy.deepcopy(model), "gqa", KV_HEADS, grouping=grouping, calibration=calibration)
-        _, scores = fine_tune(converted, uptraining, source.task, 3e-4, held_out, at=(0, uptrain))
+        scores = up_trained(converted, uptraining, source.task, held_out)
         (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
         cache = f"{100 * KV_HEADS // config['heads']}%"
         rows.append(f"| {family} | {grouping} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
@@ -88,7 +96,7 @@ def family_rows(family: str, steps: int, uptrain: int) -> list[str]:
             rows.append(f"| {family} | {label} | - | refused: {str(e).split(': ', 1)[1]} | - |")
             continue
         cache = f"{100 * kv_cache_bytes(converted) // kv_cache_bytes(model)}%"
-        _, scores = fine_tune(converted, uptraining, source.task, 3e-4, held_out, at=(0, uptrain))
+        scores = up_trained(converted, uptraining, source.task, held_out)
         (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
         rows.append(f"| {family} | {label} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
         print(rows[-1], flush=True)
@@ -112,16 +120,14 @@ def table(args) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
+def options(parser) -> None:
+    """The training and up-training steps (hf_export.py takes the same)."""
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--uptrain", type=int, default=100)
+
+
 def main() -> None:
-    common.main(
-        __doc__,
-        "grouping_quality",
-        table,
-        lambda p: (
-            p.add_argument("--steps", type=int, default=2000),
-            p.add_argument("--uptrain", type=int, default=100),
-        ),
-    )
+    common.main(__doc__, "grouping_quality", table, options)
 
 
 if __name__ == "__main__":

@@ -33,5 +33,6 @@ class ModelFileError(ModelSourceError):
 
 
 class TrainError(GraphkitError):
-    """Training a hypernetwork cannot start or continue (bad dataset, data, resume folder or
-    loss); raised by ``graphkit.ghn.training`` and the pool and run folder it reads."""
+    """Training a hypernetwork, or up-training a model, cannot start or continue (bad dataset,
+    data, option, resume folder or loss); raised by ``graphkit.ghn.training``,
+    ``graphkit.finetune`` and the pool and run folder they read."""

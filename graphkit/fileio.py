@@ -45,9 +45,11 @@ import io
 import json
 import os
 import re
+import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 from pathlib import Path
@@ -96,6 +98,45 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+def _new_folder(parent: Path, name: str, kind: str) -> Path:
+    """An empty hidden folder of a name no one else uses, in ``parent``, for staging a save."""
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = parent / f".{name}.{uuid.uuid4().hex[:12]}.{kind}"
+    folder.mkdir()
+    return folder
+
+
+def write_folder(path: str | Path, write: Callable[[Path], None], *, in_place: bool = False) -> Path:
+    """Have ``write`` fill a freshly made hidden folder beside ``path`` (or inside it, with
+    ``in_place``), then put what it wrote at ``path`` so that an interrupted save leaves the
+    previous contents intact: by default the folder is swapped whole (its files always belong
+    together, and an earlier save's files of other names go); with ``in_place`` (a run folder
+    that holds more, such as metrics or a checkpoint) each written file replaces its namesake,
+    ``config.json`` last, and nothing else is touched. Returns the absolute ``path``. Whether
+    ``path`` may be written at all is the caller's check (:func:`check_output_dir`)."""
+    path = Path(os.path.abspath(path))
+    in_place = in_place and path.is_dir()
+    staging = _new_folder(path if in_place else path.parent, path.name, "tmp")
+    old = None
+    try:
+        write(staging)
+        if in_place:
+            for name in sorted(os.listdir(staging), key=lambda n: n == "config.json"):  # config.json last
+                os.replace(staging / name, path / name)
+            staging.rmdir()
+            return path
+        if path.exists():
+            old = _new_folder(path.parent, path.name, "old")
+            os.replace(path, old)
+        os.replace(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
+    return path
+
+
 #: the name every mark starts with (see the module docstring)
 MARK = "graphkit"
 #: what graphkit writes, by the kind its mark records: a command replaces only its own kind,
@@ -114,12 +155,20 @@ KINDS = {
     "hypernetwork": "a hypernetwork checkpoint",  # train-ghn: its files, and the folder holding them
     "training-figure": "a training-metrics figure",  # train-ghn: metrics.png
     "dataset": "a dataset",  # generate: the folder
+    "model-folder": "a model folder",  # convert --format hf: what save_pretrained writes, marked in config.json
+    "finetune": "an up-training run",  # finetune: the run folder, its model.safetensors and checkpoint
 }
 #: the text of a mark: graphkit, its version, the kind
 _MARK_TEXT = re.compile(rf"{MARK} (\S+) ([a-z][a-z-]*)")
 #: the file, by folder kind, whose mark says what a folder graphkit writes holds (a dataset by
 #: its run file, named in graphkit's hidden namespace and written before anything else)
-FOLDER_MARKERS = {"dataset": ".graphkit-run.json", "hypernetwork": "config.json", "evaluation": "eval.json"}
+FOLDER_MARKERS = {
+    "dataset": ".graphkit-run.json",
+    "hypernetwork": "config.json",
+    "evaluation": "eval.json",
+    "finetune": "checkpoint/trainer_state.json",  # before model-folder: a run saved --format hf holds both
+    "model-folder": "config.json",
+}
 #: files larger than this are never graphkit's JSON, and are not read whole to find out
 _MAX_JSON = 256 << 20
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -401,6 +450,7 @@ __all__ = [
     "write_text_atomic",
     "save_figure",
     "save_safetensors",
+    "write_folder",
     "check_output_file",
     "check_output_dir",
     "graphkit_kind",

@@ -42,6 +42,25 @@ def assert_golden_fingerprint(key: str, graph) -> None:
     assert graph.fingerprint() == pinned.get(key), f"{key}: the graph changed (see {GOLDEN.name})"
 
 
+def assert_decodes_from_its_cache(model, tokens: torch.Tensor, prefix: int = 5) -> object:
+    """A language model decoding token by token from its cache gives the logits of one pass over
+    the whole sequence, and ``generate`` picks the same tokens with its cache as without it.
+    Returns the cache after the last step."""
+    with torch.no_grad():
+        whole = model(tokens, use_cache=False).logits
+        first = model(tokens[:, :prefix], use_cache=True)
+        cache, steps = first.past_key_values, [first.logits]
+        for t in range(prefix, tokens.shape[1]):
+            out = model(tokens[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits)
+        cached = model.generate(tokens[:, :prefix], max_new_tokens=6, do_sample=False)
+        uncached = model.generate(tokens[:, :prefix], max_new_tokens=6, do_sample=False, use_cache=False)
+    assert (torch.cat(steps, dim=1) - whole).abs().max() < 1e-4
+    assert torch.equal(cached, uncached)
+    return cache
+
+
 def meta(build):
     """Call ``build`` with the meta device as default."""
     with torch.device("meta"):

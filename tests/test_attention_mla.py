@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_decodes_from_its_cache
 
 import graphkit
 from graphkit.attention import convert
@@ -99,20 +100,7 @@ def test_a_language_model_decodes_from_its_cache_as_from_the_whole_sequence(name
         converted = convert(model, "gqa", 2)
     else:
         converted = to_mla(model, kv_rank=24, rope_dims=4 if conversion == "mla-rope" else None)
-    tokens = inputs(name)[:1]
-    with torch.no_grad():
-        whole = converted(tokens, use_cache=False).logits
-        first = converted(tokens[:, :5], use_cache=True)
-        cache = first.past_key_values
-        steps = [first.logits]
-        for t in range(5, tokens.shape[1]):
-            out = converted(tokens[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            steps.append(out.logits)
-        cached = converted.generate(tokens[:, :5], max_new_tokens=6, do_sample=False)
-        uncached = converted.generate(tokens[:, :5], max_new_tokens=6, do_sample=False, use_cache=False)
-    assert (torch.cat(steps, dim=1) - whole).abs().max() < 1e-4
-    assert torch.equal(cached, uncached)
+    cache = assert_decodes_from_its_cache(converted, inputs(name)[:1])
     if conversion == "mla":
         assert cache.layers[0].keys.shape[-1] == 24 and cache.layers[0].values.shape[-1] == 0  # the latent alone
     elif conversion == "mla-rope":  # the latent and each K/V head's 4 rotary key dimensions
@@ -137,6 +125,24 @@ def test_an_attention_to_mla_cannot_convert_is_named():
         MLAError, match=r"module '0' \(torch.nn.modules.activation.MultiheadAttention\) is an attention"
     ):
         to_mla(model, 8)
+
+
+def test_per_head_query_and_key_norms_are_refused_not_dropped():
+    """Qwen3 normalises each head's query and key; to_mla replaced the module and silently lost
+    both norms (its full-rank conversion was 0.3 off in the logits, where it must be exact)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+        intermediate_size=48, vocab_size=64,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    with pytest.raises(
+        MLAError, match=r"module 'model.layers.0.self_attn' \(Qwen3Attention\) normalises .*q_norm, k_norm"
+    ):
+        to_mla(model, 32)
+    assert type(model.model.layers[0].self_attn).__name__ == "Qwen3Attention"
 
 
 @pytest.mark.parametrize("bias", [False, True])

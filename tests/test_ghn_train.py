@@ -23,6 +23,7 @@ from graphkit.cli import app
 from graphkit.datasets.generate import generate
 from graphkit.datasets.recipes import get_recipe
 from graphkit.families import build_model
+from graphkit.finetune import score
 from graphkit.ghn import (
     BUNDLED,
     CheckpointError,
@@ -39,7 +40,7 @@ from graphkit.ghn import (
 from graphkit.ghn.checkpoint import describe, record_evaluation
 from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import EncodingError
-from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise, score
+from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise
 from graphkit.ghn.model import GraphEncoder
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import parameter_groups, run_models

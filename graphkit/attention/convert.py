@@ -539,6 +539,20 @@ def capture_calibration(
         for path, module, adapter in plan
         for handle in adapter.capture(module, lambda *qkv, path=path: seen[path].append(qkv))
     ]
+    run_calibration(model, calibration, handles)
+    for path, _, _ in plan:
+        if not seen[path]:
+            raise ConvertError(f"module '{path}': the calibration inputs never reached it")
+    return {
+        path: [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]] for path, _, adapter in plan
+    }
+
+
+def run_calibration(model: nn.Module, calibration: Sequence[Any], hooks: Sequence[Any] = ()) -> None:
+    """Run ``model`` without gradients on every calibration input (a tensor, a tuple of
+    arguments or a dict of keyword arguments), for the ``hooks`` that read its activations, and
+    remove those hooks (their handles) after, whatever happens; an input the model cannot take is
+    a ConvertError."""
     try:
         with torch.no_grad():
             for inputs in calibration:
@@ -549,11 +563,5 @@ def capture_calibration(
     except Exception as e:  # a calibration input the model cannot take
         raise ConvertError(f"calibration input: {type(model).__name__} cannot run it ({type(e).__name__}: {e})") from e
     finally:
-        for handle in handles:
-            handle.remove()
-    for path, _, _ in plan:
-        if not seen[path]:
-            raise ConvertError(f"module '{path}': the calibration inputs never reached it")
-    return {
-        path: [Calibration(q, k, v, adapter.causal, w_o) for q, k, v, w_o in seen[path]] for path, _, adapter in plan
-    }
+        for hook in hooks:
+            hook.remove()

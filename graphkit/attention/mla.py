@@ -56,7 +56,9 @@ from graphkit.attention.convert import (
     GPT2GroupedAttention,
     ViTGroupedAttention,
     capture_calibration,
+    conversion_metadata,
 )
+from graphkit.attention.core import GroupedQueryAttention
 from graphkit.errors import GraphkitError
 from graphkit.validation import is_count
 
@@ -439,13 +441,16 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
 def kv_cache_bytes(model: nn.Module) -> int:
     """Bytes of KV cache per token, summed over the layers: K and V, heads x head_dim values
-    each, per layer for MHA and GQA, ``kv_rank`` values for MLA, at the model's parameter dtype."""
+    each, per layer for MHA and GQA, ``kv_rank`` values (and the rotary keys) for MLA, graphkit's
+    or DeepSeek's (``kv_lora_rank + qk_rope_head_dim``), at the model's parameter dtype."""
     size = next(model.parameters()).element_size()
     total = 0
     for module in model.modules():
         kind = _kind(module)
         if isinstance(module, LatentKV):
             total += module.kv_rank + (module.k_rope.out_features if module.rope_dims else 0)
+        elif hasattr(module, "kv_a_proj_with_mqa"):  # DeepSeek's MLA: the latent and the rotary key all heads share
+            total += module.kv_a_proj_with_mqa.out_features
         elif isinstance(module, (ViTGroupedAttention, GPT2GroupedAttention)):
             total += 2 * module.core.kv_heads * module.head_dim
         elif kind == "llama":  # its K/V projections say how many K/V heads it has, converted to GQA or not
@@ -467,7 +472,15 @@ def _width(module: nn.Module, kind: str) -> int:
 def _check(path: str, module: nn.Module, kind: str, kv_rank: Any, rope_dims: Any) -> None:
     """Refuse a rank or rotary width ``module`` cannot take, naming it. The latent's rank is at
     most the width of what it factors, the model's width or the stacked K/V projections' rows
-    (fewer for a GQA model with few K/V heads), whichever is less."""
+    (fewer for a GQA model with few K/V heads), whichever is less. Per-head query and key norms
+    (Qwen3's ``q_norm`` and ``k_norm``) are refused: a key normalised per token and head is not a
+    linear function of the input, so no latent can hold it."""
+    norms = [n for n in ("q_norm", "k_norm") if not isinstance(getattr(module, n, nn.Identity()), nn.Identity)]
+    if kind == "llama" and norms:
+        raise MLAError(
+            f"module '{path}' ({type(module).__name__}) normalises its queries and keys per head ({', '.join(norms)}), "
+            "which a latent cannot hold; to_mla does not convert it"
+        )
     if rope_dims is not None:
         if kind != "llama":
             raise MLAError(
@@ -540,3 +553,15 @@ def mla_metadata(model: nn.Module) -> dict[str, str]:
     if latent.rope_dims:
         metadata["graphkit_rope_dims"] = str(latent.rope_dims)
     return metadata
+
+
+def attention_metadata(model: nn.Module) -> dict[str, str]:
+    """What ``model``'s converted attention is, for a safetensors file's metadata: MLA's rank and
+    rotary width (:func:`mla_metadata`), GQA's or a variant's K/V heads and groups
+    (:func:`~graphkit.attention.convert.conversion_metadata`), nothing for attention graphkit did
+    not convert."""
+    if any(isinstance(m, LatentKV) for m in model.modules()):
+        return mla_metadata(model)
+    if any(isinstance(m, GroupedQueryAttention) for m in model.modules()):
+        return conversion_metadata(model)
+    return {}

@@ -271,6 +271,11 @@ class Grouping(str, enum.Enum):
     search = "search"
 
 
+class ModelFormat(str, enum.Enum):
+    graphkit = "graphkit"
+    hf = "hf"
+
+
 @app.command()
 @command
 def convert(
@@ -289,7 +294,17 @@ def convert(
     kv_heads: Optional[int] = typer.Option(
         None, "--kv-heads", "-k", help="K/V heads per layer (must divide the heads; default: as many as heads)."
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Converted parameters and buffers (safetensors)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Converted parameters (safetensors), or with --format hf a model folder."
+    ),
+    format: ModelFormat = typer.Option(
+        ModelFormat.graphkit,
+        "--format",
+        help="graphkit: a safetensors file of the parameters, the conversion in its metadata (graphkit compile "
+        "rebuilds it); hf: a folder stock transformers loads (AutoModelForCausalLM.from_pretrained, no custom "
+        "code): GQA as the model's own class with fewer num_key_value_heads, MLA as DeepSeek-V3 (LLaMA-style "
+        "decoders only).",
+    ),
     window: Optional[int] = typer.Option(
         None, "--window", help="DGQA: training steps between allocation updates, >= 1 (default 300)."
     ),
@@ -320,31 +335,56 @@ def convert(
         help="MLA for RoPE models (LLaMA, Mistral): keep this many rotary dimensions per K/V head out of the "
         "latent, cached beside it, and drop RoPE from the rest (MHA2MLA's partial RoPE, chosen on calibration "
         "data; even, 2 to head_dim - 2). Decoding then reads the latent without rebuilding K; the model "
-        "changes and wants up-training. Without it the conversion is exact but rebuilds K every step.",
+        "changes and wants up-training. Without it the conversion is exact but rebuilds K every step. "
+        "With --format hf (needed there): DeepSeek's rotary key, D dimensions shared by all heads (TransMLA's "
+        "RoRoPE; even, dividing head_dim).",
     ),
 ) -> None:
     """Convert a model's attention to GQA or a key-driven variant (K/V heads mean-pooled over
     neighbours or measured groups), or to MLA (a shared low-rank latent), and save it (the variant,
-    K/V heads or rank, groups and DGQA's options go into the file's metadata). Prints the KV cache
-    per token before and after."""
+    K/V heads or rank, groups and DGQA's options go into the file's metadata), or with --format hf
+    as a folder stock transformers loads. Prints the KV cache per token before and after."""
     from graphkit.attention import convert as convert_model
     from graphkit.attention.convert import check_grouping, check_variant_options, conversion_metadata
     from graphkit.attention.grouping import MEASURED
+    from graphkit.attention.hf_format import (
+        HF_VARIANTS,
+        check_deepseek,
+        check_hf_export,
+        check_hf_output,
+        hf_info,
+        save_hf,
+        to_deepseek,
+    )
     from graphkit.attention.mla import kv_cache_bytes, mla_metadata, to_mla
     from graphkit.errors import GraphkitError
-    from graphkit.families import ConfigError, config_from_graph
-    from graphkit.ghn.data import calibration_inputs, load_source
+    from graphkit.families import ConfigError
+    from graphkit.ghn.data import calibration_inputs, data_config, load_source
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
 
-    check_params_output(out, kind="converted-weights")
+    hf = format is ModelFormat.hf
+    mla = attention.value == "mla"
+    if hf:
+        check_hf_output(out)
+        if attention.value not in HF_VARIANTS:
+            raise GraphkitError(
+                f"--format hf writes {' or '.join(HF_VARIANTS)}: no stock transformers class computes "
+                f"{attention.value}; --format graphkit writes it"
+            )
+        if mla and rope_dims is None:
+            raise GraphkitError(
+                "-a mla --format hf needs --rope-dims: DeepSeek's format caches a rotary key of D dimensions, "
+                "shared by all heads, beside the latent"
+            )
+    else:
+        check_params_output(out, kind="converted-weights")
     options = {
         name: value
         for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
         if value is not None
     }
-    mla = attention.value == "mla"
     if mla != (kv_rank is not None):
         raise GraphkitError("-a mla needs --kv-rank" if mla else f"--kv-rank applies to -a mla, not {attention.value}")
     if rope_dims is not None and not mla:
@@ -366,19 +406,26 @@ def convert(
         raise GraphkitError(
             f"{model}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
+    if hf:  # a model the format cannot hold is refused before calibration or conversion
+        check_hf_export(loaded.model, attention.value)
+        if mla:
+            check_deepseek(loaded.model, kv_rank, rope_dims)
     before = kv_cache_bytes(loaded.model)
     calibration = []
     if calibrate:
         try:
-            config = config_from_graph(trace_model(loaded.model, loaded.example_inputs))
+            config = data_config(loaded.model, loaded.example_inputs)
         except ConfigError as e:
             option = "--rope-dims" if mla else f"--grouping {grouping.value}"
             raise GraphkitError(
                 f"{model}: {option} draws calibration data shaped for one of "
-                f"graphkit's families, and this model is not one ({e})"
+                f"graphkit's families or a language model, and this model is neither ({e})"
             ) from None
         calibration = calibration_inputs(config, data)
-    if mla:
+    if mla and hf:
+        model = to_deepseek(loaded.model, kv_rank, rope_dims, calibration)
+        metadata = {"attention": "mla", "kv_rank": kv_rank, "rope_dims": rope_dims, "rope": "shared (RoRoPE)"}
+    elif mla:
         model = to_mla(loaded.model, kv_rank, rope_dims=rope_dims, calibration=calibration)
         metadata = mla_metadata(model)
     else:
@@ -387,7 +434,10 @@ def convert(
         )
         metadata = conversion_metadata(model)
     graph = trace_model(model, loaded.example_inputs)
-    save_params(model, out, metadata=metadata, kind="converted-weights")
+    if hf:
+        save_hf(model, out, hf_info(metadata))
+    else:
+        save_params(model, out, metadata=metadata, kind="converted-weights")
     after = kv_cache_bytes(model)
     console.print(
         f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",
@@ -395,6 +445,93 @@ def convert(
     )
     print_graph(graph)
     console.print(f"wrote {out}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@command
+def finetune(
+    model: str = model_argument(
+        "The model to train, converted or not; it needs weights: a folder's safetensors are loaded in float32; "
+        "timm:, hf: and a folder without weights get the library's random initialisation."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Run folder: the trained model (as --format says), checkpoint/, metrics.jsonl."
+    ),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR "
+        "(default: digits for ViTs, stdlib-text for language models).",
+    ),
+    steps: int = typer.Option(100, "--steps", help="AdamW steps, one batch each."),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (constant)."),
+    batch_size: int = typer.Option(16, "--batch-size", "-b", help="Images or sequences per step."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
+    weight_decay: float = typer.Option(0.01, "--weight-decay"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the batches and dropout (step i draws from its own)."),
+    checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
+    log_every: int = typer.Option(10, "--log-every", help="Steps between metrics.jsonl lines."),
+    format: ModelFormat = typer.Option(
+        ModelFormat.graphkit,
+        "--format",
+        help="graphkit: OUT/model.safetensors, a converted model's conversion in its metadata; hf: OUT holds what "
+        "save_pretrained writes, so AutoModelForCausalLM.from_pretrained(OUT) loads it (transformers models "
+        "whose attention is their own or GQA; convert -a mla --format hf gives DeepSeek's MLA).",
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
+) -> None:
+    """Up-train a model, converted or not, on the bundled data or yours, in a resumable run folder,
+    and save it in either format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
+    import json
+
+    from graphkit.attention.hf_format import check_stock, save_hf
+    from graphkit.attention.mla import attention_metadata
+    from graphkit.errors import GraphkitError
+    from graphkit.finetune import RUN_FILES, FinetuneConfig
+    from graphkit.finetune import finetune as up_train_model
+    from graphkit.ghn.data import load_source
+    from graphkit.ghn.run_folder import run_folder
+    from graphkit.params import save_params
+    from graphkit.sources import load_model_source
+
+    config = FinetuneConfig(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        weight_decay=weight_decay,
+        data=data,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        device=device,
+    )
+    folder = run_folder(out, resume, files=RUN_FILES, kind="finetune")
+    if data is not None:
+        load_source(data)  # a bad spec fails before the model is loaded
+    loaded = load_model_source(model, weights=True)
+    if any(p.is_meta for p in loaded.model.parameters()):
+        raise GraphkitError(f"{model}: the model is on the meta device; finetune needs its weights")
+    if format is ModelFormat.hf:
+        check_stock(loaded.model)  # before training, not after
+    metadata = attention_metadata(loaded.model)
+    last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)
+    record = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
+    if format is ModelFormat.hf:
+        save_hf(loaded.model, folder, {"finetune": record}, in_place=True)
+    else:
+        metadata["graphkit_finetune"] = json.dumps(record)
+        save_params(loaded.model, folder / "model.safetensors", metadata=metadata, kind="finetune")
+    trained = f"loss {last['loss']:.4f}, " if last["loss"] is not None else ""
+    console.print(
+        f"step {steps}: {trained}held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}; "
+        f"wrote {folder}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import uuid
 from collections.abc import Mapping
 from dataclasses import fields as dataclass_fields
 from importlib import resources
@@ -26,7 +24,7 @@ from safetensors.torch import load_file
 
 from graphkit.errors import GraphkitError
 from graphkit.families import FamilyTable
-from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_text_atomic
+from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
 from graphkit.graph import ArchGraph
@@ -55,46 +53,33 @@ def save_checkpoint(
     """Write ``ghn`` (and, for resuming, the optimizer and trainer state) to the folder ``path``,
     atomically; ``info`` (family, trained ops, data, ...) goes into config.json. ``path`` may be
     ``.``: it names the folder it resolves to. The files are staged in a freshly made folder of
-    a unique name, so no earlier file of any name is removed but the checkpoint's own."""
+    a unique name (:func:`~graphkit.fileio.write_folder`), so no earlier file of any name is
+    removed but the checkpoint's own."""
     path = Path(os.path.abspath(check_output_dir(path, "checkpoint folder", kind="hypernetwork")))
     in_place = path.is_dir() and bool(set(os.listdir(path)) - FILES)  # a training run's folder: replace our files only
-    staging = _new_folder(path if in_place else path.parent, path.name, "tmp")
-    try:
+
+    def write(staging: Path) -> None:
         weights = {k: v.detach().contiguous().cpu() for k, v in ghn.state_dict().items()}
         save_safetensors(weights, staging / "model.safetensors", "hypernetwork", {"format": "pt"})
         config = {"logah": ghn.config_dict(), "ops_version": OPS_VERSION, **info}
         # marked: the mark tells a training run's or a checkpoint's folder apart (fileio.folder_kind)
         (staging / "config.json").write_text(marked_json("hypernetwork", config, indent=2, sort_keys=True) + "\n")
         if optimizer is not None:
-            tensors, groups = _flatten_optimizer(optimizer.state_dict())
-            save_safetensors(tensors, staging / "optimizer.safetensors", "hypernetwork")
-            (staging / "trainer_state.json").write_text(
-                json.dumps({**(state or {}), "param_groups": groups}, indent=2) + "\n"
-            )
-        if in_place:
-            for name in sorted(os.listdir(staging), key=lambda n: n == "config.json"):  # config.json last
-                os.replace(staging / name, path / name)
-            staging.rmdir()
-            return path
-        old = None
-        if path.exists():  # a checkpoint folder: swap it whole, so its files always belong together
-            old = _new_folder(path.parent, path.name, "old")
-            os.replace(path, old)
-        os.replace(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old)
-    return path
+            save_optimizer_state(staging, optimizer, state or {})
+
+    return write_folder(path, write, in_place=in_place)
 
 
-def _new_folder(parent: Path, name: str, kind: str) -> Path:
-    """An empty hidden folder of a name no one else uses, in ``parent``, for staging a save."""
-    parent.mkdir(parents=True, exist_ok=True)
-    folder = parent / f".{name}.{uuid.uuid4().hex[:12]}.{kind}"
-    folder.mkdir()
-    return folder
+def save_optimizer_state(
+    folder: Path, optimizer: torch.optim.Optimizer, state: Mapping[str, Any], kind: str = "hypernetwork"
+) -> None:
+    """Write what resuming needs beside a model's weights in ``folder``: ``optimizer.safetensors``
+    (the optimizer's tensors, marked as part of graphkit's ``kind`` of output) and
+    ``trainer_state.json`` (``state``, such as the step and the run's config, and the optimizer's
+    groups); :func:`load_optimizer_state` reads them back."""
+    tensors, groups = _flatten_optimizer(optimizer.state_dict())
+    save_safetensors(tensors, folder / "optimizer.safetensors", kind)
+    (folder / "trainer_state.json").write_text(marked_json(kind, {**state, "param_groups": groups}, indent=2) + "\n")
 
 
 def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str | torch.device = "cpu") -> LoGAH:

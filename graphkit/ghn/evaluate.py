@@ -34,9 +34,10 @@ from graphkit.compiler import load_params
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
+from graphkit.finetune import up_train
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
-from graphkit.ghn.data import default_source, load_source, output_loss
+from graphkit.ghn.data import default_source, load_source
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
@@ -111,15 +112,6 @@ def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] |
     return model
 
 
-def score(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], task: str) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
-
-    model.eval()
-    with torch.no_grad():
-        results = [output_loss(task, model(x), y) for x, y in batches]
-    return (sum(r[0].item() for r in results) / len(results), sum(r[1].item() for r in results) / len(results))
-
-
 def horizons(steps: int) -> list[int]:
     """The steps at which a fine-tuned model is scored: 0, 100 and the last."""
     return sorted({0, min(100, steps), steps})
@@ -133,22 +125,10 @@ def fine_tune(
     held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     at: Sequence[int] = (),
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
-    """Train ``model`` one AdamW step per batch; returns the training losses and the held-out
-    (loss, accuracy) after each step count in ``at`` (0: before the first step)."""
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    scores = {0: score(model, held_out, task)} if 0 in at else {}
-    losses = []
-    for step, (x, y) in enumerate(batches, 1):
-        model.train()
-        loss, _ = output_loss(task, model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        if step in at:
-            scores[step] = score(model, held_out, task)
-    return losses, scores
+    """Train ``model`` one AdamW step per batch (:func:`graphkit.finetune.up_train`, the loop every
+    up-training runs); returns the training losses and the held-out (loss, accuracy) after each
+    step count in ``at`` (0: before the first step)."""
+    return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at)
 
 
 def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True) -> list[dict[str, Any]]:

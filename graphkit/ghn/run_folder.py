@@ -1,6 +1,8 @@
 """A training run's folder: what it holds, the checks before a run writes into it (outside the
 dataset, no earlier run's files under a fresh run, a checkpoint to resume), the options a
-resume must repeat, and loading the checkpoint it resumes from."""
+resume must repeat, and loading the checkpoint it resumes from. Hypernetwork training
+(:mod:`graphkit.ghn.training`) and up-training (:mod:`graphkit.finetune`) both keep their runs
+this way, each with its own files and options."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from graphkit.errors import TrainError
-from graphkit.fileio import check_output_dir
+from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state
 from graphkit.ghn.model import LoGAH
 
@@ -43,20 +45,28 @@ RESUMED_OPTIONS = (
 )
 
 
-def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
+def run_folder(
+    out: str | Path,
+    resume: bool,
+    dataset: str | Path | None = None,
+    files: tuple[str, ...] = RUN_FILES,
+    kind: str = "hypernetwork",
+) -> Path:
     """The absolute run folder for ``--out`` (``.`` included), checked before any work: it must
-    be (or become) a folder outside the dataset, a fresh run must not land on an earlier run's
-    files (or anyone else's files of those names), and a resumed one must find a training
-    checkpoint there."""
-    folder, data_folder = Path(os.path.abspath(out)), Path(os.path.abspath(dataset))
-    if folder == data_folder or data_folder in folder.parents:  # said first: more to the point than its kind
+    be (or become) a folder outside the dataset (when the run reads one), a fresh run must not
+    land on an earlier run's ``files`` (or anyone else's files of those names), and a resumed one
+    must find a training checkpoint there; a folder holding another ``kind`` of graphkit output
+    is refused (:func:`~graphkit.fileio.check_output_dir`)."""
+    folder = Path(os.path.abspath(check_output_dir(out)))
+    data_folder = Path(os.path.abspath(dataset)) if dataset is not None else None
+    if data_folder is not None and (folder == data_folder or data_folder in folder.parents):
         raise TrainError(f"--out {out}: lies in the dataset folder {dataset}; choose another --out")
-    check_output_dir(out, kind="hypernetwork")
+    check_output_dir(out, kind=kind)
     if resume:
         if not (folder / "checkpoint" / "trainer_state.json").is_file():
             raise TrainError(f"{folder / 'checkpoint'}: nothing to resume (no training checkpoint there)")
         return folder
-    clash = next((name for name in RUN_FILES if (folder / name).exists()), None)
+    clash = next((name for name in files if (folder / name).exists()), None)
     if clash is not None:
         raise TrainError(
             f"--out {out}: already holds {clash}; continue that run with --resume, or choose another --out "
@@ -65,11 +75,17 @@ def run_folder(out: str | Path, resume: bool, dataset: str | Path) -> Path:
     return folder
 
 
-def check_resume(folder: Path, options: Mapping[str, Any], default_data: str, world: int = 1) -> None:
-    """Refuse a resume whose options differ from those the checkpoint in ``folder`` was trained
-    with (they would be recorded as if used throughout), with another number of processes
-    (each draws its own meta-batch), or whose ``--steps`` is below the steps already done.
-    ``options`` are the run's (``TrainConfig`` as a dict, ``data`` resolved to its source),
+def check_resume(
+    folder: Path,
+    options: Mapping[str, Any],
+    default_data: str,
+    world: int = 1,
+    names: tuple[str, ...] = RESUMED_OPTIONS,
+) -> None:
+    """Refuse a resume whose options ``names`` differ from those the checkpoint in ``folder`` was
+    trained with (they would be recorded as if used throughout), with another number of
+    processes (each draws its own meta-batch), or whose ``--steps`` is below the steps already
+    done. ``options`` are the run's (its config as a dict, ``data`` resolved to its source),
     ``default_data`` the family's data source (what a run recorded without ``--data`` used)."""
     state = read_trainer_state(folder)
     if state.get("world_size", world) != world:
@@ -85,7 +101,7 @@ def check_resume(folder: Path, options: Mapping[str, Any], default_data: str, wo
         "data": state["config"].get("data") or default_data,
     }
     given = options
-    for name in RESUMED_OPTIONS:
+    for name in names:
         if name not in recorded:  # an option added after the run was recorded: it cannot be checked
             continue
         before, now = recorded[name], given[name]
@@ -108,6 +124,14 @@ def logged_step(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return math.inf
+
+
+def trim_metrics(metrics_file: Path, step: int) -> None:
+    """Drop the lines a run logged after the checkpoint it resumes from at ``step``: it logs them
+    again as it redoes those steps."""
+    if metrics_file.exists():
+        lines = metrics_file.read_text().splitlines(keepends=True)
+        write_text_atomic(metrics_file, "".join(line for line in lines if logged_step(line) <= step))
 
 
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:

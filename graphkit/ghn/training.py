@@ -33,7 +33,6 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphkit.errors import TrainError
-from graphkit.fileio import write_text_atomic
 from graphkit.ghn.checkpoint import save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, LoGAHConfig
 from graphkit.ghn.data import default_source, load_source, output_loss
@@ -47,7 +46,7 @@ from graphkit.ghn.diagnostics import (
 from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.run_folder import check_resume, logged_step, resume_from, run_folder
+from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
 from graphkit.ghn.space import training_space
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
@@ -298,11 +297,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"
-    if resume and rank == 0 and metrics_file.exists():  # lines logged after the checkpoint will be logged again
-        write_text_atomic(
-            metrics_file,
-            "".join(line for line in metrics_file.read_text().splitlines(keepends=True) if logged_step(line) <= start),
-        )
+    if resume and rank == 0:
+        trim_metrics(metrics_file, start)
     last: dict[str, float] = {}
     columns = (
         TextColumn("train-ghn"),

@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphkit.families import FamilyTable
+from graphkit.families import FamilyTable, config_from_graph
 from graphkit.ghn.data.cifar import cifar, read_cifar_file
 from graphkit.ghn.data.images import ImageSource, digits, image_folder
 from graphkit.ghn.data.source import SPLITS, DataError, DataSource
 from graphkit.ghn.data.text import TextSource, stdlib_text, text_file, wikitext
+from graphkit.tracing import trace
 
 #: each family's default data source (``Family.data``), a live view of the family registry
 DEFAULT_SOURCES = FamilyTable("data")
@@ -41,9 +42,11 @@ __all__ = [
     "ImageSource",
     "TextSource",
     "calibration_inputs",
+    "data_config",
     "default_source",
     "load_source",
     "output_loss",
+    "source_for",
     "read_cifar_file",
 ]
 
@@ -53,6 +56,32 @@ def default_source(family: str) -> str:
     if family not in DEFAULT_SOURCES:
         raise DataError(f"no default data for family {family!r}; families with one: {', '.join(DEFAULT_SOURCES)}")
     return DEFAULT_SOURCES[family]
+
+
+def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str, Any]:
+    """The config a data source shapes its batches by for ``model``: a transformers language
+    model's read off its own config (its vocabulary and context; family: its model type), so that
+    any causal LM, LLaMA-like or a converted DeepSeek, takes text; anything else's from its graph,
+    for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError when neither
+    says (see :func:`graphkit.families.config_from_graph`)."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if isinstance(vocab, int) and isinstance(context, int):
+        return {
+            "family": getattr(config, "model_type", None) or type(model).__name__,
+            "vocab_size": vocab,
+            "context": context,
+        }
+    return config_from_graph(trace(model, example_inputs))
+
+
+def source_for(config: dict[str, Any]) -> str:
+    """The bundled data for the model ``config`` describes: its family's, else stdlib-text for any
+    language model (a config with a vocabulary); a DataError naming the families otherwise."""
+    if config.get("family") not in DEFAULT_SOURCES and "vocab_size" in config:
+        return "stdlib-text"
+    return default_source(config.get("family"))
 
 
 def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -116,7 +145,7 @@ def calibration_inputs(
     """A few batches of inputs for the model ``config`` describes, to measure its activations on
     (``convert``'s groupings): from the source ``spec`` names, else the family's bundled one, from
     the train split, drawn with a fixed seed so that a conversion repeats."""
-    source = load_source(spec or default_source(config["family"]), seq_len=seq_len)
+    source = load_source(spec or source_for(config), seq_len=seq_len)
     source.check(config)
     generator = torch.Generator().manual_seed(0)
     return [source.batch(config, batch_size, generator)[0] for _ in range(batches)]

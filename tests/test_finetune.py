@@ -1,0 +1,122 @@
+"""Up-training (graphkit.finetune, `graphkit finetune`): the loop, its run folder and resume, both
+formats of what it writes, and the refusals before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import ROOT
+from typer.testing import CliRunner
+
+from graphkit.cli import app
+from graphkit.errors import TrainError
+from graphkit.finetune import FinetuneConfig, finetune, up_train
+from graphkit.params import read_params
+
+runner = CliRunner()
+
+
+def tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=48, vocab_size=256,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def test_up_training_lowers_the_loss_on_the_batches_it_trains_on():
+    model = tiny_llama()
+    batch = (torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0)),) * 2
+    batch = (batch[0][:, :-1], batch[0][:, 1:])
+    losses, scores = up_train(model, "text", lambda step: batch, 20, 3e-3, held_out=[batch], at=(0, 20))
+    assert len(losses) == 20 and losses[-1] < losses[0]
+    assert scores[20][0] < scores[0][0]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    """Step i draws its batch and dropout from a seed of its own, and the checkpoint holds the
+    optimizer's state: 2 steps, then a resume to 4, give the weights of 4 steps in one go."""
+    config = dict(steps=4, batch_size=2, seq_len=16, checkpoint_every=2, log_every=1, device="cpu")
+    whole = tiny_llama()
+    finetune(whole, tmp_path / "whole", FinetuneConfig(**config), progress=False)
+    parts = tiny_llama()
+    finetune(parts, tmp_path / "parts", FinetuneConfig(**{**config, "steps": 2}), progress=False)
+    resumed = tiny_llama()  # the command builds the model anew from its source, then loads the checkpoint
+    finetune(resumed, tmp_path / "parts", FinetuneConfig(**config), resume=True, progress=False)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    steps = [json.loads(line)["step"] for line in (tmp_path / "parts" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 2, 3, 4, 4]  # the first part's end (with its held-out line), then steps 3 and 4
+
+
+def test_a_resume_with_other_options_is_refused(tmp_path):
+    config = dict(steps=1, batch_size=2, seq_len=8, device="cpu")
+    finetune(tiny_llama(), tmp_path, FinetuneConfig(**config), progress=False)
+    with pytest.raises(TrainError, match=r"was trained with --lr 0.0003, not 0.001"):
+        finetune(tiny_llama(), tmp_path, FinetuneConfig(**{**config, "steps": 2, "lr": 1e-3}), resume=True)
+
+
+@pytest.mark.parametrize(("option", "value"), [("steps", 0), ("lr", 0.0), ("seed", -1), ("weight_decay", float("nan"))])
+def test_a_bad_option_is_refused_where_it_enters(option, value):
+    with pytest.raises(TrainError, match=option.replace("_", "-")):
+        FinetuneConfig(**{option: value})
+
+
+def model_file(tmp_path) -> str:
+    """A MODEL.py building a tiny LLaMA (the command loads it as a user's file)."""
+    path = tmp_path / "model.py"
+    path.write_text(
+        "import torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\ntorch.manual_seed(0)\n"
+        "model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, "
+        "intermediate_size=48, vocab_size=256, max_position_embeddings=32))\n"
+    )
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("format", ["hf", "graphkit"])
+def test_finetune_writes_the_trained_model_in_either_format(format, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    args = ["finetune", model_file(tmp_path), "--steps", "3", "-b", "2", "--seq-len", "16", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--format", format, "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "step 3: loss" in result.stdout and "held-out loss" in result.stdout
+    checkpoint, _ = read_params(out / "checkpoint" / "model.safetensors")
+    if format == "hf":
+        loaded = AutoModelForCausalLM.from_pretrained(out)
+        assert json.loads((out / "config.json").read_text())["graphkit"]["finetune"]["steps"] == 3
+        trained = loaded.state_dict()
+    else:
+        trained, metadata = read_params(out / "model.safetensors")
+        assert json.loads(metadata["graphkit_finetune"])["steps"] == 3
+    assert all(torch.equal(trained[name], value) for name, value in checkpoint.items())
+    again = runner.invoke(app, [*args, "--format", format])  # a second fresh run into the same folder
+    assert again.exit_code == 1 and "already holds" in again.stderr and "--resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_finetune_refuses_hf_for_a_model_no_stock_class_loads_before_training(tmp_path):
+    out = tmp_path / "run"
+    args = ["finetune", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--format", "hf", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "VisionTransformer: not a transformers model; --format graphkit writes it" in result.stderr
+    assert not (out / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_finetune_trains_an_image_model_on_digits(tmp_path):
+    out = tmp_path / "run"
+    args = ["finetune", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--steps", "2", "-b", "4", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    tensors, _ = read_params(out / "model.safetensors")
+    assert "blocks.0.attn.qkv.weight" in tensors
