@@ -37,13 +37,23 @@ PR_SET_PDEATHSIG = 1
 @contextlib.contextmanager
 def flock(path: Path, mode: int, refusal: GraphkitError | None = None) -> Iterator[None]:
     """Hold the ``flock`` ``mode`` (LOCK_SH / LOCK_EX) on ``path`` for the block: wait for it,
-    or with ``refusal``, raise that at once if another process holds a conflicting lock."""
+    or with ``refusal``, raise that at once if another process holds a conflicting lock. With
+    ``refusal`` (no process ever waits on the file), a lock file this call made is removed at the
+    end when no other process holds it, so a run leaves its folder as it found it but for what it
+    wrote (a refused run: exactly as it found it); a file others may be waiting on stays."""
+    made = refusal is not None and not path.exists()
     with open(path, "a") as handle:
         try:
             fcntl.flock(handle, mode | (fcntl.LOCK_NB if refusal else 0))
         except BlockingIOError:
             raise refusal from None
-        yield
+        try:
+            yield
+        finally:
+            if made:
+                with contextlib.suppress(BlockingIOError):  # another run shares it: it stays for them
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    path.unlink(missing_ok=True)
 
 
 def folder_lock(out: Path, error: type[GraphkitError], *, shared: bool = False) -> contextlib.AbstractContextManager:
