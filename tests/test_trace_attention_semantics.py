@@ -187,6 +187,26 @@ def test_a_sliding_window_is_read_off_the_mask(masking):
     assert attention_attrs(traced(Masked(masking, window=3)))["window"] == 3
 
 
+class GatedSoftmaxes(Projections):
+    """ConViT's gated positional attention: a learned gate mixes the softmax of the scores with a
+    softmax of learned positional logits, then renormalises."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.positional = nn.Parameter(torch.zeros(1, 4, T, T))
+        self.gate = nn.Parameter(torch.ones(4, 1, 1))
+
+    def attend(self, q, k, v):
+        q, k, v = (self.heads_first(z, self.h) for z in (q, k, v))
+        gate = torch.sigmoid(self.gate)
+        p = (1 - gate) * (q @ k.transpose(-1, -2)).softmax(-1) + gate * self.positional.softmax(-1)
+        return (p / p.sum(-1, keepdim=True) @ v).transpose(1, 2)
+
+
+def test_a_learned_gate_after_the_softmax_hides_no_key():
+    assert summary(attention_attrs(traced(GatedSoftmaxes()))) == (4, 4, 8, False, None)
+
+
 def test_a_bias_that_fades_far_keys_is_no_window():
     """ALiBi-like bias over 32 tokens: keys more than 20 back weigh less than e^-20 of the best,
     but nothing masks them."""

@@ -74,7 +74,8 @@ class _Core:
     lengths: tuple[int, int]  # (queries, keys) each query sees
     is_causal: bool = False  # SDPA's flag
     mask: fx.Node | None = None  # SDPA's attn_mask
-    scores: fx.Node | None = None  # eager: the q k^T product...
+    scores: fx.Node | None = None  # eager: the q k^T product, its softmax (or exp)...
+    softmax: fx.Node | None = None
     probs: fx.Node | None = None  # ...and the probabilities multiplied with V
     probs_dims: tuple[int, int] = (-2, -1)  # their (queries, keys) dimensions
     readable: bool = True  # False for a kernel whose masking is code, not a tensor (flex_attention's block mask)
@@ -198,7 +199,7 @@ class AttentionRules:
             to_scores = _path_back(
                 to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op
             )
-            core = None if to_scores is None else _eager_layout(node, side, to_scores[-1])
+            core = None if to_scores is None else _eager_layout(node, side, to_softmax[-1], to_scores[-1])
             if core is not None:
                 return core, [node, *to_softmax, *to_scores]
         return None
@@ -298,9 +299,7 @@ class AttentionRules:
 
         try:
             if core.probs is not None:  # eager: the probabilities with q and k set to zero
-                zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
-                mixers = {n for n in self.groups[gid].fx if self._is_score_linear(n)}  # talking heads
-                probs = self.constants.evaluate(core.probs, zeros, live, through=mixers)
+                probs = self._probabilities(core, self.groups[gid], live)
                 visible, sharp = visibility(probs.movedim(core.probs_dims, (-2, -1)).float().nan_to_num(0.0).log())
             elif core.mask is not None:
                 mask = self.constants.evaluate(core.mask, {}, live)
@@ -309,8 +308,24 @@ class AttentionRules:
                 return Pattern(causal=False, window=None)
         except Unknown as e:
             return str(e)
+        if not bool(visible.any()):
+            return "its values hide every key"
         pattern = read_pattern(visible, *core.lengths, sharp)
         return "its shape does not match the scores" if pattern is None else pattern
+
+    def _probabilities(self, core: _Core, group: Group, live: Callable[[fx.Node], str | None]) -> torch.Tensor:
+        """The probabilities an eager attention multiplies with V, computed with the queries and
+        keys at zero, in two passes: each softmax (or the exponentials of a written-out one) from
+        its input, where learned values and activations count as zero (a learned bias is no mask)
+        and a linear map over the heads of the scores (talking heads) passes its input on; then
+        the probabilities from those, where they count as one (a learned gate that mixes two
+        softmaxes, ConViT's, or a talking-heads map after the softmax, hides no key), so that only
+        what masks the probabilities after the softmax hides more."""
+        zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
+        heads_maps = {n for n in group.fx if self._is_score_linear(n) and _keeps_shape(n)}
+        softmaxes = {n for n in group.fx if functional_name(n.target) in _SOFTMAX_ATEN} | {core.softmax}
+        normalised = {s: self.constants.evaluate(s, zeros, live, through=heads_maps) for s in softmaxes}
+        return self.constants.evaluate(core.probs, normalised, live, fill=1.0)
 
     def _causal_without_values(self, group: Group, module: nn.Module | None, core: _Core, reason: str) -> bool:
         """Whether the attention is causal where its mask's values cannot be computed (``reason``
@@ -438,13 +453,14 @@ def _sdpa_core(anchor: fx.Node) -> _Core:
     )
 
 
-def _eager_layout(anchor: fx.Node, side: int, scores: fx.Node) -> _Core | None:
+def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node) -> _Core | None:
     """The core of ``probs @ v`` (``probs`` the operand on ``side``) whose probabilities come from
-    ``scores = q k^T``, with the dimensions read from the products: for ``@`` and ``bmm``, keys
-    last and queries before them; for ``einsum``, the letter the probabilities and V contract is
-    the key, the letters V and the output share (and the probabilities lack) are the per-head
-    features, and the query is the letter the scores take from the query's tokens. None for a
-    product that is not shaped like attention."""
+    ``softmax`` (or the ``exp`` of a written-out one) of ``scores = q k^T``, with the dimensions
+    read from the products: for ``@`` and ``bmm``, keys last and queries before them; for
+    ``einsum``, the letter the probabilities and V contract is the key, the letters V and the
+    output share (and the probabilities lack) are the per-head features, and the query is the
+    letter the scores take from the query's tokens. None for a product that is not shaped like
+    attention."""
     operands = _product_operands(anchor)
     probs, value = operands[side], operands[1 - side]
     p, v = probs.meta["val"], value.meta["val"]
@@ -486,6 +502,7 @@ def _eager_layout(anchor: fx.Node, side: int, scores: fx.Node) -> _Core | None:
         head_dim=head_dim,
         lengths=(int(p.shape[query_dim]), int(p.shape[key_dim])),
         scores=scores,
+        softmax=softmax,
         probs=probs,
         probs_dims=(query_dim, key_dim),
     )
@@ -541,6 +558,13 @@ def _head_count(tensor: fx.Node, dims: tuple[int, ...], module: str, what: str) 
             f"cannot tell how many heads the attention in module '{module}' has: its {what} fold heads into "
             f"the batch through {e}, which the tracer does not follow"
         ) from e
+
+
+def _keeps_shape(node: fx.Node) -> bool:
+    """Whether ``node``'s value has its first input's shape (a linear map over the heads of the
+    scores, not ConViT's projection of 3 coordinates to the heads)."""
+    source = node.args[0] if node.args else None
+    return isinstance(source, fx.Node) and tuple(source.meta["val"].shape) == tuple(node.meta["val"].shape)
 
 
 def _zeros(node: fx.Node) -> torch.Tensor:

@@ -83,14 +83,18 @@ class ConstantEvaluator:
         overrides: Mapping[fx.Node, torch.Tensor],
         live: Callable[[fx.Node], str | None],
         through: Collection[fx.Node] = (),
+        fill: float = 0.0,
     ) -> Any:
         """The value of ``target``, with ``overrides`` standing in for some nodes and the nodes in
         ``through`` passing their first input on (a linear map over the heads of the scores mixes
         heads and hides no key; with its weights at zero it would hide them all). ``live(node)``
         says why a node computed from the inputs is an activation (another node's output), or
-        returns None: a floating-point activation counts as zero, a boolean or integer one (a
-        mask computed from activations) cannot be computed. Raises :class:`Unknown` with the
-        reason when something ``target`` needs has no value."""
+        returns None: a floating-point activation counts as ``fill``, as learned values do, a
+        boolean or integer one (a mask computed from activations) cannot be computed. ``fill``
+        is zero where these values are added to the scores (a learned bias is no mask), one where
+        they multiply the probabilities (ConViT's learned gate between two softmaxes hides no
+        key). Raises :class:`Unknown` with the reason when something ``target`` needs has no
+        value."""
         needed: set[fx.Node] = set()
         overrides = dict(overrides)
         stack = [target]
@@ -112,9 +116,8 @@ class ConstantEvaluator:
             if reason is not None and is_float(node.meta.get("val")):
                 # an activation read into the scores (a relative-position bias computed from the
                 # query, SAM's and MViTv2's; XCiT's normalised channels) hides no key by its
-                # position: zero, like a learned bias
-                fake = node.meta["val"]
-                overrides[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+                # position: a stand-in, like a learned bias
+                overrides[node] = _filled(node, fill)
                 continue
             if reason is not None:  # a mask computed from activations: it has no value here
                 raise Unknown(reason)
@@ -126,28 +129,29 @@ class ConstantEvaluator:
                 if node in through and node not in overrides:
                     env[node] = env[node.args[0]]
                 else:
-                    self._run(node, env, overrides)
+                    self._run(node, env, overrides, fill)
         if isinstance(env[target], _Missing):
             raise Unknown(env[target].reason)
         return env[target]
 
-    def _run(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> None:
+    def _run(
+        self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor], fill: float
+    ) -> None:
         """Compute ``node`` into ``env``, or record why it cannot be."""
         try:
-            env[node] = self._value(node, env, overrides)
+            env[node] = self._value(node, env, overrides, fill)
         except Unknown as e:
             if not self._parametric(node):
                 env[node] = _Missing(str(e))
                 return
             # a learned bias that cannot be computed (timm's relative-position MLP output,
-            # gathered by an index buffer on meta) is no mask: zero, like every learned value
-            fake = node.meta["val"]
-            env[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+            # gathered by an index buffer on meta) is no mask: a stand-in, like every learned value
+            env[node] = _filled(node, fill)
 
     def learned(self, node: fx.Node) -> bool:
         """True for a parameter, or a floating-point value computed from learned values alone and
         not from the inputs (a relative-position bias gathered from its table by an index
-        buffer): zero here. Activations are computed from the inputs, so they never are."""
+        buffer): a stand-in here. Activations are computed from the inputs, so they never are."""
         if node not in self._learned:
             if node.op == "placeholder":
                 self._learned[node] = node.name in self.params
@@ -174,12 +178,13 @@ class ConstantEvaluator:
                 self._input_based[node] = any(self._from_input(a) for a in node.all_input_nodes)
         return self._input_based[node]
 
-    def _value(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> Any:
+    def _value(
+        self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor], fill: float
+    ) -> Any:
         if node in overrides:
             return overrides[node]
         if self.learned(node):
-            fake = node.meta["val"]
-            return torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+            return _filled(node, fill)
         if node.op == "placeholder":
             if node.name not in self.leaves:
                 raise Unknown(f"input {node.name!r} was not given")
@@ -225,6 +230,12 @@ class _Missing:
     """A value that could not be computed, and why: what reads it cannot be computed either."""
 
     reason: str
+
+
+def _filled(node: fx.Node, fill: float) -> torch.Tensor:
+    """A tensor of ``fill``, on the CPU, of the shape and type ``node`` has in the program."""
+    fake = node.meta["val"]
+    return torch.full(tuple(fake.shape), fill, dtype=fake.dtype)
 
 
 def _on_cpu(value: Any) -> Any:
