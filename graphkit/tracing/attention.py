@@ -22,7 +22,8 @@ from torch import fx, nn
 
 from graphkit.compat import call_arguments
 from graphkit.errors import NeedsValuesError, TraceError
-from graphkit.tracing.masks import Unknown, hidden_keys, is_causal_pattern, upstream
+from graphkit.tracing.dims import POSITIONS, Untraced, count, dimension_origins, einsum_letters
+from graphkit.tracing.masks import Pattern, Unknown, read_pattern, upstream, visibility
 from graphkit.tracing.naming import (
     EXPERTS_CHILD,
     MATMUL_ATEN,
@@ -47,6 +48,11 @@ _ATTN_PASS |= {"cat", "concat"}
 # an elementwise max with the dtype's lowest value, where masking adds -inf (XGLM), and the max
 # a stable softmax subtracts
 _ATTN_PASS |= {"max", "maximum"}
+# a softmax written out (exp, then a division by the sum over the keys), and the zeros that
+# replace the NaN of a row with every key masked
+_ATTN_PASS |= {"exp", "nan_to_num"}
+#: ops on the way from a softmax's exponentials to the sum that normalises them
+_NORMALISER = _ATTN_PASS | {"sum", "reciprocal"}
 #: ops that give rotary embeddings away: rotate_half's negation, or complex rotation
 _ROPE_ATEN = frozenset({"neg", "view_as_complex", "complex"})
 
@@ -55,19 +61,23 @@ _ROPE_ATEN = frozenset({"neg", "view_as_complex", "complex"})
 class _Core:
     """An attention core as its anchor shows it: where its queries, keys and values come from,
     its sizes, and what masks it (SDPA's flag and ``attn_mask``, or the eager path from the
-    scores to their softmax)."""
+    scores to the probabilities multiplied with V)."""
 
     query: fx.Node
     key: fx.Node
     value: fx.Node
-    heads: int | None  # None when the heads are folded into the batch (3-D bmm)
-    value_heads: int | None  # V's head dimension before any repeat is undone (kv_heads' numerator)
+    # the dimensions of the query, and of V, other than their tokens and per-head features:
+    # batch and heads, told apart by where their sizes come from (graphkit.tracing.dims)
+    query_dims: tuple[int, ...]
+    value_dims: tuple[int, ...]
     head_dim: int
     lengths: tuple[int, int]  # (queries, keys) each query sees
     is_causal: bool = False  # SDPA's flag
     mask: fx.Node | None = None  # SDPA's attn_mask
-    scores: fx.Node | None = None  # eager: the q k^T product...
-    softmax: fx.Node | None = None  # ...and the softmax over it
+    scores: fx.Node | None = None  # eager: the q k^T product, its softmax (or exp)...
+    softmax: fx.Node | None = None
+    probs: fx.Node | None = None  # ...and the probabilities multiplied with V
+    probs_dims: tuple[int, int] = (-2, -1)  # their (queries, keys) dimensions
     readable: bool = True  # False for a kernel whose masking is code, not a tensor (flex_attention's block mask)
 
 
@@ -175,15 +185,16 @@ class AttentionRules:
 
     def _eager_core(self, node: fx.Node) -> tuple[_Core, list[fx.Node]] | None:
         """For a matrix product of a softmax of a matrix product with V (``softmax(q k^T) v``,
-        spelled with ``@``, ``bmm`` or ``einsum``), its core and the ops from it back to ``q k^T``;
-        else None. The path may cross linear maps over the scores (talking heads: CaiT mixes the
-        heads before and after the softmax)."""
+        spelled with ``@``, ``bmm`` or ``einsum``, the softmax as such or written out as
+        ``exp`` divided by its sum over the keys), its core and the ops from it back to
+        ``q k^T``; else None. The path may cross linear maps over the scores (talking heads:
+        CaiT mixes the heads before and after the softmax)."""
         operands = _product_operands(node)
         if operands is None:
             return None
         for side, probs in enumerate(operands):
-            to_softmax = _path_back(probs, lambda n: functional_name(n.target) in _SOFTMAX_ATEN, self._score_op)
-            if to_softmax is None:
+            to_softmax = _path_back(probs, _is_softmax, self._score_op)
+            if to_softmax is None or not _normalised(to_softmax):
                 continue
             to_scores = _path_back(
                 to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op
@@ -207,25 +218,19 @@ class AttentionRules:
     # -- attention attributes -------------------------------------------------------------------
     def _attention_attrs(self, anchor: fx.Node, group: Group) -> dict[str, Any]:
         core = self.cores[anchor]
-        v_val = core.value.meta["val"]
-        heads, kv_heads = core.heads, core.heads
-        if core.value_heads is not None:
-            kv_heads = round(core.value_heads * _min_numel_back(core.value) / v_val.numel())
         try:
             module = self.model.get_submodule(group.module)
         except AttributeError:
             module = None
-        if heads is None and module is not None:
-            heads = first_attr(module, ("num_heads", "n_head", "num_attention_heads"))
-            kv_heads = first_attr(module, ("num_kv_heads", "num_key_value_heads", "n_kv_head")) or heads
         inputs_ops = {self.groups[i].op for i in group.inputs}
         ops_inside = {functional_name(n.target) for n in group.fx}
-        window = _window(self.model, group.module, core.lengths[1])
+        causal, window = self._mask_attrs(anchor, core, group, module)
+        where = group.module or type(self.model).__name__
         attrs: dict[str, Any] = {
-            "heads": heads,
-            "kv_heads": kv_heads,
+            "heads": _head_count(core.query, core.query_dims, where, "queries"),
+            "kv_heads": _head_count(core.value, core.value_dims, where, "values"),
             "head_dim": core.head_dim,
-            "causal": self._causal(anchor, core, group, module, window),
+            "causal": causal,
             "window": window,
             "rope": "rotary_embedding" in inputs_ops or bool(ops_inside & _ROPE_ATEN) or self._rotates(group.module),
             "alibi": "alibi" in inputs_ops,
@@ -249,18 +254,43 @@ class AttentionRules:
         )
         return attrs
 
-    def _causal(
-        self, anchor: fx.Node, core: _Core, group: Group, module: nn.Module | None, window: int | list[int] | None
-    ) -> bool:
-        """Whether no query sees a later key: SDPA's flag, else the values of whatever masks the
-        scores (:mod:`graphkit.tracing.masks`). Where those have no values (a mask buffer of a model
-        on the meta device), the module's own ``is_causal`` (transformers), a ``tril``/``triu``
-        in the mask's ops, or image windows (never causal) decide; with none of them the model
-        is refused rather than given a guess."""
+    def _mask_attrs(
+        self, anchor: fx.Node, core: _Core, group: Group, module: nn.Module | None
+    ) -> tuple[bool, int | list[int] | None]:
+        """``causal`` and ``window``, read off what the attention lets each query see
+        (:mod:`graphkit.tracing.masks`): SDPA's flag or ``attn_mask``, or the probabilities an
+        eager attention multiplies with V, computed with the queries and keys at zero, so that a
+        mask counts wherever it is applied (before the softmax or after it, by ``masked_fill``,
+        addition, multiplication or ``where``). A sliding window the module or its config names
+        counts only where the values cannot show it: where they cannot be computed (a mask buffer
+        of a model on the meta device), or where the keys are no more than the window (8 tokens
+        cannot show a window of 16) and the values show a causal attention. Image windows
+        (Swin's ``[7, 7]``) are the sides of the partition a bidirectional attention runs in."""
+        where = group.module or type(self.model).__name__
+        if core.lengths[1] == 1 and not core.is_causal:
+            raise TraceError(
+                f"cannot tell whether the attention in module '{where}' is causal: the example inputs give it "
+                "a single key, which no mask hides; pass inputs of at least 2 tokens"
+            )
+        claimed, partition = _claimed_windows(self.model, group.module, core.lengths[1])
+        pattern = self._pattern(anchor, core)
+        if isinstance(pattern, str):  # no values: what the code says
+            if partition is not None:  # image windows, never causal
+                return False, partition
+            causal = self._causal_without_values(group, module, core, pattern)
+            return causal, claimed if causal else None
+        if not pattern.causal:
+            return False, partition
+        if pattern.window is None and claimed is not None and claimed >= core.lengths[1]:
+            return True, claimed  # too few keys to show this window, and nothing against it
+        return True, pattern.window
+
+    def _pattern(self, anchor: fx.Node, core: _Core) -> Pattern | str:
+        """What the attention at ``anchor`` lets each query see, or why that cannot be computed."""
         if core.is_causal:
-            return True
+            return Pattern(causal=True, window=None)
         if not core.readable:
-            return self._causal_without_values(group, module, window, core, "it is a block mask, which is code")
+            return "it is a block mask, which is code"
         gid = self.attention_group[anchor]
 
         def live(node: fx.Node) -> str | None:  # an activation: computed by another node of the graph
@@ -268,36 +298,46 @@ class AttentionRules:
             return None if not other else f"it depends on the output of {self.groups[min(other)].module or 'the model'}"
 
         try:
-            if core.softmax is not None:  # eager: the softmax's input with q and k set to zero
-                zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
-                values = self.constants.evaluate(core.softmax.args[0], zeros, live)
-                dim = core.softmax.args[1] if len(core.softmax.args) > 1 else -1
-                hidden = hidden_keys(values.movedim(dim, -1))
+            if core.probs is not None:  # eager: the probabilities with q and k set to zero
+                probs = self._probabilities(core, self.groups[gid], live)
+                visible, sharp = visibility(probs.movedim(core.probs_dims, (-2, -1)).float().nan_to_num(0.0).log())
             elif core.mask is not None:
                 mask = self.constants.evaluate(core.mask, {}, live)
-                hidden = ~mask if mask.dtype == torch.bool else hidden_keys(mask)
+                visible, sharp = (mask, True) if mask.dtype == torch.bool else visibility(mask)
             else:
-                return False
+                return Pattern(causal=False, window=None)
         except Unknown as e:
-            return self._causal_without_values(group, module, window, core, str(e))
-        causal = is_causal_pattern(hidden, *core.lengths)
-        if causal is None:
-            return self._causal_without_values(group, module, window, core, "its shape does not match the scores")
-        return causal
+            return str(e)
+        if not bool(visible.any()):
+            return "its values hide every key"
+        pattern = read_pattern(visible, *core.lengths, sharp)
+        return "its shape does not match the scores" if pattern is None else pattern
 
-    def _causal_without_values(
-        self, group: Group, module: nn.Module | None, window: int | list[int] | None, core: _Core, reason: str
-    ) -> bool:
-        """The fallbacks of :meth:`_causal` where the mask's values cannot be computed."""
+    def _probabilities(self, core: _Core, group: Group, live: Callable[[fx.Node], str | None]) -> torch.Tensor:
+        """The probabilities an eager attention multiplies with V, computed with the queries and
+        keys at zero, in two passes: each softmax (or the exponentials of a written-out one) from
+        its input, where learned values and activations count as zero (a learned bias is no mask)
+        and a linear map over the heads of the scores (talking heads) passes its input on; then
+        the probabilities from those, where they count as one (a learned gate that mixes two
+        softmaxes, ConViT's, or a talking-heads map after the softmax, hides no key), so that only
+        what masks the probabilities after the softmax hides more."""
+        zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
+        heads_maps = {n for n in group.fx if self._is_score_linear(n) and _keeps_shape(n)}
+        softmaxes = {n for n in group.fx if functional_name(n.target) in _SOFTMAX_ATEN} | {core.softmax}
+        normalised = {s: self.constants.evaluate(s, zeros, live, through=heads_maps) for s in softmaxes}
+        return self.constants.evaluate(core.probs, normalised, live, fill=1.0)
+
+    def _causal_without_values(self, group: Group, module: nn.Module | None, core: _Core, reason: str) -> bool:
+        """Whether the attention is causal where its mask's values cannot be computed (``reason``
+        says why): the module's own ``is_causal`` (transformers), or a ``tril``/``triu`` in the
+        mask's ops; with neither, the model is refused rather than given a guess."""
         flag = getattr(module, "is_causal", None)
         if isinstance(flag, bool):
             return flag
-        mask = core.mask if core.softmax is None else core.softmax.args[0]
+        mask = core.mask if core.probs is None else core.probs
         mask_ops = {functional_name(n.target) for n in upstream(mask) if n.op == "call_function"}
         if mask_ops & {"tril", "triu"} or {functional_name(n.target) for n in group.fx} & {"tril", "triu"}:
             return True
-        if isinstance(window, list):  # attention inside image windows (Swin's shifted-window mask)
-            return False
         error = NeedsValuesError if "meta device" in reason else TraceError
         raise error(
             f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
@@ -388,9 +428,10 @@ class AttentionRules:
 
 
 def _sdpa_core(anchor: fx.Node) -> _Core:
-    """The core of an SDPA call: q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev). Its
-    arguments are read by their schema names; a kernel without a schema (``flex_attention``, a
-    higher-order op) takes q, k, v first and masks by code the tracer cannot read."""
+    """The core of an SDPA call: q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev), or any
+    other number of leading dimensions. Its arguments are read by their schema names; a kernel
+    without a schema (``flex_attention``, a higher-order op) takes q, k, v first and masks by
+    code the tracer cannot read."""
     arguments = call_arguments(anchor)
     query, key, value = (
         arguments.get(n, anchor.args[i] if i < len(anchor.args) else None)
@@ -402,8 +443,8 @@ def _sdpa_core(anchor: fx.Node) -> _Core:
         query=query,
         key=key,
         value=value,
-        heads=int(q.shape[-3]) if q.dim() >= 4 else None,
-        value_heads=int(v.shape[-3]) if v.dim() >= 4 else None,
+        query_dims=tuple(range(q.dim() - 2)),
+        value_dims=tuple(range(v.dim() - 2)),
         head_dim=int(v.shape[-1]),
         lengths=(int(q.shape[-2]), int(key.meta["val"].shape[-2])),
         is_causal=bool(arguments.get("is_causal", False)),
@@ -413,56 +454,117 @@ def _sdpa_core(anchor: fx.Node) -> _Core:
 
 
 def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node) -> _Core | None:
-    """The core of ``probs @ v`` (``probs`` the operand on ``side``) whose probabilities are
-    ``softmax`` of ``scores = q k^T``, with the dimensions read from the products: leading
-    batch dimensions for ``@`` and ``bmm``, the letters of the equation for ``einsum``; None for
-    a product that is not shaped like attention."""
-    anchor_ops, score_ops = _product_operands(anchor), _product_operands(scores)
-    probs, value = anchor_ops[side], anchor_ops[1 - side]
+    """The core of ``probs @ v`` (``probs`` the operand on ``side``) whose probabilities come from
+    ``softmax`` (or the ``exp`` of a written-out one) of ``scores = q k^T``, with the dimensions
+    read from the products: for ``@`` and ``bmm``, keys last and queries before them; for
+    ``einsum``, the letter the probabilities and V contract is the key, the letters V and the
+    output share (and the probabilities lack) are the per-head features, and the query is the
+    letter the scores take from the query's tokens. None for a product that is not shaped like
+    attention."""
+    operands = _product_operands(anchor)
+    probs, value = operands[side], operands[1 - side]
     p, v = probs.meta["val"], value.meta["val"]
     if functional_name(anchor.target) != "einsum":
         if side != 0:
             return None
-        query, key = score_ops
-        return _Core(
-            query=query,
-            key=key,
-            value=value,
-            heads=int(p.shape[-3]) if p.dim() >= 4 else None,
-            value_heads=int(v.shape[-3]) if v.dim() >= 4 else None,
-            head_dim=int(v.shape[-1]),
-            lengths=(int(p.shape[-2]), int(p.shape[-1])),
-            scores=scores,
-            softmax=softmax,
-        )
-    letters = _einsum_letters(anchor)
-    if letters is None:
+        p_letters = None
+        key_dim, value_dims, head_dim = p.dim() - 1, tuple(range(v.dim() - 2)), int(v.shape[-1])
+    else:
+        letters = einsum_letters(anchor)
+        if letters is None:
+            return None
+        p_letters, v_letters, out = letters[0][side], letters[0][1 - side], letters[1]
+        keys = [c for c in p_letters if c in v_letters and c not in out]
+        features = [c for c in v_letters if c in out and c not in p_letters]
+        if len(keys) != 1 or not features:
+            return None
+        key_dim = p_letters.index(keys[0])
+        value_dims = tuple(d for d, c in enumerate(v_letters) if c not in keys and c not in features)
+        head_dim = math.prod(int(v.shape[v_letters.index(c)]) for c in features)
+    layout = _score_layout(scores, p, key_dim)
+    if layout is None:
         return None
-    p_letters, v_letters, out = letters[0][side], letters[0][1 - side], letters[1]
-    size = dict(zip(p_letters, p.shape, strict=True)) | dict(zip(v_letters, v.shape, strict=True))
-    keys = [c for c in p_letters if c in v_letters and c not in out]
-    features = [c for c in v_letters if c in out and c not in p_letters]
-    queries = [c for c in p_letters if c in out and c not in v_letters]
-    shared = [c for c in p_letters if c in v_letters and c in out]
-    if len(keys) != 1 or len(queries) != 1 or not features:
-        return None
-    query, key = score_ops
-    if functional_name(scores.target) == "einsum":  # the query operand carries the scores' query letter
-        score_letters = _einsum_letters(scores)
-        if score_letters is not None and len(score_letters[1]) >= 2 and score_letters[1][-2] not in score_letters[0][0]:
-            query, key = key, query
-    head = shared[-1] if len(shared) >= 2 else None  # (batch, heads) are the dimensions all three share
+    query, key, query_dims, score_query = layout
+    if p_letters is None:
+        query_dim = p.dim() - 2
+    else:  # the scores' query dimension, where the probabilities keep the scores' layout
+        free = [d for d, c in enumerate(p_letters) if c in out and c not in v_letters]
+        if not free:
+            return None
+        same = tuple(p.shape) == tuple(scores.meta["val"].shape)
+        query_dim = score_query if same and score_query in free else free[-1]
     return _Core(
         query=query,
         key=key,
         value=value,
-        heads=size[head] if head else None,
-        value_heads=size[head] if head else None,
-        head_dim=math.prod(size[c] for c in features),
-        lengths=(size[queries[0]], size[keys[0]]),
+        query_dims=query_dims,
+        value_dims=value_dims,
+        head_dim=head_dim,
+        lengths=(int(p.shape[query_dim]), int(p.shape[key_dim])),
         scores=scores,
         softmax=softmax,
+        probs=probs,
+        probs_dims=(query_dim, key_dim),
     )
+
+
+def _score_layout(
+    scores: fx.Node, probs: torch.Tensor, key_dim: int
+) -> tuple[fx.Node, fx.Node, tuple[int, ...], int] | None:
+    """The query and key operands of ``scores = q k^T``, the query's dimensions other than its
+    tokens and the features it contracts (batch and heads), and the scores' query dimension.
+    For an einsum, the key is the operand with the scores' key letter (at ``key_dim`` of the
+    probabilities, ``probs``, where they keep the scores' layout), and the query letter is, of
+    the query's letters the key lacks, the last whose dimension holds token positions
+    (``bhqd,bkd->bhqk``: q, not h; :mod:`graphkit.tracing.dims`)."""
+    first, second = _product_operands(scores)
+    s = scores.meta["val"]
+    if functional_name(scores.target) != "einsum":  # the query's last dimension is contracted
+        return first, second, tuple(range(first.meta["val"].dim() - 2)), s.dim() - 2
+    letters = einsum_letters(scores)
+    if letters is None:
+        return None
+    (a, b), out = letters
+    key_letter = out[key_dim] if tuple(s.shape) == tuple(probs.shape) else out[-1]
+    if key_letter in a:
+        first, second, a, b = second, first, b, a
+    if key_letter not in b or key_letter in a:
+        return None
+    free = [c for c in a if c in out and c not in b]
+    if not free:
+        return None
+    try:
+        origins = dimension_origins(first)
+        tokens = [c for c in free if {kind for _, kind in origins[a.index(c)]} == {POSITIONS}]
+    except Untraced:
+        tokens = []
+    query_letter = (tokens or free)[-1]
+    return first, second, tuple(d for d, c in enumerate(a) if c in out and c != query_letter), out.index(query_letter)
+
+
+def _head_count(tensor: fx.Node, dims: tuple[int, ...], module: str, what: str) -> int:
+    """How many heads an attention's ``tensor`` (its queries, or V) holds in ``dims`` (its
+    dimensions other than tokens and per-head features): the factors of their sizes carved out
+    of the features of the projection that computed it, copies (GQA's repeated K/V) excluded
+    (:mod:`graphkit.tracing.dims`). Where an op on the way cannot be followed, SDPA's layout
+    (batch first, then heads) is taken, unless a single dimension holds both."""
+    try:
+        return count(dimension_origins(tensor), dims)
+    except Untraced as e:
+        if len(dims) != 1:
+            shape = tensor.meta["val"].shape
+            return math.prod(int(shape[d]) for d in dims[1:])
+        raise TraceError(
+            f"cannot tell how many heads the attention in module '{module}' has: its {what} fold heads into "
+            f"the batch through {e}, which the tracer does not follow"
+        ) from e
+
+
+def _keeps_shape(node: fx.Node) -> bool:
+    """Whether ``node``'s value has its first input's shape (a linear map over the heads of the
+    scores, not ConViT's projection of 3 coordinates to the heads)."""
+    source = node.args[0] if node.args else None
+    return isinstance(source, fx.Node) and tuple(source.meta["val"].shape) == tuple(node.meta["val"].shape)
 
 
 def _zeros(node: fx.Node) -> torch.Tensor:
@@ -483,30 +585,6 @@ def _product_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         return tuple(operands) if ok else None
     args = node.args[1:3] if name == "baddbmm" else node.args[:2]
     return tuple(args) if len(args) == 2 and all(isinstance(a, fx.Node) for a in args) else None
-
-
-def _einsum_letters(node: fx.Node) -> tuple[tuple[str, str], str] | None:
-    """The index letters of a two-operand einsum's operands and of its result, an ellipsis
-    spelled out as one stand-in letter per dimension it covers; None if the equation cannot be
-    read."""
-    equation, operands = node.args[0], _product_operands(node)
-    if not isinstance(equation, str) or operands is None:
-        return None
-    lhs, arrow, out = equation.replace(" ", "").partition("->")
-    terms = lhs.split(",")
-    if len(terms) != 2:
-        return None
-    covered = [operand.meta["val"].dim() - len(term.replace("...", "")) for term, operand in zip(terms, operands)]
-    stand_ins = "".join(c for c in "0123456789" if c not in equation)[: max(covered)]
-    spelled = [term.replace("...", stand_ins[len(stand_ins) - n :]) for term, n in zip(terms, covered)]
-    if arrow:
-        out = out.replace("...", stand_ins)
-    else:  # implicit output: the ellipsis, then the letters used once, in alphabetical order
-        letters = "".join(spelled)
-        out = stand_ins + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in stand_ins))
-    if any(len(term) != operand.meta["val"].dim() for term, operand in zip(spelled, operands)):
-        return None
-    return (spelled[0], spelled[1]), out
 
 
 def _path_back(
@@ -537,23 +615,35 @@ def _path_back(
     return None
 
 
+def _is_softmax(node: fx.Node) -> bool:
+    """A softmax, or the exponentials of one written out (``exp``; :func:`_normalised` checks
+    that they are divided by their sum)."""
+    return functional_name(node.target) in _SOFTMAX_ATEN or functional_name(node.target) == "exp"
+
+
+def _normalised(path: list[fx.Node]) -> bool:
+    """Whether ``path``, from the probabilities back to a softmax or an ``exp``, normalises: a
+    softmax does; exponentials must be divided (or multiplied by the reciprocal of) a sum of
+    themselves on the way, masked or not, so that each query's weights add up to one."""
+    if functional_name(path[-1].target) != "exp":
+        return True
+    numerator = set(path)
+    for node in path[:-1]:
+        if functional_name(node.target) not in ("div", "mul"):
+            continue
+        for other in node.all_input_nodes:
+            if other in numerator:
+                continue
+            to_numerator = _path_back(
+                other, lambda n: n in numerator, lambda n: functional_name(n.target) in _NORMALISER
+            )
+            if to_numerator is not None and any(functional_name(n.target) == "sum" for n in to_numerator):
+                return True
+    return False
+
+
 def _rolls_tokens(node: fx.Node) -> bool:
     return spatial_op(node) == "roll" and not is_identity(node)
-
-
-def _min_numel_back(value: fx.Node) -> int:
-    """Smallest tensor on the shape-only path into ``value``: K/V before any repeat for GQA."""
-    best = value.meta["val"].numel()
-    cur = value
-    while cur.op == "call_function" and functional_name(cur.target) in SHAPE_ONLY_ATEN:
-        src = next((a for a in cur.all_input_nodes), None)
-        if src is None:
-            break
-        val = src.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            best = min(best, val.numel())
-        cur = src
-    return best
 
 
 def first_attr(obj: Any, names: Sequence[str]) -> Any:
@@ -565,24 +655,21 @@ def first_attr(obj: Any, names: Sequence[str]) -> Any:
     return None
 
 
-def _window(model: nn.Module, path: str, keys: int) -> int | list[int] | None:
-    """Window of the attention module at ``path``: a sliding-window size (an int) from its own
-    attributes or its HF config, or the sides of the windows an image is partitioned into
+def _claimed_windows(model: nn.Module, path: str, keys: int) -> tuple[int | None, list[int] | None]:
+    """The windows the attention module at ``path`` names, which its mask's values confirm or
+    overrule (:meth:`AttentionRules._mask_attrs`): a sliding-window size (an int) from its own
+    attributes or its HF config, and the sides of the windows an image is partitioned into
     (Swin's [7, 7]), set on the module or the block around it. A partition window counts only
     when it holds exactly the ``keys`` each query sees: BEiT's ``window_size`` is its whole patch
     grid (for a relative-position table) and its queries also see the class token."""
     try:
         module = model.get_submodule(path)
     except AttributeError:
-        return None
+        return None, None
     own = first_attr(module, ("sliding_window", "window_size", "window"))
-    if isinstance(own, int) and own > 0:
-        return own
-    return (
-        _config_sliding_window(module)
-        or _partition(own, keys)
-        or _partition(_nearest_attr(model, path, "window_size"), keys)
-    )
+    sliding = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else None
+    partition = _partition(own, keys) or _partition(_nearest_attr(model, path, "window_size"), keys)
+    return sliding or _config_sliding_window(module), partition
 
 
 def _config_sliding_window(module: nn.Module) -> int | None:

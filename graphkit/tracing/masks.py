@@ -1,16 +1,20 @@
-"""Whether an attention is causal, read off the values of its mask, wherever the mask comes from.
+"""What an attention lets each query see, read off the values of its mask, wherever the mask
+comes from and wherever it is applied.
 
-A model can make its attention causal in many ways: SDPA's ``is_causal`` flag; a ``tril``
-buffer registered in ``__init__`` (nanoGPT, minGPT), used with ``masked_fill`` or passed to SDPA
-as ``attn_mask``; a mask built in ``forward`` from ``arange`` comparisons (transformers); a mask
-passed in as an argument. Reading the op names catches some of these and misses the rest, so the
-tracer computes the mask instead: the ops that feed the scores' softmax (or SDPA's
-``attn_mask``) are constants of the program, since they depend on shapes, buffers and the
-inputs' values, not on the activations. :class:`ConstantEvaluator` runs them on the CPU, with
-the scores set to zero and every learned tensor (a relative-position bias, ALiBi slopes held as
-parameters) set to zero too: a learned bias is not a mask. A key a query cannot see is one whose
-pre-softmax value lies far below the best key of its row; the attention is causal when every
-future key is hidden from every query (:func:`is_causal_pattern`).
+A model can make its attention causal, or give it a sliding window, in many ways: SDPA's
+``is_causal`` flag; a ``tril`` buffer registered in ``__init__`` (nanoGPT, minGPT), used with
+``masked_fill`` or passed to SDPA as ``attn_mask``; a mask built in ``forward`` from ``arange``
+comparisons (transformers); a mask passed in as an argument; a mask that multiplies the
+probabilities after the softmax, which are then renormalised. Reading the op names catches some
+of these and misses the rest, so the tracer computes the probabilities instead: the ops between
+the scores and the product with V, and the masks they read, are constants of the program once the
+scores are set, since masks depend on shapes, buffers and the inputs' values, not on the
+activations. :class:`ConstantEvaluator` runs them on the CPU, with the queries and keys set to
+zero and every learned tensor (a relative-position bias, ALiBi slopes held as parameters) set
+to zero too: a learned bias is not a mask. A key a query cannot see is one whose weight lies far
+below the best key of its row (:func:`visibility`). :func:`read_pattern` then says whether the
+attention is causal (no query sees a later key) and whether it has a sliding window (every query
+sees exactly the last W keys up to itself).
 
 What cannot be computed is named: a buffer or an input on the ``meta`` device has no values.
 The attention rules then fall back on what the code says (``is_causal`` attributes, a
@@ -20,7 +24,7 @@ The attention rules then fall back on what the code says (``is_causal`` attribut
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +37,8 @@ from graphkit.tracing.naming import functional_name, is_float
 
 #: a key whose pre-softmax value is this far below its row's best has weight below e^-20
 HIDDEN_GAP = 20.0
+#: a key this far below is masked: the least masks add is Swin's -100
+MASKED_GAP = 100.0
 #: ops evaluated for one mask at most: a mask is a handful of ops, more means it reads activations
 MAX_OPS = 2000
 #: elements of one tensor at most (a mask over a long context is still far below this)
@@ -72,13 +78,23 @@ class ConstantEvaluator:
         self._input_based: dict[fx.Node, bool] = {}
 
     def evaluate(
-        self, target: fx.Node, overrides: Mapping[fx.Node, torch.Tensor], live: Callable[[fx.Node], str | None]
+        self,
+        target: fx.Node,
+        overrides: Mapping[fx.Node, torch.Tensor],
+        live: Callable[[fx.Node], str | None],
+        through: Collection[fx.Node] = (),
+        fill: float = 0.0,
     ) -> Any:
-        """The value of ``target``, with ``overrides`` standing in for some nodes. ``live(node)``
+        """The value of ``target``, with ``overrides`` standing in for some nodes and the nodes in
+        ``through`` passing their first input on (a linear map over the heads of the scores mixes
+        heads and hides no key; with its weights at zero it would hide them all). ``live(node)``
         says why a node computed from the inputs is an activation (another node's output), or
-        returns None: a floating-point activation counts as zero, a boolean or integer one (a
-        mask computed from activations) cannot be computed. Raises :class:`Unknown` with the
-        reason when something ``target`` needs has no value."""
+        returns None: a floating-point activation counts as ``fill``, as learned values do, a
+        boolean or integer one (a mask computed from activations) cannot be computed. ``fill``
+        is zero where these values are added to the scores (a learned bias is no mask), one where
+        they multiply the probabilities (ConViT's learned gate between two softmaxes hides no
+        key). Raises :class:`Unknown` with the reason when something ``target`` needs has no
+        value."""
         needed: set[fx.Node] = set()
         overrides = dict(overrides)
         stack = [target]
@@ -91,15 +107,17 @@ class ConstantEvaluator:
                 raise Unknown(f"it is computed by more than {MAX_OPS} ops")
             if node in overrides or node.op == "placeholder" or self.learned(node):
                 continue
+            if node in through:
+                stack.append(node.args[0])
+                continue
             if node.op != "call_function":
                 raise Unknown(f"it reads {node.op} {node.name!r}")
             reason = live(node) if self._from_input(node) else None
             if reason is not None and is_float(node.meta.get("val")):
                 # an activation read into the scores (a relative-position bias computed from the
                 # query, SAM's and MViTv2's; XCiT's normalised channels) hides no key by its
-                # position: zero, like a learned bias
-                fake = node.meta["val"]
-                overrides[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+                # position: a stand-in, like a learned bias
+                overrides[node] = _filled(node, fill)
                 continue
             if reason is not None:  # a mask computed from activations: it has no value here
                 raise Unknown(reason)
@@ -108,28 +126,32 @@ class ConstantEvaluator:
         env: dict[fx.Node, Any] = {}
         with torch.device("cpu"):  # also inside a caller's `with torch.device("meta")`
             for node in sorted(needed, key=lambda n: n.meta["_gk_pos"]):
-                self._run(node, env, overrides)
+                if node in through and node not in overrides:
+                    env[node] = env[node.args[0]]
+                else:
+                    self._run(node, env, overrides, fill)
         if isinstance(env[target], _Missing):
             raise Unknown(env[target].reason)
         return env[target]
 
-    def _run(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> None:
+    def _run(
+        self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor], fill: float
+    ) -> None:
         """Compute ``node`` into ``env``, or record why it cannot be."""
         try:
-            env[node] = self._value(node, env, overrides)
+            env[node] = self._value(node, env, overrides, fill)
         except Unknown as e:
             if not self._parametric(node):
                 env[node] = _Missing(str(e))
                 return
             # a learned bias that cannot be computed (timm's relative-position MLP output,
-            # gathered by an index buffer on meta) is no mask: zero, like every learned value
-            fake = node.meta["val"]
-            env[node] = torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+            # gathered by an index buffer on meta) is no mask: a stand-in, like every learned value
+            env[node] = _filled(node, fill)
 
     def learned(self, node: fx.Node) -> bool:
         """True for a parameter, or a floating-point value computed from learned values alone and
         not from the inputs (a relative-position bias gathered from its table by an index
-        buffer): zero here. Activations are computed from the inputs, so they never are."""
+        buffer): a stand-in here. Activations are computed from the inputs, so they never are."""
         if node not in self._learned:
             if node.op == "placeholder":
                 self._learned[node] = node.name in self.params
@@ -156,12 +178,13 @@ class ConstantEvaluator:
                 self._input_based[node] = any(self._from_input(a) for a in node.all_input_nodes)
         return self._input_based[node]
 
-    def _value(self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor]) -> Any:
+    def _value(
+        self, node: fx.Node, env: dict[fx.Node, Any], overrides: Mapping[fx.Node, torch.Tensor], fill: float
+    ) -> Any:
         if node in overrides:
             return overrides[node]
         if self.learned(node):
-            fake = node.meta["val"]
-            return torch.zeros(tuple(fake.shape), dtype=fake.dtype)
+            return _filled(node, fill)
         if node.op == "placeholder":
             if node.name not in self.leaves:
                 raise Unknown(f"input {node.name!r} was not given")
@@ -209,32 +232,63 @@ class _Missing:
     reason: str
 
 
+def _filled(node: fx.Node, fill: float) -> torch.Tensor:
+    """A tensor of ``fill``, on the CPU, of the shape and type ``node`` has in the program."""
+    fake = node.meta["val"]
+    return torch.full(tuple(fake.shape), fill, dtype=fake.dtype)
+
+
 def _on_cpu(value: Any) -> Any:
     """A device argument pointed at the CPU: factory ops recorded on meta or a GPU run here."""
     return torch.device("cpu") if isinstance(value, torch.device) else value
 
 
-def hidden_keys(pre_softmax: torch.Tensor) -> torch.Tensor:
-    """Which keys each query cannot see (True), from the values its softmax runs over (keys on
-    the last dimension): those far below the best key of their row, or minus infinity."""
-    values = pre_softmax.float()
-    best = values.amax(dim=-1, keepdim=True)
-    return ~(values > best - HIDDEN_GAP) | torch.isneginf(values)
+def visibility(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Which keys each query sees (True), from the values a softmax runs over (keys on the last
+    dimension; for probabilities, their logarithm): those less than ``HIDDEN_GAP`` below the
+    best key of their row (weight above e^-20). And whether every other key is masked, more than
+    ``MASKED_GAP`` below: what masks add (-inf, the dtype's minimum, -1e9, -1e4, Swin's -100),
+    unlike a bias that grows with distance (ALiBi's), whose far keys fade without a sharp edge
+    and make no window."""
+    values = logits.float()
+    gap = values.amax(dim=-1, keepdim=True) - values  # inf for a masked key, NaN in a row with every key masked
+    visible = gap < HIDDEN_GAP
+    sharp = bool((visible | ~(gap <= MASKED_GAP)).all())
+    return visible, sharp
 
 
-def is_causal_pattern(hidden: torch.Tensor, queries: int, keys: int) -> bool | None:
-    """Whether a (..., queries, keys) pattern of hidden keys hides every future key from every
-    query (queries aligned with the last keys, as with a KV cache); None if its last two
-    dimensions do not broadcast to (queries, keys). A pattern with no future to hide (one key)
-    is not causal."""
-    if hidden.dim() < 2:
-        hidden = hidden.reshape(*([1] * (2 - hidden.dim())), *hidden.shape)
+@dataclass(frozen=True)
+class Pattern:
+    """What an attention's mask lets its queries see, as attributes: ``causal`` when no query
+    sees a later key; ``window`` W when, besides, every query sees exactly the last W keys up to
+    itself and some query has earlier keys it does not see (a sliding window, shorter than the
+    keys)."""
+
+    causal: bool
+    window: int | None
+
+
+def read_pattern(visible: torch.Tensor, queries: int, keys: int, sharp: bool = True) -> Pattern | None:
+    """The :class:`Pattern` of a (..., queries, keys) map of the keys each query sees, queries
+    aligned with the last keys (as with a KV cache); None if its last two dimensions do not
+    broadcast to (queries, keys). A window is read only off a ``sharp`` map, whose keys are
+    either seen or masked (:func:`visibility`). With a single key there is no later key to
+    hide: the caller must not read causality off it."""
+    if visible.dim() < 2:
+        visible = visible.reshape(*([1] * (2 - visible.dim())), *visible.shape)
     try:
-        hidden = torch.broadcast_to(hidden, (*hidden.shape[:-2], queries, keys))
+        visible = torch.broadcast_to(visible, (*visible.shape[:-2], queries, keys)).reshape(-1, queries, keys)
     except RuntimeError:
         return None
-    future = torch.ones(queries, keys, dtype=torch.bool, device=hidden.device).triu(keys - queries + 1)
-    return bool(future.any()) and bool(hidden[..., future].all())
+    position = torch.arange(queries, device=visible.device).unsqueeze(1) + (keys - queries)  # among the keys
+    key = torch.arange(keys, device=visible.device).unsqueeze(0)
+    future = key > position
+    if not bool(future.any()) or bool(visible[:, future].any()):
+        return Pattern(causal=False, window=None)
+    width = int(visible.sum(dim=-1).max())
+    band = (key <= position) & (key > position - width)
+    sliding = sharp and 0 < width < keys and bool((visible == band).all())
+    return Pattern(causal=True, window=width if sliding else None)
 
 
-__all__ = ["ConstantEvaluator", "Unknown", "hidden_keys", "is_causal_pattern", "upstream"]
+__all__ = ["ConstantEvaluator", "Pattern", "Unknown", "read_pattern", "upstream", "visibility"]

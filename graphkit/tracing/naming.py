@@ -92,6 +92,11 @@ SHAPE_ONLY_ATEN: frozenset[str] = frozenset(
         "permute",
         "transpose",
         "t",
+        "numpy_T",  # x.T
+        "mT",  # x.mT, the last two dimensions swapped
+        "swapaxes",  # aliases of transpose and movedim, which torch.export keeps by their own names
+        "swapdims",
+        "moveaxis",
         "expand",
         "expand_as",
         "contiguous",
