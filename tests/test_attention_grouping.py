@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from graphkit.attention import ConvertError, convert, mean_pool_heads
+from graphkit.attention import grouping as grouping_module
 from graphkit.attention.convert import conversion_metadata
 from graphkit.attention.grouping import (
     Calibration,
@@ -85,19 +86,33 @@ def pairings(heads: list[int]) -> list[list[list[int]]]:
     return [[[first, other], *more] for other in rest for more in pairings([h for h in rest if h != other])]
 
 
+def heads_of_different_scales(causal: bool) -> list[Calibration]:
+    """One calibration batch of eight heads whose keys grow from half to twice the scale."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 2, 12, 8, 6, generator=generator)
+    return [Calibration(q, k * torch.linspace(0.5, 2.0, 8).view(1, 1, 8, 1), v, causal)]
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_search_swaps_heads_until_it_beats_every_grouping_it_starts_from(causal):
     """Eight heads of different scales in four pairs: none of the three starting groupings is the
     best of the 105, and the swaps find it."""
-    generator = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(3, 2, 12, 8, 6, generator=generator)
-    k = k * torch.linspace(0.5, 2.0, 8).view(1, 1, 8, 1)  # heads of different scales
-    batches = [Calibration(q, k, v, causal)]
+    batches = heads_of_different_scales(causal)
     searched = search_groups(batches, 4)
     best = min(pairings(list(range(8))), key=lambda groups: attention_error(batches, groups))
     assert searched == sorted(best)
     for grouping in ("mean", "keynorm", "similarity"):
         assert attention_error(batches, searched) < attention_error(batches, choose_groups(grouping, 8, 4, batches))
+
+
+def test_search_starts_from_the_best_of_its_three_groupings(monkeypatch):
+    """With no sweep of swaps, search returns the starting grouping of least error: similarity's
+    here, not mean's neighbours, which come first in sort order."""
+    monkeypatch.setattr(grouping_module, "SEARCH_SWEEPS", 0)
+    batches = heads_of_different_scales(causal=False)
+    starts = [choose_groups(grouping, 8, 4, batches) for grouping in ("mean", "keynorm", "similarity")]
+    best = min(starts, key=lambda groups: attention_error(batches, groups))
+    assert search_groups(batches, 4) == best == starts[2] != min(starts)
 
 
 def test_the_error_is_measured_through_the_output_projection():
