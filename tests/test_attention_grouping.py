@@ -105,6 +105,20 @@ def test_search_swaps_heads_until_it_beats_every_grouping_it_starts_from(causal)
         assert attention_error(batches, searched) < attention_error(batches, choose_groups(grouping, 8, 4, batches))
 
 
+def test_search_sweeps_until_no_swap_lowers_the_error():
+    """Eight heads in two groups of four, where the first sweep of swaps ends short of a grouping
+    that no swap improves: search sweeps again until it reaches one."""
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(3, 2, 8, 8, 4, generator=generator)
+    batches = [Calibration(q, k * torch.linspace(0.5, 2.0, 8).view(1, 1, 8, 1), v)]
+    first, second = searched = search_groups(batches, 2)
+    least = attention_error(batches, searched)
+    for i in range(4):
+        for j in range(4):
+            swapped = [first[:i] + [second[j]] + first[i + 1 :], second[:j] + [first[i]] + second[j + 1 :]]
+            assert attention_error(batches, swapped) >= least
+
+
 def test_search_starts_from_the_best_of_its_three_groupings(monkeypatch):
     """With no sweep of swaps, search returns the starting grouping of least error: similarity's
     here, not mean's neighbours, which come first in sort order."""
