@@ -158,6 +158,22 @@ def test_a_causal_layer_is_scored_by_the_keys_its_queries_see():
     assert attention_error([Calibration(q, k, v, causal=False)], groups) > 1e-3
 
 
+def test_the_error_of_a_gqa_layer_reads_each_kv_heads_own_query_heads_and_sums_over_batches():
+    """Eight query heads over four K/V heads (two each), of width 4: K/V head 2 duplicates head 0
+    and head 3 head 1, so pooling the duplicates is exact only where each K/V head serves its own
+    two query heads. Two calibration batches cost what each costs alone, added."""
+    generator = torch.Generator().manual_seed(5)
+    batches = []
+    for _ in range(2):
+        q = torch.randn(2, 6, 8, 4, generator=generator)
+        k, v = torch.randn(2, 2, 6, 4, 4, generator=generator)
+        k[:, :, 2:], v[:, :, 2:] = k[:, :, :2], v[:, :, :2]
+        batches.append(Calibration(q, k, v))
+    assert attention_error(batches, [[0, 2], [1, 3]]) < 1e-10 < 1e-3 < attention_error(batches, [[0, 1], [2, 3]])
+    each = [attention_error([batch], [[0, 1], [2, 3]]) for batch in batches]
+    assert attention_error(batches, [[0, 1], [2, 3]]) == pytest.approx(sum(each)) and min(each) > 1e-3
+
+
 def test_search_finds_duplicates_and_scores_them_exact():
     generator = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(3, 2, 10, 4, 8, generator=generator)
