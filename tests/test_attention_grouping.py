@@ -68,6 +68,7 @@ def test_similarity_pools_the_heads_that_compute_alike_whatever_their_scale_and_
         for x in (k, v):
             x[:, head] = scale * (x[:, of] + 0.05 * torch.randn(64, 8, generator=generator)) + shift
     assert similarity_groups(k, v, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert similarity_groups(k, v, 8) == [[h] for h in range(8)]  # as many groups as heads: one each
     assert contiguous_groups(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
