@@ -69,6 +69,16 @@ def test_similarity_pools_the_heads_that_compute_alike_whatever_their_scale_and_
             x[:, head] = scale * (x[:, of] + 0.05 * torch.randn(64, 8, generator=generator)) + shift
     assert similarity_groups(k, v, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert similarity_groups(k, v, 8) == [[h] for h in range(8)]  # as many groups as heads: one each
+
+
+def test_similarity_grows_a_group_past_its_first_pair_by_the_heads_closest_to_it():
+    """Six heads in two groups of three: the even heads are noisy copies of one head, the odd ones
+    of another, so each group takes the third head closest to its first pair."""
+    generator = torch.Generator().manual_seed(6)
+    base_k, base_v = torch.randn(2, 64, 2, 8, generator=generator)
+    k = base_k.repeat(1, 3, 1) + 0.1 * torch.randn(64, 6, 8, generator=generator)
+    v = base_v.repeat(1, 3, 1) + 0.1 * torch.randn(64, 6, 8, generator=generator)
+    assert similarity_groups(k, v, 2) == [[0, 2, 4], [1, 3, 5]]
     assert contiguous_groups(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
@@ -255,6 +265,14 @@ def test_pooling_neighbours_of_duplicate_heads_changes_the_model(family):
     model = copy.deepcopy(model)
     duplicate_heads(model, name)
     assert (run(convert(copy.deepcopy(model), "gqa", 2), name) - run(model, name)).abs().max() > 1e-3
+
+
+def test_choose_groups_pools_neighbours_without_data_and_names_the_groupings_it_knows():
+    assert choose_groups("mean", 8, 4) == contiguous_groups(8, 4)  # mean reads no calibration batch
+    with pytest.raises(ValueError, match="unknown grouping 'nearest'; accepted: mean, keynorm, similarity, search"):
+        choose_groups("nearest", 8, 4)
+    with pytest.raises(ValueError, match="grouping 'similarity' needs the layer's activations on calibration data"):
+        choose_groups("similarity", 8, 4)
 
 
 def test_bad_groupings_are_refused_before_anything_changes():
