@@ -275,6 +275,18 @@ def test_choose_groups_pools_neighbours_without_data_and_names_the_groupings_it_
         choose_groups("similarity", 8, 4)
 
 
+def test_choose_groups_runs_the_grouping_it_is_named():
+    """Six heads of scales 1, 9, 2, 8, 3, 7 where the four groupings pick four different groups."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 2, 12, 6, 6, generator=generator)
+    batches = [Calibration(q, k * torch.tensor([1.0, 9.0, 2.0, 8.0, 3.0, 7.0]).view(1, 1, 6, 1), v)]
+    flat_k, flat_v = batches[0].k.flatten(0, 1), batches[0].v.flatten(0, 1)
+    picked = [choose_groups(grouping, 6, 3, batches) for grouping in ("mean", "keynorm", "similarity", "search")]
+    direct = [contiguous_groups(6, 3), keynorm_groups(flat_k, 3), similarity_groups(flat_k, flat_v, 3)]
+    assert picked == [*direct, search_groups(batches, 3)]
+    assert len({str(groups) for groups in picked}) == 4
+
+
 def test_bad_groupings_are_refused_before_anything_changes():
     model = build_model(FAMILIES["gpt2"], device="cpu")
     before = copy.deepcopy(model.state_dict())
