@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench bench-gpu bundled eval-bundled clean
+.PHONY: run test test-fast mutate bench bench-gpu bundled eval-bundled clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ test: $(STAMP)
 # the everyday lane: every test but the ones marked slow (training, generation, subprocesses)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Mutation testing, outside CI (docs/tracer.md, "Mutation testing"): mutmut plants one small bug
+# at a time in graphkit/attention and graphkit/tracing and runs the not-slow tests that reach the
+# function it changed ([tool.mutmut] in pyproject.toml); a mutant no test fails is a survivor.
+# MUTANTS picks some, e.g. make mutate MUTANTS='graphkit.attention.grouping.*'. Results stay in
+# mutants/: `$(BIN)/mutmut results` lists the survivors, `$(BIN)/mutmut show NAME` shows one.
+MUTANTS ?=
+mutate: $(STAMP)
+	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q -e ".[test,mutate]"
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/trace_speed.py --write

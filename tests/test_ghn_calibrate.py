@@ -31,6 +31,12 @@ def statistics(model: nn.Module, blocks: nn.Module, inputs) -> tuple[float, floa
     return stream.pow(2).mean().sqrt().item(), varying, out.std().item()
 
 
+def lowest(stream: torch.Tensor, branch: torch.Tensor) -> float:
+    """The ``a`` in [0, 1] that brings ``RMS(stream + a branch)`` lowest, on a grid of 1/1000."""
+    grid = torch.linspace(0, 1, 1001, dtype=torch.float64)
+    return grid[min(range(1001), key=lambda i: (stream + grid[i] * branch).pow(2).sum().item())].item()
+
+
 def test_factor_keeps_what_fits_and_meets_the_target_exactly_where_it_does_not():
     generator = torch.Generator().manual_seed(0)
     stream, branch = torch.randn(64, 32, generator=generator), torch.randn(64, 32, generator=generator)
@@ -38,8 +44,12 @@ def test_factor_keeps_what_fits_and_meets_the_target_exactly_where_it_does_not()
     assert factor(stream, branch, 10.0) == 1.0  # the whole branch keeps the stream below 10
     a = factor(stream, 5 * branch, 2.0)
     assert 0 < a < 1 and math.isclose(rms(stream + a * 5 * branch), 2.0, rel_tol=1e-6)
-    # already above the target: the factor that brings the stream lowest (here it takes the branch out)
+    # already above the target: the factor that brings the stream lowest (a branch unrelated to
+    # the stream only adds to it: out), not the branch dropped whatever it does. This branch takes
+    # a third of the stream back out and adds noise: RMS^2 = (3 - x)^2 + 4 x^2, lowest at x = 0.6
     assert factor(3 * stream, branch, 1.0) == pytest.approx(0.0, abs=0.05)
+    a = factor(3 * stream, 2 * branch - stream, 1.0)
+    assert a == pytest.approx(0.6, abs=0.05) and a == pytest.approx(lowest(3 * stream, 2 * branch - stream), abs=1e-3)
     assert factor(stream, -0.5 * stream, 0.6) == 1.0  # a branch that brings the stream down is kept whole
     assert factor(stream, torch.zeros_like(branch), 0.1) == 1.0
 

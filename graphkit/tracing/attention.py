@@ -373,9 +373,20 @@ class AttentionRules:
             "latent_query": not from_tokens,
             "class_attention": lengths[0] == 1 < lengths[1] and not attrs["causal"] and from_tokens and same_tokens,
             "shifted": isinstance(attrs["window"], list) and self._rolled(query, group),
-            "sinks": bool(group.params)
-            and any(functional_name(n.target) in ("cat", "concat", "logsumexp") for n in group.fx),
+            "sinks": any(self._is_sink(n) for n in group.fx),
         }
+
+    def _is_sink(self, node: fx.Node) -> bool:
+        """Whether ``node`` sets a learned logit beside the keys: a parameter concatenated to the
+        scores as one more key (GPT-OSS), or combined with their logsumexp (Granite's
+        ``sigmoid(logsumexp(scores) - sink)``). Any parameter and any ``cat`` will not do: RoPE's
+        ``rotate_half`` is a ``cat``, and talking heads or a learned bias are parameters."""
+        name = functional_name(node.target)
+        if name in ("cat", "concat"):
+            return any(isinstance(a, fx.Node) and self._is_parameter(a) for a in node.args[0])
+        if name == "logsumexp":
+            return any(self._is_parameter(a) for user in node.users for a in user.all_input_nodes)
+        return False
 
     def _rolled(self, query: fx.Node, group: Group) -> bool:
         """Whether the tokens were rolled on their grid before being split into windows (Swin's
