@@ -245,9 +245,10 @@ def test_out_under_a_file_is_refused(recipe, tmp_path):
 def test_a_second_run_into_a_locked_folder_is_refused(reference, recipe, tmp_path):
     out = copy_of(reference, tmp_path)
     (out / "data" / "train-00001-of-00003.parquet").unlink()  # work the second run would do
-    before = listing(out)
+    assert not (out / ".graphkit.lock").exists()  # a finished run leaves no lock file behind
     with open(out / ".graphkit.lock", "a") as held:  # the first run, still writing
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = listing(out)
         refused(
             ["generate", recipe, "--out", out, "--resume"],
             f"{out}: another graphkit generate is writing this folder; wait for it to finish, or choose another --out",
