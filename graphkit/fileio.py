@@ -245,7 +245,27 @@ def save_safetensors(
     header = {**(metadata or {}), MARK: mark(kind)}
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=header)
+        _sort_metadata(tmp)
     return Path(path)
+
+
+def _sort_metadata(path: Path) -> None:
+    """Rewrite the header of the safetensors file ``path`` with its metadata keys sorted.
+    safetensors keeps the metadata in a hash map whose order changes from one save to the next,
+    so the same tensors would give files of different bytes (and checkpoint hashes); the sorted
+    header has the same length, so only it is rewritten, in place."""
+    with open(path, "r+b") as f:
+        length = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(length))
+        metadata = header.get("__metadata__")
+        if not isinstance(metadata, dict):
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > length:  # never: the same keys and values, reordered
+            return
+        f.seek(8)
+        f.write(text.ljust(length, b" "))
 
 
 def graphkit_kind(path: str | Path) -> str | None:

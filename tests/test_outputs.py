@@ -14,6 +14,7 @@ import stat
 import pytest
 import torch
 from conftest import MODEL_FILES, ROOT, one_line_error
+from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
@@ -359,3 +360,16 @@ def test_a_folder_that_is_a_symbolic_link_is_refused(command, dangling, tmp_path
     line = one_line_error(run(args, folder=link, nowhere=tmp_path / "no-dataset"))
     assert line == link_refusal(f"--out {link}", dangling)
     assert listing(tmp_path) == before
+
+
+def test_the_same_tensors_save_to_the_same_bytes(tmp_path):
+    """safetensors orders its metadata by a hash map's whim; graphkit sorts it, so a checkpoint's
+    hash says whether two runs agree (the resume test compares them), and the file still loads."""
+    tensors = {"b": torch.arange(3.0), "a": torch.ones(2, 2)}
+    metadata = {f"graphkit_{i}": str(i) for i in range(8)} | {"format": "pt"}
+    paths = [save_safetensors(tensors, tmp_path / f"{i}.safetensors", "weights", metadata) for i in range(6)]
+    saved = [path.read_bytes() for path in paths]
+    assert len(set(saved)) == 1
+    with safe_open(tmp_path / "0.safetensors", "pt") as f:
+        assert f.metadata() == {**metadata, "graphkit": mark("weights")}
+        assert torch.equal(f.get_tensor("a"), tensors["a"])
