@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from process_state import differences, restore, snapshot
 from torch import nn
 
 import graphkit
@@ -25,6 +27,39 @@ ON_EVERY_DEVICE = [
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import_libraries() -> None:
+    """Import the libraries graphkit loads lazily before any test runs: their imports add warnings
+    filters and logging handlers, which would otherwise be charged to the first test that loads
+    them (:func:`no_leaked_process_state`). The multiprocessing start method is read once for the
+    same reason: the first read fixes the platform's default, which is no test's change."""
+    import timm  # noqa: F401
+    import torch_geometric  # noqa: F401
+    import transformers  # noqa: F401
+
+    multiprocessing.get_start_method()
+
+
+_import_libraries()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process_state():
+    """Every test leaves the process as it found it: signal handlers, environment, working
+    directory, torch's threads, default dtype and device, grad mode and determinism, the
+    multiprocessing start method, logging handlers and warnings filters
+    (:mod:`process_state`). A test that changes one fails, naming what it changed, and the state is
+    put back so that no later test runs in it (a SIGINT left ignored is inherited by every
+    subprocess a later test starts)."""
+    before = snapshot()
+    yield
+    changed = differences(before, snapshot())
+    if changed:
+        restore(before)
+        pytest.fail("the test changed process-wide state and left it changed: " + "; ".join(changed), pytrace=False)
+
+
 MODEL_FILES = Path(__file__).resolve().parent / "model_files"
 
 
