@@ -34,6 +34,7 @@ def _import_libraries() -> None:
     filters and logging handlers, which would otherwise be charged to the first test that loads
     them (:func:`no_leaked_process_state`). The multiprocessing start method is read once for the
     same reason: the first read fixes the platform's default, which is no test's change."""
+    import sklearn  # noqa: F401  (the digits data source; it sets KMP_* variables and filters on import)
     import timm  # noqa: F401
     import torch_geometric  # noqa: F401
     import transformers  # noqa: F401
