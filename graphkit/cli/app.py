@@ -6,6 +6,7 @@ import contextlib
 import enum
 import functools
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -19,6 +20,7 @@ from typer.core import TyperGroup
 from graphkit.compat import is_usage_error
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_file, marked_json, marked_text, write_text_atomic
+from graphkit.workers import ended_by_sigterm
 
 errors = Console(stderr=True)
 
@@ -26,6 +28,24 @@ errors = Console(stderr=True)
 def print_error(text: str) -> None:
     """The one red ``error:`` line on stderr every failure prints."""
     errors.print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def stopped_in_one_line(kept: str) -> Iterator[None]:
+    """For a command that starts workers: SIGTERM, like Ctrl-C, unwinds the block
+    (:func:`graphkit.workers.ended_by_sigterm`), the workers are killed on the way out, and
+    one ``error:`` line says what stopped the command and what is left (``kept``) before it
+    exits as a shell expects (143 for SIGTERM, 130 for Ctrl-C), with no traceback."""
+    with ended_by_sigterm():
+        try:
+            yield
+        except KeyboardInterrupt:
+            print_error(f"stopped by Ctrl-C; {kept}")
+            raise
+        except SystemExit as e:
+            if e.code == 128 + signal.SIGTERM:
+                print_error(f"stopped by SIGTERM; {kept}")
+            raise
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from graphkit.cli.app import app, command, console, errors, print_graph
+from graphkit.cli.app import app, command, console, errors, print_graph, stopped_in_one_line
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_file, save_figure
 
@@ -45,6 +45,10 @@ def _load_warning_if_incomplete(path: Path) -> GraphDataset:
     if warning:
         errors.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     return dataset
+
+
+#: what an interrupted generate says it leaves (graphkit.cli.app.stopped_in_one_line)
+RESUME_HINT = "its workers are stopped and {kept} are kept; run it again with --resume to finish the dataset"
 
 
 @app.command()
@@ -93,7 +97,10 @@ def generate(
         _generate_zoo(recipe, out, num, workers, resume)
         return
 
-    with _tracing_bar("tracing architectures", transient=True) as progress:
+    with (
+        stopped_in_one_line(RESUME_HINT.format(kept="the parts written")),
+        _tracing_bar("tracing architectures", transient=True) as progress,
+    ):
         result = run(
             recipe,
             out,
@@ -149,7 +156,10 @@ def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, 
     """``graphkit generate zoo-...``: trace the zoo with a progress bar, then say what it holds."""
     from graphkit.datasets.zoo import generate_zoo
 
-    with _tracing_bar(f"tracing {name}") as progress:
+    with (
+        stopped_in_one_line(RESUME_HINT.format(kept="the outcomes saved")),
+        _tracing_bar(f"tracing {name}") as progress,
+    ):
         result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress)
     console.print(
         f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "

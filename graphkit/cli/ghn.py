@@ -9,7 +9,16 @@ from typing import Optional
 
 import typer
 
-from graphkit.cli.app import ARCHITECTURE_ONLY, app, command, console, errors, model_argument, trace_loaded
+from graphkit.cli.app import (
+    ARCHITECTURE_ONLY,
+    app,
+    command,
+    console,
+    errors,
+    model_argument,
+    stopped_in_one_line,
+    trace_loaded,
+)
 
 
 @app.command("train-ghn")
@@ -293,7 +302,8 @@ def eval_ghn(
     check_output_dir(out, kind="evaluation")
     for name, kind in (("eval.json", "evaluation"), ("eval.png", "evaluation-figure")):
         check_output_file(out / name, kind=kind)
-    rows = evaluate(config)
+    with stopped_in_one_line(f"its workers are stopped and nothing was written to {out}; run it again to evaluate"):
+        rows = evaluate(config)
     summary = summarize(rows)
     at = summary["horizons"]
     table = Table(

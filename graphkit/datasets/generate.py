@@ -17,8 +17,9 @@ Why it is reproducible and restartable:
   them when the process ends, however it ends): a plain run holds the folder alone; shards share
   it but each shard index runs once at a time; the manifest and run file are written by one
   process at a time. A run that cannot have its lock is refused at once, nothing touched. The
-  folder lock and the handling of SIGTERM and Ctrl-C are the zoos' too
-  (:mod:`graphkit.datasets.runs`): an interrupted run stops its workers and can be resumed.
+  folder lock (:mod:`graphkit.datasets.runs`) is the zoos' too, and the handling of SIGTERM and
+  Ctrl-C every command's (:mod:`graphkit.workers`): an interrupted run stops its workers and can
+  be resumed.
 - Each distinct architecture is traced once; configs that differ only in depth go to one worker
   together and share one export through :func:`graphkit.trace`'s cache.
 """
@@ -28,11 +29,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import multiprocessing
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,7 @@ import torch
 
 from graphkit.attention import ATTENTION_VARIANTS
 from graphkit.datasets.recipes import MAX_RECORDS, RECIPES, Recipe, RecipeError, get_recipe
-from graphkit.datasets.runs import ended_by_sigterm, flock, folder_lock, worker_started
+from graphkit.datasets.runs import flock, folder_lock
 from graphkit.datasets.store import (
     RUN_FILE,
     StoreError,
@@ -59,6 +57,7 @@ from graphkit.fileio import write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
 from graphkit.validation import is_count
+from graphkit.workers import ended_by_sigterm, worker_pool
 
 SPLITS = ("train", "eval")
 #: held (flock, exclusively) while the run file, manifest and card are checked or written
@@ -164,28 +163,17 @@ def _trace_all(keys: list[str], workers: int, advance: Callable[[int], None]) ->
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; workers share the cores
-    pool, others = None, set(multiprocessing.active_children())
     try:
-        if workers <= 1 or len(tasks) <= 1:
-            results: Iterator[list[tuple[str, dict[str, Any]]]] = map(_trace_group, tasks)
-        else:
-            _warm_up()
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=context, initializer=worker_started, initargs=(os.getpid(),)
-            )
-            results = pool.map(_trace_group, tasks)
-        for traced in results:
-            advance(len(traced))
-            yield from traced
-    except BaseException:  # interrupted or failed: the pool's work is no longer wanted
-        for process in set(multiprocessing.active_children()) - others:
-            process.kill()
-        raise
+        with contextlib.ExitStack() as pool:
+            if workers <= 1 or len(tasks) <= 1:
+                results: Iterator[list[tuple[str, dict[str, Any]]]] = map(_trace_group, tasks)
+            else:
+                _warm_up()  # forked workers inherit it
+                results = pool.enter_context(worker_pool(workers, fork=True)).map(_trace_group, tasks)
+            for traced in results:
+                advance(len(traced))
+                yield from traced
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
         torch.set_num_threads(threads)
 
 

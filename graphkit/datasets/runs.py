@@ -1,27 +1,14 @@
-"""What every dataset run shares, recipes and zoos alike: its folder's lock, and worker processes
-that end with it.
-
-- A run holds ``flock`` on ``.graphkit.lock`` in its folder while it writes there (the kernel
-  releases it when the process ends, however it ends): a second run into the folder is refused in
-  one line instead of tracing everything again and colliding with the first at the end.
-- SIGTERM, like Ctrl-C, unwinds the run instead of ending it where it stands: the ``finally``
-  blocks that stop the workers and remove temporary files run, and the folder is left as a resume
-  expects (every file is written whole or not at all).
-- A worker leaves SIGINT to its run (a terminal's Ctrl-C reaches the whole process group; the
-  run stops its workers itself) and, on Linux, is killed by the kernel when the run's process
-  ends, however it ends, SIGKILL included: no worker outlives its run, holding its lock or
-  blocked writing to a pipe nobody reads.
+"""What every dataset run shares, recipes and zoos alike: its folder's lock. A run holds ``flock``
+on ``.graphkit.lock`` in its folder while it writes there (the kernel releases it when the
+process ends, however it ends): a second run into the folder is refused in one line instead of
+tracing everything again and colliding with the first at the end. Its workers end with it, as
+every command's do (:mod:`graphkit.workers`), so none holds the lock after the run.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
-import os
-import signal
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,8 +17,6 @@ from graphkit.errors import GraphkitError
 #: held (flock) by every run writing a dataset folder: exclusively by a plain run or a zoo,
 #: shared by the shards of a recipe (graphkit.datasets.generate)
 LOCK_FILE = ".graphkit.lock"
-#: prctl's request for a signal when the parent ends (linux/prctl.h)
-PR_SET_PDEATHSIG = 1
 
 
 @contextlib.contextmanager
@@ -69,41 +54,4 @@ def folder_lock(out: Path, error: type[GraphkitError], *, shared: bool = False) 
     )
 
 
-@contextlib.contextmanager
-def ended_by_sigterm() -> Iterator[None]:
-    """For the block, SIGTERM raises ``SystemExit(143)`` (128 + SIGTERM, the exit status a
-    shell reports for it) where the run stands, as Ctrl-C raises KeyboardInterrupt, so that the
-    run's ``finally`` blocks stop its workers before the process ends. Nothing is changed where
-    the program installed its own SIGTERM handler, or outside the main thread (which alone
-    receives signals)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def worker_started(run: int) -> None:
-    """The first thing a worker process of the run whose process id is ``run`` does: leave
-    SIGINT to the run, let SIGTERM end it at once (a forked worker inherits the run's handler,
-    which raises), and on Linux have the kernel kill it when the run's process ends."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # no prctl to call: the run's finally blocks still stop it
-        return
-    if os.getppid() != run:  # the run ended before the request was made
-        os._exit(1)
-
-
-__all__ = ["LOCK_FILE", "flock", "folder_lock", "ended_by_sigterm", "worker_started"]
+__all__ = ["LOCK_FILE", "flock", "folder_lock"]

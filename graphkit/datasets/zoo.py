@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.datasets.runs import LOCK_FILE, ended_by_sigterm, folder_lock, worker_started
+from graphkit.datasets.runs import LOCK_FILE, folder_lock
 from graphkit.datasets.store import (
     RUN_FILE,
     check_dataset_folder,
@@ -61,6 +61,7 @@ from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
 from graphkit.tracing.inputs import example_inputs_for, text_config
 from graphkit.validation import is_count
+from graphkit.workers import ended_by_sigterm, worker_started
 
 #: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
 TIMM_TRANSFORMER_MODULES = (
@@ -418,7 +419,7 @@ def generate_zoo(
     after each model. Options and the folder are checked before anything is written; the folder
     is locked while the run writes it (a second run is refused, as recipes' are), and SIGTERM or
     Ctrl-C stops every tracing process and leaves the folder for ``resume``
-    (:mod:`graphkit.datasets.runs`)."""
+    (:mod:`graphkit.datasets.runs`, :mod:`graphkit.workers`)."""
     start = time.perf_counter()
     if name not in ZOOS:
         raise ZooError(f"unknown zoo {name!r}; known zoos: {', '.join(ZOOS)}")

@@ -19,10 +19,9 @@ start that fine-tuning erases is no better initialisation, so the verdicts ("bea
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -43,6 +42,7 @@ from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
 from graphkit.ghn.selection import select_params
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
+from graphkit.workers import ended_by_sigterm, worker_pool
 
 INITS = ("predicted", "random", "orthogonal", "selected")
 #: what every evaluation compares; ``selected`` is added on request (it trains a model first)
@@ -140,7 +140,8 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
     first. Why: these models are small, so a matmul split over two threads keeps each core
     busy less than one process per core does (a 2-core machine evaluates the bundled ViT
     checkpoint 1.3x faster), and single-threaded arithmetic gives the same rows whatever the
-    number of workers. On a GPU they run one after another in this process."""
+    number of workers. On a GPU they run one after another in this process. SIGTERM, like
+    Ctrl-C, kills the workers and raises (:mod:`graphkit.workers`)."""
 
     device = torch.device(config.device or default_device(EvalError))
     pool = ArchPool(config.dataset, config.split)
@@ -196,7 +197,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
             }
     workers = 1 if device.type != "cpu" else min(config.workers or len(os.sched_getaffinity(0)), len(tasks))
     order = sorted(tasks, key=lambda t: -rows[t.number]["num_params"])  # largest first: no long task at the end
-    with Progress(disable=not progress) as bar:
+    with ended_by_sigterm(), Progress(disable=not progress) as bar:  # SIGTERM, like Ctrl-C, kills the workers
         progress_task = bar.add_task("eval-ghn", total=len(tasks))
         for number, curve, scores in _run_all(order, workers):
             rows[number]["curve"] = curve
@@ -295,25 +296,16 @@ def _run_all(
     on_cpu = jobs and jobs[0].device == "cpu"
     threads = torch.get_num_threads()
     if on_cpu:
-        torch.set_num_threads(1)  # before forking: workers inherit it, and inline runs match them
+        torch.set_num_threads(1)  # inline runs compute as the workers do (_receive)
     try:
         if workers <= 1:
             yield from map(_fine_tune_one, jobs)
             return
-        # not fork: a process that has run autograd cannot fork one that runs it again
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        # spawned, not forked: a process that has run autograd cannot fork one that runs it again;
         # the jobs reach each worker once, when it starts; a job is then its number
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=context, initializer=_receive, initargs=(jobs,)
-        ) as pool:
-            futures = [pool.submit(_fine_tune_number, i) for i in range(len(jobs))]
-            try:
-                for future in as_completed(futures):
-                    yield future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
+        with worker_pool(workers, fork=False, initializer=_receive, initargs=(jobs,)) as pool:
+            for future in as_completed([pool.submit(_fine_tune_number, i) for i in range(len(jobs))]):
+                yield future.result()
     finally:
         torch.set_num_threads(threads)
 
