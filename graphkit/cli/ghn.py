@@ -116,7 +116,8 @@ def predict(
     ghn: Optional[str] = typer.Option(
         None,
         "--ghn",
-        help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs, GPT-2s or LLaMAs).",
+        help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny trained on the model's input "
+        "(tokens or images) and on every op it has, its family's own first).",
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
     residual_scale: Optional[bool] = typer.Option(
@@ -142,7 +143,7 @@ def predict(
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
-    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
+    from graphkit.ghn.checkpoint import bundled_for, check_graph, describe
     from graphkit.ghn.grow import twin_of
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
@@ -153,7 +154,7 @@ def predict(
     loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)
-    hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
+    hypernet = load_checkpoint(ghn if ghn is not None else bundled_for(graph))
     check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
     beyond = outside_training_space(hypernet.info, graph)
