@@ -178,6 +178,20 @@ def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, 
     )
 
 
+@pytest.mark.slow
+def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp_path, monkeypatch):
+    """timm's test ViTs: the plain one is predicted; the others have layer scale (and pooling),
+    which no bundled vision hypernetwork trained on, and are counted under those op kinds."""
+    names = ["test_vit", "test_vit2", "test_vit3"]
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
+    report = generate_zoo("zoo-test", tmp_path / "z").report
+    assert (report["traced"], report["predictable"]) == (3, 1)
+    assert report["predict_refusals"] == {"missing ops: mean_pool, scale": 1, "missing op: scale": 1}
+    text = (tmp_path / "z" / "report.md").read_text()
+    assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 1 of 3 traced" in text
+    assert "- missing op: scale: 1\n" in text and "- missing ops: mean_pool, scale: 1\n" in text
+
+
 class _LongBranch(torch.nn.Module):
     """A language model with a module that only runs on sequences of 64 tokens or more (DeepSeek-V4
     compresses its keys every 128 tokens)."""
