@@ -23,8 +23,9 @@ twin's width from it).
 And ``tied``: whether any training model shared its token embedding with its output head
 (:func:`tied_embeddings`). A hypernetwork that saw untied models only predicts a tied model's
 shared table as an input embedding, and the head that reads that table is then no output layer
-the hypernetwork learnt to make: the prediction is far worse than its untied twin's
-(docs/hypernetwork.md). :func:`outside_training_space` names tying as it names width and depth.
+the hypernetwork learnt to make: the prediction is no better than the model's own init, where its
+untied twin's is below the unigram loss (docs/experiments.md, "Tied embeddings").
+:func:`outside_training_space` names tying as it names width and depth.
 
 :func:`input_task` reads what a model takes (token ids or images), which picks the bundled
 checkpoint that fits it (:func:`graphkit.ghn.checkpoint.bundled_for`, ranked by
