@@ -112,7 +112,7 @@ def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_o
         f"never saw {missing} {LISTED}; train one with `graphkit train-ghn` on models with these ops and pass --ghn"
     )
     reason = f"missing op{'s' if ',' in missing else ''}: {missing}"
-    assert refusal_reason(graph) == (reason, str(error.value))
+    assert refusal_reason(graph) == (reason, str(error.value), tuple(missing.split(", ")))
 
 
 @pytest.fixture

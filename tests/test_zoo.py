@@ -187,6 +187,7 @@ def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp
     report = generate_zoo("zoo-test", tmp_path / "z").report
     assert (report["traced"], report["predictable"]) == (3, 1)
     assert report["predict_refusals"] == {"missing ops: mean_pool, scale": 1, "missing op: scale": 1}
+    assert report["predict_missing_ops"] == {"scale": 2, "mean_pool": 1}
     text = (tmp_path / "z" / "report.md").read_text()
     assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 1 of 3 traced" in text
     assert "- missing op: scale: 1\n" in text and "- missing ops: mean_pool, scale: 1\n" in text

@@ -274,8 +274,9 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
         "model": name,
         "row": graph_to_row(graph, config, id=name, split=""),
         "other_ops": others,
-        "predict": None if refusal is None else refusal[1],
-        "predict_reason": None if refusal is None else refusal[0],
+        "predict": None if refusal is None else refusal.message,
+        "predict_reason": None if refusal is None else refusal.reason,
+        "predict_missing": [] if refusal is None else list(refusal.missing),
         "seconds": round(time.perf_counter() - start, 2),
     }
 
@@ -540,6 +541,7 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     refusals = Counter(  # an outcome saved before reasons were: its error, the node it names left out
         o.get("predict_reason") or re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"]
     )
+    lacking = Counter(op for o in traced for op in o.get("predict_missing", ()))
     report = {
         "zoo": zoo.name,
         "description": zoo.description,
@@ -553,6 +555,7 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         "records": len(rows),
         "predictable": sum(1 for o in traced if o["predict"] is None),
         "predict_refusals": dict(refusals.most_common()),
+        "predict_missing_ops": dict(lacking.most_common()),
         "unbuildable": unbuildable,
         "failed": failed,
         "other_ops": other,
@@ -587,6 +590,11 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         "(those the nearest one lacks), or the error.",
         "",
         *([f"- {reason}: {count:,}" for reason, count in report["predict_refusals"].items()] or ["None."]),
+        "",
+        "By op kind: how many refused models lack each (a model that lacks several counts under each; what one "
+        "checkpoint trained on it would need):",
+        "",
+        *([f"- {op}: {count:,}" for op, count in report.get("predict_missing_ops", {}).items()] or ["None."]),
         "",
         "## The library cannot build them (not counted)",
         "",

@@ -267,7 +267,7 @@ def bundled_for(graph: ArchGraph) -> Path:
     (fewest missing ops) never trained on, and which checkpoints exist."""
     names = list(dict.fromkeys(BUNDLED.values()))  # one family may share another's checkpoint
     if not names:
-        raise UntrainedOpError("no hypernetwork is bundled; train one with `graphkit train-ghn` and pass --ghn")
+        raise CheckpointError("no hypernetwork is bundled; train one with `graphkit train-ghn` and pass --ghn")
     infos = {name: bundled_info(name) for name in names}
     task = input_task(graph)
     same_task = [n for n in names if task is None or checkpoint_task(infos[n]) in (None, task)]

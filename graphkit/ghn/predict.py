@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -100,22 +101,31 @@ def prediction_refusal(graph: ArchGraph, ghn: LoGAH | None = None) -> str | None
     than its vocabulary, a parameter it has no slot for. None when it would predict it. Cheap
     (no parameter is decoded): the zoo's report counts the predictable models with it."""
     refusal = refusal_reason(graph, ghn)
-    return None if refusal is None else refusal[1]
+    return None if refusal is None else refusal.message
 
 
-def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> tuple[str, str] | None:
+class Refusal(NamedTuple):
+    """Why :func:`predict` would refuse a model: the reason to count it under, the one-line
+    error, and the op kinds missing from the hypernetwork (empty for other refusals)."""
+
+    reason: str
+    message: str
+    missing: tuple[str, ...] = ()
+
+
+def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> Refusal | None:
     """:func:`prediction_refusal` with the reason to count it under: ``"missing op: scale"``
     (``"missing ops: pad, roll"``) for the op kinds the hypernetwork, or the nearest bundled one,
-    never trained on; else the error with the node it names left out. Returns (reason, the
-    one-line error), or None when :func:`predict` would predict it."""
+    never trained on; else the error with the node it names left out. None when :func:`predict`
+    would predict it."""
     try:
         ghn = ghn if ghn is not None else bundled_hypernetwork(str(bundled_for(graph)))
         check_graph(ghn, graph)
         encode(graph, ghn.config)
     except UntrainedOpError as e:
-        return f"missing op{'s' if len(e.missing) > 1 else ''}: {', '.join(e.missing)}", str(e)
+        return Refusal(f"missing op{'s' if len(e.missing) > 1 else ''}: {', '.join(e.missing)}", str(e), e.missing)
     except GraphkitError as e:
-        return re.sub(r"node '[^']*'", "node '...'", str(e)), str(e)
+        return Refusal(re.sub(r"node '[^']*'", "node '...'", str(e)), str(e))
     return None
 
 
@@ -215,6 +225,7 @@ __all__ = [
     "predict",
     "prediction_refusal",
     "refusal_reason",
+    "Refusal",
     "bundled_hypernetwork",
     "decoding",
     "predicted_params",
