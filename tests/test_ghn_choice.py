@@ -174,6 +174,9 @@ def test_predict_cli_takes_a_model_of_no_family_whose_ops_a_checkpoint_trained_o
     """The hand-written LLaMA of examples/ (family "custom") was refused for its family's name."""
     result = runner.invoke(app, ["predict", str(ROOT / "examples" / "llama_block.py")])
     assert result.exit_code == 0, result.output
+    assert "bundled hypernetwork logah-tiny-llamas: trained on text models and on every op kind llama_block.py has" in (
+        result.stdout
+    )
     assert "trained on llamas-1k" in result.stdout and "(100.0%)" in result.stdout
 
 
