@@ -40,8 +40,8 @@ from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
 from graphkit.validation import is_count
 
-#: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
-#: a live view of the family registry
+#: the checkpoints that ship with graphkit, by the family whose own each is (``Family.bundled_ghn``),
+#: a live view of the family registry; :func:`bundled_for` picks among all of them for a model
 BUNDLED = FamilyTable("bundled_ghn")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
 
