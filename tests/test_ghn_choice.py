@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, gpt2, llama, meta, mistral, timm_vit
 from typer.testing import CliRunner
 
@@ -25,7 +26,7 @@ from graphkit.ghn.checkpoint import (
     checkpoint_task,
     load_checkpoint,
 )
-from graphkit.ghn.predict import prediction_refusal, refusal_reason
+from graphkit.ghn.predict import predict, prediction_refusal, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
 from graphkit.sources import load_model_source
 from graphkit.tracing import trace
@@ -113,6 +114,19 @@ def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_o
     )
     reason = f"missing op{'s' if ',' in missing else ''}: {missing}"
     assert refusal_reason(graph) == (reason, str(error.value), tuple(missing.split(", ")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["qwen2", "mistral"])
+def test_a_decoder_of_another_family_is_predicted_whole_and_runs(model_type):
+    """What the choice is for: the LLaMA checkpoint's prediction of a Qwen2 (its q/k/v biases
+    through the shared map) or a Mistral, built on meta, fills every parameter and runs."""
+    model = decoder(model_type)
+    params = predict(model)
+    assert sum(p.numel() for p in params.values()) == sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        logits = model(torch.randint(256, (1, 8))).logits
+    assert logits.shape == (1, 8, 256) and torch.isfinite(logits).all()
 
 
 @pytest.fixture
