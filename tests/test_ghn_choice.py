@@ -99,7 +99,13 @@ def test_a_model_gets_the_checkpoint_trained_on_its_input_and_its_ops(build, cho
     ("build", "task", "nearest", "missing"),
     [
         (lambda: small_timm("deit3_small_patch16_224"), "image", "logah-tiny-vits", "scale"),
-        (lambda: small_timm("swin_tiny_patch4_window7_224"), "image", "logah-tiny-vits", "mean_pool, roll"),
+        pytest.param(
+            lambda: small_timm("swin_tiny_patch4_window7_224"),
+            "image",
+            "logah-tiny-vits",
+            "mean_pool, roll",
+            marks=pytest.mark.slow,
+        ),
         (lambda: decoder("gemma"), "text", "logah-tiny-llamas", "gelu"),
     ],
     ids=["deit3", "swin", "gemma"],
