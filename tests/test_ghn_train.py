@@ -128,6 +128,9 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     assert (run_dir / "metrics.png").stat().st_size > 10_000
     ghn = load_checkpoint(run_dir)
     assert ghn.info["family"] == "vit" and "attention" in ghn.info["trained_ops"] and ghn.info["data"] == "digits"
+    # what bundled_for chooses a checkpoint by, had it shipped: its input, its datasets, no tied model
+    assert ghn.info["task"] == "image" and ghn.info["trained_on"] == [vits.name] and ghn.info["space"]["tied"] is False
+    assert ghn.info["machine"].endswith("CPU cores")
     model = build_model(ArchPool(vits, "eval").records[0].config)
     params = predict(model, ghn)
     assert sum(t.numel() for t in params.values()) == sum(p.numel() for p in model.parameters())
@@ -476,10 +479,16 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
 
 
 def test_predict_cli_bad_inputs(tmp_path):
-    result = run("predict", ROOT / "examples" / "llama_block.py")
+    relu_lm = tmp_path / "relu_lm.py"  # a token model with an activation no bundled checkpoint trained on
+    relu_lm.write_text(
+        "from torch import nn\n"
+        "model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1000))\n"
+    )
+    result = run("predict", relu_lm)
     assert result.exit_code == 1 and result.stderr.strip() == (
-        "error: no bundled hypernetwork for custom models (bundled: gpt2, "
-        "llama, vit); train one with `graphkit train-ghn` and pass --ghn"
+        "error: no bundled hypernetwork was trained on every op of this text model: the nearest, "
+        "logah-tiny-llamas, never saw relu (bundled: text: logah-tiny-gpts, logah-tiny-llamas; image: "
+        "logah-tiny-vits); train one with `graphkit train-ghn` on models with these ops and pass --ghn"
     )
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr

@@ -101,9 +101,9 @@ def test_reference_decoders_trace_cleanly(model_type):
 
 
 def test_predict_works_on_a_zoo_model_of_a_bundled_family_or_says_why_not():
-    """Item 4 on a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
-    ViT hypernetwork, and the predicted model runs; BEiT and Swin have no bundled hypernetwork,
-    and say so in one line."""
+    """On a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
+    ViT hypernetwork, and the predicted model runs; BEiT and Swin have ops it never trained on
+    (layer scale, pooling, shifted windows), and say which in one line."""
     deit = build_zoo_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
     assert prediction_refusal(trace(deit)) is None
     params = predict(deit)
@@ -111,9 +111,10 @@ def test_predict_works_on_a_zoo_model_of_a_bundled_family_or_says_why_not():
     with torch.no_grad():
         assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
     beit = build_zoo_model({"family": "timm", "model": "beit_base_patch16_224"})
-    assert prediction_refusal(trace(beit)).startswith("no bundled hypernetwork for beit models")
+    nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-vits"
+    assert prediction_refusal(trace(beit)).startswith(f"{nearest}, never saw mean_pool, scale (bundled: ")
     swin = build_zoo_model({"family": "timm", "model": "swin_tiny_patch4_window7_224"})
-    assert "no bundled hypernetwork" in prediction_refusal(trace(swin))
+    assert prediction_refusal(trace(swin)).startswith(f"{nearest}, never saw mean_pool, roll (bundled: ")
 
 
 def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
@@ -175,6 +176,21 @@ def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, 
     assert (
         "- built by the library: 1" in text and "## The library cannot build them (not counted)\n\n- `broken`" in text
     )
+
+
+@pytest.mark.slow
+def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp_path, monkeypatch):
+    """timm's test ViTs: the plain one is predicted; the others have layer scale (and pooling),
+    which no bundled vision hypernetwork trained on, and are counted under those op kinds."""
+    names = ["test_vit", "test_vit2", "test_vit3"]
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
+    report = generate_zoo("zoo-test", tmp_path / "z").report
+    assert (report["traced"], report["predictable"]) == (3, 1)
+    assert report["predict_refusals"] == {"missing ops: mean_pool, scale": 1, "missing op: scale": 1}
+    assert report["predict_missing_ops"] == {"scale": 2, "mean_pool": 1}
+    text = (tmp_path / "z" / "report.md").read_text()
+    assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 1 of 3 traced" in text
+    assert "- missing op: scale: 1\n" in text and "- missing ops: mean_pool, scale: 1\n" in text
 
 
 class _LongBranch(torch.nn.Module):

@@ -125,7 +125,8 @@ def predict(
     ghn: Optional[str] = typer.Option(
         None,
         "--ghn",
-        help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny for ViTs, GPT-2s or LLaMAs).",
+        help="Hypernetwork checkpoint folder (default: the bundled LoGAH-tiny trained on the model's input "
+        "(tokens or images) and on every op it has, its family's own first).",
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the predicted parameters (safetensors)."),
     residual_scale: Optional[bool] = typer.Option(
@@ -151,7 +152,7 @@ def predict(
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
-    from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, describe
+    from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
@@ -162,8 +163,17 @@ def predict(
     loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)
-    hypernet = load_checkpoint(ghn if ghn is not None else bundled_checkpoint(graph.meta.get("family")))
+    chosen = bundled_for(graph) if ghn is None else None
+    hypernet = load_checkpoint(ghn if ghn is not None else chosen)
     check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
+    if chosen is not None:  # chosen by what the model is: say which, since it need not be its family's
+        task = checkpoint_task(hypernet.info)
+        console.print(
+            f"bundled hypernetwork {chosen.name}: trained on {task + ' models and on ' if task else ''}every op "
+            f"kind {loaded.name} has",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(describe(hypernet), highlight=False, soft_wrap=True)
     beyond = outside_training_space(hypernet.info, graph)
     if beyond:

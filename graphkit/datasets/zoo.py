@@ -15,8 +15,9 @@ distinct architecture (graph fingerprint): the first name in sort order, carryin
 ``aliases`` in its config; the record's id is that name. What cannot be built or traced, or
 traces with ops outside the vocabulary (``other:``), goes to ``report.json`` and ``report.md``
 with a one-line reason, and so does how many models ``graphkit predict`` would predict with the
-bundled hypernetworks (:func:`graphkit.ghn.predict.prediction_refusal`) and why it refuses the
-rest. The candidates, their order and the split (a tenth of the architectures held out, by
+bundled hypernetworks (:func:`graphkit.ghn.predict.refusal_reason`) and, counted by reason (the
+op kinds no bundled hypernetwork trained on: ``missing op: scale``), why it refuses the rest.
+The candidates, their order and the split (a tenth of the architectures held out, by
 fingerprint hash) depend on nothing but the library versions, which the manifest and the card
 record: the same versions give the same dataset.
 
@@ -266,14 +267,17 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     except Exception as e:  # every failure is a report line, never the end of the run
         reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
-    from graphkit.ghn.predict import prediction_refusal  # noqa: PLC0415
+    from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415
 
     others = sorted({n.op for n in graph.nodes if n.op.startswith("other:")})
+    refusal = refusal_reason(graph)  # None: a bundled hypernetwork predicts it
     return {
         "model": name,
         "row": graph_to_row(graph, config, id=name, split=""),
         "other_ops": others,
-        "predict": prediction_refusal(graph),  # None: the bundled hypernetwork of its family predicts it
+        "predict": None if refusal is None else refusal.message,
+        "predict_reason": None if refusal is None else refusal.reason,
+        "predict_missing": [] if refusal is None else list(refusal.missing),
         "seconds": round(time.perf_counter() - start, 2),
     }
 
@@ -367,12 +371,13 @@ def _warm_up() -> None:
     tracer's and the hypernetwork's imports, torch.export's one-time set-up (one tiny export)
     and the bundled hypernetworks that ``prediction_refusal`` reads."""
     from graphkit.families import build_model  # noqa: PLC0415
-    from graphkit.ghn.checkpoint import BUNDLED  # noqa: PLC0415
+    from graphkit.ghn.checkpoint import BUNDLED, bundled_info  # noqa: PLC0415
     from graphkit.ghn.predict import bundled_hypernetwork  # noqa: PLC0415
 
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
-    for family in BUNDLED:
-        bundled_hypernetwork(family)
+    for name in set(BUNDLED.values()):
+        bundled_info(name)
+        bundled_hypernetwork(name)
 
 
 def _failure(name: str, reason: str, started: float) -> dict[str, Any]:
@@ -534,7 +539,10 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     clean = sum(1 for o in outcomes if "row" in o and not o["other_ops"])
     traced = [o for o in outcomes if "row" in o]
     buildable = len(outcomes) - len(unbuildable)
-    refusals = Counter(re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"])
+    refusals = Counter(  # an outcome saved before reasons were: its error, the node it names left out
+        o.get("predict_reason") or re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"]
+    )
+    lacking = Counter(op for o in traced for op in o.get("predict_missing", ()))
     report = {
         "zoo": zoo.name,
         "description": zoo.description,
@@ -548,6 +556,7 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         "records": len(rows),
         "predictable": sum(1 for o in traced if o["predict"] is None),
         "predict_refusals": dict(refusals.most_common()),
+        "predict_missing_ops": dict(lacking.most_common()),
         "unbuildable": unbuildable,
         "failed": failed,
         "other_ops": other,
@@ -578,7 +587,15 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         "",
         "## Why `graphkit predict` refuses the others",
         "",
-        *([f"- {count:,} models: {reason}" for reason, count in report["predict_refusals"].items()] or ["None."]),
+        "By reason, most common first: the op kinds no bundled hypernetwork of the model's input task trained on "
+        "(those the nearest one lacks), or the error.",
+        "",
+        *([f"- {reason}: {count:,}" for reason, count in report["predict_refusals"].items()] or ["None."]),
+        "",
+        "By op kind: how many refused models lack each (a model that lacks several counts under each; what one "
+        "checkpoint trained on it would need):",
+        "",
+        *([f"- {op}: {count:,}" for op, count in report.get("predict_missing_ops", {}).items()] or ["None."]),
         "",
         "## The library cannot build them (not counted)",
         "",

@@ -7,7 +7,7 @@ torchrun), ``checkpoint`` the safetensors + JSON checkpoints (two ship with grap
 orthogonal initialisation.
 """
 
-from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, load_checkpoint, save_checkpoint
+from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, bundled_for, load_checkpoint, save_checkpoint
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
 from graphkit.ghn.data import DataError, load_source
 from graphkit.ghn.encoding import targets
@@ -26,6 +26,7 @@ __all__ = [
     "save_checkpoint",
     "CheckpointError",
     "BUNDLED",
+    "bundled_for",
     "load_source",
     "DataError",
     "train",

@@ -2,6 +2,12 @@
 (the LoGAH config, the op vocabulary version, the ops and family it was trained on, how it was
 trained). A training checkpoint adds ``optimizer.safetensors`` and ``trainer_state.json``.
 
+Which bundled checkpoint predicts a model is chosen by what the model is, not by its family's
+name (:func:`bundled_for`): its input task (``task`` in config.json: token ids or images) and
+its ops (``trained_ops``: a checkpoint predicts no op it never trained on). A Mistral or Qwen2,
+whose ops are all a LLaMA's, gets the LLaMA checkpoint; a model with an op no checkpoint of its
+task trained on is refused in one line naming that op.
+
 A checkpoint folder is written beside its final place and renamed into it, so an interrupted save
 leaves the previous checkpoint intact; in a folder that holds more (a training run's output, with
 its metrics and ``checkpoint/``) each file is replaced atomically, config.json last.
@@ -9,6 +15,7 @@ its metrics and ``checkpoint/``) each file is replaced atomically, config.json l
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -27,19 +34,29 @@ from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
+from graphkit.ghn.space import TASK_READERS, input_task, space_distance
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
 from graphkit.validation import is_count
 
-#: the checkpoints that ship with graphkit, by the family they predict (``Family.bundled_ghn``),
-#: a live view of the family registry
+#: the checkpoints that ship with graphkit, by the family whose own each is (``Family.bundled_ghn``),
+#: a live view of the family registry; :func:`bundled_for` picks among all of them for a model
 BUNDLED = FamilyTable("bundled_ghn")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
 
 
 class CheckpointError(GraphkitError):
     """A hypernetwork checkpoint is missing, unreadable or does not fit what it is asked to do."""
+
+
+class UntrainedOpError(CheckpointError):
+    """A model has op kinds the hypernetwork (or, choosing a bundled one, every one that fits)
+    never trained on; ``missing`` holds them, so that the zoo report counts refusals by them."""
+
+    def __init__(self, message: str, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def save_checkpoint(
@@ -204,7 +221,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def bundled_checkpoint(family: str | None) -> Path:
-    """The folder of the checkpoint that ships for ``family`` (vit, gpt2 or llama)."""
+    """The folder of the checkpoint that ships for ``family`` (vit, gpt2 or llama): a dataset's
+    own, for ``eval-ghn``. A model is matched by :func:`bundled_for`."""
     if family not in BUNDLED:
         raise CheckpointError(
             f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
@@ -213,17 +231,77 @@ def bundled_checkpoint(family: str | None) -> Path:
     return _locate(BUNDLED[family])
 
 
+def checkpoint_task(info: Mapping[str, Any]) -> str | None:
+    """The input task a checkpoint trained on (``"text"`` or ``"image"``): config.json's
+    ``task``, else read off its ``trained_ops`` as :func:`~graphkit.ghn.space.input_task` reads
+    a graph (an ``embedding`` reads tokens; a ``patch_embed`` or ``conv``, pixels), for
+    checkpoints written before the task was recorded. None when neither tells."""
+    task = info.get("task")
+    if isinstance(task, str):
+        return task
+    tasks = {TASK_READERS[op] for op in info.get("trained_ops") or () if op in TASK_READERS}
+    return tasks.pop() if len(tasks) == 1 else None
+
+
+@functools.cache
+def bundled_info(name: str) -> dict[str, Any]:
+    """The config.json of the bundled checkpoint ``name``, read once per process (the weights
+    are not loaded)."""
+    return _read_json(_locate(name) / "config.json")
+
+
+def _missing_ops(info: Mapping[str, Any], ops: set[str]) -> tuple[str, ...]:
+    trained = info.get("trained_ops")
+    return () if trained is None else tuple(sorted(ops - set(trained)))
+
+
+def bundled_for(graph: ArchGraph) -> Path:
+    """The folder of the bundled checkpoint that predicts ``graph``: among those trained on its
+    input task (:func:`checkpoint_task` against :func:`~graphkit.ghn.space.input_task`; all of
+    them when either is unknown) and on every op kind it has, its own family's (``BUNDLED``),
+    else the one whose training space it lies nearest (:func:`~graphkit.ghn.space.space_distance`),
+    else the first registered. Works for checkpoints added later as for today's: each is
+    judged by its config.json alone.
+
+    UntrainedOpError, in one line, when none qualifies: the op kinds the nearest one
+    (fewest missing ops) never trained on, and which checkpoints exist."""
+    names = list(dict.fromkeys(BUNDLED.values()))  # one family may share another's checkpoint
+    if not names:
+        raise CheckpointError("no hypernetwork is bundled; train one with `graphkit train-ghn` and pass --ghn")
+    infos = {name: bundled_info(name) for name in names}
+    task = input_task(graph)
+    same_task = [n for n in names if task is None or checkpoint_task(infos[n]) in (None, task)]
+    candidates = same_task or names
+    ops = {node.op for node in graph.nodes}
+    missing = {name: _missing_ops(infos[name], ops) for name in candidates}
+    own = BUNDLED.get(graph.meta.get("family"))
+    best = min(candidates, key=lambda n: (len(missing[n]), n != own, space_distance(infos[n], graph)))
+    if missing[best]:
+        by_task: dict[str, list[str]] = {}
+        for name in names:
+            by_task.setdefault(checkpoint_task(infos[name]) or "any input", []).append(name)
+        listed = "; ".join(f"{kind}: {', '.join(group)}" for kind, group in by_task.items())
+        kinds = ", ".join(missing[best])
+        raise UntrainedOpError(
+            f"no bundled hypernetwork was trained on every op of this {task or ''}{' ' if task else ''}model: "
+            f"the nearest, {best}, never saw {kinds} (bundled: {listed}); train one with `graphkit train-ghn` "
+            "on models with these ops and pass --ghn",
+            missing[best],
+        )
+    return _locate(best)
+
+
 def check_graph(ghn: LoGAH, graph: ArchGraph) -> None:
     """Refuse a graph with an op the hypernetwork never saw in training (its prediction for that
     node would be untrained noise); a hypernetwork without training info accepts every graph."""
-    trained = getattr(ghn, "info", {}).get("trained_ops")
-    if trained is None:
-        return
-    unseen = next((node for node in graph.nodes if node.op not in trained), None)
-    if unseen is not None:
-        raise CheckpointError(
+    info = getattr(ghn, "info", {})
+    missing = _missing_ops(info, {node.op for node in graph.nodes})
+    if missing:
+        unseen = next(node for node in graph.nodes if node.op in missing)
+        raise UntrainedOpError(
             f"node {unseen.name!r} has op {unseen.op!r}, which this hypernetwork was not trained on "
-            f"(trained on: {', '.join(sorted(trained))})"
+            f"(trained on: {', '.join(sorted(info['trained_ops']))})",
+            missing,
         )
 
 

@@ -17,6 +17,8 @@ the rows past the trained width make it confidently wrong."""
 from __future__ import annotations
 
 import functools
+import re
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -26,7 +28,7 @@ from graphkit.errors import GraphkitError
 from graphkit.families import FAMILIES
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
-from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
+from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, growth
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
@@ -94,24 +96,45 @@ def predicted_params(
 
 def prediction_refusal(graph: ArchGraph, ghn: LoGAH | None = None) -> str | None:
     """Why :func:`predict` would refuse the model of ``graph`` before writing anything, as its
-    one-line error: no bundled hypernetwork for the graph's family (when ``ghn`` is None), an op
-    the hypernetwork was not trained on or newer than its vocabulary, a parameter it has no slot
-    for. None when it would predict it. Cheap (no parameter is decoded): the zoo's report counts
-    the predictable models with it."""
+    one-line error: no bundled hypernetwork trained on every op it has (when ``ghn`` is None,
+    :func:`~graphkit.ghn.checkpoint.bundled_for`), an op ``ghn`` was not trained on or newer
+    than its vocabulary, a parameter it has no slot for. None when it would predict it. Cheap
+    (no parameter is decoded): the zoo's report counts the predictable models with it."""
+    refusal = refusal_reason(graph, ghn)
+    return None if refusal is None else refusal.message
+
+
+class Refusal(NamedTuple):
+    """Why :func:`predict` would refuse a model: the reason to count it under, the one-line
+    error, and the op kinds missing from the hypernetwork (empty for other refusals)."""
+
+    reason: str
+    message: str
+    missing: tuple[str, ...] = ()
+
+
+def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> Refusal | None:
+    """:func:`prediction_refusal` with the reason to count it under: ``"missing op: scale"``
+    (``"missing ops: pad, roll"``) for the op kinds the hypernetwork, or the nearest bundled one,
+    never trained on; else the error with the node it names left out. None when :func:`predict`
+    would predict it."""
     try:
-        ghn = ghn if ghn is not None else bundled_hypernetwork(graph.meta.get("family"))
+        ghn = ghn if ghn is not None else bundled_hypernetwork(str(bundled_for(graph)))
         check_graph(ghn, graph)
         encode(graph, ghn.config)
+    except UntrainedOpError as e:
+        return Refusal(f"missing op{'s' if len(e.missing) > 1 else ''}: {', '.join(e.missing)}", str(e), e.missing)
     except GraphkitError as e:
-        return str(e)
+        return Refusal(re.sub(r"node '[^']*'", "node '...'", str(e)), str(e))
     return None
 
 
 @functools.cache
-def bundled_hypernetwork(family: str | None) -> LoGAH:
-    """The bundled hypernetwork of ``family`` (CheckpointError if none ships), loaded once per
-    process and shared: for reading, as :func:`prediction_refusal` does, not for training."""
-    return load_checkpoint(bundled_checkpoint(family))
+def bundled_hypernetwork(checkpoint: str) -> LoGAH:
+    """The bundled hypernetwork ``checkpoint`` (a value of ``BUNDLED``, or the folder
+    :func:`~graphkit.ghn.checkpoint.bundled_for` picks), loaded once per process and shared:
+    for reading, as :func:`prediction_refusal` does, not for training."""
+    return load_checkpoint(checkpoint)
 
 
 def predict(
@@ -127,8 +150,9 @@ def predict(
     buffers: str = "all",
 ) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
-    of the model's family) and write the predictions into ``model``: into its own tensors when
-    it holds weights, parameter by parameter, with no second copy of the model; into new tensors
+    that fits the model, :func:`~graphkit.ghn.checkpoint.bundled_for`) and write the
+    predictions into ``model``: into its own tensors when it holds weights, parameter by
+    parameter, with no second copy of the model; into new tensors
     on the hypernetwork's device when it is on the meta device (tied weights stay tied). The
     buffers a meta-built model computed when it was built (rotary frequencies, relative-position
     indices, masks) are recomputed on the parameters' device (:mod:`graphkit.buffers`), so the
@@ -156,7 +180,7 @@ def predict(
         raise PredictError(f"buffers must be 'all' or 'saved', got {buffers!r}")
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
-        ghn = load_checkpoint(bundled_checkpoint(graph.meta.get("family")))
+        ghn = load_checkpoint(bundled_for(graph))
     check_graph(ghn, graph)
     if calibrate:
         check_calibration(graph)
@@ -199,6 +223,10 @@ def predict(
 
 __all__ = [
     "predict",
+    "prediction_refusal",
+    "refusal_reason",
+    "Refusal",
+    "bundled_hypernetwork",
     "decoding",
     "predicted_params",
     "PredictError",

@@ -19,11 +19,23 @@ LoGAH's datasets make deeper models narrower, and the hypernetwork predicts well
 that envelope: a 12-layer, 768-wide ViT grown from a 256-wide twin scores 0.60 on digits from
 the predicted parameters alone, from a 512-wide twin 0.19 (:mod:`graphkit.ghn.grow` picks its
 twin's width from it).
+
+And ``tied``: whether any training model shared its token embedding with its output head
+(:func:`tied_embeddings`). A hypernetwork that saw untied models only predicts a tied model's
+shared table as an input embedding, and the head that reads that table is then no output layer
+the hypernetwork learnt to make: the prediction is no better than the model's own init, where its
+untied twin's is below the unigram loss (docs/experiments.md, "Tied embeddings").
+:func:`outside_training_space` names tying as it names width and depth.
+
+:func:`input_task` reads what a model takes (token ids or images), which picks the bundled
+checkpoint that fits it (:func:`graphkit.ghn.checkpoint.bundled_for`, ranked by
+:func:`space_distance` among those trained on every op the model has).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from graphkit.graph import ArchGraph
@@ -59,16 +71,59 @@ def extent(graph: ArchGraph) -> dict[str, int | None]:
     }
 
 
+#: ops that read the raw input of each task: an integer token id is only ever looked up in an
+#: embedding table, an image goes through a convolution (a patch embedding or a stem)
+TASK_READERS = {"embedding": "text", "patch_embed": "image", "conv": "image"}
+
+
+def input_task(graph: ArchGraph) -> str | None:
+    """What ``graph`` takes as input: ``"text"`` (token ids) or ``"image"``, read off the first
+    op with parameters that the input reaches (an ``embedding`` reads tokens, a ``patch_embed``
+    or ``conv`` pixels), else off the input's recorded shape (4 dims: images); None when neither
+    tells. The hypernetwork that fits a model is one trained on inputs of its task
+    (:func:`graphkit.ghn.checkpoint.bundled_for`)."""
+    successors: dict[int, list[int]] = {}
+    for src, dst in graph.edges:
+        successors.setdefault(src, []).append(dst)
+    frontier = [i for i, node in enumerate(graph.nodes) if node.op == "input"]
+    seen = set(frontier)
+    while frontier:  # breadth first, through parameter-free ops (a pad, a cast, a scaling)
+        after = []
+        for i in frontier:
+            node = graph.nodes[i]
+            if node.op in TASK_READERS:
+                return TASK_READERS[node.op]
+            if node.op == "input" or not node.params:
+                after.extend(j for j in successors.get(i, ()) if j not in seen)
+        seen.update(after)
+        frontier = after
+    inputs = graph.meta.get("input_shapes") or []
+    if inputs and len(inputs[0]) == 4:
+        return "image"
+    return None
+
+
+def tied_embeddings(graph: ArchGraph) -> bool:
+    """Whether ``graph``'s output head reuses its token embedding as its weight (the tracer
+    records the shared name in the head's ``tied`` attribute): GPT-2 as transformers builds it
+    by default, Gemma, OPT, the small Qwen2 models."""
+    tables = {name for node in graph.nodes if node.op == "embedding" for name in node.params}
+    return any(node.op == "head" and tables.intersection(node.attrs.get("tied") or ()) for node in graph.nodes)
+
+
 def _widen(bounds: list[int] | None, value: int) -> list[int]:
     return [value, value] if bounds is None else [min(bounds[0], value), max(bounds[1], value)]
 
 
 def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
     """The smallest and largest of each extent over ``graphs`` (extents no graph has are left
-    out), and ``width_by_depth``: {depth (a string, as JSON keys are): [narrowest, widest]}."""
+    out), ``width_by_depth``: {depth (a string, as JSON keys are): [narrowest, widest]}, and
+    ``tied``: whether any of them ties its token embedding to its head."""
     space: dict[str, Any] = {}
     by_depth: dict[int, list[int]] = {}
+    tied = False
     for graph in graphs:
+        tied = tied or tied_embeddings(graph)
         extents = extent(graph)
         for name, value in extents.items():
             if value is not None:
@@ -77,6 +132,7 @@ def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
             by_depth[extents["depth"]] = _widen(by_depth.get(extents["depth"]), extents["width"])
     if by_depth:
         space["width_by_depth"] = {str(depth): by_depth[depth] for depth in sorted(by_depth)}
+    space["tied"] = tied
     return space
 
 
@@ -92,19 +148,26 @@ def widest_at_depth(space: Mapping[str, Any], depth: int) -> int | None:
     return int(bounds[1]) if isinstance(bounds, list) and len(bounds) == 2 else None
 
 
+def _beyond(space: Mapping[str, Any], graph: ArchGraph) -> Iterator[tuple[str, int, int, int]]:
+    """Each extent of ``graph`` outside the bounds ``space`` records: (extent, value, low, high)."""
+    for name, value in extent(graph).items():
+        bounds = space.get(name)
+        if value is not None and isinstance(bounds, list) and len(bounds) == 2 and not bounds[0] <= value <= bounds[1]:
+            yield name, value, bounds[0], bounds[1]
+
+
 def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | None:
     """How far ``graph`` lies outside the training space a checkpoint's config.json records
     (``info``, as ``ghn.info``), in one phrase per extent: "width 768 is 1.5x the widest trained
-    (512)"; None when it lies inside, or the checkpoint records no space."""
+    (512)", and "its input and output embeddings are tied, and it trained on untied models only"
+    for a tied model unless the space records tied ones; None when it lies inside, or the
+    checkpoint records no space."""
     space = info.get("space")
     if not isinstance(space, Mapping):
         return None
     beyond = []
-    for name, value in extent(graph).items():
-        bounds = space.get(name)
-        if value is None or not (isinstance(bounds, list) and len(bounds) == 2):
-            continue
-        (low, high), (label, unit) = bounds, EXTENTS[name]
+    for name, value, low, high in _beyond(space, graph):
+        label, unit = EXTENTS[name]
         if value > high:
             ratio = value / high
             beyond.append(
@@ -112,9 +175,31 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
                 if ratio < 10
                 else f"{label} {value:,}{unit} is {ratio:.0f}x the largest trained ({high:,}{unit})"
             )
-        elif value < low:
+        else:
             beyond.append(f"{label} {value:,}{unit} is below the smallest trained ({low:,}{unit})")
+    if space.get("tied") is not True and tied_embeddings(graph):  # not recorded: trained before tying was
+        beyond.append("its input and output embeddings are tied, and it trained on untied models only")
     return ", ".join(beyond) or None
 
 
-__all__ = ["EXTENTS", "extent", "training_space", "outside_training_space", "widest_at_depth"]
+def space_distance(info: Mapping[str, Any], graph: ArchGraph) -> float:
+    """How far ``graph`` lies outside the training space ``info`` records, as one number to rank
+    checkpoints by: the sum over extents of |log(value / nearest bound)|, 0 inside (or when no
+    space is recorded). Twice the widest trained width counts as much as half the narrowest."""
+    space = info.get("space")
+    if not isinstance(space, Mapping):
+        return 0.0
+    return sum(abs(math.log(value / (high if value > high else low))) for _, value, low, high in _beyond(space, graph))
+
+
+__all__ = [
+    "EXTENTS",
+    "TASK_READERS",
+    "extent",
+    "input_task",
+    "tied_embeddings",
+    "training_space",
+    "outside_training_space",
+    "space_distance",
+    "widest_at_depth",
+]

@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
-from graphkit.ghn.space import training_space
+from graphkit.ghn.space import input_task, training_space
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
@@ -284,15 +285,18 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     )  # resumed: the lr of ``start``
     model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
     amp = device.type == "cuda" if config.amp is None else config.amp
-    info = {
+    tasks = {input_task(r.graph) for r in pool.records} - {None}
+    info = {  # what bundled_for chooses by: task, trained_ops, space (and family)
         "variant": config.variant,
         "family": pool.family,
+        "task": tasks.pop() if len(tasks) == 1 else None,
         "trained_ops": pool.ops(),
+        "trained_on": [Path(config.dataset).name],
         "data": data,
         "train": asdict(config),
         "dataset": str(config.dataset),
         "space": training_space(r.graph for r in pool.records),
-        "trained_on": machine(device, world),
+        "machine": machine(device, world),
     }
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
