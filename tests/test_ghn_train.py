@@ -170,7 +170,8 @@ def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, 
 def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_afterwards(vits, tmp_path, monkeypatch):
     """--deterministic changes how kernels accumulate and which attention kernel runs, not what
     is computed: on the CPU it trains the weights a default run does, to rounding, and leaves
-    torch's global settings as it found them."""
+    torch's global settings and the environment as it found them."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     train(quick(vits, tmp_path / "default", steps=2, device="cpu"), progress=False)
 
     during = []
@@ -184,7 +185,7 @@ def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_after
     assert during == [True, True]
     a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("default", "deterministic"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
-    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     with pytest.raises(TrainError, match="deterministic must be true or false; got 1"):
         quick(vits, tmp_path / "bad", deterministic=1)
 

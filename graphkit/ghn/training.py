@@ -241,6 +241,7 @@ def repeatable(enabled: bool) -> Iterator[None]:
         yield
         return
 
+    set_here = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True)
@@ -249,6 +250,8 @@ def repeatable(enabled: bool) -> Iterator[None]:
             yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if set_here:  # a user's own setting stays
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def machine(device: torch.device, world: int = 1) -> str:
