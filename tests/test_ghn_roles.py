@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
+from conftest import gpt2, llama, meta
 
 import graphkit
 from graphkit.families import build_model
 from graphkit.ghn import PredictError, predict
+from graphkit.ghn.checkpoint import load_checkpoint, save_checkpoint
 from graphkit.ghn.config import LoGAHConfig, VariantError
-from graphkit.ghn.encoding import role_of, targets
+from graphkit.ghn.encoding import frequent_roles, role_of, targets
 from graphkit.ghn.model import LoGAH
 
 CONFIGS = (
@@ -120,3 +125,105 @@ def test_a_nan_in_a_role_map_is_caught_before_anything_is_written(graphs):
 def test_bad_roles_are_refused(roles, decoder, message):
     with pytest.raises(VariantError, match=message):
         LoGAHConfig(roles=roles, decoder=decoder)
+
+
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("transformer.h.11.attn.c_attn.weight", "c_attn.weight"),
+        ("model.layers.0.self_attn.q_proj.weight", "q_proj.weight"),
+        ("model.decoder.layers.3.fc1.bias", "fc1.bias"),
+        ("blocks.0.mlp.0.weight", "mlp.weight"),  # a Sequential's index is no module name
+        ("lm_head.weight", "lm_head.weight"),
+        ("pos_embed", "pos_embed"),
+    ],
+)
+def test_a_leaf_role_is_the_last_module_name_and_the_parameter(name, role):
+    assert role_of(name, "leaf") == role
+
+
+def test_an_unknown_role_key_is_refused():
+    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf"):
+        role_of("lm_head.weight", "op")
+    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf") as error:
+        LoGAHConfig(role_key="op")
+    assert error.value.field == "role_key"
+
+
+@pytest.fixture(scope="module")
+def families():
+    """A GPT-2, a LLaMA and a GPT-J, small and on meta: three families with three naming schemes."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    gptj = GPTJConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=128, rotary_dim=8, bos_token_id=0, eos_token_id=0)
+    return {
+        "gpt2": graphkit.trace(gpt2(layers=2)),
+        "llama": graphkit.trace(llama(layers=2)),
+        "gptj": graphkit.trace(meta(lambda: GPTJForCausalLM(gptj))),
+    }
+
+
+def test_leaf_roles_are_shared_across_families(families):
+    """By name, LLaMA shares only the LM head with GPT-2 and GPT-J (``model.layers`` against
+    ``transformer.h``); by leaf it shares GPT-J's query, key and value projections too, and the
+    three families have fewer roles in all."""
+    name = {f: set(frequent_roles([g])) for f, g in families.items()}
+    leaf = {f: set(frequent_roles([g], "leaf")) for f, g in families.items()}
+    assert name["llama"] & name["gpt2"] == name["llama"] & name["gptj"] == {"lm_head.weight"}
+    assert leaf["llama"] & leaf["gptj"] == {"q_proj.weight", "k_proj.weight", "v_proj.weight", "lm_head.weight"}
+    assert len(frequent_roles(families.values(), "leaf")) < len(frequent_roles(families.values()))
+
+
+def test_max_roles_keeps_the_roles_most_graphs_have(families):
+    """``limit``: the roles the most graphs have, ties by name, returned sorted by name; a limit
+    above the number of roles keeps them all."""
+    graphs = list(families.values())
+    every = frequent_roles(graphs, "leaf")
+    assert frequent_roles(graphs, "leaf", 1) == ["lm_head.weight"]  # the only role all three have
+    # then the first three, by name, of the roles two of the three have (LLaMA's and GPT-J's
+    # k_proj, GPT-2's and GPT-J's ln_1), ahead of ln_f, q_proj, wte...; all sorted by name
+    top = frequent_roles(graphs, "leaf", 4)
+    assert top == ["k_proj.weight", "lm_head.weight", "ln_1.bias", "ln_1.weight"]
+    assert frequent_roles(graphs, "leaf", len(every) + 5) == every == sorted(every)
+    assert frequent_roles(reversed(graphs), "leaf", 4) == top  # the order of the pool does not matter
+
+
+def test_a_role_unseen_in_training_decodes_through_the_shared_map(families):
+    """A LoGAH whose roles are GPT-J's (by leaf) predicts a LLaMA: LLaMA's q, k and v projections
+    and head get GPT-J's maps, its other parameters (o_proj, the MLP, the norms: roles it never
+    saw) role 0, and those decode exactly as the same LoGAH without role maps decodes them."""
+    torch.manual_seed(0)
+    roles = frequent_roles([families["gptj"]], "leaf")
+    with_roles = LoGAH(LoGAHConfig(max_mask=64, roles=tuple(roles), role_key="leaf", role_rows=40)).eval()
+    shared = LoGAH(LoGAHConfig(max_mask=64)).eval()
+    shared.load_state_dict(with_roles.state_dict(), strict=False)
+    encoded = with_roles.encode(families["llama"])
+    own = {t.name for t, role in zip(encoded.targets, encoded.roles) if role}
+    assert {role_of(n, "leaf") for n in own} == {"q_proj.weight", "k_proj.weight", "v_proj.weight", "lm_head.weight"}
+    assert all(roles[role - 1] == role_of(t.name, "leaf") for t, role in zip(encoded.targets, encoded.roles) if role)
+    with torch.no_grad():
+        a, b = with_roles.predict(families["llama"]), shared.predict(families["llama"])
+    assert all(torch.equal(a[n], b[n]) for n in a if n not in own)
+    assert not any(torch.allclose(a[n], b[n]) for n in own)
+    by_name = LoGAH(replace(with_roles.config, role_key="name")).encode(families["llama"])
+    # by name, only the head (no block, so ``name`` and ``leaf`` agree) is a role GPT-J has
+    assert {t.name for t, role in zip(by_name.targets, by_name.roles) if role} == {"lm_head.weight"}
+
+
+def test_a_checkpoint_with_leaf_roles_loads_and_predicts_identically(families, tmp_path):
+    """The role key, the roles and their rows are recorded in config.json, so the loaded LoGAH
+    maps a new model's parameters to roles as the saved one did and predicts the same values."""
+    torch.manual_seed(0)
+    roles = frequent_roles(families.values(), "leaf", 6)
+    ghn = LoGAH(LoGAHConfig(roles=tuple(roles), role_key="leaf", role_rows=40)).eval()
+    with torch.no_grad():
+        ghn.decoder.role_maps.normal_()  # unlike the shared map's rows, so that a lost role would show
+    folder = save_checkpoint(tmp_path / "ckpt", ghn, {"variant": "custom"})
+    logah = json.loads((folder / "config.json").read_text())["logah"]
+    assert (logah["role_key"], logah["roles"], logah["role_rows"]) == ("leaf", roles, 40)
+    loaded = load_checkpoint(folder)
+    assert loaded.config == ghn.config
+    for graph in families.values():
+        with torch.no_grad():
+            before, after = ghn.predict(graph), loaded.predict(graph)
+        assert before.keys() == after.keys() and all(torch.equal(before[n], after[n]) for n in before)

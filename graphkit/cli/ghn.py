@@ -50,6 +50,23 @@ def train_ghn(
         help="Give each parameter role (its name without the block index) its own rows of the decoder's r -> K map "
         "instead of one map for all; a GPT-2 pool leaves the unigram plateau with it (docs/experiments.md).",
     ),
+    role_key: str = typer.Option(
+        "name",
+        "--role-key",
+        help="How a parameter's name becomes its role (with --role-maps): name (without block indices, "
+        "one family's own roles) or leaf (its last module name and parameter, q_proj.weight, which "
+        "families that name their layers alike share).",
+    ),
+    max_roles: Optional[int] = typer.Option(
+        None,
+        "--max-roles",
+        help="With --role-maps: maps for only the N roles that most architectures of the train split have; "
+        "the rest, and roles a predicted model has but training never saw, use the shared map "
+        "(default: every role).",
+    ),
+    role_rows: int = typer.Option(
+        4096, "--role-rows", help="With --role-maps: the leading rows of the r -> K map each role owns (1 to K)."
+    ),
     meta_batch: int = typer.Option(4, "--meta-batch", "-m", help="Architectures per step (per process)."),
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="Images or sequences per architecture."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
@@ -93,6 +110,9 @@ def train_ghn(
         decoder=decoder,
         depth_buckets=depth_buckets,
         role_maps=role_maps,
+        role_key=role_key,
+        max_roles=max_roles,
+        role_rows=role_rows,
         meta_batch=meta_batch,
         batch_size=batch_size,
         seq_len=seq_len,

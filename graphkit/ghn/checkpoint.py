@@ -170,7 +170,7 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
         least = 0 if name == "depth_buckets" else 1
-        if name not in ("decoder", "roles") and not is_count(value, least):
+        if name not in ("decoder", "roles", "role_key") and not is_count(value, least):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")
     if not isinstance(fields.get("roles", []), list):
         raise CheckpointError(f"{file}: logah.roles must be a list of parameter names; got {fields['roles']!r}")

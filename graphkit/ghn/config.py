@@ -13,6 +13,10 @@ from graphkit.errors import GraphkitError
 from graphkit.ops import OPS
 
 DECODERS = ("low_rank", "ghn3")
+#: how a parameter's name becomes its role (:func:`~graphkit.ghn.encoding.role_of`): ``name``, the
+#: name without block indices (one family's own roles); ``leaf``, its last module name and the
+#: parameter (``q_proj.weight``), which families that follow one naming convention share
+ROLE_KEYS = ("name", "leaf")
 
 
 class VariantError(GraphkitError, ValueError):
@@ -38,6 +42,7 @@ class LoGAHConfig:
     max_chunks: int = 64  # rows or columns up to max_chunks * K
     roles: tuple[str, ...] = ()  # parameter roles with their own map (see the module docstring); (): none
     role_rows: int = 4096  # rows of the map each role has to itself
+    role_key: str = "name"  # how a parameter's name becomes its role: one of ROLE_KEYS
     max_slots: int = 8  # parameters per node
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     spatial: int = 16  # the ghn3 decoder's block is d x d x spatial x spatial
@@ -51,6 +56,8 @@ class LoGAHConfig:
             raise VariantError(
                 f"roles must be distinct parameter names without block indices; got {self.roles!r}", "roles"
             )
+        if self.role_key not in ROLE_KEYS:
+            raise VariantError(f"unknown role key {self.role_key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
         if roles and self.decoder != "low_rank":
             raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
         object.__setattr__(self, "roles", roles)

@@ -13,8 +13,10 @@ they decode to. A training step only concatenates and pads these; nothing is tra
 
 from __future__ import annotations
 
+import collections
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,7 @@ import torch
 from torch import Tensor
 
 from graphkit.errors import GraphkitError
-from graphkit.ghn.config import LoGAHConfig
+from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
 from graphkit.graph import ArchGraph
 from graphkit.ops import op_id
 
@@ -79,12 +81,31 @@ def activate(kind: str, values: Tensor) -> Tensor:
     return values
 
 
-def role_of(name: str) -> str:
-    """A parameter's role: its state-dict name without block indices, so that every block's
-    query projection shares one (``transformer.h.3.attn.c_attn.weight`` ->
+def role_of(name: str, key: str = "name") -> str:
+    """A parameter's role, as ``key`` (one of :data:`~graphkit.ghn.config.ROLE_KEYS`) reads its
+    state-dict name. ``name``: the name without block indices, so that every block's query
+    projection shares one (``transformer.h.3.attn.c_attn.weight`` ->
     ``transformer.h.attn.c_attn.weight``, ``blocks.11.mlp.fc1.bias`` -> ``blocks.mlp.fc1.bias``).
+    ``leaf``: of that, the last module name and the parameter (``c_attn.weight``, ``fc1.bias``;
+    ``model.layers.0.self_attn.q_proj.weight`` -> ``q_proj.weight``), so that families which name
+    their layers alike (transformers' decoders, timm's ViTs) share roles.
     A decoder with role maps (``LoGAHConfig.roles``) decodes each role through its own map."""
-    return re.sub(r"\.\d+(?=\.)", "", name)
+    if key not in ROLE_KEYS:
+        raise VariantError(f"unknown role key {key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
+    role = re.sub(r"\.\d+(?=\.)", "", name)
+    return role if key == "name" else ".".join(role.split(".")[-2:])
+
+
+def frequent_roles(graphs: Iterable[ArchGraph], key: str = "name", limit: int | None = None) -> list[str]:
+    """The parameter roles (:func:`role_of` with ``key``) of ``graphs``, sorted by name; with
+    ``limit``, only the ``limit`` most frequent: those that the most graphs have (a role repeated
+    in every block of one graph counts once, so that roles many families share come first), ties
+    broken by name, so that the choice is the same on every run."""
+    seen: collections.Counter[str] = collections.Counter()
+    for graph in graphs:
+        seen.update({role_of(name, key) for node in graph.nodes for name in node.params})
+    ranked = sorted(seen, key=lambda role: (-seen[role], role))
+    return sorted(ranked[:limit])
 
 
 def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
@@ -170,7 +191,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     k = config.max_mask
     plan = targets(graph, config.max_slots)
     role_index = {role: i + 1 for i, role in enumerate(config.roles)}
-    roles = tuple(role_index.get(role_of(t.name), 0) for t in plan)
+    roles = tuple(role_index.get(role_of(t.name, config.role_key), 0) for t in plan)  # unseen: 0, shared
     queries, first, grid, groups = [], [], [], {}
     for t, role in zip(plan, roles):
         rows, cols = t.matrix_shape

@@ -572,10 +572,13 @@ class LoGAH(nn.Module):
         decoder: str = "low_rank",
         depth_buckets: int = LoGAHConfig.depth_buckets,
         roles: Sequence[str] = (),
+        role_rows: int = LoGAHConfig.role_rows,
+        role_key: str = LoGAHConfig.role_key,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding; ``roles`` (parameter
-        names without block indices, :func:`~graphkit.ghn.encoding.role_of`) get role maps."""
+        roles as ``role_key`` reads names, :func:`~graphkit.ghn.encoding.role_of`) get role maps of
+        ``role_rows`` rows each."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -585,6 +588,8 @@ class LoGAH(nn.Module):
                     "decoder": decoder,
                     "depth_buckets": depth_buckets,
                     "roles": tuple(roles),
+                    "role_rows": role_rows,
+                    "role_key": role_key,
                 }
             )
         )

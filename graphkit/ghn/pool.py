@@ -15,7 +15,7 @@ from graphkit.datasets import load
 from graphkit.errors import TrainError
 from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
-from graphkit.ghn.encoding import EncodedGraph, encode, role_of
+from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles
 
 
 class ArchPool:
@@ -58,9 +58,10 @@ class ArchPool:
         """Every op the pool's graphs use."""
         return sorted({node.op for r in self.records for node in r.graph.nodes})
 
-    def roles(self) -> list[str]:
-        """Every parameter role (:func:`~graphkit.ghn.encoding.role_of`) of the pool's graphs."""
-        return sorted({role_of(name) for r in self.records for node in r.graph.nodes for name in node.params})
+    def roles(self, key: str = "name", limit: int | None = None) -> list[str]:
+        """The parameter roles of the pool's graphs (:func:`~graphkit.ghn.encoding.frequent_roles`:
+        with ``limit``, only the most frequent)."""
+        return frequent_roles((r.graph for r in self.records), key, limit)
 
 
 def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:

@@ -18,6 +18,7 @@ import torch
 from graphkit.errors import TrainError
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state
+from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.model import LoGAH
 
 #: what a run folder holds (see train); a fresh run refuses a folder holding any of them
@@ -29,6 +30,9 @@ RESUMED_OPTIONS = (
     "decoder",
     "depth_buckets",
     "role_maps",
+    "role_key",
+    "max_roles",
+    "role_rows",
     "dataset",
     "data",
     "split",
@@ -93,10 +97,13 @@ def check_resume(
             f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
             f"resume it with {state['world_size']} processes"
         )
-    # a run recorded before the encoder read depth or had role maps has neither
+    # a run recorded before the encoder read depth or had role maps (or their options) has none of them
     recorded = {
         "depth_buckets": 0,
         "role_maps": False,
+        "role_key": LoGAHConfig.role_key,
+        "max_roles": None,
+        "role_rows": LoGAHConfig.role_rows,
         **state["config"],
         "data": state["config"].get("data") or default_data,
     }

@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphkit.errors import TrainError
 from graphkit.ghn.checkpoint import save_checkpoint
-from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, LoGAHConfig
+from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
 from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.diagnostics import (
     Stopwatch,
@@ -49,7 +49,15 @@ from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
 from graphkit.ghn.space import input_task, training_space
-from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
+from graphkit.validation import (
+    check_counts,
+    check_device,
+    check_flag,
+    check_number,
+    check_seed,
+    default_device,
+    is_count,
+)
 
 #: the default of ``TrainConfig.lr_fan_in`` (``--lr-fan-in``): every nn.Linear weight of the
 #: hypernetwork trains at lr * min(1, lr_fan_in / fan-in); see parameter_groups. 64 fits one
@@ -74,6 +82,9 @@ class TrainConfig:
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
+    role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
+    max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
+    role_rows: int = LoGAHConfig.role_rows  # rows of the map each role owns (LoGAHConfig.role_rows)
     meta_batch: int = 4  # architectures per step (per process)
     batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
@@ -111,6 +122,27 @@ class TrainConfig:
         check_flag("deterministic", self.deterministic, TrainError)
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
+        self._check_roles()
+
+    def _check_roles(self) -> None:
+        """The role-map options: each a known value, and none but its default without --role-maps
+        (it would be recorded, yet change nothing)."""
+        if self.role_key not in ROLE_KEYS:
+            raise TrainError(f"--role-key must be one of {', '.join(ROLE_KEYS)}; got {self.role_key!r}")
+        if self.max_roles is not None and not is_count(self.max_roles):
+            raise TrainError(
+                f"--max-roles must be an integer >= 1 (left out: every role gets a map); got {self.max_roles!r}"
+            )
+        k = LOGAH_VARIANTS[self.variant].max_mask
+        if not is_count(self.role_rows, 1, k):
+            raise TrainError(f"--role-rows must be an integer from 1 to {k} (the decoder's K); got {self.role_rows!r}")
+        defaults = {"role_key": LoGAHConfig.role_key, "max_roles": None, "role_rows": LoGAHConfig.role_rows}
+        given = next((name for name, value in defaults.items() if getattr(self, name) != value), None)
+        if given is not None and not self.role_maps:
+            raise TrainError(
+                f"--{given.replace('_', '-')} needs --role-maps (it shapes the role maps); "
+                "add --role-maps or leave it out"
+            )
 
 
 def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[dict[str, Any]]:
@@ -278,7 +310,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
     ghn = LoGAH.from_variant(
-        config.variant, config.decoder, config.depth_buckets, pool.roles() if config.role_maps else ()
+        config.variant,
+        config.decoder,
+        config.depth_buckets,
+        pool.roles(config.role_key, config.max_roles) if config.role_maps else (),
+        config.role_rows,
+        config.role_key,
     ).to(device)
     optimizer = make_optimizer(ghn, config)
     start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
