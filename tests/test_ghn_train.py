@@ -355,6 +355,26 @@ def test_a_run_with_role_maps_records_them_and_predicts_with_them(gpts, tmp_path
         TrainConfig(dataset=str(dataset), out=str(tmp_path / "bad"), decoder="ghn3", role_maps=True)
 
 
+@pytest.mark.slow
+def test_a_run_with_leaf_roles_records_its_role_options(gpts, tmp_path):
+    """``--role-key leaf --max-roles 3 --role-rows 64``: maps for the three leaf roles the most
+    train architectures have, of 64 rows, recorded in config.json (so that predict maps a new
+    model's parameters the same way) and in the run's options; a resume must repeat them."""
+    out = tmp_path / "run"
+    options = dict(role_maps=True, role_key="leaf", max_roles=3, role_rows=64)
+    train(replace(quick(gpts, out), steps=1, meta_batch=1, batch_size=2, seq_len=8, **options), progress=False)
+    roles = ArchPool(gpts).roles("leaf", 3)
+    assert len(roles) == 3 and len(ArchPool(gpts).roles("leaf")) > 3 and "c_attn.weight" in roles
+    logah = json.loads((out / "config.json").read_text())["logah"]
+    assert (logah["role_key"], logah["roles"], logah["role_rows"]) == ("leaf", roles, 64)
+    ghn = load_checkpoint(out)
+    assert ghn.decoder.role_maps.shape == (3, 64, ghn.config.rank)
+    assert {k: ghn.info["train"][k] for k in options} == options
+    same = ("--steps", "2", "--meta-batch", "1", "--batch-size", "2", "--seq-len", "8", "--resume", "--role-maps")
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--max-roles", "3", "--role-rows", "64")
+    assert result.exit_code == 1 and "was trained with --role-key leaf, not name" in result.stderr, result.output
+
+
 def test_checkpoint_errors(tmp_path):
     ghn = LoGAH(LoGAHConfig(hidden=32, layers=1, heads=2, rank=8, max_mask=4096))
     folder = save_checkpoint(tmp_path / "ckpt", ghn, {"variant": "custom"})
@@ -407,6 +427,8 @@ def test_bundled_checkpoints(family):
     assert version == 2 and ghn.config.depth_buckets == 0
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
+    # recorded before roles had a key: they are names without block indices, as they were trained
+    assert "role_key" not in ghn.info["logah"] and ghn.config.role_key == "name"
     tiny = LoGAH(
         replace(
             LoGAH.from_variant("tiny").config,

@@ -118,6 +118,38 @@ def test_train_ghn_refuses_bad_options_before_any_work(gpts, tmp_path, option, v
     assert os.listdir(tmp_path) == []
 
 
+NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps or leave it out"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--role-maps", "--role-key", "op"), "role-key must be one of name, leaf; got 'op'"),
+        (("--role-maps", "--max-roles", "0"), "max-roles must be an integer >= 1 (left out: every role"),
+        (("--role-maps", "--max-roles", "-2"), "max-roles must be an integer >= 1 (left out: every role"),
+        (("--role-maps", "--role-rows", "0"), "role-rows must be an integer from 1 to 32768 (the decoder's K); got 0"),
+        (("--role-maps", "--role-rows", "-1"), "role-rows must be an integer from 1 to 32768"),
+        (("--role-maps", "--role-rows", "32769"), "role-rows must be an integer from 1 to 32768"),
+        (("--max-roles", "8"), f"--max-roles {NEEDS_ROLE_MAPS}"),
+        (("--role-key", "leaf"), f"--role-key {NEEDS_ROLE_MAPS}"),
+        (("--role-rows", "64"), f"--role-rows {NEEDS_ROLE_MAPS}"),
+        (("--role-maps", "--decoder", "ghn3", "--role-key", "leaf"), "--role-maps needs the low_rank decoder"),
+    ],
+)
+def test_role_map_options_are_checked_before_any_work(tmp_path, options, message):
+    """Before the dataset is even looked for (it does not exist here) or anything is written."""
+    result = run("train-ghn", "--dataset", tmp_path / "missing", "--out", tmp_path / "run", *options)
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: {message}"), result.output
+    assert result.stderr.count("\n") == 1 and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("option", ["max_roles", "role_rows"])
+def test_a_nan_role_map_option_is_refused(tmp_path, option):
+    """The CLI parses these as integers; Python callers can pass anything."""
+    with pytest.raises(TrainError, match=f"{option.replace('_', '-')} must be an integer .*; got nan"):
+        TrainConfig(dataset=str(tmp_path), out=str(tmp_path / "run"), role_maps=True, **{option: float("nan")})
+
+
 @pytest.mark.parametrize("command", ["train-ghn", "eval-ghn"])
 @pytest.mark.parametrize(
     "value, message",
@@ -407,6 +439,7 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
             "config.json: logah.roles: role maps need the low_rank decoder, not 'ghn3'",
         ),
         ({"roles": ["a.weight"]}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"role_key": "op"}, "config.json: logah.role_key: unknown role key 'op'; accepted: name, leaf"),
     ],
 )
 def test_a_checkpoint_config_is_checked_before_anything_is_allocated(checkpoint, monkeypatch, change, message):

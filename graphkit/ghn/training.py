@@ -128,14 +128,14 @@ class TrainConfig:
         """The role-map options: each a known value, and none but its default without --role-maps
         (it would be recorded, yet change nothing)."""
         if self.role_key not in ROLE_KEYS:
-            raise TrainError(f"--role-key must be one of {', '.join(ROLE_KEYS)}; got {self.role_key!r}")
+            raise TrainError(f"role-key must be one of {', '.join(ROLE_KEYS)}; got {self.role_key!r}")
         if self.max_roles is not None and not is_count(self.max_roles):
             raise TrainError(
-                f"--max-roles must be an integer >= 1 (left out: every role gets a map); got {self.max_roles!r}"
+                f"max-roles must be an integer >= 1 (left out: every role gets a map); got {self.max_roles!r}"
             )
         k = LOGAH_VARIANTS[self.variant].max_mask
         if not is_count(self.role_rows, 1, k):
-            raise TrainError(f"--role-rows must be an integer from 1 to {k} (the decoder's K); got {self.role_rows!r}")
+            raise TrainError(f"role-rows must be an integer from 1 to {k} (the decoder's K); got {self.role_rows!r}")
         defaults = {"role_key": LoGAHConfig.role_key, "max_roles": None, "role_rows": LoGAHConfig.role_rows}
         given = next((name for name, value in defaults.items() if getattr(self, name) != value), None)
         if given is not None and not self.role_maps:
