@@ -33,7 +33,11 @@ Choices beyond the paper:
   rows of the map, drawn independently (rows beyond them, a vocabulary's, stay shared); a role
   the checkpoint never saw (a hand-written model's names) uses the shared map. On one GPT-2 this
   left the unigram plateau where the shared map did not; a residual on the shared map, zero or
-  random at init, did not (``experiments/ghn_controls.py``, docs/experiments.md).
+  random at init, did not (``experiments/ghn_controls.py``, docs/experiments.md). Across
+  families, ``role_key="leaf"`` (``train-ghn --role-key leaf``) keys a role by the last module
+  name and parameter (``q_proj.weight``), which families that name their layers alike share, so
+  that a pool of many families has few roles and an unseen family finds most of its own;
+  ``--max-roles`` keeps maps for the most frequent roles only (docs/hypernetwork.md).
 
 ``LoGAHConfig(decoder="ghn3")`` swaps in GHN-3's decoder (eq. 2: a d x d x 16 x 16 block,
 cropped and tiled to the target shape) as the baseline the paper compares against.
