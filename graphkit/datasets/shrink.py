@@ -220,6 +220,11 @@ STAGE_KEYS = ("depths", "stages")
 FAMILY_RULES: dict[str, dict[str, Rule]] = {
     # ConViT's embed_dim is per head (the model is embed_dim x num_heads wide): only heads shrink
     "convit": {"embed_dim": lambda plan, value, fields: value},
+    # iFormer's attention comes in groups of three blocks at the end of a stage: one group each
+    "iformer": {
+        "attn_groups": lambda plan, value, fields: _ints(value, lambda n: min(n, 1)),
+        "depths": lambda plan, value, fields: _ints(value, lambda n: min(n, max(plan.depth, 3))),
+    },
 }
 #: how wide a family's model is, where its arguments do not say it by the generic names
 FAMILY_WIDEST: dict[str, Callable[[Mapping[str, Any]], int]] = {

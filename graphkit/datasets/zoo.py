@@ -226,6 +226,8 @@ def _mini_warm_up(library: str) -> Callable[[], None]:
         else:  # what every causal LM's build loads first
             importlib.import_module("transformers.modeling_utils")
             importlib.import_module("transformers.models.auto.modeling_auto")
+            # a spawned worker of its own: the library's notes on its reference kernels would fill the terminal
+            importlib.import_module("transformers.utils.logging").set_verbosity_error()
 
     return warm_up
 
@@ -489,7 +491,8 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
     """Worker: the mini variant of the zoo model ``name`` (``kind`` "timm" or "transformers"):
     the full model built and traced on meta, then each plan of its ladder built, traced and
     checked until one keeps every kind and trains. Its row (id and split set later), its family,
-    the seconds each step took; or the reason no plan passed."""
+    the seconds each step took; or why no plan passed: the reason of the plan that got furthest
+    (built, then traced, then kept every kind, then trained), the first of those."""
     from graphkit.ghn.predict import prediction_refusal  # noqa: PLC0415 - the hypernetwork is not the dataset's
 
     seconds = dict.fromkeys(("build", "trace", "shrink", "check"), 0.0)
@@ -530,20 +533,26 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
         lap("trace", began)
         return result(error=f"the full model does not trace: {_first_error(e)}")
     lap("trace", began)
-    reason = "no plan"
+    reasons: list[tuple[int, str]] = []  # (how far the plan got, why it stopped): the furthest is reported
     for plan, overrides in plans:
         config = {**base, "shrink": overrides, "zoo_family": family, **shrink.data_keys(overrides, reference)}
         began = time.perf_counter()
         try:
-            graph = trace_zoo_model(build_zoo_model(config), config)
+            small = build_zoo_model(config)
         except Exception as e:
             lap("shrink", began)
-            reason = f"{plan.describe()}: {_first_error(e)}"
+            reasons.append((0, f"{plan.describe()}: {_first_error(e)}"))
+            continue
+        try:
+            graph = trace_zoo_model(small, config)
+        except Exception as e:
+            lap("shrink", began)
+            reasons.append((1, f"{plan.describe()}: {_first_error(e)}"))
             continue
         lap("shrink", began)
         lost = shrink.missing_kinds(full_graph, graph)
         if lost:
-            reason = f"{plan.describe()}: {lost}"
+            reasons.append((2, f"{plan.describe()}: {lost}"))
             continue
         began = time.perf_counter()
         try:
@@ -552,7 +561,7 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
             trained = f"cannot be built on the CPU: {_first_error(e)}"
         lap("check", began)
         if trained:
-            reason = f"{plan.describe()}: not trainable: {trained}"
+            reasons.append((3, f"{plan.describe()}: not trainable: {trained}"))
             continue
         extra = sorted(shrink.kinds(graph)[0] - shrink.kinds(full_graph)[0])
         return result(
@@ -563,7 +572,8 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
             plan=plan.describe(),
             full_params=full_graph.num_params,
         )
-    return result(error=f"not shrunk: {reason}")
+    furthest = max(reasons, key=lambda r: r[0])[1] if reasons else "no plan"
+    return result(error=f"not shrunk: {furthest}")
 
 
 def _first_error(error: BaseException) -> str:
