@@ -58,7 +58,11 @@ def generate(
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
     num: Optional[int] = typer.Option(
-        None, "--num", "-n", help="Records to draw (default: the recipe's, 1000); for a zoo, its first N models."
+        None,
+        "--num",
+        "-n",
+        help="Records to draw (default: the recipe's, 1000); for a zoo, its first N models (a mini zoo's: "
+        "a family at a time).",
     ),
     seed: int = typer.Option(
         0,
