@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
 
 #: the side of the images a vision mini model takes, and its classes
@@ -70,8 +71,8 @@ CHECK_BATCH = 2
 CHECK_TOKENS = 8
 
 
-class ShrinkError(Exception):
-    """One plan did not give a mini model: the reason is a report line."""
+class ShrinkError(GraphkitError):
+    """A zoo model cannot be shrunk by these rules: the reason is a report line."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +371,9 @@ def timm_arguments(name: str) -> tuple[nn.Module, dict[str, Any]]:
     with warnings.catch_warnings(), torch.device("meta"), watched_timm(name) as seen:
         warnings.simplefilter("ignore")
         model = timm.create_model(name, pretrained=False).eval()
-    model_cls, kwargs = next((c, k) for c, k in reversed(seen) if c is type(model) or c is seen[-1][0])
+    if not seen:
+        raise ShrinkError(f"timm builds {name!r} without build_model_with_cfg: no constructor arguments to shrink")
+    model_cls, kwargs = next(((c, k) for c, k in reversed(seen) if c is type(model)), seen[-1])
     defaults = {
         key: p.default
         for key, p in inspect.signature(model_cls).parameters.items()
@@ -640,6 +643,7 @@ __all__ = [
     "BYTE_VOCAB",
     "HELD_OUT_SHARE",
     "Plan",
+    "ShrinkError",
     "VISION_RULES",
     "DECODER_RULES",
     "FAMILY_RULES",

@@ -522,6 +522,9 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
             reference = shrink.reference_config(name)
             plans = shrink.decoder_plans(reference)
             full = build_zoo_model(base)
+    except shrink.ShrinkError as e:
+        lap("build", began)
+        return result(error=f"not shrunk: {e}")
     except Exception as e:  # the library cannot build its own model: not shrunk, reported
         lap("build", began)
         return result(error=f"cannot build the full model: {_first_error(e)}", unbuildable=True)
