@@ -449,6 +449,14 @@ def _cap(limit: int) -> Rule:
     return rule
 
 
+def _mla_head(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
+    """MLA's query-key head: its no-rotary part and its rotary part, each shrunk."""
+    parts = [fields.get("qk_nope_head_dim"), fields.get("qk_rope_head_dim")]
+    if not all(isinstance(p, int) for p in parts):
+        return value
+    return sum(min(p, 16) for p in parts)
+
+
 def _period(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
     """Every n-th layer is of another kind: n at most the depth, so one of them stays."""
     return min(value, plan.depth) if isinstance(value, int) and not isinstance(value, bool) and value > 1 else value
@@ -470,10 +478,19 @@ DECODER_RULES: dict[str, Rule] = {
         ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), _expert_ffn
     ),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), _cap(4)),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "n_group"), _cap(2)),
-    **dict.fromkeys(("n_shared_experts", "topk_group", "first_k_dense_replace", "num_shared_experts"), _cap(1)),
+    **dict.fromkeys(
+        ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k", "n_group", "num_expert_group"),
+        _cap(2),
+    ),
+    **dict.fromkeys(
+        ("n_shared_experts", "topk_group", "first_k_dense_replace", "num_shared_experts", "moe_num_shared_experts"),
+        _cap(1),
+    ),
     **dict.fromkeys(("q_lora_rank", "kv_lora_rank"), _cap(32)),
-    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), _cap(16)),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), _cap(16)),
+    "qk_head_dim": _mla_head,
+    **dict.fromkeys(("linear_head_dim",), _head_dim),
+    **dict.fromkeys(("linear_num_heads",), _decoder_heads),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"), _cap(DECODER_CONTEXT)),
     **dict.fromkeys(("sliding_window", "attention_window"), _cap(16)),
     **dict.fromkeys(
@@ -486,10 +503,11 @@ DECODER_RULES: dict[str, Rule] = {
             "decoder_sparse_step",
             "no_rope_layer_interval",
             "moe_layer_freq",
+            "moe_layer_interval",
         ),
         _period,
     ),
-    **dict.fromkeys(("attn_layer_offset", "expert_layer_offset"), _offset),
+    **dict.fromkeys(("attn_layer_offset", "expert_layer_offset", "moe_layer_end_index"), _offset),
 }
 #: the config fields that count the layers
 DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
