@@ -164,6 +164,11 @@ def _window(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
     return _ints(value, lambda n: min(n, 4)) if plan.small_patches else value
 
 
+def _pooling(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
+    """A token-pooling kernel of 2, so that patch x kernel divides the 32-pixel image."""
+    return _ints(value, lambda n: min(n, 2)) if plan.small_patches else value
+
+
 def _last_block(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
     """Indices of the blocks of another kind (SAM's global attention): the last block."""
     return [plan.depth - 1] if isinstance(value, (tuple, list)) and value else value
@@ -208,6 +213,7 @@ VISION_RULES: dict[str, Rule] = {
     **dict.fromkeys(("num_heads", "heads", "num_heads_outer", "num_heads_inner", "num_kv_heads"), _heads),
     **dict.fromkeys(("patch_size", "patch_stride"), _halved),
     **dict.fromkeys(("window_size", "window_sizes", "window_spec"), _window),
+    "pooling_kernel_size": _pooling,
     **dict.fromkeys(("global_attn_indexes", "global_att_blocks"), _last_block),
     "local_up_to_layer": _below_depth,
 }
@@ -316,7 +322,7 @@ def _widest(fields: Mapping[str, Any], rules: Mapping[str, Rule]) -> int:
         elif rules.get(key) is _width and key in (*WIDTH_KEYS, "c"):
             widths = _flat_ints(value)
             stages = next((len(fields[k]) for k in STAGE_KEYS if isinstance(fields.get(k), (tuple, list))), 1)
-            if isinstance(value, int) and not isinstance(value, bool) and stages > 1:
+            if key == "embed_dim" and isinstance(value, int) and not isinstance(value, bool) and stages > 1:
                 widths = [value * 2 ** (stages - 1)]  # one width for many stages: it doubles each (Swin)
             widest = max(widest, max(widths, default=0))
     return widest
