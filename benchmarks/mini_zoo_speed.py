@@ -11,7 +11,8 @@ timm, while its constructor's arguments are read) and traced, the shrunk variant
 traced (every plan of the ladder that was tried), and the trainability check (a CPU build,
 forward and backward on a batch of 2). The table gives the wall time, the mean and the slowest
 of each step, and how many models were shrunk; with `--num`, the wall time of the whole zoo is
-projected from the sample's seconds per model (the first N a family at a time).
+projected from the sample (the first N, a family at a time): the workers' start-up, then the
+sample's mean seconds per model for every candidate, shared by the workers.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def table(args) -> str:
             slowest = max(per_model, key=lambda m: per_model[m].get(step, 0.0))
             cells.append(f"{statistics.mean(values):.2f} s ({max(values):.1f} s, `{slowest}`)")
         wall_text = f"{wall / 60:.1f} min"
-        if args.num:
+        if args.num:  # the workers' start, then the sample's mean seconds a model for every candidate
             total = len(ZOOS[name].candidates())
-            wall_text += f" for {report['candidates']}; {wall / report['candidates'] * total / 60:.0f} min projected"
-            wall_text += f" for all {total}"
+            seconds = [t["seconds"] for t in per_model.values()]
+            start = max(0.0, wall - sum(seconds) / workers)
+            projected = start + statistics.mean(seconds) * total / workers
+            wall_text += f" for {report['candidates']}; {projected / 60:.0f} min projected for all {total}"
         split = report["split"]
         rows.append(
             f"| {name} | {report['candidates']} | {report['clean']} | {len(report['failed'])} "
@@ -73,7 +76,7 @@ def table(args) -> str:
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores ({workers} workers), {sample}with "
         f"{', '.join(f'{k} {v}' for k, v in versions.items())}, from an empty folder. Command: "
         f"`.venv/bin/python benchmarks/mini_zoo_speed.py{f' --num {args.num}' if args.num else ''} --write`; "
-        "every failure is in out/zoo-*-mini/report.md."
+        "every failure is in out/zoo-*-mini/report.md." + (f" {args.note}" if args.note else "")
     )
     return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
 
@@ -106,6 +109,7 @@ def main() -> None:
             p.add_argument("--zoo", choices=MINI_ZOOS, action="append", help="only this mini zoo (repeatable)"),
             p.add_argument("--num", type=int, help="only the first N models of each (a sample)"),
             p.add_argument("--workers", type=int, help="worker processes (default: one per core)"),
+            p.add_argument("--note", help="a sentence added to the section (e.g. that the machine was shared)"),
         ),
     )
 
