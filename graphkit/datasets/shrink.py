@@ -51,6 +51,7 @@ from torch import nn
 
 from graphkit.errors import GraphkitError
 from graphkit.graph import ArchGraph
+from graphkit.validation import is_count
 
 #: the side of the images a vision mini model takes, and its classes
 IMAGE_SIZE = 32
@@ -476,9 +477,14 @@ def _offset(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
 DECODER_RULES: dict[str, Rule] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), _layers),
     **dict.fromkeys(("hidden_size", "n_embd", "d_model", "hidden_dim", "dim", "model_dim"), _decoder_width),
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads"), _decoder_heads),
-    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), _kv_heads),
-    **dict.fromkeys(("head_dim", "v_head_dim", "kv_channels"), _head_dim),
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "num_heads", "n_heads", "swa_num_attention_heads"), _decoder_heads
+    ),
+    **dict.fromkeys(
+        ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "swa_num_key_value_heads"),
+        _kv_heads,
+    ),
+    **dict.fromkeys(("head_dim", "v_head_dim", "kv_channels", "swa_head_dim"), _head_dim),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "intermediate_dim"), _ffn),
     **dict.fromkeys(
         ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), _expert_ffn
@@ -514,6 +520,20 @@ DECODER_RULES: dict[str, Rule] = {
         _period,
     ),
     **dict.fromkeys(("attn_layer_offset", "expert_layer_offset", "moe_layer_end_index"), _offset),
+}
+
+
+def _ssm_heads(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
+    """Mamba-2's heads fill the expanded width: expand x width / head_dim."""
+    head_dim = _head_dim(plan, fields.get("head_dim"), fields)
+    if not isinstance(value, int) or not isinstance(head_dim, int) or not isinstance(fields.get("expand"), int):
+        return value
+    return max(1, fields["expand"] * plan.width // head_dim)
+
+
+#: model types whose fields mean something the generic names do not say
+DECODER_FAMILY_RULES: dict[str, dict[str, Rule]] = {
+    "mamba2": {"num_heads": _ssm_heads},  # the SSM's heads, not attention's
 }
 #: the config fields that count the layers
 DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -552,20 +572,17 @@ def _per_layer(reference: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     return out
 
 
-def decoder_plans(reference: Mapping[str, Any]) -> list[tuple[Plan, dict[str, Any]]]:
-    """The ladder of (plan, config overrides) for a transformers reference config (as a dict),
-    smallest first."""
+def decoder_plans(reference: Mapping[str, Any], family: str = "") -> list[tuple[Plan, dict[str, Any]]]:
+    """The ladder of (plan, config overrides) for a transformers reference config (as a dict) of
+    the model type ``family``, smallest first."""
+    rules = {**DECODER_RULES, **DECODER_FAMILY_RULES.get(family, {})}
     ladder = [Plan(2), Plan(3), Plan(4), Plan(2, width=2 * DECODER_WIDTH), Plan(4, width=2 * DECODER_WIDTH)]
     plans, seen = [], []
     for plan in ladder:
-        overrides = {
-            k: new
-            for k, v in reference.items()
-            if k in DECODER_RULES and (new := DECODER_RULES[k](plan, v, reference)) != v
-        }
+        overrides = {k: new for k, v in reference.items() if k in rules and (new := rules[k](plan, v, reference)) != v}
         overrides.update(_per_layer(reference, plan))
-        if isinstance(reference.get("vocab_size"), int):
-            overrides["vocab_size"] = BYTE_VOCAB
+        # the vocabulary, and any other count of it (the unpadded one a head slices its logits to)
+        overrides.update({k: BYTE_VOCAB for k, v in reference.items() if k.endswith("vocab_size") and is_count(v)})
         overrides.update(_special_ids(reference))
         if overrides not in seen:
             seen.append(overrides)
@@ -671,6 +688,7 @@ __all__ = [
     "VISION_RULES",
     "DECODER_RULES",
     "FAMILY_RULES",
+    "DECODER_FAMILY_RULES",
     "kinds",
     "missing_kinds",
     "reference_config",

@@ -520,7 +520,7 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
             plans = shrink.vision_plans(family, arguments)
         else:
             reference = shrink.reference_config(name)
-            plans = shrink.decoder_plans(reference)
+            plans = shrink.decoder_plans(reference, name)
             full = build_zoo_model(base)
     except shrink.ShrinkError as e:
         lap("build", began)
