@@ -159,9 +159,9 @@ def _tracing_bar(label: str, transient: bool = False) -> Iterator[Callable[[int,
 
 def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool, seed: int) -> None:
     """``graphkit generate zoo-...``: trace the zoo with a progress bar, then say what it holds."""
-    from graphkit.datasets.zoo import generate_zoo
+    from graphkit.datasets.zoo import ZOOS, generate_zoo
 
-    with _tracing_bar(f"{'shrinking' if name.endswith('-mini') else 'tracing'} {name}") as progress:
+    with _tracing_bar(f"{'shrinking' if ZOOS[name].mini else 'tracing'} {name}") as progress:
         result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress, seed=seed)
     console.print(
         f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "
