@@ -60,9 +60,8 @@ NUM_CLASSES = 10
 VISION_MAX_WIDTH = 192
 #: byte ids 0..255: the text source's tokens (graphkit.ghn.data.text), no special token needed
 BYTE_VOCAB = 256
-#: the decoders' width, heads and head size, and the positions they keep
+#: the decoders' width and head size (so 4 heads), and the positions they keep
 DECODER_WIDTH = 128
-DECODER_HEADS = 4
 DECODER_HEAD_DIM = 32
 DECODER_CONTEXT = 256
 #: at least this share of the families is held out whole
@@ -411,10 +410,6 @@ def vision_plans(family: str, arguments: Mapping[str, Any]) -> list[tuple[Plan, 
 # transformers
 
 
-def _layers(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
-    return _ints(value, lambda n: min(n, plan.depth))
-
-
 def _decoder_width(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
     return plan.width if isinstance(value, int) and not isinstance(value, bool) else value
 
@@ -473,9 +468,11 @@ def _offset(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
     return min(value, plan.depth - 1) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+#: the config fields that count the layers
+DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 #: transformers config fields by name, and how each shrinks (layer lists: :func:`_per_layer`)
 DECODER_RULES: dict[str, Rule] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), _layers),
+    **dict.fromkeys(DEPTH_FIELDS, _depth),
     **dict.fromkeys(("hidden_size", "n_embd", "d_model", "hidden_dim", "dim", "model_dim"), _decoder_width),
     **dict.fromkeys(
         ("num_attention_heads", "n_head", "num_heads", "n_heads", "swa_num_attention_heads"), _decoder_heads
@@ -535,8 +532,6 @@ def _ssm_heads(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
 DECODER_FAMILY_RULES: dict[str, dict[str, Rule]] = {
     "mamba2": {"num_heads": _ssm_heads},  # the SSM's heads, not attention's
 }
-#: the config fields that count the layers
-DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
 def _special_ids(reference: Mapping[str, Any]) -> dict[str, Any]:
