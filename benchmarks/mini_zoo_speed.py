@@ -77,7 +77,8 @@ def table(args) -> str:
     head = (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores"
         f"{'' if args.runs else f' ({workers} workers)'}, {sample}with "
-        f"{', '.join(f'{k} {v}' for k, v in versions.items())}, from an empty folder. Command: "
+        f"{', '.join(f'{k} {v}' for k, v in versions.items())}"
+        f"{'' if args.runs else ', from an empty folder'}. Command: "
         f"`.venv/bin/python benchmarks/mini_zoo_speed.py{_options(args)} --write`; "
         "every failure is in out/zoo-*-mini/report.md." + (f" {args.note}" if args.note else "")
     )
