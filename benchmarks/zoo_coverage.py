@@ -40,7 +40,7 @@ def table(args) -> str:
     ]
     versions, refusals = {}, Counter()
     workers = args.workers or common.cores()
-    for name in args.zoo or list(ZOOS):
+    for name in args.zoo or [name for name, zoo in ZOOS.items() if not zoo.mini]:  # mini zoos: mini_zoo_speed.py
         out = common.ROOT / "out" / name
         shutil.rmtree(out, ignore_errors=True)
         zoo = ZOOS[name]
@@ -81,7 +81,9 @@ def main() -> None:
         "zoo_coverage",
         table,
         lambda p: (
-            p.add_argument("--zoo", choices=sorted(ZOOS), action="append", help="only this zoo (repeatable)"),
+            p.add_argument(
+                "--zoo", choices=sorted(n for n, z in ZOOS.items() if not z.mini), action="append", help="only this zoo"
+            ),
             p.add_argument("--num", type=int, help="only the first N models of each zoo (a quick check)"),
             p.add_argument("--sample", type=int, help="N models spread evenly over each zoo (every k-th)"),
             p.add_argument("--workers", type=int, help="tracing processes (default: one per core)"),

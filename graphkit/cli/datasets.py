@@ -57,13 +57,23 @@ def generate(
     recipe: str = typer.Argument(
         ...,
         help="vits-1k, gpts-1k, llamas-1k, vits-digits, a .json / .yaml recipe file, or a zoo of real "
-        "architectures: zoo-vits (timm's vision transformers) or zoo-decoders (transformers' causal LMs).",
+        "architectures: zoo-vits (timm's vision transformers) or zoo-decoders (transformers' causal LMs), "
+        "and their trainable mini versions zoo-vits-mini and zoo-decoders-mini.",
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
     num: Optional[int] = typer.Option(
-        None, "--num", "-n", help="Records to draw (default: the recipe's, 1000); for a zoo, its first N models."
+        None,
+        "--num",
+        "-n",
+        help="Records to draw (default: the recipe's, 1000); for a zoo, its first N models (a mini zoo's: "
+        "a family at a time).",
     ),
-    seed: int = typer.Option(0, "--seed", help="Same recipe and seed, same dataset, on any machine and worker count."),
+    seed: int = typer.Option(
+        0,
+        "--seed",
+        help="Same recipe and seed, same dataset, on any machine and worker count; for a mini zoo, "
+        "which families are held out.",
+    ),
     workers: int = typer.Option(1, "--workers", "-w", help="Processes that trace in parallel."),
     num_shards: int = typer.Option(
         1, "--num-shards", help="Split the work into K shards (an array job on a cluster)..."
@@ -86,7 +96,9 @@ def generate(
     from graphkit.datasets.zoo import ZOOS
 
     if recipe in ZOOS:
-        defaults = {"--seed": (seed, 0), "--num-shards": (num_shards, 1), "--shard-index": (shard_index, 0)}
+        defaults = {"--num-shards": (num_shards, 1), "--shard-index": (shard_index, 0)}
+        if not ZOOS[recipe].mini:
+            defaults = {"--seed": (seed, 0), **defaults}
         changed = [option for option, (value, default) in defaults.items() if value != default]
         if attention is not None:
             changed.append("--attention")
@@ -94,7 +106,7 @@ def generate(
             raise GraphkitError(
                 f"{changed[0]} applies to recipes, not to {recipe}: a zoo is every model its library has"
             )
-        _generate_zoo(recipe, out, num, workers, resume)
+        _generate_zoo(recipe, out, num, workers, resume, seed)
         return
 
     with (
@@ -152,22 +164,29 @@ def _tracing_bar(label: str, transient: bool = False) -> Iterator[Callable[[int,
             bar.stop()
 
 
-def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool) -> None:
+def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, resume: bool, seed: int) -> None:
     """``graphkit generate zoo-...``: trace the zoo with a progress bar, then say what it holds."""
-    from graphkit.datasets.zoo import generate_zoo
+    from graphkit.datasets.zoo import ZOOS, generate_zoo
 
     with (
         stopped_in_one_line(RESUME_HINT.format(kept="the outcomes saved")),
-        _tracing_bar(f"tracing {name}") as progress,
+        _tracing_bar(f"{'shrinking' if ZOOS[name].mini else 'tracing'} {name}") as progress,
     ):
-        result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress)
+        result = generate_zoo(name, out, workers=workers, resume=resume, limit=limit, progress=progress, seed=seed)
     console.print(
         f"[bold]{name}[/]: {result.candidates:,} models ({result.traced:,} traced now, {result.resumed:,} from an "
         f"earlier run), {result.records:,} distinct architectures, {result.failed:,} failed, "
         f"{result.unbuildable:,} the library cannot build; {100 * result.coverage:.1f}% of those it builds "
-        f"traced with no other: op, {result.seconds:.1f} s",
+        f"{'shrunk and trainable' if 'split' in result.report else 'traced'} with no other: op, "
+        f"{result.seconds:.1f} s",
         highlight=False,
     )
+    split = result.report.get("split")
+    if split:
+        console.print(
+            f"{len(split['held_out_families'])} of {split['families']} families held out whole (eval split)",
+            highlight=False,
+        )
     console.print(f"{result.path} (report: {result.path / 'report.md'})", highlight=False, soft_wrap=True)
 
 

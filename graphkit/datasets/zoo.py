@@ -27,7 +27,9 @@ Generation runs in worker processes, and each model's outcome is written to
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import inspect
 import json
 import multiprocessing
@@ -47,6 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphkit.datasets import shrink
 from graphkit.datasets.runs import LOCK_FILE, folder_lock
 from graphkit.datasets.store import (
     RUN_FILE,
@@ -131,19 +134,46 @@ class ZooError(GraphkitError):
 @dataclass(frozen=True)
 class Zoo:
     """One zoo: which library it reads, how it lists its models and builds one on meta, and
-    the config a record stores (``build_zoo_model`` rebuilds the model from it)."""
+    the config a record stores (``build_zoo_model`` rebuilds the model from it). A worker makes
+    each model's ``outcome(zoo name, model name)`` (default: build and trace it on meta) after
+    ``warm_up()`` (default: the tracer's and the bundled hypernetworks' set-up), in processes
+    started by ``start_method``. A ``mini`` zoo splits its records by family
+    (:mod:`graphkit.datasets.shrink`), not by fingerprint."""
 
     name: str
     library: str
     description: str
     candidates: Callable[[], list[str]]
     config: Callable[[str], dict[str, Any]]
+    outcome: Callable[[str, str], dict[str, Any]] | None = None
+    warm_up: Callable[[], None] | None = None
+    start_method: str = "fork"
+    mini: bool = False
 
 
 def _timm_candidates() -> list[str]:
     import timm  # noqa: PLC0415 - the zoo's library, loaded when it is used
 
     return sorted({name for module in TIMM_TRANSFORMER_MODULES for name in timm.list_models(module=module)})
+
+
+@functools.cache
+def timm_families() -> dict[str, str]:
+    """Every zoo-vits model's family: the timm module that defines it."""
+    import timm  # noqa: PLC0415 - the zoo's library, loaded when it is used
+
+    return {name: module for module in TIMM_TRANSFORMER_MODULES for name in timm.list_models(module=module)}
+
+
+def _timm_candidates_by_family() -> list[str]:
+    """zoo-vits' models taken a family at a time: the first of each timm module, then the
+    second of each, and so on, so that the first N (``--num``) span as many families as they can."""
+    families = timm_families()
+    by_family: dict[str, list[str]] = {}
+    for name in _timm_candidates():
+        by_family.setdefault(families[name], []).append(name)
+    rounds = max(map(len, by_family.values()), default=0)
+    return [names[i] for i in range(rounds) for names in by_family.values() if i < len(names)]
 
 
 #: sub-configs that make a model more than a decoder: an image, audio or image-token tower
@@ -182,6 +212,44 @@ def _decoder_candidates() -> list[str]:
         hf_logging.set_verbosity(verbosity)
 
 
+def _mini_outcome(zoo_name: str, name: str) -> dict[str, Any]:
+    """A mini zoo's outcome for one model: its shrunk variant, or why there is none."""
+    return mini_outcome(ZOOS[zoo_name].library, name)
+
+
+def _mini_warm_up(library: str) -> Callable[[], None]:
+    """What a mini zoo's worker pays once: the library, the tracer and the bundled hypernetworks."""
+
+    def warm_up() -> None:
+        _warm_up()
+        importlib.import_module(library)
+        if library == "timm":
+            timm_families()
+        else:  # what every causal LM's build loads first
+            importlib.import_module("transformers.modeling_utils")
+            importlib.import_module("transformers.models.auto.modeling_auto")
+            # a spawned worker of its own: the library's notes on its reference kernels would fill the terminal
+            importlib.import_module("transformers.utils.logging").set_verbosity_error()
+
+    return warm_up
+
+
+def _mini_zoo(name: str, library: str, description: str, candidates: Callable[[], list[str]]) -> Zoo:
+    """A mini zoo of ``library``'s models: each shrunk by a spawned worker, split by family."""
+    key = "model" if library == "timm" else "model_type"
+    return Zoo(
+        name,
+        library,
+        description,
+        candidates,
+        lambda model: {"family": library, key: model},
+        outcome=_mini_outcome,
+        warm_up=_mini_warm_up(library),
+        start_method="spawn",
+        mini=True,
+    )
+
+
 ZOOS: dict[str, Zoo] = {
     "zoo-vits": Zoo(
         "zoo-vits",
@@ -197,6 +265,20 @@ ZOOS: dict[str, Zoo] = {
         _decoder_candidates,
         lambda name: {"family": "transformers", "model_type": name},
     ),
+    "zoo-vits-mini": _mini_zoo(
+        "zoo-vits-mini",
+        "timm",
+        "every zoo-vits architecture shrunk through its own constructor: 32-pixel images, 10 classes, "
+        "a few blocks, width at most 192, every op kind and parameter kind of the full model",
+        _timm_candidates_by_family,
+    ),
+    "zoo-decoders-mini": _mini_zoo(
+        "zoo-decoders-mini",
+        "transformers",
+        "every zoo-decoders architecture shrunk through its own config: 2 to 4 layers, width 128 to 256, "
+        "a byte vocabulary, every op kind and parameter kind of the full model",
+        _decoder_candidates,
+    ),
 }
 #: the ``family`` of zoo records, by library: ``build_zoo_model`` reads them
 ZOO_FAMILIES = ("timm", "transformers")
@@ -206,12 +288,16 @@ def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "met
     """The model a zoo record's ``config`` names, on ``device`` (weights as the library
     initialises them; on meta none are allocated): ``timm.create_model(model,
     pretrained=False)``, or transformers' causal LM of ``model_type`` at its config class's
-    defaults. Raises :class:`ZooError` naming the model when its library cannot build it."""
+    defaults. A mini zoo's config also holds ``shrink``: the constructor arguments (timm) or
+    config fields (transformers) that make it small (:mod:`graphkit.datasets.shrink`). Raises
+    :class:`ZooError` naming the model when its library cannot build it."""
     family = config.get("family")
     name = config.get("model") if family == "timm" else config.get("model_type")
-    if family not in ZOO_FAMILIES or not isinstance(name, str):
+    overrides = config.get("shrink")
+    if family not in ZOO_FAMILIES or not isinstance(name, str) or not isinstance(overrides, (dict, type(None))):
         raise ZooError(
             f"not a zoo config: {dict(config)!r}; zoo configs name a timm model or a transformers model_type"
+            " (and a mini zoo's, its shrink overrides as an object)"
         )
     try:
         with warnings.catch_warnings(), torch.device(device):
@@ -219,7 +305,10 @@ def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "met
             if family == "timm":
                 import timm  # noqa: PLC0415
 
-                return timm.create_model(name, pretrained=False).eval()
+                if overrides is None:
+                    return timm.create_model(name, pretrained=False).eval()
+                with shrink.watched_timm(name, overrides):
+                    return timm.create_model(name, pretrained=False).eval()
             from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
             from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
@@ -228,7 +317,7 @@ def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "met
             verbosity = hf_logging.get_verbosity()
             hf_logging.set_verbosity_error()  # a reference config's own inconsistencies are not the user's
             try:
-                reference = AutoConfig.for_model(name)
+                reference = AutoConfig.for_model(name, **(overrides or {}))
                 if str(device) != "meta":
                     return AutoModelForCausalLM.from_config(reference).eval()
                 with skip_weight_init():  # nothing to fill on meta; initialisation is most of a build
@@ -256,30 +345,44 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     except ZooError as e:  # the library cannot build its own model: reported, not counted against the tracer
         return {"model": name, "error": str(e), "unbuildable": True, "seconds": round(time.perf_counter() - start, 2)}
     try:
-        try:
-            graph = _trace_all_branches(model)
-        except NeedsValuesError:
-            # a mask buffer made in __init__ (GPT-1), a tensor made on the CPU in forward (XLNet):
-            # a model small enough is built with values
-            if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
-                raise
-            graph = _trace_all_branches(build_zoo_model(config, "cpu"))
+        graph = trace_zoo_model(model, config)
     except Exception as e:  # every failure is a report line, never the end of the run
         reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
     from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415
 
     others = sorted({n.op for n in graph.nodes if n.op.startswith("other:")})
-    refusal = refusal_reason(graph)  # None: a bundled hypernetwork predicts it
     return {
         "model": name,
         "row": graph_to_row(graph, config, id=name, split=""),
         "other_ops": others,
+        **_predictability(refusal_reason(graph)),  # a bundled hypernetwork predicts it, or why not
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def _predictability(refusal: Any) -> dict[str, Any]:
+    """An outcome's fields on ``graphkit predict`` from :func:`graphkit.ghn.predict.refusal_reason`
+    (None: a bundled hypernetwork predicts it): the refusal's line, its reason and the op kinds
+    it names, which the report counts."""
+    return {
         "predict": None if refusal is None else refusal.message,
         "predict_reason": None if refusal is None else refusal.reason,
         "predict_missing": [] if refusal is None else list(refusal.missing),
-        "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def trace_zoo_model(model: nn.Module, config: Mapping[str, Any]) -> ArchGraph:
+    """The graph of the zoo model ``model`` built on meta from ``config``: every branch taken
+    (:func:`_trace_all_branches`), and where the tracer needs values that meta lacks (a mask
+    buffer made in ``__init__``, GPT-1's; a tensor made on the CPU in forward, XLNet's), the model
+    built on the CPU when it is small enough (:data:`CPU_BUILD_LIMIT`)."""
+    try:
+        return _trace_all_branches(model)
+    except NeedsValuesError:
+        if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
+            raise
+        return _trace_all_branches(build_zoo_model(config, "cpu"))
 
 
 #: tokens in the inputs that retry a model whose short inputs leave a branch untaken
@@ -310,66 +413,84 @@ def _cache_path(out: Path, name: str) -> Path:
     return out / CACHE_DIR / f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}.json"
 
 
-def _child(zoo_name: str, name: str, send: Connection, run: int) -> None:
-    """A tracing process of the run whose process id is ``run``: one model's outcome, sent back
-    whole."""
+def _serve(zoo_name: str, tasks: Connection, run: int) -> None:
+    """A worker process of the run whose process id is ``run``: the zoo's imports and set-up paid
+    once, then one outcome for each model name it receives, sent back whole, until it receives
+    None."""
     worker_started(run)
-    send.send(_outcome(zoo_name, name))
-    send.close()
+    zoo = ZOOS[zoo_name]
+    torch.set_num_threads(1)  # the processes share the cores
+    if zoo.start_method == "spawn":  # a forked worker has the run's warm-up already
+        (zoo.warm_up or _warm_up)()
+    outcome = zoo.outcome or _outcome
+    while (name := tasks.recv()) is not None:
+        tasks.send(outcome(zoo_name, name))
+    tasks.close()
 
 
 def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float) -> Iterator[dict[str, Any]]:
-    """Every name's outcome, each traced in a process of its own, ``workers`` at a time, and saved
-    as it arrives. A process is forked per model so that one that runs past ``timeout`` seconds,
-    or dies (a library's own crash), is stopped and becomes a report line instead of stopping
-    the run."""
+    """Every name's outcome, from ``workers`` worker processes that take one model at a time,
+    each saved as it arrives. A worker that runs past ``timeout`` seconds on a model, or dies (a
+    library's own crash), is stopped and replaced, and that model becomes a report line instead of
+    stopping the run. Workers are forked after the run's warm-up (the full zoos: their models only
+    trace on meta), or spawned where they compute (the mini zoos' trainability check: a forked
+    child of a process whose thread pool had run can crash), each importing the libraries once."""
     methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    method = zoo.start_method if zoo.start_method in methods else "spawn"
+    context = multiprocessing.get_context(method)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; the processes share the cores
-    if names:
-        _warm_up()
-    pending, running = list(names), {}
+    if names and method == "fork":
+        (zoo.warm_up or _warm_up)()
+    pending, idle, busy = list(names), [], {}
+
+    def start() -> tuple[Any, Connection]:
+        mine, theirs = context.Pipe(duplex=True)
+        process = context.Process(target=_serve, args=(zoo.name, theirs, os.getpid()), daemon=True)
+        process.start()
+        theirs.close()
+        return process, mine
+
+    def stop(process: Any, pipe: Connection) -> None:
+        process.kill()
+        process.join()
+        pipe.close()
+
     try:
-        while pending or running:
-            while pending and len(running) < workers:
+        while pending or busy:
+            while pending and len(busy) < workers:
+                process, pipe = idle.pop() if idle else start()
                 name = pending.pop(0)
-                receive, send = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(zoo.name, name, send, os.getpid()), daemon=True)
-                process.start()
-                send.close()
-                running[receive] = (process, name, time.monotonic())
+                pipe.send(name)
+                busy[pipe] = (process, name, time.monotonic())
             finished = []
-            for receive in wait(list(running), timeout=1.0):
-                process, name, started = running.pop(receive)
+            for pipe in wait(list(busy), timeout=1.0):
+                process, name, started = busy.pop(pipe)
                 try:
-                    finished.append(receive.recv())
-                except EOFError:  # it died before sending
+                    finished.append(pipe.recv())
+                    idle.append((process, pipe))
+                except (EOFError, OSError):  # it died before sending
                     process.join()
+                    pipe.close()
                     finished.append(_failure(name, f"the tracing process died (exit code {process.exitcode})", started))
-                process.join()
-                receive.close()
-            for receive, (process, name, started) in list(running.items()):
+            for pipe, (process, name, started) in list(busy.items()):
                 if time.monotonic() - started > timeout:
-                    process.kill()
-                    process.join()
-                    receive.close()
-                    del running[receive]
+                    stop(process, pipe)
+                    del busy[pipe]
                     finished.append(_failure(name, f"not traced within {timeout:.0f} s", started))
             for outcome in finished:
                 write_text_atomic(_cache_path(out, outcome["model"]), json.dumps(outcome))
                 yield outcome
     finally:
-        for process, _, _ in running.values():
-            process.kill()
-            process.join()
+        for process, pipe in [*idle, *((p, pipe) for pipe, (p, _, _) in busy.items())]:
+            stop(process, pipe)
         torch.set_num_threads(threads)
 
 
 def _warm_up() -> None:
     """What every tracing process would otherwise pay again, paid once before they fork: the
     tracer's and the hypernetwork's imports, torch.export's one-time set-up (one tiny export)
-    and the bundled hypernetworks that ``prediction_refusal`` reads."""
+    and the bundled hypernetworks that ``refusal_reason`` reads."""
     from graphkit.families import build_model  # noqa: PLC0415
     from graphkit.ghn.checkpoint import BUNDLED, bundled_info  # noqa: PLC0415
     from graphkit.ghn.predict import bundled_hypernetwork  # noqa: PLC0415
@@ -378,6 +499,104 @@ def _warm_up() -> None:
     for name in set(BUNDLED.values()):
         bundled_info(name)
         bundled_hypernetwork(name)
+
+
+def mini_outcome(kind: str, name: str) -> dict[str, Any]:
+    """Worker: the mini variant of the zoo model ``name`` (``kind`` "timm" or "transformers"):
+    the full model built and traced on meta, then each plan of its ladder built, traced and
+    checked until one keeps every kind and trains. Its row (id and split set later), its family,
+    the seconds each step took; or why no plan passed: the reason of the plan that got furthest
+    (built, then traced, then kept every kind, then trained), the first of those."""
+    from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415 - the hypernetwork is not the dataset's
+
+    seconds = dict.fromkeys(("build", "trace", "shrink", "check"), 0.0)
+    start = time.perf_counter()
+
+    def lap(step: str, began: float) -> None:
+        seconds[step] += time.perf_counter() - began
+
+    def result(**fields: Any) -> dict[str, Any]:
+        return {
+            "model": name,
+            "family": family,
+            **fields,
+            "timings": {k: round(v, 3) for k, v in seconds.items()},
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+
+    family, reference = name, None
+    base = {"family": kind, "model": name} if kind == "timm" else {"family": kind, "model_type": name}
+    began = time.perf_counter()
+    try:
+        if kind == "timm":
+            family = timm_families().get(name, "timm")
+            full, arguments = shrink.timm_arguments(name)
+            plans = shrink.vision_plans(family, arguments)
+        else:
+            reference = shrink.reference_config(name)
+            plans = shrink.decoder_plans(reference, name)
+            full = build_zoo_model(base)
+    except shrink.ShrinkError as e:
+        lap("build", began)
+        return result(error=f"not shrunk: {e}")
+    except Exception as e:  # the library cannot build its own model: not shrunk, reported
+        lap("build", began)
+        return result(error=f"cannot build the full model: {_first_error(e)}", unbuildable=True)
+    lap("build", began)
+    began = time.perf_counter()
+    try:
+        full_graph = trace_zoo_model(full, base)
+    except Exception as e:
+        lap("trace", began)
+        return result(error=f"the full model does not trace: {_first_error(e)}")
+    lap("trace", began)
+    reasons: list[tuple[int, str]] = []  # (how far the plan got, why it stopped): the furthest is reported
+    for plan, overrides in plans:
+        config = {**base, "shrink": overrides, "zoo_family": family, **shrink.data_keys(overrides, reference)}
+        began = time.perf_counter()
+        try:
+            small = build_zoo_model(config)
+        except Exception as e:
+            lap("shrink", began)
+            reasons.append((0, f"{plan.describe()}: {_first_error(e)}"))
+            continue
+        try:
+            graph = trace_zoo_model(small, config)
+        except Exception as e:
+            lap("shrink", began)
+            reasons.append((1, f"{plan.describe()}: {_first_error(e)}"))
+            continue
+        lap("shrink", began)
+        lost = shrink.missing_kinds(full_graph, graph)
+        if lost:
+            reasons.append((2, f"{plan.describe()}: {lost}"))
+            continue
+        began = time.perf_counter()
+        try:
+            trained = shrink.trainability(build_zoo_model(config, "cpu"), "image" if kind == "timm" else "text")
+        except Exception as e:
+            trained = f"cannot be built on the CPU: {_first_error(e)}"
+        lap("check", began)
+        if trained:
+            reasons.append((3, f"{plan.describe()}: not trainable: {trained}"))
+            continue
+        extra = sorted(shrink.kinds(graph)[0] - shrink.kinds(full_graph)[0])
+        return result(
+            row=graph_to_row(graph, config, id=name, split=""),
+            other_ops=sorted(op for op in shrink.kinds(graph)[0] if op.startswith("other:")),
+            **_predictability(refusal_reason(graph)),  # a bundled hypernetwork predicts the mini model, or why not
+            extra_ops=extra,
+            plan=plan.describe(),
+            full_params=full_graph.num_params,
+        )
+    furthest = max(reasons, key=lambda r: r[0])[1] if reasons else "no plan"
+    return result(error=f"not shrunk: {furthest}")
+
+
+def _first_error(error: BaseException) -> str:
+    """A one-line reason: a graphkit error's message, else the exception's type and message."""
+    text = " ".join(str(error).split())[:300] or "(no message)"
+    return text if isinstance(error, GraphkitError) else f"{type(error).__name__}: {text}"
 
 
 def _failure(name: str, reason: str, started: float) -> dict[str, Any]:
@@ -415,8 +634,10 @@ def generate_zoo(
     resume: bool = False,
     limit: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    seed: int = 0,
 ) -> ZooResult:
-    """Generate the zoo ``name`` (``zoo-vits`` or ``zoo-decoders``) into the dataset folder
+    """Generate the zoo ``name`` (``zoo-vits``, ``zoo-decoders`` or their mini zoos
+    ``zoo-vits-mini`` and ``zoo-decoders-mini``) into the dataset folder
     ``out`` (default: its name): every candidate built on meta and traced by ``workers``
     processes, one record per distinct architecture, ``report.json`` / ``report.md`` naming
     every model that failed and why. ``limit`` takes the first candidates only (a sample).
@@ -424,7 +645,9 @@ def generate_zoo(
     after each model. Options and the folder are checked before anything is written; the folder
     is locked while the run writes it (a second run is refused, as recipes' are), and SIGTERM or
     Ctrl-C stops every tracing process and leaves the folder for ``resume``
-    (:mod:`graphkit.datasets.runs`, :mod:`graphkit.workers`)."""
+    (:mod:`graphkit.datasets.runs`, :mod:`graphkit.workers`). A mini zoo holds out whole families, chosen by ``seed``
+    (:func:`graphkit.datasets.shrink.held_out_families`); a full zoo's split is by fingerprint and
+    takes no seed."""
     start = time.perf_counter()
     if name not in ZOOS:
         raise ZooError(f"unknown zoo {name!r}; known zoos: {', '.join(ZOOS)}")
@@ -432,12 +655,16 @@ def generate_zoo(
         if value is not None and not is_count(value):
             raise ZooError(f"{option} must be an integer of at least 1, got {value!r}")
     zoo = ZOOS[name]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ZooError(f"--seed must be an integer of at least 0, got {seed!r}")
+    if seed and not zoo.mini:
+        raise ZooError(f"--seed applies to recipes and mini zoos, not to {name}: its split is by fingerprint")
     out = Path(out if out is not None else name)
     if out.exists() and not out.is_dir():
         raise ZooError(f"{out} exists and is not a folder")
     check_output_dir(out)
     check_dataset_folder(out)
-    identity = {"zoo": name, "limit": limit, "libraries": library_versions(zoo)}
+    identity = {"zoo": name, "limit": limit, "libraries": library_versions(zoo), **({"seed": seed} if zoo.mini else {})}
     out.mkdir(parents=True, exist_ok=True)
     with folder_lock(out, ZooError), ended_by_sigterm():
         return _locked_run(zoo, out, identity, workers=workers, resume=resume, progress=progress, start=start)
@@ -519,12 +746,16 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     for outcome in outcomes:
         if "row" in outcome:
             by_fingerprint.setdefault(outcome["row"]["fingerprint"], []).append(outcome)
+    held_families = set(_held_out_families(zoo, outcomes, identity))
     rows = []
     for fingerprint, same in sorted(by_fingerprint.items(), key=lambda item: item[1][0]["model"]):
         first, aliases = same[0], [o["model"] for o in same[1:]]
         row = dict(first["row"])
         config = {**json.loads(row["config"]), **({"aliases": aliases} if aliases else {})}
-        held_out = int(hashlib.sha256(fingerprint.encode()).hexdigest(), 16) % EVAL_EVERY == 0
+        if zoo.mini:  # an architecture a held-out family shares with another is held out with it
+            held_out = any(o["family"] in held_families for o in same)
+        else:
+            held_out = int(hashlib.sha256(fingerprint.encode()).hexdigest(), 16) % EVAL_EVERY == 0
         row.update(
             config=json.dumps(config, sort_keys=True, separators=(",", ":")), split="eval" if held_out else "train"
         )
@@ -562,10 +793,35 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
         "other_ops": other,
         "aliases": {r["id"]: a for r in rows if (a := json.loads(r["config"]).get("aliases"))},
     }
+    split: dict[str, Any] = {}
+    if zoo.mini:
+        families = sorted({o["family"] for o in traced})
+        split = {
+            "seed": identity["seed"],
+            "families": len(families),
+            "held_out_families": sorted(held_families),
+            "train_families": [f for f in families if f not in held_families],
+        }
+        report.update(
+            split=split,
+            not_trainable=sum(1 for f in failed if "not trainable" in f["reason"]),
+            timings={
+                step: round(sum(o.get("timings", {}).get(step, 0.0) for o in outcomes), 1)
+                for step in ("build", "trace", "shrink", "check")
+            },
+            model_timings={o["model"]: {**o.get("timings", {}), "seconds": o["seconds"]} for o in outcomes},
+        )
     write_text_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
     write_text_atomic(out / "report.md", _report_markdown(report))
-    finalize_dataset(out, name=zoo.name, info={**identity, "source": zoo.description})
+    finalize_dataset(out, name=zoo.name, info={**identity, "source": zoo.description, **split})
     return report
+
+
+def _held_out_families(zoo: Zoo, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> list[str]:
+    """A mini zoo's held-out families, among those with a record; none for a full zoo."""
+    if not zoo.mini:
+        return []
+    return shrink.held_out_families([o["family"] for o in outcomes if "row" in o], identity["seed"])
 
 
 def _report_markdown(report: Mapping[str, Any]) -> str:
@@ -601,7 +857,7 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         "",
         *([f"- `{f['model']}`: {f['reason']}" for f in report["unbuildable"]] or ["None."]),
         "",
-        "## Could not be traced",
+        "## Could not be shrunk, or not trainable" if "split" in report else "## Could not be traced",
         "",
         *([f"- `{f['model']}`: {f['reason']}" for f in report["failed"]] or ["None."]),
         "",
@@ -610,7 +866,32 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
         *([f"- `{o['model']}`: {', '.join(o['ops'])}" for o in report["other_ops"]] or ["None."]),
         "",
     ]
+    if "split" in report:
+        split, timings = report["split"], report["timings"]
+        lines += [
+            "## Split by family",
+            "",
+            f"{len(split['held_out_families'])} of {split['families']} families held out whole (seed "
+            f"{split['seed']}), their records in the eval split: {', '.join(split['held_out_families']) or 'none'}.",
+            "",
+            "## Seconds spent, all models together",
+            "",
+            f"Full model built on meta {timings['build']:,}, traced {timings['trace']:,}; shrunk variants built and "
+            f"traced {timings['shrink']:,}; trainability checks {timings['check']:,}.",
+            "",
+        ]
     return "\n".join(lines)
 
 
-__all__ = ["ZOOS", "Zoo", "ZooError", "ZooResult", "generate_zoo", "build_zoo_model", "TIMM_TRANSFORMER_MODULES"]
+__all__ = [
+    "ZOOS",
+    "Zoo",
+    "ZooError",
+    "ZooResult",
+    "generate_zoo",
+    "build_zoo_model",
+    "trace_zoo_model",
+    "mini_outcome",
+    "timm_families",
+    "TIMM_TRANSFORMER_MODULES",
+]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graphkit.datasets import load
+from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model
 from graphkit.errors import TrainError
 from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
@@ -66,9 +67,13 @@ class ArchPool:
 
 def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.Module:
     """The model of ``config`` on ``device`` with its parameters on meta (ties kept): a shell for
-    ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks)."""
+    ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks).
+    A zoo record's config (a mini zoo's: small) is built by its library, which initialises it."""
 
-    model = build_model(config, device, init=False)
+    if config.get("family") in ZOO_FAMILIES:  # a zoo's (mini) model, built by its library: initialised, then dropped
+        model = build_zoo_model(config, device)
+    else:
+        model = build_model(config, device, init=False)
     metas: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):

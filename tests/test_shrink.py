@@ -1,0 +1,170 @@
+"""The mini zoos (graphkit.datasets.shrink): zoo models shrunk through their own constructor or
+config keep every op kind and parameter kind, train, rebuild from their record, and are split
+by family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from graphkit.cli import app
+from graphkit.datasets import load
+from graphkit.datasets.shrink import (
+    BYTE_VOCAB,
+    HELD_OUT_SHARE,
+    Plan,
+    decoder_plans,
+    held_out_families,
+    kinds,
+    trainability,
+    vision_plans,
+)
+from graphkit.datasets.zoo import ZooError, build_zoo_model, generate_zoo, mini_outcome, trace_zoo_model
+from graphkit.ghn.pool import ArchPool
+
+#: op kinds a mini model may add to the full one: a classifier, for the models published without
+#: one (EVA-02's and AIMv2's encoders), which every vision variant gets
+MAY_ADD = {"head"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("timm", "vit_base_patch16_224"),  # timm.models.vision_transformer
+        ("timm", "swin_tiny_patch4_window7_224"),  # hierarchical: per-stage depths, shifted windows
+        ("timm", "eva02_base_patch14_224"),  # published without a classifier
+        ("transformers", "qwen3_moe"),  # MoE sizes, GQA
+        ("transformers", "gpt2"),  # special tokens past the byte vocabulary, a position table
+    ],
+)
+def test_a_shrunk_zoo_model_keeps_every_kind_trains_and_rebuilds_from_its_record(kind, name):
+    outcome = mini_outcome(kind, name)
+    assert "row" in outcome, outcome.get("error")
+    config = json.loads(outcome["row"]["config"])
+    full = trace_zoo_model(
+        build_zoo_model({k: v for k, v in config.items() if k in ("family", "model", "model_type")}), config
+    )
+    small = trace_zoo_model(build_zoo_model(config), config)  # the record's config rebuilds it
+    assert small.fingerprint() == outcome["row"]["fingerprint"]
+    (full_ops, full_params), (ops, params) = kinds(full), kinds(small)
+    assert full_ops <= ops and ops - full_ops <= MAY_ADD
+    assert full_params <= params and {op for op, _ in params - full_params} <= MAY_ADD
+    assert small.num_params < 6_000_000 < full.num_params
+    model = build_zoo_model(config, "cpu")
+    assert trainability(model, "image" if kind == "timm" else "text") is None
+    if kind == "timm":
+        assert (config["image_size"], config["num_classes"]) == (32, 10)
+    else:  # the config's own names (GPT-2's n_layer) read through transformers' aliases
+        assert config["vocab_size"] == model.config.vocab_size == BYTE_VOCAB
+        assert model.config.num_hidden_layers in (2, 3, 4) and 64 <= model.config.hidden_size <= 256
+
+
+def test_vision_plans_shrink_by_name_and_keep_what_they_do_not_know():
+    arguments = {
+        "embed_dim": 768,
+        "depth": 12,
+        "num_heads": 12,
+        "patch_size": 16,
+        "mlp_ratio": 4.0,
+        "drop_rate": 0.0,
+        "global_attn_indexes": [2, 5, 8, 11],
+    }
+    plan, overrides = vision_plans("vision_transformer", arguments)[0]
+    assert plan == Plan(2, 2)
+    assert overrides == {"embed_dim": 192, "depth": 2, "num_heads": 3, "patch_size": 8, "global_attn_indexes": [1]}
+    swin = {"embed_dim": 96, "depths": (2, 2, 6, 2), "num_heads": (3, 6, 12, 24), "window_size": 7, "patch_size": 4}
+    assert vision_plans("swin_transformer", swin)[0][1] == {  # one width, doubled each of 4 stages: 768
+        "embed_dim": 24,
+        "depths": [2, 2, 2, 2],
+        "num_heads": [1, 1, 3, 6],
+        "window_size": 4,
+        "patch_size": 2,
+    }
+    # ConViT's embed_dim is per head (the family table): only the heads shrink
+    assert vision_plans("convit", {"embed_dim": 48, "num_heads": 16, "depth": 12})[0][1] == {"num_heads": 4, "depth": 2}
+
+
+def test_decoder_plans_keep_a_layer_of_each_kind_and_move_special_tokens_onto_bytes():
+    reference = {
+        "num_hidden_layers": 26,
+        "hidden_size": 2304,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 9216,
+        "vocab_size": 262144,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 20,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": [1, 106, 262143],
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+    }
+    plan, overrides = decoder_plans(reference)[0]
+    assert overrides["layer_types"] == ["sliding_attention", "full_attention"] and overrides["num_hidden_layers"] == 2
+    assert (overrides["hidden_size"], overrides["num_attention_heads"], overrides["num_key_value_heads"]) == (128, 4, 2)
+    assert overrides["vocab_size"] == BYTE_VOCAB and overrides["eos_token_id"] == [1, 106, 3]  # 0, 1, 2 are taken
+    assert (overrides["attn_layer_period"], overrides["attn_layer_offset"]) == (2, 1)
+    mha = decoder_plans({"num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 12})[0][1]
+    mqa = decoder_plans({"num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 1})[0][1]
+    assert mha["num_key_value_heads"] == 4 and "num_key_value_heads" not in mqa  # MQA stays MQA
+
+
+class _Classifier(nn.Module):
+    def __init__(self, classes: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3 * 32 * 32, classes)
+        self.scale = scale
+
+    def forward(self, x):
+        return self.proj(x.flatten(1)) * self.scale
+
+
+def test_the_trainability_check_names_a_wrong_output_or_a_loss_that_is_not_finite():
+    assert trainability(_Classifier(10), "image") is None
+    assert trainability(_Classifier(1000), "image") == "returns (2, 1000), not the (2, 10) a image model's loss needs"
+    assert trainability(_Classifier(10, float("inf")), "image").startswith("the loss is nan")
+
+
+def test_the_family_split_holds_out_whole_families_deterministically():
+    families = [f"family-{i}" for i in range(20)]
+    held = held_out_families(families, seed=0)
+    assert len(held) >= HELD_OUT_SHARE * len(families) and len(held) == 3
+    assert held == held_out_families(list(reversed(families)) * 2, seed=0)  # order and repeats do not matter
+    assert held != held_out_families(families, seed=1)
+    assert held_out_families(["one"]) == [] and len(held_out_families(["a", "b"])) == 1
+
+
+@pytest.mark.slow
+def test_a_tiny_mini_zoo_is_generated_split_by_family_and_its_records_train(tmp_path):
+    out = tmp_path / "mini"
+    result = CliRunner().invoke(app, ["generate", "zoo-vits-mini", "--num", "3", "--out", str(out), "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert "1 of 3 families held out whole" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert (report["candidates"], report["records"], report["failed"]) == (3, 3, [])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["held_out_families"] == report["split"]["held_out_families"] and manifest["seed"] == 0
+    dataset = load(out)
+    by_split = {s: {r.config["zoo_family"] for r in dataset.filter(split=s)} for s in ("train", "eval")}
+    assert by_split["eval"] == set(manifest["held_out_families"]) and not by_split["eval"] & by_split["train"]
+    assert len(by_split["train"]) == 2
+    record = dataset[0]
+    model = record.build_model(device="cpu")
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    pool = ArchPool(out, "train")  # what train-ghn reads: one family of configs, shells it can call
+    assert pool.family == "timm" and sum(1 for _ in pool.model(0).parameters()) > 0
+
+
+def test_bad_mini_zoo_options_are_one_line_errors(tmp_path):
+    with pytest.raises(ZooError, match="^--seed must be an integer of at least 0, got -1$"):
+        generate_zoo("zoo-vits-mini", tmp_path / "a", seed=-1)
+    with pytest.raises(ZooError, match="^--seed applies to recipes and mini zoos, not to zoo-vits"):
+        generate_zoo("zoo-vits", tmp_path / "b", seed=3)
+    refused = CliRunner().invoke(app, ["generate", "zoo-decoders-mini", "--attention", "gqa", "--out", str(tmp_path)])
+    assert refused.exit_code != 0 and "--attention applies to recipes, not to zoo-decoders-mini" in refused.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
