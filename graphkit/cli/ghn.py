@@ -148,12 +148,20 @@ def predict(
         "logits are no larger than the family's init gives on a random batch (graphkit's "
         "families; see docs/experiments.md for what it costs in fine-tuning).",
     ),
+    keep_init: Optional[bool] = typer.Option(
+        None,
+        "--keep-init/--no-keep-init",
+        help="Add the prediction onto the model's own initialisation (weight matrices init + prediction, "
+        "norms and biases as predicted) rather than replace it (default: for families where it fine-tunes "
+        "better, GPT-2; docs/experiments.md).",
+    ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of
+    from graphkit.ghn.keep_init import should_keep_init
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
@@ -192,6 +200,13 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    if should_keep_init(graph, keep_init):
+        console.print(
+            f"adding the prediction onto {loaded.name}'s own initialisation"
+            + (" (its family's default; --no-keep-init: the prediction alone)" if keep_init is None else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     if calibrate:
         console.print(
             "calibrating its residual stream and logits to its family's init on a random batch",
@@ -206,6 +221,7 @@ def predict(
         grow=grow,
         calibrate=calibrate,
         buffers="saved",
+        keep_init=keep_init,
     )
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
