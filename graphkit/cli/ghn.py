@@ -291,9 +291,9 @@ def eval_ghn(
     inits: str = typer.Option(
         "predicted,random,orthogonal",
         "--inits",
-        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always, and selected: "
+        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always; selected: "
         "weight selection (Xu et al., 2024) from the train split's smallest model, trained first on the same "
-        "data for --select-steps steps.",
+        "data for --select-steps steps; keep_init: random's init plus the prediction (predict --keep-init).",
     ),
     select_steps: Optional[int] = typer.Option(
         None, "--select-steps", help="Training steps of the model `selected` selects from (default: --steps)."
@@ -348,9 +348,15 @@ def eval_ghn(
         "predicted wins",
         *(" / ".join(f"{100 * summary['wins'][str(h)][other]:.0f}%" for other in others) for h in at),
     )
+    if "keep_init" in config.inits:
+        table.add_row(
+            "keep_init wins",
+            *(f"{100 * summary['keep_init_wins'][str(h)]['random']:.0f}%" for h in at),
+        )
     console.print(table)
     console.print(
-        f"(predicted wins: architectures where predicted has a lower held-out loss than {' / than '.join(others)})",
+        f"(predicted wins: architectures where predicted has a lower held-out loss than {' / than '.join(others)}"
+        + ("; keep_init wins: where keep_init has a lower one than random)" if "keep_init" in config.inits else ")"),
         highlight=False,
     )
     if "selected" in config.inits:
@@ -360,9 +366,10 @@ def eval_ghn(
             highlight=False,
             soft_wrap=True,
         )
-    for other in others:
+    verdicts = [("predicted", other) for other in others] + [("keep_init", "random")] * ("keep_init" in config.inits)
+    for init, other in verdicts:
         console.print(
-            f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
+            f"{init} beats {other} after {steps} steps on {100 * summary[f'{init}_beats_{other}']:.0f}% "
             f"of {summary['archs']} architectures",
             highlight=False,
         )
