@@ -11,8 +11,9 @@ Three tables, each a BENCHMARKS.md section per family (``--table`` picks):
   family's random initialisation (the reference), on the same batches.
 - **paper** (item 3): ViT-S- and ViT-B-shaped models at digits resolution from ``predict``'s
   parameters, random and orthogonal initialisation at 0, 100 and 300 steps; a GPT-2-Medium-shaped
-  model on the bundled text, ``predict`` against random at 0 and 100 steps (``--steps`` runs
-  longer, on a GPU with ``--device cuda``).
+  model on the bundled text, the prediction alone (``predict --no-keep-init``), the prediction
+  added onto GPT-2's own init (``--keep-init``, GPT-2's default: graphkit.ghn.keep_init) and
+  random at 0 and 100 steps (``--steps`` runs longer, on a GPU with ``--device cuda``).
 - **propagation** (item 1): at ViT-S/B/L's, GPT-2-Medium/Large/XL's and LLaMA shapes up to
   TinyLlama-1.1B's, on random inputs the calibration did not see, the residual stream's RMS at the
   last block, the share of it that varies from token to token and the logits' standard deviation:
@@ -110,7 +111,11 @@ PAPER = {
         ("predict", "random", "orthogonal"),
         (0, 100, 300),
     ),
-    "gpt2": ([("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16))], ("predict", "random"), (0, 100)),
+    "gpt2": (
+        [("GPT-2-Medium", dict(GPT, num_layers=24, hidden=1024, heads=16))],
+        ("predict", "keep_init", "random"),
+        (0, 100),
+    ),
 }
 
 
@@ -124,12 +129,20 @@ def fine_tuning(
 ) -> str:
     """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
     step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
-    parameters; "calibrated": the same, calibrated; "random" and "orthogonal" as in eval-ghn)."""
+    parameters; "calibrated": the same, calibrated; "keep_init": the same added onto the family's
+    init; "random" and "orthogonal" as in eval-ghn). "predict" is the prediction alone, which is
+    ``predict --no-keep-init`` for a family that keeps its init by default (GPT-2)."""
 
     ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
     source = load_source(default_source(family), seq_len=64)
     space = ghn.info["space"]
-    heads = {"predict": "`predict`", "calibrated": "`--calibrate`", "random": "random", "orthogonal": "orthogonal"}
+    heads = {
+        "predict": "`predict --no-keep-init`" if get_family(family).keep_init else "`predict`",
+        "calibrated": "`--calibrate`",
+        "keep_init": "`--keep-init`",
+        "random": "random",
+        "orthogonal": "orthogonal",
+    }
     rows = [
         f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
         f"depths {space['depth'][0]}-{space['depth'][1]}), held-out "
@@ -140,7 +153,7 @@ def fine_tuning(
         + " |",
         "|---" * (2 + len(inits) * len(at)) + "|",
     ]
-    wins = dict.fromkeys(at, 0)
+    wins, kept_wins = dict.fromkeys(at, 0), dict.fromkeys(at, 0)
     for what, config in shapes:
         config = resolve_config(config)
         graph = trace(build_model(config, "meta"))
@@ -154,7 +167,9 @@ def fine_tuning(
         for init in inits:
             torch.manual_seed(0)
             model = build_model(config, "cpu")
-            initialise(model, "predicted" if init in ("predict", "calibrated") else init, predicted)
+            initialise(
+                model, "predicted" if init in ("predict", "calibrated") else init, predicted
+            )  # keep_init: W0 + P
             if init == "calibrated":
                 calibrate(model, graph)
             _, scores = fine_tune(model.to(device), batches, source.task, 3e-4, held_out, list(at))
@@ -163,6 +178,7 @@ def fine_tuning(
             del model
         for h in at:
             wins[h] += loss["predict"][h] < loss["random"][h]
+            kept_wins[h] += "keep_init" in loss and loss["keep_init"][h] < loss["random"][h]
         name = f"{config['num_layers']} x {config['hidden']}, {config['heads']} heads ({what})"
         rows.append(f"| {name} | {how_far(config, space)} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
@@ -170,7 +186,14 @@ def fine_tuning(
         "",
         "`predict`'s parameters beat random on "
         + ", ".join(f"{wins[h]}/{len(shapes)} shapes at step {h}" for h in at)
-        + ".",
+        + "."
+        + (
+            " With the init kept (`--keep-init`): "
+            + ", ".join(f"{kept_wins[h]}/{len(shapes)} at step {h}" for h in at)
+            + "."
+            if "keep_init" in inits
+            else ""
+        ),
         "",
     ]
     return "\n".join(rows)

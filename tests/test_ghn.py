@@ -254,10 +254,10 @@ def test_predict_scales_residual_branches_where_the_family_init_does():
     torch.manual_seed(0)
     ghn = LoGAH.from_variant("tiny").eval()
     for config, default in ((GPT2_TINY, True), (VIT_TINY, False)):
-        raw = predict(build_model(config), ghn, residual_scale=False)
+        raw = predict(build_model(config), ghn, residual_scale=False, keep_init=False)
         writers = residual_writers(graphkit.trace(build_model(config)))
         for flag in (None, True):
-            scaled = predict(build_model(config), ghn, residual_scale=flag)
+            scaled = predict(build_model(config), ghn, residual_scale=flag, keep_init=False)
             on = default if flag is None else flag
             for name, value in raw.items():
                 factor = len(writers) ** -0.5 if on and name in writers else 1.0
@@ -293,6 +293,6 @@ def test_a_predicted_language_model_lets_the_tokens_through(checkpoint, config, 
         torch.manual_seed(0)
         model = build_model(config, "cpu")
         if scale != "random init":
-            predict(model, ghn, residual_scale=scale)
+            predict(model, ghn, residual_scale=scale, keep_init=False)  # the prediction's own features
         constancy[scale] = feature_constancy(model, dict(model.named_parameters()), x, "lm_head")
     assert constancy.pop("random init") < 1 and all(c < 5 for c in constancy.values()), constancy

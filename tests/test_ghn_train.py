@@ -697,3 +697,18 @@ def test_eval_ghn_adds_weight_selection_beside_the_other_initialisations(vits, t
     assert "selected: weight selection from the train split's smallest model, trained for 3 steps" in result.stdout
     refused = run("eval-ghn", *args, "--inits", "predicted,selected")
     assert refused.exit_code == 1 and "must name predicted, random and orthogonal" in refused.stderr
+
+
+@pytest.mark.slow
+def test_eval_ghn_compares_the_prediction_kept_on_the_init(gpts, tmp_path):
+    out = tmp_path / "eval"
+    args = ["--dataset", gpts, "--out", out, "--archs", "1", "--steps", "2", "--batch-size", "2", "--seq-len", "16"]
+    result = run("eval-ghn", *args, "--inits", "predicted,random,orthogonal,keep_init")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval.json").read_text())
+    losses = {r["init"]: r["loss_0"] for r in report["rows"]}
+    assert set(losses) == {"predicted", "random", "orthogonal", "keep_init"}
+    assert len({losses["keep_init"], losses["predicted"], losses["random"]}) == 3  # the sum is neither part
+    summary = report["summary"]
+    assert summary["keep_init_beats_random"] == summary["keep_init_wins"]["2"]["random"]
+    assert "keep_init beats random after 2 steps on" in result.stdout and "keep_init wins" in result.stdout

@@ -168,12 +168,20 @@ def predict(
         "logits are no larger than the family's init gives on a random batch (graphkit's "
         "families; see docs/experiments.md for what it costs in fine-tuning).",
     ),
+    keep_init: Optional[bool] = typer.Option(
+        None,
+        "--keep-init/--no-keep-init",
+        help="Add the prediction onto the model's own initialisation (weight matrices init + prediction, "
+        "norms and biases as predicted) rather than replace it (default: for families where it fine-tunes "
+        "better, GPT-2; docs/experiments.md).",
+    ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of
+    from graphkit.ghn.keep_init import should_keep_init
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
@@ -212,6 +220,13 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    if should_keep_init(graph, keep_init):
+        console.print(
+            f"adding the prediction onto {loaded.name}'s own initialisation"
+            + (" (its family's default; --no-keep-init: the prediction alone)" if keep_init is None else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     if calibrate:
         console.print(
             "calibrating its residual stream and logits to its family's init on a random batch",
@@ -226,6 +241,7 @@ def predict(
         grow=grow,
         calibrate=calibrate,
         buffers="saved",
+        keep_init=keep_init,
     )
     seconds = time.perf_counter() - start
     total = sum(p.numel() for p in loaded.model.parameters())
@@ -295,9 +311,9 @@ def eval_ghn(
     inits: str = typer.Option(
         "predicted,random,orthogonal",
         "--inits",
-        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always, and selected: "
+        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always; selected: "
         "weight selection (Xu et al., 2024) from the train split's smallest model, trained first on the same "
-        "data for --select-steps steps.",
+        "data for --select-steps steps; keep_init: random's init plus the prediction (predict --keep-init).",
     ),
     select_steps: Optional[int] = typer.Option(
         None, "--select-steps", help="Training steps of the model `selected` selects from (default: --steps)."
@@ -352,9 +368,15 @@ def eval_ghn(
         "predicted wins",
         *(" / ".join(f"{100 * summary['wins'][str(h)][other]:.0f}%" for other in others) for h in at),
     )
+    if "keep_init" in config.inits:
+        table.add_row(
+            "keep_init wins",
+            *(f"{100 * summary['keep_init_wins'][str(h)]['random']:.0f}%" for h in at),
+        )
     console.print(table)
     console.print(
-        f"(predicted wins: architectures where predicted has a lower held-out loss than {' / than '.join(others)})",
+        f"(predicted wins: architectures where predicted has a lower held-out loss than {' / than '.join(others)}"
+        + ("; keep_init wins: where keep_init has a lower one than random)" if "keep_init" in config.inits else ")"),
         highlight=False,
     )
     if "selected" in config.inits:
@@ -364,9 +386,10 @@ def eval_ghn(
             highlight=False,
             soft_wrap=True,
         )
-    for other in others:
+    verdicts = [("predicted", other) for other in others] + [("keep_init", "random")] * ("keep_init" in config.inits)
+    for init, other in verdicts:
         console.print(
-            f"predicted beats {other} after {steps} steps on {100 * summary[f'predicted_beats_{other}']:.0f}% "
+            f"{init} beats {other} after {steps} steps on {100 * summary[f'{init}_beats_{other}']:.0f}% "
             f"of {summary['archs']} architectures",
             highlight=False,
         )

@@ -82,6 +82,7 @@ FAMILY = register_family(
         data="stdlib-text",
         bundled_ghn="logah-tiny-gpts",
         scaled_residuals=True,
+        keep_init=True,
         attention_adapter=GPT2_ATTENTION,
     )
 )

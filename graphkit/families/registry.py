@@ -50,6 +50,9 @@ class Family:
     # its own init scales the weights that write each residual branch by 1 / sqrt(branches)
     # (GPT-2's 1 / sqrt(2 n_layer)); predicted parameters follow it (graphkit.ghn.predict)
     scaled_residuals: bool = False
+    # a prediction is added onto the model's own init by default (graphkit.ghn.keep_init);
+    # measured per family in docs/experiments.md ("keep_init")
+    keep_init: bool = False
     attention_adapter: AttentionAdapter | None = None  # how ``convert`` handles its attention modules
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:

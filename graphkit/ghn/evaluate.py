@@ -1,7 +1,10 @@
-"""Is the hypernetwork worth using? Held-out architectures, three initialisations each, and a
-fourth on request:
+"""Is the hypernetwork worth using? Held-out architectures, three initialisations each, and two
+more on request:
 
 - ``predicted``: the hypernetwork's parameters;
+- ``keep_init``: the framework's own initialisation plus the prediction (the rule of
+  :mod:`graphkit.ghn.keep_init`, ``predict(keep_init=True)``), drawn from the same seed as
+  ``random``, so that it and ``random`` differ by the prediction alone;
 - ``random``: the framework's own initialisation (timm's, Hugging Face's);
 - ``orthogonal``: random, then every weight with 2+ dimensions orthogonal (GHN papers' ORTHINIT);
 - ``selected``: weight selection (:mod:`graphkit.ghn.selection`) from the smallest architecture
@@ -37,6 +40,7 @@ from graphkit.finetune import up_train
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.data import default_source, load_source
+from graphkit.ghn.keep_init import add_prediction
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
@@ -44,8 +48,8 @@ from graphkit.ghn.selection import select_params
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 from graphkit.workers import ended_by_sigterm, worker_pool
 
-INITS = ("predicted", "random", "orthogonal", "selected")
-#: what every evaluation compares; ``selected`` is added on request (it trains a model first)
+INITS = ("predicted", "random", "orthogonal", "selected", "keep_init")
+#: what every evaluation compares; ``selected`` (it trains a model first) and ``keep_init`` are added on request
 DEFAULT_INITS = ("predicted", "random", "orthogonal")
 
 
@@ -74,7 +78,7 @@ class EvalConfig:
         False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
     )
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
-    inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected if asked for
+    inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
 
     def __post_init__(self) -> None:
@@ -83,7 +87,7 @@ class EvalConfig:
         if unknown or not set(DEFAULT_INITS) <= set(self.inits) or len(set(self.inits)) != len(self.inits):
             raise EvalError(
                 f"inits {','.join(map(str, self.inits))}: must name predicted, random and orthogonal, and may add "
-                f"selected, each once; accepted: {', '.join(INITS)}"
+                f"selected and keep_init, each once; accepted: {', '.join(INITS)}"
             )
         if self.select_steps is not None:
             check_counts(self, ("select_steps",), EvalError)
@@ -98,10 +102,13 @@ class EvalConfig:
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Apply ``init`` (see :data:`INITS`) to a model built with the framework's initialisation;
-    ``predicted`` holds the parameters of ``predicted`` and ``selected``."""
+    ``predicted`` holds the parameters of ``predicted``, ``keep_init`` (the same prediction) and
+    ``selected``."""
 
     if init in ("predicted", "selected"):  # parameters made for this model: the hypernetwork's or the selection's
         load_params(model, predicted)
+    elif init == "keep_init":  # the framework's init kept, the prediction added (graphkit.ghn.keep_init)
+        add_prediction(model, predicted)
     elif init == "orthogonal":
         with torch.no_grad():
             for param in model.parameters():
@@ -158,6 +165,7 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
         source.check(record.config)
         check_graph(ghn, record.graph)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
+        made["keep_init"] = made["predicted"]
         if teacher is not None:
             torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill
             made["selected"] = _pack(select_params(teacher, build_model(record.config, "cpu")))
@@ -317,7 +325,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the predictions had their residual branches scaled
     (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many architectures the
     predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random``
-    / ``predicted_beats_orthogonal`` (and ``_selected``) are the verdicts at the final step."""
+    / ``predicted_beats_orthogonal`` (and ``_selected``, ``_keep_init``) are the verdicts at the
+    final step. With ``keep_init`` rows, ``keep_init_wins`` holds its fractions as ``wins`` holds
+    predicted's (against predicted and the others) and ``keep_init_beats_random`` its verdict."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
     summary: dict[str, Any] = {"horizons": at}
@@ -332,16 +342,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
-    summary["wins"] = {
-        str(h): {
-            other: sum(loss[i, "predicted", h] < loss[i, other, h] for i in ids) / len(ids)
-            for other in inits
-            if other != "predicted"
+    for init in ("predicted", "keep_init") if "keep_init" in inits else ("predicted",):
+        key = "wins" if init == "predicted" else f"{init}_wins"
+        summary[key] = {
+            str(h): {
+                other: sum(loss[i, init, h] < loss[i, other, h] for i in ids) / len(ids)
+                for other in inits
+                if other != init
+            }
+            for h in at
         }
-        for h in at
-    }
-    for other in summary["wins"][str(at[-1])]:
-        summary[f"predicted_beats_{other}"] = summary["wins"][str(at[-1])][other]
+        for other, fraction in summary[key][str(at[-1])].items():
+            if init == "predicted" or other == "random":
+                summary[f"{init}_beats_{other}"] = fraction
     return summary
 
 
@@ -373,7 +386,7 @@ def plot(rows: Sequence[dict[str, Any]], png: str, title: str) -> None:
 
     fig, (train_ax, held_ax) = plt.subplots(1, 2, figsize=(10, 4))
     at = rows[0]["horizons"]
-    for init, color in zip(INITS, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+    for init, color in zip(INITS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")):
         mine = [r for r in rows if r["init"] == init]
         if not mine:
             continue

@@ -43,7 +43,7 @@ score 0.29-0.69 on digits from the predicted parameters alone)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -51,6 +51,7 @@ import torch
 from graphkit.errors import GraphkitError
 from graphkit.families import ConfigError, build_model, config_from_graph
 from graphkit.ghn.encoding import Target, targets
+from graphkit.ghn.model import put
 from graphkit.ghn.space import extent, widest_at_depth
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
@@ -165,14 +166,13 @@ class GrownDecoding:
         return grow(target, self.twin_params[target.name], self.graph, self.width, self.twin, self._tied_norms)
 
     @torch.no_grad()
-    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Grow every parameter into ``destinations[name]`` (a meta destination gets the grown
-        tensor, at its dtype). Returns the tensors written, by name."""
-        written = {}
-        for target in self.targets:
-            destination, value = destinations[target.name], self.grown(target)
-            written[target.name] = value.to(destination.dtype) if destination.is_meta else destination.copy_(value)
-        return written
+    def write_into(
+        self, destinations: dict[str, torch.Tensor], onto: Collection[str] = frozenset()
+    ) -> dict[str, torch.Tensor]:
+        """Grow every parameter into ``destinations[name]`` (added to what those named in
+        ``onto`` hold; a meta destination gets the grown tensor, at its dtype). Returns the
+        tensors written, by name."""
+        return {t.name: put(destinations[t.name], self.grown(t), t.name in onto) for t in self.targets}
 
 
 def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from typing import NamedTuple
 
@@ -435,14 +435,18 @@ class LowRankDecoding:
         return None
 
     @torch.no_grad()
-    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def write_into(
+        self, destinations: dict[str, torch.Tensor], onto: Collection[str] = frozenset()
+    ) -> dict[str, torch.Tensor]:
         """Decode every parameter into ``destinations[name]`` (a tensor of the parameter's shape;
-        a meta one gets a new tensor of its dtype on the hypernetwork's device). Returns the
-        tensors written, by name."""
+        a meta one gets a new tensor of its dtype on the hypernetwork's device); those named in
+        ``onto`` get the prediction added to what they hold (``keep_init``), block by block.
+        Returns the tensors written, by name."""
         dtype, device = self.products.dtype, self.products.device
         written = {}
         for index, target in enumerate(self.targets):
             destination = destinations[target.name]
+            add = target.name in onto
             if destination.is_meta:
                 destination = torch.empty(destination.shape, dtype=destination.dtype, device=device)
             written[target.name] = destination
@@ -455,12 +459,17 @@ class LowRankDecoding:
             role = self.graph.roles[index]
             for q, rows, cols in self._blocks(index):
                 a, b = self.head(role, rows.stop - rows.start), self.head(role, cols.stop - cols.start)
-                if target.kind == "weight":
+                if target.kind == "weight" and add and direct:
+                    matrix[rows, cols].addmm_(a @ self.products[q], b.t())
+                elif target.kind == "weight":
                     torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
+                elif add and direct:
+                    matrix[rows, cols] += activate(target.kind, a @ self.products[q] @ b.t())
                 else:
                     matrix[rows, cols] = activate(target.kind, a @ self.products[q] @ b.t())
             if not direct:
-                destination.copy_(target.reshape(matrix))
+                value = target.reshape(matrix)
+                destination.add_(value) if add else destination.copy_(value)
         return written
 
 
@@ -489,14 +498,21 @@ class DecodedParams:
         return first_non_finite(self.params)
 
     @torch.no_grad()
-    def write_into(self, destinations: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copy every parameter into ``destinations[name]``, or hand it over (at its dtype) for a
-        meta one. Returns the tensors written, by name."""
-        written = {}
-        for name, value in self.params.items():
-            destination = destinations[name]
-            written[name] = value.to(destination.dtype) if destination.is_meta else destination.copy_(value)
-        return written
+    def write_into(
+        self, destinations: dict[str, torch.Tensor], onto: Collection[str] = frozenset()
+    ) -> dict[str, torch.Tensor]:
+        """Copy every parameter into ``destinations[name]`` (added to what those named in
+        ``onto`` hold), or hand it over (at its dtype) for a meta one. Returns the tensors
+        written, by name."""
+        return {name: put(destinations[name], value, name in onto) for name, value in self.params.items()}
+
+
+def put(destination: torch.Tensor, value: torch.Tensor, add: bool = False) -> torch.Tensor:
+    """``value`` written into ``destination`` (added to it with ``add``), or, for a meta
+    ``destination``, ``value`` itself at its dtype: the last step of every ``write_into``."""
+    if destination.is_meta:
+        return value.to(destination.dtype)
+    return destination.add_(value) if add else destination.copy_(value)
 
 
 class TiledDecoder(nn.Module):

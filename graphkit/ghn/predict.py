@@ -10,6 +10,10 @@ factor on the predicted weights (:func:`scale_residuals`). Without it the branch
 GPT-2 add up to a constant about 90 times the tokens' signal in the stream, and fine-tuning sits
 on the unigram plateau for some 150 steps (docs/experiments.md has the measurements).
 
+With ``keep_init`` the prediction is added onto the model's own initialisation instead of
+replacing it (:mod:`graphkit.ghn.keep_init`: weight matrices ``W0 + P``, norms and biases as
+predicted), still one parameter at a time; GPT-2 does so by default (``Family.keep_init``).
+
 A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
 to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
 the rows past the trained width make it confidently wrong."""
@@ -31,6 +35,7 @@ from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, growth
+from graphkit.ghn.keep_init import adds_onto_init, initialise_as_built, should_keep_init
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
 from graphkit.params import (
@@ -43,6 +48,7 @@ from graphkit.params import (
     tied_names,
 )
 from graphkit.tracing import trace
+from graphkit.validation import check_flag
 
 
 class PredictError(GraphkitError):
@@ -148,6 +154,7 @@ def predict(
     grow: bool = True,
     calibrate: bool = False,
     buffers: str = "all",
+    keep_init: bool | None = None,
 ) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     that fits the model, :func:`~graphkit.ghn.checkpoint.bundled_for`) and write the
@@ -174,10 +181,18 @@ def predict(
     decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
     so that the stream and logits are no larger than the family's init gives
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
-    graphkit family."""
+    graphkit family. ``keep_init`` adds the prediction onto the model's own initialisation
+    (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
+    norms and biases ``P``: :mod:`graphkit.ghn.keep_init`); None: when the family does
+    (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2). A model with weights keeps the
+    ones it holds; a meta one's are first allocated and initialised as its library builds them
+    (:func:`~graphkit.ghn.keep_init.initialise_as_built`), and a parameter no library fills is
+    refused (KeepInitError) with the model left on meta."""
 
     if buffers not in ("all", "saved"):
         raise PredictError(f"buffers must be 'all' or 'saved', got {buffers!r}")
+    if keep_init is not None:
+        check_flag("keep_init", keep_init, PredictError)
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_for(graph))
@@ -206,8 +221,15 @@ def predict(
     bad = prediction.first_non_finite()
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
-    written = prediction.write_into(destinations)
-    if should_scale_residuals(graph, residual_scale):
+    scaled = should_scale_residuals(graph, residual_scale)
+    onto = _onto_init(model, graph, destinations, device) if should_keep_init(graph, keep_init) else set()
+    if scaled and onto:  # W0 / s + P, scaled below, is W0 + s P: the init kept as it was
+        writers = residual_writers(graph)
+        with torch.no_grad():
+            for name in onto & set(writers):
+                destinations[name].mul_(len(writers) ** 0.5)
+    written = prediction.write_into(destinations, onto)
+    if scaled:
         scale_residuals(graph, written)
     if new:  # swap the new tensors in under every tied name
         canonical = {id(p): name for name, p in model.named_parameters()}
@@ -219,6 +241,30 @@ def predict(
     if calibrate:
         calibrate_stream(model, graph)
     return {name: model.get_parameter(name).detach() for name in destinations}
+
+
+def _onto_init(
+    model: nn.Module, graph: ArchGraph, destinations: dict[str, torch.Tensor], device: torch.device
+) -> set[str]:
+    """For ``keep_init``: the names whose prediction is added onto the init (two or more
+    dimensions), after giving the model's meta parameters new tensors on ``device``, initialised
+    as its library builds them; ``destinations`` is updated to them. Raises KeepInitError, with
+    the model's meta parameters put back, when no library initialisation fills one."""
+    meta = {id(p): p for p in destinations.values() if p.is_meta}  # a tied parameter once
+    if meta:
+        names, canonical = tied_names(model), {id(p): name for name, p in model.named_parameters()}
+        fresh = {
+            key: replace_parameter(model, canonical[key], torch.empty(p.shape, dtype=p.dtype, device=device), names)
+            for key, p in meta.items()
+        }
+        try:
+            initialise_as_built(model, {canonical[key]: p for key, p in fresh.items()})
+        except GraphkitError:
+            for key, p in meta.items():
+                replace_parameter(model, canonical[key], p, names)
+            raise
+        destinations.update({name: fresh.get(id(p), p) for name, p in destinations.items()})
+    return {name for name, p in destinations.items() if adds_onto_init(p.shape)}
 
 
 __all__ = [
@@ -233,6 +279,7 @@ __all__ = [
     "residual_writers",
     "scale_residuals",
     "should_scale_residuals",
+    "should_keep_init",
     "available_memory",
     "first_non_finite",
 ]  # the last two now live in graphkit.params

@@ -1,0 +1,94 @@
+"""``keep_init``: a prediction written on top of the model's own initialisation.
+
+The rule: every parameter with two or more dimensions (weight matrices, convolution kernels,
+embeddings, position tables) becomes ``W0 + P``, the model's own initialisation plus the
+prediction (with the prediction's residual branches scaled as :func:`predict` scales them); every
+1-D parameter (norm gains and biases) is ``P``, as predicted. Why: the initialisation is a
+random full-rank matrix the low-rank prediction cannot hold, and what a fine-tuning from
+random starts from; a sum keeps both. A norm's gain is 1 at init and near 1 predicted, so adding
+them would double every norm's output; a bias is 0 at init, so adding changes nothing there.
+docs/experiments.md has the measurements behind the rule and behind each family's default
+(``Family.keep_init``: GPT-2 keeps its init, ViTs do not).
+
+A model built on the meta device has no initialisation yet: its parameters are allocated and
+initialised the way its library does at construction (:func:`initialise_as_built`) before the
+prediction is added, one parameter at a time, so predicting keeps its memory bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from graphkit.errors import GraphkitError
+from graphkit.families import FAMILIES
+from graphkit.graph import ArchGraph
+
+
+class KeepInitError(GraphkitError):
+    """A meta-built model has a parameter that no library initialisation fills, so there is no
+    initialisation to keep."""
+
+
+def should_keep_init(graph: ArchGraph, choice: bool | None = None) -> bool:
+    """Whether ``graph``'s prediction is added onto the model's own initialisation: ``choice``
+    when given (``keep_init`` of :func:`~graphkit.ghn.predict.predict`), else whether the family
+    ``graph`` was traced from does so by default (``Family.keep_init``: GPT-2)."""
+    if choice is not None:
+        return choice
+    family = FAMILIES.get(graph.meta.get("family"))
+    return bool(family is not None and family.keep_init)
+
+
+def adds_onto_init(shape: torch.Size | tuple[int, ...]) -> bool:
+    """Whether a parameter of ``shape`` is written as init plus prediction (two or more
+    dimensions) rather than as predicted (norm gains, biases): see the module's docstring."""
+    return len(shape) >= 2
+
+
+@torch.no_grad()
+def add_prediction(model: nn.Module, predicted: Mapping[str, torch.Tensor]) -> nn.Module:
+    """Apply the keep-init rule to ``model``, which holds its own initialisation: each parameter
+    named in ``predicted`` (state-dict names, tied aliases once) gets the prediction added when
+    it has two or more dimensions, and is replaced by it otherwise. For ``eval-ghn``'s
+    ``keep_init`` rows, where the prediction is made before the model is built."""
+    for name, param in model.named_parameters():
+        if name in predicted:
+            value = predicted[name].to(param.device, param.dtype)
+            param.add_(value) if adds_onto_init(param.shape) else param.copy_(value)
+    return model
+
+
+@torch.no_grad()
+def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) -> None:
+    """Fill ``params`` (some of ``model``'s parameters, already allocated off the meta device)
+    as ``model``'s library initialises them at construction: a Hugging Face model's
+    ``init_weights()`` (its ``_init_weights``, GPT-2's scaled residual projections included); a
+    timm model's ``init_weights()`` where it has one (both only when every parameter of ``model``
+    is in ``params``: they redraw them all); then ``reset_parameters()`` of each module whose own
+    parameters are all in ``params`` and still unfilled (torch's layers). Raises
+    :class:`KeepInitError` naming the first parameter none of them filled, which is left NaN."""
+    for param in params.values():
+        param.fill_(math.nan)
+    new = {id(p) for p in params.values()}
+    init_weights = getattr(model, "init_weights", None)
+    if callable(init_weights) and all(id(p) in new for p in model.parameters()):  # never redraws held weights
+        init_weights()
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        unfilled = any(p.isnan().any() for p in own if id(p) in new)
+        if unfilled and all(id(p) in new for p in own) and callable(getattr(module, "reset_parameters", None)):
+            module.reset_parameters()
+    left = next((name for name, p in params.items() if p.isnan().any()), None)
+    if left is not None:
+        raise KeepInitError(
+            f"{type(model).__name__}: keep_init has no initialisation for its meta parameter {left!r} "
+            "(no init_weights() or reset_parameters() fills it); build the model with weights, "
+            "or predict without keep_init"
+        )
+
+
+__all__ = ["KeepInitError", "add_prediction", "adds_onto_init", "initialise_as_built", "should_keep_init"]

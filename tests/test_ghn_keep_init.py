@@ -1,0 +1,199 @@
+"""``keep_init``: the prediction added onto the model's own initialisation (weight matrices
+``W0 + P``, norms and biases ``P``), in ``predict``, the CLI and ``eval-ghn``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import one_line_error
+from safetensors.torch import load_file
+from torch import nn
+from typer.testing import CliRunner
+
+import graphkit
+from graphkit.cli import app
+from graphkit.families import build_model
+from graphkit.ghn import PredictError, load_checkpoint, predict
+from graphkit.ghn.checkpoint import bundled_checkpoint
+from graphkit.ghn.data import load_source
+from graphkit.ghn.evaluate import EvalConfig, initialise, summarize
+from graphkit.ghn.keep_init import KeepInitError, add_prediction, initialise_as_built, should_keep_init
+from graphkit.ghn.model import LoGAH
+from graphkit.ghn.predict import predicted_params, residual_writers
+
+GPT2 = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64)
+VIT = dict(family="vit", num_layers=2, hidden=64, heads=2, image_size=8, patch_size=2, num_classes=10)
+LLAMA = dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=256)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", params=["low_rank", "ghn3"])
+def ghn(request):
+    torch.manual_seed(0)
+    return LoGAH.from_variant("tiny", decoder=request.param).eval()
+
+
+def expected(init: dict[str, torch.Tensor], prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keep-init rule written out: matrices init + prediction, 1-D parameters the prediction."""
+    return {name: init[name] + p if p.dim() >= 2 else p for name, p in prediction.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [GPT2, VIT], ids=["gpt2", "vit"])
+def test_keep_init_writes_the_init_plus_the_prediction(ghn, config):
+    """Into a model with weights, into its own tensors, through both decoders' writes (in place
+    and through a buffer: the ViT's 4-D patch kernel), residual branches scaled (GPT-2) on the
+    prediction only."""
+    torch.manual_seed(1)
+    model = build_model(config, "cpu")
+    init = {name: p.detach().clone() for name, p in model.named_parameters()}
+    storage = {name: p.data_ptr() for name, p in model.named_parameters()}
+    graph = graphkit.trace(model)
+    prediction = predicted_params(ghn, graph)
+    written = predict(model, ghn, graph=graph, keep_init=True)
+    assert written.keys() == prediction.keys()
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == storage  # in place, no copy
+    for name, value in expected(init, prediction).items():
+        torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_the_family_decides_unless_told():
+    gpt2, vit, llama = (graphkit.trace(build_model(c)) for c in (GPT2, VIT, LLAMA))
+    assert should_keep_init(gpt2) and not should_keep_init(vit) and not should_keep_init(llama)
+    assert not should_keep_init(gpt2, False) and should_keep_init(vit, True)
+
+
+@pytest.mark.slow
+def test_predict_follows_the_family_default():
+    """GPT-2 keeps its init by default; a ViT gets the prediction alone, as before."""
+    for config, kept in ((GPT2, True), (VIT, False)):
+        ghn = load_checkpoint(bundled_checkpoint(config["family"]))
+        torch.manual_seed(0)
+        model = build_model(config, "cpu")
+        init = {name: p.detach().clone() for name, p in model.named_parameters()}
+        graph = graphkit.trace(model)
+        prediction = predicted_params(ghn, graph)
+        predict(model, ghn, graph=graph)
+        want = expected(init, prediction) if kept else prediction
+        for name, value in want.items():
+            torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_meta_built_gpt2_keeps_its_library_init_and_runs():
+    """On meta there is no init to keep: transformers' own is drawn (0.02, the branch ends
+    0.02 / sqrt(2 n_layer)) and the prediction added; the model then gives a finite loss on text,
+    below the unigram level a prediction alone of this checkpoint is near."""
+    ghn = load_checkpoint(bundled_checkpoint("gpt2"))
+    model = build_model(GPT2, "meta")
+    graph = graphkit.trace(model)
+    prediction = predicted_params(ghn, graph)
+    torch.manual_seed(0)
+    predict(model, ghn, graph=graph, keep_init=True)
+    assert not any(p.is_meta for p in model.parameters())
+    writers = set(residual_writers(graph))
+    for name, p in prediction.items():
+        kept = model.get_parameter(name).detach() - p
+        if p.dim() < 2:
+            assert torch.equal(kept, torch.zeros_like(kept)), name
+        else:
+            scale = 0.02 / math.sqrt(2 * GPT2["num_layers"]) if name in writers else 0.02
+            assert abs(kept.std().item() / scale - 1) < 0.15, (name, kept.std().item())
+    source = load_source("stdlib-text", seq_len=32)
+    inputs, labels = source.batch(GPT2, 4, torch.Generator().manual_seed(0), split="eval")
+    with torch.no_grad():
+        logits = model(inputs).logits
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert torch.isfinite(loss) and loss < math.log(256)
+
+
+def test_a_meta_parameter_no_library_fills_is_refused_and_the_model_left_on_meta():
+    """A timm ViT fills its position table and class token in ``init_weights``; one whose
+    ``init_weights`` is gone has no initialisation for them, so there is nothing to keep."""
+    ghn = load_checkpoint(bundled_checkpoint("vit"))
+    model = build_model(VIT, "meta")
+    model.init_weights = None  # as a module of its own class without that method would be
+    with pytest.raises(KeepInitError, match=r"no initialisation for its meta parameter '(cls_token|pos_embed)'"):
+        predict(model, ghn, keep_init=True)
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_initialise_as_built_uses_each_module_reset_where_the_model_has_no_init():
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    params = {name: torch.empty(p.shape) for name, p in model.named_parameters()}
+    for name, value in params.items():
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, nn.Parameter(value))
+    initialise_as_built(model, dict(model.named_parameters()))
+    assert torch.equal(model[1].weight, torch.ones(8)) and model[0].weight.abs().max() <= 8**-0.5
+    model.add_module("extra", nn.Module())
+    model.extra.scale = nn.Parameter(torch.empty(3))
+    with pytest.raises(KeepInitError, match="no initialisation for its meta parameter 'extra.scale'"):
+        initialise_as_built(model, {"extra.scale": model.extra.scale})
+
+
+def test_keep_init_must_be_a_flag():
+    with pytest.raises(PredictError, match="keep-init must be true or false; got 'yes'"):
+        predict(build_model(GPT2), keep_init="yes")
+
+
+@pytest.mark.slow
+def test_the_cli_keeps_the_init_for_gpt2_unless_told_not_to(tmp_path):
+    model_file = tmp_path / "small_gpt2.py"
+    model_file.write_text(
+        "import torch\nfrom transformers import GPT2Config, GPT2LMHeadModel\n\n\ndef build_model():\n"
+        "    with torch.device('meta'):\n"
+        "        return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64))\n"
+    )
+    files = {}
+    for flag in ("", "--keep-init", "--no-keep-init"):
+        out = tmp_path / f"{flag or 'default'}.safetensors"
+        result = runner.invoke(app, ["predict", str(model_file), "--out", str(out), *([flag] if flag else [])])
+        assert result.exit_code == 0, result.output
+        kept = "adding the prediction onto small_gpt2.py's own initialisation" in result.stdout
+        assert kept == (flag != "--no-keep-init"), result.stdout
+        assert ("its family's default" in result.stdout) == (flag == ""), result.stdout
+        files[flag] = load_file(out)
+    alone, kept = files["--no-keep-init"], files[""]
+    for name, value in alone.items():
+        if value.dim() >= 2 and name.endswith("weight") and "wpe" not in name:
+            assert 0.005 < (kept[name] - value).std() < 0.03, name  # transformers' init, 0.02 or 0.01
+        elif value.dim() < 2:
+            assert torch.equal(kept[name], value), name
+    refused = runner.invoke(app, ["predict", str(model_file), "--keep-init=no"])
+    assert "--keep-init" in one_line_error(refused) if refused.exit_code == 1 else refused.exit_code == 2
+
+
+def test_eval_keep_init_is_the_random_init_plus_the_prediction():
+    """eval-ghn's keep_init row starts from the very init of its random row (same seed)."""
+    ghn = load_checkpoint(bundled_checkpoint("gpt2"))
+    graph = graphkit.trace(build_model(GPT2))
+    prediction = predicted_params(ghn, graph)
+    torch.manual_seed(0)
+    random = build_model(GPT2, "cpu")
+    torch.manual_seed(0)
+    kept = initialise(build_model(GPT2, "cpu"), "keep_init", prediction)
+    init = {name: p.detach() for name, p in random.named_parameters()}
+    for name, value in expected(init, prediction).items():
+        torch.testing.assert_close(kept.get_parameter(name).detach(), value, msg=name)
+    assert add_prediction(random, prediction) is random
+
+
+def test_eval_summary_reports_keep_init_beside_the_others_and_stays_as_it_was_without():
+    assert EvalConfig(dataset="-", inits=("predicted", "random", "orthogonal", "keep_init")).inits[-1] == "keep_init"
+    scores = {"accuracy_0": 0.0, "accuracy_5": 0.0, "accuracy": 0.0}
+    rows = [
+        {"id": a, "init": init, "task": "text", "horizons": [0, 5], "loss_0": loss, "loss_5": loss - 1}
+        | {"loss": loss - 1, **scores}
+        for a, losses in (("a", (3.0, 9.0, 9.5, 2.5)), ("b", (3.0, 9.0, 9.5, 3.5)))
+        for init, loss in zip(("predicted", "random", "orthogonal", "keep_init"), losses)
+    ]
+    summary = summarize(rows)
+    assert summary["keep_init_wins"]["5"] == {"predicted": 0.5, "random": 1.0, "orthogonal": 1.0}
+    assert summary["keep_init_beats_random"] == 1.0 and summary["predicted_beats_keep_init"] == 0.5
+    without = summarize([r for r in rows if r["init"] != "keep_init"])
+    assert "keep_init_wins" not in without and set(without["wins"]["5"]) == {"random", "orthogonal"}
