@@ -186,6 +186,17 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return get_family(config["family"]).resolve(config)
 
 
+def family_default(graph: ArchGraph, flag: str, choice: bool | None = None) -> bool:
+    """``choice`` when the caller made one, else the boolean field ``flag`` of the ``Family``
+    ``graph`` was traced from (``graph.meta["family"]``); False for a model of no graphkit
+    family. The per-family defaults of ``predict`` (``scaled_residuals``, ``keep_init``) are read
+    this way."""
+    if choice is not None:
+        return choice
+    family = FAMILIES.get(graph.meta.get("family"))
+    return bool(family is not None and getattr(family, flag))
+
+
 def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
     """The resolved config of the model a graph was traced from (graphs of graphkit's families);
     ConfigError if no family reads it."""
@@ -243,6 +254,7 @@ __all__ = [
     "LiveTable",
     "ConfigError",
     "build_model",
+    "family_default",
     "resolve_config",
     "num_params",
     "register_family",

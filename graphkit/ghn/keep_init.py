@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError
-from graphkit.families import FAMILIES
+from graphkit.families import family_default
 from graphkit.graph import ArchGraph
 
 
@@ -37,10 +37,7 @@ def should_keep_init(graph: ArchGraph, choice: bool | None = None) -> bool:
     """Whether ``graph``'s prediction is added onto the model's own initialisation: ``choice``
     when given (``keep_init`` of :func:`~graphkit.ghn.predict.predict`), else whether the family
     ``graph`` was traced from does so by default (``Family.keep_init``: GPT-2)."""
-    if choice is not None:
-        return choice
-    family = FAMILIES.get(graph.meta.get("family"))
-    return bool(family is not None and family.keep_init)
+    return family_default(graph, "keep_init", choice)
 
 
 def adds_onto_init(shape: torch.Size | tuple[int, ...]) -> bool:

@@ -29,7 +29,7 @@ from torch import nn
 
 from graphkit.buffers import install_buffers, meta_buffers, rebuilt_buffers
 from graphkit.errors import GraphkitError
-from graphkit.families import FAMILIES
+from graphkit.families import family_default
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
@@ -60,10 +60,7 @@ def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool
     ``residual_scale`` of :func:`predict` and ``eval-ghn``), else whether the family ``graph`` was
     traced from scales them at init (``Family.scaled_residuals``)."""
 
-    if choice is not None:
-        return choice
-    family = FAMILIES.get(graph.meta.get("family"))
-    return bool(family is not None and family.scaled_residuals)
+    return family_default(graph, "scaled_residuals", choice)
 
 
 @torch.no_grad()
