@@ -168,3 +168,16 @@ def test_bad_mini_zoo_options_are_one_line_errors(tmp_path):
     refused = CliRunner().invoke(app, ["generate", "zoo-decoders-mini", "--attention", "gqa", "--out", str(tmp_path)])
     assert refused.exit_code != 0 and "--attention applies to recipes, not to zoo-decoders-mini" in refused.output
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_a_zoo_decoder_trains_as_hypernetwork_training_calls_it_without_a_cache():
+    """train-ghn calls a record's model as model(ids) in train mode; a hybrid whose layers are all
+    linear attention (Bamba at 2 layers) returned a cache and failed in its own bookkeeping
+    ("get_seq_length can only be called on Attention layers") unless built without one."""
+    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = {"family": "transformers", "model_type": "bamba", "shrink": {**small, "vocab_size": 256}}
+    model = build_zoo_model(config, "cpu").train()
+    assert model.config.use_cache is False
+    logits = model(torch.randint(0, 256, (2, 16))).logits
+    assert logits.shape == (2, 16, 256) and torch.isfinite(logits).all()

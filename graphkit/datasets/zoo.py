@@ -318,6 +318,10 @@ def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "met
             hf_logging.set_verbosity_error()  # a reference config's own inconsistencies are not the user's
             try:
                 reference = AutoConfig.for_model(name, **(overrides or {}))
+                # a dataset's model is trained, never asked to generate: with a cache, a model
+                # called as model(ids) in train mode returns one, and a linear-attention cache's
+                # own bookkeeping fails (``get_seq_length`` on Qwen3-Next-like hybrids)
+                reference.use_cache = False
                 if str(device) != "meta":
                     return AutoModelForCausalLM.from_config(reference).eval()
                 with skip_weight_init():  # nothing to fill on meta; initialisation is most of a build
@@ -492,11 +496,11 @@ def _warm_up() -> None:
     tracer's and the hypernetwork's imports, torch.export's one-time set-up (one tiny export)
     and the bundled hypernetworks that ``refusal_reason`` reads."""
     from graphkit.families import build_model  # noqa: PLC0415
-    from graphkit.ghn.checkpoint import BUNDLED, bundled_info  # noqa: PLC0415
+    from graphkit.ghn.checkpoint import bundled_info, bundled_names  # noqa: PLC0415
     from graphkit.ghn.predict import bundled_hypernetwork  # noqa: PLC0415
 
     trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 8, "heads": 1, "context": 8}))
-    for name in set(BUNDLED.values()):
+    for name in bundled_names():
         bundled_info(name)
         bundled_hypernetwork(name)
 
