@@ -322,6 +322,12 @@ def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "met
                 # called as model(ids) in train mode returns one, and a linear-attention cache's
                 # own bookkeeping fails (``get_seq_length`` on Qwen3-Next-like hybrids)
                 reference.use_cache = False
+                if overrides is not None and hasattr(reference, "rescale_every"):
+                    # RWKV's fp16 trick rescales its weights in place whenever it switches between
+                    # train and eval mode, which writes into the predicted tensors train-ghn lends
+                    # a mini model (an error in autograd); at 2 to 4 layers it never rescales the
+                    # stream (every 6 layers by default), so the mini model computes the same
+                    reference.rescale_every = 0
                 if str(device) != "meta":
                     return AutoModelForCausalLM.from_config(reference).eval()
                 with skip_weight_init():  # nothing to fill on meta; initialisation is most of a build

@@ -82,7 +82,7 @@ def run_folder(
 def check_resume(
     folder: Path,
     options: Mapping[str, Any],
-    default_data: str,
+    default_data: str | None,
     world: int = 1,
     names: tuple[str, ...] = RESUMED_OPTIONS,
 ) -> None:
@@ -90,7 +90,8 @@ def check_resume(
     trained with (they would be recorded as if used throughout), with another number of
     processes (each draws its own meta-batch), or whose ``--steps`` is below the steps already
     done. ``options`` are the run's (its config as a dict, ``data`` resolved to its source),
-    ``default_data`` the family's data source (what a run recorded without ``--data`` used)."""
+    ``default_data`` the family's data source (what a run recorded without ``--data`` used; None
+    for a family with none, whose runs all name their data)."""
     state = read_trainer_state(folder)
     if state.get("world_size", world) != world:
         raise TrainError(

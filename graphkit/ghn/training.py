@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from graphkit.errors import TrainError
 from graphkit.ghn.checkpoint import save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
-from graphkit.ghn.data import default_source, load_source, output_loss
+from graphkit.ghn.data import DEFAULT_SOURCES, default_source, load_source, output_loss
 from graphkit.ghn.diagnostics import (
     Stopwatch,
     decoded_feature_constancy,
@@ -304,8 +304,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     out = run_folder(config.out, resume, config.dataset)
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
-    if resume:
-        check_resume(out / "checkpoint", {**asdict(config), "data": data}, default_source(pool.family), world)
+    if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
+        check_resume(out / "checkpoint", {**asdict(config), "data": data}, DEFAULT_SOURCES.get(pool.family), world)
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly
