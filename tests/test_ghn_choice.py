@@ -19,9 +19,11 @@ from graphkit.cli import app
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn.checkpoint import (
     BUNDLED,
+    ZOO_BUNDLED,
     UntrainedOpError,
     bundled_for,
     bundled_info,
+    bundled_names,
     check_graph,
     checkpoint_task,
     load_checkpoint,
@@ -35,7 +37,10 @@ PRETRAINED = ROOT / "graphkit" / "ghn" / "pretrained"
 runner = CliRunner()
 
 #: the refusal's tail: which checkpoints exist, by the input they were trained on
-LISTED = "(bundled: text: logah-tiny-gpts, logah-tiny-llamas; image: logah-tiny-vits)"
+LISTED = (
+    "(bundled: text: logah-tiny-gpts, logah-tiny-llamas, logah-tiny-zoo-decoders; "
+    "image: logah-tiny-vits, logah-tiny-zoo-vision)"
+)
 
 
 def decoder(model_type: str, **config):
@@ -46,6 +51,15 @@ def decoder(model_type: str, **config):
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256)
     built = AutoConfig.for_model(model_type, **{"num_key_value_heads": 2, "head_dim": 16, **small, **config})
     return meta(lambda: AutoModelForCausalLM.from_config(built))
+
+
+def volo_graph():
+    """timm's VOLO at 32 px, one block a stage, traced: its outlooker attention folds patches back
+    (``fold``). The constructor keeps no image size, so the tracer is given the input."""
+    from timm.models.volo import VOLO
+
+    model = meta(lambda: VOLO(layers=(1, 1, 1, 1), img_size=32, embed_dims=(32, 64, 64, 64), num_heads=(1, 2, 2, 2)))
+    return trace(model, (torch.randn(1, 3, 32, 32, device="meta"),))
 
 
 def small_timm(name: str):
@@ -71,6 +85,26 @@ def test_the_bundled_checkpoints_record_what_they_are_chosen_by():
     }
 
 
+def test_the_zoo_checkpoints_record_their_mini_zoo_its_ops_and_the_tied_models_it_held():
+    """The checkpoints trained across families: each on its mini zoo's train families, recording
+    the ops that only some families have (Swin's roll, layer scale, MoE, state-space layers) and,
+    for the decoders, that tied models were among them (Gemma, OPT, BLOOM tie theirs)."""
+    assert ZOO_BUNDLED == ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
+    assert bundled_names() == [*dict.fromkeys(BUNDLED.values()), *ZOO_BUNDLED]
+    vision, decoders = (bundled_info(name) for name in ZOO_BUNDLED)
+    assert (vision["task"], vision["trained_on"], vision["space"]["tied"]) == ("image", ["zoo-vits-mini"], False)
+    assert (decoders["task"], decoders["trained_on"], decoders["space"]["tied"]) == (
+        "text",
+        ["zoo-decoders-mini"],
+        True,
+    )
+    assert {"roll", "scale", "mean_pool", "batch_norm", "conv"} <= set(vision["trained_ops"])
+    assert {"moe", "ssm", "gelu", "layer_norm", "softcap"} <= set(decoders["trained_ops"])
+    assert vision["space"]["resolution"] == [32, 32] and decoders["space"]["vocabulary"][0] == 256
+    for info in (vision, decoders):
+        assert info["machine"] == "2 CPU cores" and info["logah"]["role_key"] == "leaf"
+
+
 def test_input_task_is_read_off_the_graph():
     assert input_task(trace(gpt2(layers=1))) == "text"
     assert input_task(trace(small_timm("vit_small_patch16_224"))) == "image"
@@ -87,31 +121,36 @@ def test_input_task_is_read_off_the_graph():
         (lambda: llama(layers=2), "logah-tiny-llamas"),
         (lambda: gpt2(layers=2), "logah-tiny-gpts"),
         (lambda: small_timm("deit_small_patch16_224"), "logah-tiny-vits"),
+        (lambda: small_timm("deit3_small_patch16_224"), "logah-tiny-zoo-vision"),  # layer scale
+        pytest.param(
+            lambda: small_timm("swin_tiny_patch4_window7_224"), "logah-tiny-zoo-vision", marks=pytest.mark.slow
+        ),
+        (lambda: decoder("gemma"), "logah-tiny-zoo-decoders"),  # gelu MLP
+        (
+            lambda: decoder("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
+            "logah-tiny-zoo-decoders",
+        ),
     ],
-    ids=["mistral", "qwen2", "llama", "gpt2", "deit"],
+    ids=["mistral", "qwen2", "llama", "gpt2", "deit", "deit3", "swin", "gemma", "qwen3_moe"],
 )
 def test_a_model_gets_the_checkpoint_trained_on_its_input_and_its_ops(build, chosen):
+    """A family's checkpoint where one holds every op (a Mistral or a Qwen2 gets LLaMA's, measured
+    on held-out LLaMAs), the one trained across families where none does (a DeiT-III's layer scale,
+    a Swin's shifted windows, a Gemma's gelu, a Qwen3-MoE's experts)."""
     graph = trace(build())
     assert bundled_for(graph).name == chosen and prediction_refusal(graph) is None
 
 
 @pytest.mark.parametrize(
-    ("build", "task", "nearest", "missing"),
+    ("traced", "task", "nearest", "missing"),
     [
-        (lambda: small_timm("deit3_small_patch16_224"), "image", "logah-tiny-vits", "scale"),
-        pytest.param(
-            lambda: small_timm("swin_tiny_patch4_window7_224"),
-            "image",
-            "logah-tiny-vits",
-            "mean_pool, roll",
-            marks=pytest.mark.slow,
-        ),
-        (lambda: decoder("gemma"), "text", "logah-tiny-llamas", "gelu"),
+        (volo_graph, "image", "logah-tiny-zoo-vision", "fold"),  # VOLO's family is held out of the mini zoo
+        (lambda: trace(decoder("apertus")), "text", "logah-tiny-llamas", "xielu"),  # so is Apertus's
     ],
-    ids=["deit3", "swin", "gemma"],
+    ids=["volo", "apertus"],
 )
-def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_one_line(build, task, nearest, missing):
-    graph = trace(build())
+def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_one_line(traced, task, nearest, missing):
+    graph = traced()
     with pytest.raises(UntrainedOpError) as error:
         bundled_for(graph)
     assert str(error.value) == (
@@ -237,3 +276,48 @@ def test_predict_cli_names_tying_in_its_out_of_space_warning(tied, tmp_path):
         ]
     else:
         assert warnings == []
+
+
+def qwen2_05b():
+    """Qwen2-0.5B's architecture at full size (494M parameters, its head tied to its embedding), on meta."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    )
+    return meta(lambda: AutoModelForCausalLM.from_config(config))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("build", "inputs", "chosen"),
+    [
+        (
+            lambda: timm_vit("swin_tiny_patch4_window7_224"),
+            lambda: torch.randn(1, 3, 224, 224),
+            "logah-tiny-zoo-vision",
+        ),
+        (qwen2_05b, lambda: torch.randint(151936, (1, 16)), "logah-tiny-llamas"),
+    ],
+    ids=["swin-t", "qwen2-0.5b"],
+)
+def test_full_size_zoo_models_are_predicted_on_meta_and_run(build, inputs, chosen):
+    """The real zoo at full size, as timm and transformers build it: every parameter predicted
+    into a meta-built model by the checkpoint chosen for it, and the model runs to finite logits."""
+    model = build()
+    graph = trace(model)
+    assert bundled_for(graph).name == chosen
+    params = predict(model, graph=graph)
+    assert not any(p.is_meta for p in model.parameters())
+    assert sum(p.numel() for p in params.values()) == sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        output = model(inputs())
+    logits = getattr(output, "logits", output)
+    assert logits.shape[-1] in (1000, 151936) and torch.isfinite(logits).all()

@@ -502,16 +502,17 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
 
 
 def test_predict_cli_bad_inputs(tmp_path):
-    relu_lm = tmp_path / "relu_lm.py"  # a token model with an activation no bundled checkpoint trained on
-    relu_lm.write_text(
+    tanh_lm = tmp_path / "tanh_lm.py"  # a token model with an activation no bundled checkpoint trained on
+    tanh_lm.write_text(
         "from torch import nn\n"
-        "model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1000))\n"
+        "model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1000))\n"
     )
-    result = run("predict", relu_lm)
+    result = run("predict", tanh_lm)
     assert result.exit_code == 1 and result.stderr.strip() == (
         "error: no bundled hypernetwork was trained on every op of this text model: the nearest, "
-        "logah-tiny-llamas, never saw relu (bundled: text: logah-tiny-gpts, logah-tiny-llamas; image: "
-        "logah-tiny-vits); train one with `graphkit train-ghn` on models with these ops and pass --ghn"
+        "logah-tiny-llamas, never saw tanh (bundled: text: logah-tiny-gpts, logah-tiny-llamas, "
+        "logah-tiny-zoo-decoders; image: logah-tiny-vits, logah-tiny-zoo-vision); train one with "
+        "`graphkit train-ghn` on models with these ops and pass --ghn"
     )
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "nowhere")
     assert result.exit_code == 1 and "no hypernetwork checkpoint there" in result.stderr

@@ -15,7 +15,7 @@ from graphkit.cli import app
 from graphkit.datasets import load
 from graphkit.datasets import zoo as zoo_module
 from graphkit.datasets.zoo import TIMM_TRANSFORMER_MODULES, ZOOS, Zoo, ZooError, build_zoo_model, generate_zoo
-from graphkit.ghn import predict
+from graphkit.ghn import bundled_for, predict
 from graphkit.ghn.predict import prediction_refusal
 from graphkit.tracing import trace
 
@@ -100,21 +100,24 @@ def test_reference_decoders_trace_cleanly(model_type):
     assert outcome["row"]["family"] == "transformers" and outcome["row"]["num_layers"] >= 12
 
 
-def test_predict_works_on_a_zoo_model_of_a_bundled_family_or_says_why_not():
+def test_predict_works_on_a_zoo_model_or_says_why_not():
     """On a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
     ViT hypernetwork, and the predicted model runs; BEiT and Swin have ops it never trained on
-    (layer scale, pooling, shifted windows), and say which in one line."""
+    (layer scale, pooling, shifted windows) and get the vision zoo checkpoint; VOLO folds
+    patches back, which no bundled checkpoint trained on (its family is held out of the mini
+    zoo), and says so in one line."""
     deit = build_zoo_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
-    assert prediction_refusal(trace(deit)) is None
+    assert prediction_refusal(trace(deit)) is None and bundled_for(trace(deit)).name == "logah-tiny-vits"
     params = predict(deit)
     assert all(torch.isfinite(p).all() for p in params.values())
     with torch.no_grad():
         assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
-    beit = build_zoo_model({"family": "timm", "model": "beit_base_patch16_224"})
-    nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-vits"
-    assert prediction_refusal(trace(beit)).startswith(f"{nearest}, never saw mean_pool, scale (bundled: ")
-    swin = build_zoo_model({"family": "timm", "model": "swin_tiny_patch4_window7_224"})
-    assert prediction_refusal(trace(swin)).startswith(f"{nearest}, never saw mean_pool, roll (bundled: ")
+    for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224"):
+        graph = trace(build_zoo_model({"family": "timm", "model": name}))
+        assert prediction_refusal(graph) is None and bundled_for(graph).name == "logah-tiny-zoo-vision"
+    volo = build_zoo_model({"family": "timm", "model": "volo_d1_224"})
+    nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-zoo-vision"
+    assert prediction_refusal(trace(volo)).startswith(f"{nearest}, never saw fold (bundled: ")
 
 
 def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
@@ -180,17 +183,18 @@ def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, 
 
 @pytest.mark.slow
 def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp_path, monkeypatch):
-    """timm's test ViTs: the plain one is predicted; the others have layer scale (and pooling),
-    which no bundled vision hypernetwork trained on, and are counted under those op kinds."""
-    names = ["test_vit", "test_vit2", "test_vit3"]
+    """timm's test ViTs are predicted (the plain one by the ViT checkpoint, the one with layer
+    scale by the vision zoo's); VOLO folds patches back, which no bundled vision hypernetwork
+    trained on, and is counted under that op kind."""
+    names = ["test_vit", "test_vit2", "volo_d1_224"]
     monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
     report = generate_zoo("zoo-test", tmp_path / "z").report
-    assert (report["traced"], report["predictable"]) == (3, 1)
-    assert report["predict_refusals"] == {"missing ops: mean_pool, scale": 1, "missing op: scale": 1}
-    assert report["predict_missing_ops"] == {"scale": 2, "mean_pool": 1}
+    assert (report["traced"], report["predictable"]) == (3, 2)
+    assert report["predict_refusals"] == {"missing op: fold": 1}
+    assert report["predict_missing_ops"] == {"fold": 1}
     text = (tmp_path / "z" / "report.md").read_text()
-    assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 1 of 3 traced" in text
-    assert "- missing op: scale: 1\n" in text and "- missing ops: mean_pool, scale: 1\n" in text
+    assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 2 of 3 traced" in text
+    assert "- missing op: fold: 1\n" in text
 
 
 class _LongBranch(torch.nn.Module):

@@ -2,7 +2,7 @@
 
 ``model`` holds the network (encoder, low-rank and GHN-3 decoders, the Table 1 variants),
 ``data`` the image and text sources it trains on, ``training`` the training loop (DDP under
-torchrun), ``checkpoint`` the safetensors + JSON checkpoints (two ship with graphkit),
+torchrun), ``checkpoint`` the safetensors + JSON checkpoints (five ship with graphkit),
 ``predict`` loads predictions into a model and ``evaluate`` compares them with random and
 orthogonal initialisation.
 """

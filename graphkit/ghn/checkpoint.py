@@ -43,6 +43,10 @@ from graphkit.validation import is_count
 #: the checkpoints that ship with graphkit, by the family whose own each is (``Family.bundled_ghn``),
 #: a live view of the family registry; :func:`bundled_for` picks among all of them for a model
 BUNDLED = FamilyTable("bundled_ghn")
+#: the checkpoints that ship trained across many families (a mini zoo's train families: timm's
+#: vision transformers, transformers' decoders), owned by none; :func:`bundled_for` weighs them
+#: beside the families' own, so that a Swin or a Qwen3 finds one trained on its ops
+ZOO_BUNDLED = ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
 
 
@@ -250,6 +254,12 @@ def bundled_info(name: str) -> dict[str, Any]:
     return _read_json(_locate(name) / "config.json")
 
 
+def bundled_names() -> list[str]:
+    """Every bundled checkpoint's name, once: the families' own (one family may share another's),
+    then those trained across families (``ZOO_BUNDLED``)."""
+    return list(dict.fromkeys([*BUNDLED.values(), *ZOO_BUNDLED]))
+
+
 def _missing_ops(info: Mapping[str, Any], ops: set[str]) -> tuple[str, ...]:
     trained = info.get("trained_ops")
     return () if trained is None else tuple(sorted(ops - set(trained)))
@@ -258,14 +268,15 @@ def _missing_ops(info: Mapping[str, Any], ops: set[str]) -> tuple[str, ...]:
 def bundled_for(graph: ArchGraph) -> Path:
     """The folder of the bundled checkpoint that predicts ``graph``: among those trained on its
     input task (:func:`checkpoint_task` against :func:`~graphkit.ghn.space.input_task`; all of
-    them when either is unknown) and on every op kind it has, its own family's (``BUNDLED``),
-    else the one whose training space it lies nearest (:func:`~graphkit.ghn.space.space_distance`),
-    else the first registered. Works for checkpoints added later as for today's: each is
-    judged by its config.json alone.
+    them when either is unknown) and on every op kind it has, a family's before one trained
+    across families (``ZOO_BUNDLED``), its own family's (``BUNDLED``) first, else the one whose
+    training space it lies nearest (:func:`~graphkit.ghn.space.space_distance`), else the first
+    registered. Works for checkpoints added later as for today's: each is judged by its
+    config.json alone.
 
     UntrainedOpError, in one line, when none qualifies: the op kinds the nearest one
     (fewest missing ops) never trained on, and which checkpoints exist."""
-    names = list(dict.fromkeys(BUNDLED.values()))  # one family may share another's checkpoint
+    names = bundled_names()
     if not names:
         raise CheckpointError("no hypernetwork is bundled; train one with `graphkit train-ghn` and pass --ghn")
     infos = {name: bundled_info(name) for name in names}
@@ -275,7 +286,9 @@ def bundled_for(graph: ArchGraph) -> Path:
     ops = {node.op for node in graph.nodes}
     missing = {name: _missing_ops(infos[name], ops) for name in candidates}
     own = BUNDLED.get(graph.meta.get("family"))
-    best = min(candidates, key=lambda n: (len(missing[n]), n != own, space_distance(infos[n], graph)))
+    # a family's checkpoint, measured on its held-out architectures, before one trained across families
+    # (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance, issue #45)
+    best = min(candidates, key=lambda n: (len(missing[n]), n in ZOO_BUNDLED, n != own, space_distance(infos[n], graph)))
     if missing[best]:
         by_task: dict[str, list[str]] = {}
         for name in names:
@@ -398,12 +411,12 @@ def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> 
 
 def _locate(path: str | Path) -> Path:
     folder = Path(path)
-    if not folder.exists() and str(path) in BUNDLED.values():
+    if not folder.exists() and str(path) in bundled_names():
         folder = Path(str(resources.files("graphkit.ghn") / "pretrained" / str(path)))
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise CheckpointError(
             f"{path}: no hypernetwork checkpoint there (expected config.json and model.safetensors; "
-            f"bundled: {', '.join(BUNDLED.values())})"
+            f"bundled: {', '.join(bundled_names())})"
         )
     return folder
 
