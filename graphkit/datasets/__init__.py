@@ -5,13 +5,14 @@ manifest, dataset card); ``dataset`` loads and browses a folder. Generation from
 CLI build on them.
 """
 
-from graphkit.datasets.dataset import GraphDataset, Record, load
+from graphkit.datasets.dataset import GraphDataset, Record, build_record_model, load
 from graphkit.datasets.store import SCHEMA, SCHEMA_VERSION, StoreError, graph_to_row, row_to_graph, write_dataset
 
 __all__ = [
     "load",
     "GraphDataset",
     "Record",
+    "build_record_model",
     "write_dataset",
     "graph_to_row",
     "row_to_graph",

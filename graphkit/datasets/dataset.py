@@ -82,14 +82,21 @@ class Record:
         return data
 
     def build_model(self, device: str = "meta"):
-        """The nn.Module of this architecture, on ``meta`` (no weights) or a real device: a
-        family's model from its config, or a zoo's from its library (timm, transformers)."""
-        from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model  # noqa: PLC0415 (browsing needs no torch)
-        from graphkit.families import build_model  # noqa: PLC0415
+        """The nn.Module of this architecture, on ``meta`` (no weights) or a real device
+        (:func:`build_record_model`)."""
+        return build_record_model(self.config, device)
 
-        if self.config.get("family") in ZOO_FAMILIES:
-            return build_zoo_model(self.config, device=device)
-        return build_model(self.config, device=device)
+
+def build_record_model(config: dict[str, Any], device: str = "meta"):
+    """The nn.Module a record's ``config`` describes, on ``device``, initialised as its builder
+    does: a family's model from its config, or a zoo's from its library (timm, transformers),
+    so that what trains and evaluates on a dataset takes a mini zoo's records as a recipe's."""
+    from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model  # noqa: PLC0415 (browsing needs no torch)
+    from graphkit.families import build_model  # noqa: PLC0415
+
+    if config.get("family") in ZOO_FAMILIES:
+        return build_zoo_model(config, device=device)
+    return build_model(config, device=device)
 
 
 class GraphDataset:
