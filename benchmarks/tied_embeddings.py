@@ -51,6 +51,7 @@ def losses(config: dict, batches: list) -> tuple[float, dict[str, float], str]:
     """Own init's held-out loss, each taking checkpoint's, and the one predict chooses."""
     model = built(config)
     graph = trace(model)
+    assert tied_embeddings(graph) is config["tied"]
     own = score(model, batches, "text")[0]
     ops = {node.op for node in graph.nodes}
     predicted = {}
@@ -77,7 +78,6 @@ def table(args) -> str:
             generator = torch.Generator().manual_seed(0)
             batch_config = data_config(built(config))
             batches = [source.batch(batch_config, BATCH_SIZE, generator, "eval") for _ in range(BATCHES)]
-            assert tied_embeddings(trace(built(config))) is tied
             own, predicted, chosen = losses(config, batches)
             cells = [
                 "not trained on its ops"
