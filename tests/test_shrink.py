@@ -16,7 +16,10 @@ from graphkit.datasets import load
 from graphkit.datasets.shrink import (
     BYTE_VOCAB,
     HELD_OUT_SHARE,
+    IMAGE_SIZE,
+    LARGE_IMAGE_SIZES,
     Plan,
+    data_keys,
     decoder_plans,
     held_out_families,
     kinds,
@@ -24,6 +27,9 @@ from graphkit.datasets.shrink import (
     vision_plans,
 )
 from graphkit.datasets.zoo import ZooError, build_zoo_model, generate_zoo, mini_outcome, trace_zoo_model
+from graphkit.ghn.checkpoint import load_checkpoint
+from graphkit.ghn.evaluate import EvalConfig
+from graphkit.ghn.evaluate import evaluate as evaluate_ghn
 from graphkit.ghn.pool import ArchPool, functional_model
 
 #: op kinds a mini model may add to the full one: a classifier, for the models published without
@@ -87,6 +93,34 @@ def test_vision_plans_shrink_by_name_and_keep_what_they_do_not_know():
     }
     # ConViT's embed_dim is per head (the family table): only the heads shrink
     assert vision_plans("convit", {"embed_dim": 48, "num_heads": 16, "depth": 12})[0][1] == {"num_heads": 4, "depth": 2}
+
+
+def test_the_last_vision_plans_take_larger_images_and_say_so_in_their_overrides():
+    arguments = {"embed_dim": 768, "depth": 12, "num_heads": 12, "patch_size": 16}
+    plans = vision_plans("vision_transformer", arguments)
+    sides = [plan.image_size for plan, _ in plans]
+    assert sides[0] == IMAGE_SIZE and sides[-1] == max(LARGE_IMAGE_SIZES)
+    assert sides == sorted(sides)  # every 32-pixel plan is tried before a larger one
+    for plan, overrides in plans:
+        assert overrides.get("img_size", IMAGE_SIZE) == plan.image_size
+        assert data_keys(overrides)["image_size"] == plan.image_size
+
+
+@pytest.mark.slow
+def test_a_model_that_pools_32_pixels_to_one_token_is_shrunk_at_64_and_keeps_its_tanh_head():
+    """CoAtNet's last stage downsamples 32 times: at 32 pixels its attention sees a single key,
+    which the tracer refuses, so its family (timm's maxxvit, MaxViT's too) never reached the mini
+    zoo and the vision checkpoint never trained on the tanh of its classifier head."""
+    outcome = mini_outcome("timm", "coatnet_0_224")
+    assert "row" in outcome, outcome.get("error")
+    assert outcome["plan"].endswith("image_size=64")
+    config = json.loads(outcome["row"]["config"])
+    assert (config["image_size"], config["shrink"]["img_size"]) == (64, 64)
+    model = build_zoo_model(config, "cpu")
+    assert model.pretrained_cfg["input_size"] == (3, 64, 64)
+    graph = trace_zoo_model(build_zoo_model(config), config)
+    assert graph.fingerprint() == outcome["row"]["fingerprint"] and "tanh" in kinds(graph)[0]
+    assert trainability(model, "image") is None
 
 
 def test_decoder_plans_keep_a_layer_of_each_kind_and_move_special_tokens_onto_bytes():
@@ -178,6 +212,21 @@ def test_a_tiny_mini_zoo_is_generated_split_by_family_and_its_records_train(tmp_
     assert evaluated.exit_code == 0, evaluated.output
     summary = json.loads((evaluation / "eval.json").read_text())["summary"]
     assert summary["archs"] == 1 and summary["horizons"] == [0, 2]
+    # a split whose every architecture has an op the hypernetwork never saw: one line, nothing written
+    refused = CliRunner().invoke(app, [*evaluate[:6], "eval", *evaluate[7:-1], str(tmp_path / "none")])
+    assert refused.exit_code == 1 and "can be evaluated: " in refused.output
+    assert "which this hypernetwork was not trained on" in refused.output and not (tmp_path / "none").exists()
+    # one such architecture among others is passed over and named, and the next one taken
+    ghn = load_checkpoint(run)
+    train = ArchPool(out, "train").records
+    ops = [{node.op for node in record.graph.nodes} for record in train]
+    first = next(i for i, kinds in enumerate(ops) if kinds - set().union(*ops[:i], *ops[i + 1 :]))
+    ghn.info["trained_ops"] = sorted(set().union(*ops[:first], *ops[first + 1 :]))
+    skipped = []
+    config = EvalConfig(str(out), split="train", data="digits", archs=1, steps=1, batch_size=2, workers=1)
+    rows = evaluate_ghn(config, ghn, progress=False, on_skip=lambda *why: skipped.append(why))
+    assert [record for record, _ in skipped] == [train[first].id] and "was not trained on" in skipped[0][1]
+    assert {row["id"] for row in rows} == {train[0 if first else 1].id}
 
 
 def test_bad_mini_zoo_options_are_one_line_errors(tmp_path):

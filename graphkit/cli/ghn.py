@@ -349,7 +349,7 @@ def eval_ghn(
     for name, kind in (("eval.json", "evaluation"), ("eval.png", "evaluation-figure")):
         check_output_file(out / name, kind=kind)
     with stopped_in_one_line(f"its workers are stopped and nothing was written to {out}; run it again to evaluate"):
-        rows = evaluate(config)
+        rows = evaluate(config, on_skip=lambda record, why: console.print(f"skipped {record}: {why}", highlight=False))
     summary = summarize(rows)
     at = summary["horizons"]
     table = Table(

@@ -9,10 +9,12 @@ A zoo model is shrunk through its own constructor or config, never by editing th
   below rewrite those arguments by name and value (``depth``/``depths`` at most 2 blocks a
   stage, widths divided by a power of two until the widest is at most 192, heads with them,
   ``img_size`` 32, ``num_classes`` 10, patches and windows halved so that a 32-pixel image
-  still gives every stage more than one token). Config dataclasses (MaxxViT's ``model_cfg``)
-  are rewritten field by field the same way. The rewritten arguments are what a record stores:
-  rebuilding applies them to the same ``build_model_with_cfg`` call, so every model,
-  including one published without a classifier (EVA-02, AIMv2), gets 10 classes.
+  still gives every stage more than one token; a model whose last stage still sees one token
+  at 32 pixels, such as CoAtNet, MaxViT or LeViT, gets last plans at 64 and 128). Config
+  dataclasses (MaxxViT's ``model_cfg``) are rewritten field by field the same way. The
+  rewritten arguments are what a record stores: rebuilding applies them to the same
+  ``build_model_with_cfg`` call, so every model, including one published without a classifier
+  (EVA-02, AIMv2), gets 10 classes.
 - transformers: the reference config's fields (``num_hidden_layers`` 2 to 4, ``hidden_size``
   128, 4 heads of 32, ``num_key_value_heads`` kept MHA, GQA or MQA, MoE sizes, MLA ranks),
   with a byte vocabulary: 256 tokens, the ids of the text source (:mod:`graphkit.ghn.data.text`
@@ -55,6 +57,8 @@ from graphkit.validation import is_count
 
 #: the side of the images a vision mini model takes, and its classes
 IMAGE_SIZE = 32
+#: the sides of the last plans' images, for models whose deepest stage pools 32 pixels to one token
+LARGE_IMAGE_SIZES = (64, 128)
 NUM_CLASSES = 10
 #: the widest a vision mini model's stages may be
 VISION_MAX_WIDTH = 192
@@ -112,12 +116,14 @@ def missing_kinds(full: ArchGraph, small: ArchGraph) -> str | None:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One way to shrink: blocks per stage (vision) or layers (decoders), how many times the
-    widths are halved (vision) or the decoder's width, and whether patches and windows shrink."""
+    widths are halved (vision) or the decoder's width, whether patches and windows shrink, and
+    the side of the images (vision)."""
 
     depth: int
     halvings: int = 0
     width: int = DECODER_WIDTH
     small_patches: bool = True
+    image_size: int = IMAGE_SIZE
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
@@ -247,8 +253,8 @@ FAMILY_WIDEST: dict[str, Callable[[Mapping[str, Any]], int]] = {
 def watched_timm(variant: str, overrides: Mapping[str, Any] | None = None) -> Iterator[list[tuple[type, dict]]]:
     """For the block, every ``build_model_with_cfg`` call of timm's model modules is seen: the
     list yielded gets (model class, the arguments it is built with), and with ``overrides``,
-    the call that builds ``variant`` gets them (:func:`apply_overrides`), 32-pixel images and
-    10 classes first."""
+    the call that builds ``variant`` gets them (:func:`apply_overrides`), 32-pixel images (or
+    the overrides' ``img_size``, also for a class that takes no such argument) and 10 classes first."""
     import timm.models  # noqa: PLC0415 - the zoo's library, loaded when it is used
     from timm.models import _builder  # noqa: PLC0415
 
@@ -259,13 +265,15 @@ def watched_timm(variant: str, overrides: Mapping[str, Any] | None = None) -> It
         if overrides is not None and name == variant:
             accepted = inspect.signature(model_cls).parameters
             overlay = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
-            channels = kwargs.get("in_chans", 3)
-            overlay.update(input_size=(channels, IMAGE_SIZE, IMAGE_SIZE), num_classes=NUM_CLASSES)
+            channels, side = kwargs.get("in_chans", 3), overrides.get("img_size", IMAGE_SIZE)
+            overlay.update(input_size=(channels, side, side), num_classes=NUM_CLASSES)
             kwargs["pretrained_cfg_overlay"] = overlay
             if "img_size" in accepted or "img_size" in kwargs:
-                kwargs["img_size"] = IMAGE_SIZE
+                kwargs["img_size"] = side
             kwargs["num_classes"] = NUM_CLASSES
             for key, value in overrides.items():
+                if key == "img_size":
+                    continue
                 current = kwargs.get(key, accepted[key].default if key in accepted else None)
                 kwargs[key] = apply_overrides(current, value)
         seen.append((model_cls, dict(kwargs)))
@@ -397,9 +405,12 @@ def vision_plans(family: str, arguments: Mapping[str, Any]) -> list[tuple[Plan, 
     fewer = range(halvings, max(-1, halvings - 3), -1)  # widths a model's own ratios accept (heads of 32)
     ladder = [Plan(2, h, small_patches=small) for h in fewer for small in (True, False)]
     ladder += [Plan(4, halvings), Plan(2, 0)]
+    ladder += [Plan(2, h, image_size=side) for side in LARGE_IMAGE_SIZES for h in fewer]
     plans, seen = [], []
     for plan in ladder:
         overrides = _rewrite(arguments, plan, rules)
+        if plan.image_size != IMAGE_SIZE:
+            overrides["img_size"] = plan.image_size
         if overrides not in seen:
             seen.append(overrides)
             plans.append((plan, overrides))
@@ -597,8 +608,8 @@ def trainability(model: nn.Module, task: str) -> str | None:
     model.train()
     try:
         if task == "image":
-            channels = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
-            inputs = torch.randn(CHECK_BATCH, channels, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
+            channels, *side = getattr(model, "pretrained_cfg", {}).get("input_size", (3, IMAGE_SIZE, IMAGE_SIZE))
+            inputs = torch.randn(CHECK_BATCH, channels, *side, generator=generator)
             targets = torch.randint(NUM_CLASSES, (CHECK_BATCH,), generator=generator)
             output = model(inputs)
             expected: tuple[int, ...] = (CHECK_BATCH, NUM_CLASSES)
@@ -661,7 +672,11 @@ def data_keys(overrides: Mapping[str, Any], reference: Mapping[str, Any] | None 
     and classes of a timm model, or, for a decoder of the ``reference`` config, the vocabulary
     and context."""
     if reference is None:
-        return {"image_size": IMAGE_SIZE, "in_chans": int(overrides.get("in_chans", 3)), "num_classes": NUM_CLASSES}
+        return {
+            "image_size": int(overrides.get("img_size", IMAGE_SIZE)),
+            "in_chans": int(overrides.get("in_chans", 3)),
+            "num_classes": NUM_CLASSES,
+        }
     context = next(
         (
             v
@@ -675,6 +690,7 @@ def data_keys(overrides: Mapping[str, Any], reference: Mapping[str, Any] | None 
 
 __all__ = [
     "IMAGE_SIZE",
+    "LARGE_IMAGE_SIZES",
     "NUM_CLASSES",
     "BYTE_VOCAB",
     "HELD_OUT_SHARE",

@@ -268,8 +268,9 @@ ZOOS: dict[str, Zoo] = {
     "zoo-vits-mini": _mini_zoo(
         "zoo-vits-mini",
         "timm",
-        "every zoo-vits architecture shrunk through its own constructor: 32-pixel images, 10 classes, "
-        "a few blocks, width at most 192, every op kind and parameter kind of the full model",
+        "every zoo-vits architecture shrunk through its own constructor: 32-pixel images (64 or 128 where "
+        "a last stage would see one token), 10 classes, a few blocks, width at most 192, every op kind and "
+        "parameter kind of the full model",
         _timm_candidates_by_family,
     ),
     "zoo-decoders-mini": _mini_zoo(

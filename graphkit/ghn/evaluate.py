@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
@@ -38,7 +38,7 @@ from graphkit.errors import GraphkitError
 from graphkit.fileio import marked_json, save_figure
 from graphkit.finetune import up_train
 from graphkit.ghn.calibrate import calibrate
-from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph, load_checkpoint
+from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.data import default_source, load_source
 from graphkit.ghn.keep_init import add_prediction
 from graphkit.ghn.model import LoGAH
@@ -138,9 +138,20 @@ def fine_tune(
     return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at)
 
 
-def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True) -> list[dict[str, Any]]:
+def evaluate(
+    config: EvalConfig,
+    ghn: LoGAH | None = None,
+    progress: bool = True,
+    on_skip: Callable[[str, str], None] | None = None,
+) -> list[dict[str, Any]]:
     """One row per architecture and initialisation: loss and accuracy at step 0 and after
     ``config.steps`` steps, and the training-loss curve.
+
+    The first ``config.archs`` records of the split whose ops the hypernetwork all trained on
+    are evaluated; each record passed over for an op it never saw is given to ``on_skip`` (its
+    id, the reason in one line), so that one such model in a split of many families (Apertus's
+    ``xielu`` among the decoders) does not refuse the whole evaluation. EvalError when no record
+    is left.
 
     On the CPU the fine-tunings (one per architecture and initialisation) run in
     ``config.workers`` processes (default: one per core), each on one thread, largest models
@@ -156,14 +167,25 @@ def evaluate(config: EvalConfig, ghn: LoGAH | None = None, progress: bool = True
         ghn = load_checkpoint(config.ghn or bundled_checkpoint(pool.family))
     ghn = ghn.to(device)
     source = load_source(config.data or default_source(pool.family), seq_len=config.seq_len)
-    chosen = range(min(config.archs, len(pool)))
+    chosen, refusals = [], []
+    for record in pool.records:
+        if len(chosen) == config.archs:
+            break
+        try:
+            check_graph(ghn, record.graph)
+        except UntrainedOpError as e:
+            refusals.append(f"{record.id}: {e}")
+            if on_skip is not None:
+                on_skip(record.id, str(e))
+            continue
+        chosen.append(record)
+    if not chosen:
+        raise EvalError(f"no architecture of {config.dataset} ({config.split}) can be evaluated: {refusals[0]}")
     at = horizons(config.steps)
     teacher = _selection_source(config, source) if "selected" in config.inits else None
     tasks, rows = [], {}
-    for index in chosen:
-        record = pool.records[index]
+    for record in chosen:
         source.check(record.config)
-        check_graph(ghn, record.graph)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
         made["keep_init"] = made["predicted"]
         if teacher is not None:
