@@ -11,10 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.datasets import load
-from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model
+from graphkit.datasets import build_record_model, load
 from graphkit.errors import TrainError
-from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles
 
@@ -70,10 +68,7 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
     ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks).
     A zoo record's config (a mini zoo's: small) is built by its library, which initialises it."""
 
-    if config.get("family") in ZOO_FAMILIES:  # a zoo's (mini) model, built by its library: initialised, then dropped
-        model = build_zoo_model(config, device)
-    else:
-        model = build_model(config, device, init=False)
+    model = build_record_model(config, device, init=False)  # a zoo's library initialises; the values are dropped
     metas: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
