@@ -32,7 +32,7 @@ plan passes is reported with the last plan's reason.
 
 The split holds out whole families (timm's model module, transformers' ``model_type``):
 :func:`held_out_families` picks at least :data:`HELD_OUT_SHARE` of them, deterministically from
-a seed.
+a seed, among the families whose op kinds the others all have.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import inspect
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -638,14 +638,33 @@ def trainability(model: nn.Module, task: str) -> str | None:
 # the split
 
 
-def held_out_families(families: Sequence[str], seed: int = 0) -> list[str]:
-    """The families a mini zoo holds out whole: ceil(HELD_OUT_SHARE x their number), the first
-    in the order of sha256(seed:family), so the same families and seed give the same split. At
-    least one family is left to train on: a single family is not split."""
+def held_out_families(
+    families: Sequence[str], seed: int = 0, ops: Mapping[str, Iterable[str]] | None = None
+) -> list[str]:
+    """The families a mini zoo holds out whole: ceil(HELD_OUT_SHARE x their number), taken in
+    the order of sha256(seed:family), so the same families and seed give the same split. At
+    least one family is left to train on: a single family is not split.
+
+    With ``ops`` (family -> the op kinds of its models), a family is passed over while holding it
+    out would leave an op kind of a held-out family to no training family; those passed over fill
+    the count only when too few others remain. Why: a hypernetwork refuses an op it never trained
+    on, so such a family could not be evaluated as held out, and its op (MaxViT's tanh, VOLO's
+    fold) would be refused on every model that has it, the full-size ones users bring included."""
     distinct = sorted(set(families))
     count = min(math.ceil(HELD_OUT_SHARE * len(distinct)), len(distinct) - 1) if distinct else 0
     ranked = sorted(distinct, key=lambda f: hashlib.sha256(f"{seed}:{f}".encode()).hexdigest())
-    return sorted(ranked[:count])
+    if ops is None:
+        return sorted(ranked[:count])
+    kinds = {f: set(ops.get(f, ())) for f in distinct}
+    held: list[str] = []
+    for family in ranked:
+        if len(held) == count:
+            break
+        trained = set().union(*(kinds[f] for f in distinct if f not in held and f != family))
+        if all(kinds[f] <= trained for f in (*held, family)):
+            held.append(family)
+    held += [f for f in ranked if f not in held][: count - len(held)]
+    return sorted(held)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -829,10 +829,15 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
 
 
 def _held_out_families(zoo: Zoo, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> list[str]:
-    """A mini zoo's held-out families, among those with a record; none for a full zoo."""
+    """A mini zoo's held-out families, among those with a record, each of whose op kinds a
+    training family has too; none for a full zoo."""
     if not zoo.mini:
         return []
-    return shrink.held_out_families([o["family"] for o in outcomes if "row" in o], identity["seed"])
+    ops: dict[str, set[str]] = {}
+    for outcome in outcomes:
+        if "row" in outcome:
+            ops.setdefault(outcome["family"], set()).update(outcome["row"]["node_op"])
+    return shrink.held_out_families(list(ops), identity["seed"], ops)
 
 
 def _report_markdown(report: Mapping[str, Any]) -> str:
