@@ -173,11 +173,14 @@ def test_the_family_split_holds_out_whole_families_deterministically():
     assert held_out_families(["one"]) == [] and len(held_out_families(["a", "b"])) == 1
     # a family with an op kind no other family has stays in training: held out, it could not be
     # evaluated, and the hypernetwork would refuse that op on every model (MaxViT's tanh)
-    ops = {f: {"linear", "unique"} if f == held[0] else {"linear"} for f in families}
-    covered = held_out_families(families, seed=0, ops=ops)
+    architectures = [({f}, {"linear", "unique"} if f == held[0] else {"linear"}) for f in families]
+    covered = held_out_families(families, seed=0, architectures=architectures)
     assert held[0] not in covered and len(covered) == len(held) and set(held[1:]) <= set(covered)
-    alone = {f: {f} for f in families}  # none can be covered: the count is still held out, in hash order
-    assert held_out_families(families, seed=0, ops=alone) == held
+    # an architecture two families share leaves training with either: its op is no cover
+    twins = [({held[0], "family-x"}, {"shared"}), *(({f}, {"linear"}) for f in families)]
+    assert held[0] not in held_out_families([*families, "family-x"], seed=0, architectures=twins)
+    # fewer are held out when too few families leave their ops to others
+    assert held_out_families(families, seed=0, architectures=[({f}, {f}) for f in families]) == []
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ trainability check (:func:`trainability`) is the model's mini variant. A model f
 plan passes is reported with the last plan's reason.
 
 The split holds out whole families (timm's model module, transformers' ``model_type``):
-:func:`held_out_families` picks at least :data:`HELD_OUT_SHARE` of them, deterministically from
+:func:`held_out_families` picks up to :data:`HELD_OUT_SHARE` of them, deterministically from
 a seed, among the families whose op kinds the others all have.
 """
 
@@ -68,7 +68,7 @@ BYTE_VOCAB = 256
 DECODER_WIDTH = 128
 DECODER_HEAD_DIM = 32
 DECODER_CONTEXT = 256
-#: at least this share of the families is held out whole
+#: this share of the families is held out whole, or less where too few leave their ops to others
 HELD_OUT_SHARE = 0.15
 #: the batch of the trainability check: the smallest that batch norm trains on
 CHECK_BATCH = 2
@@ -639,31 +639,36 @@ def trainability(model: nn.Module, task: str) -> str | None:
 
 
 def held_out_families(
-    families: Sequence[str], seed: int = 0, ops: Mapping[str, Iterable[str]] | None = None
+    families: Sequence[str],
+    seed: int = 0,
+    architectures: Iterable[tuple[Iterable[str], Iterable[str]]] | None = None,
 ) -> list[str]:
-    """The families a mini zoo holds out whole: ceil(HELD_OUT_SHARE x their number), taken in
-    the order of sha256(seed:family), so the same families and seed give the same split. At
+    """The families a mini zoo holds out whole: up to ceil(HELD_OUT_SHARE x their number), taken
+    in the order of sha256(seed:family), so the same families and seed give the same split. At
     least one family is left to train on: a single family is not split.
 
-    With ``ops`` (family -> the op kinds of its models), a family is passed over while holding it
-    out would leave an op kind of a held-out family to no training family; those passed over fill
-    the count only when too few others remain. Why: a hypernetwork refuses an op it never trained
+    With ``architectures`` (each: the families that share it, its op kinds), a family is passed
+    over when holding it out would leave an op kind of a held-out family to no architecture left
+    in training (an architecture that a held-out family shares is held out with it), and fewer
+    are held out when too few others remain. Why: a hypernetwork refuses an op it never trained
     on, so such a family could not be evaluated as held out, and its op (MaxViT's tanh, VOLO's
-    fold) would be refused on every model that has it, the full-size ones users bring included."""
+    fold, Apertus's xielu) would be refused on every model that has it, the full-size ones
+    users bring included."""
     distinct = sorted(set(families))
     count = min(math.ceil(HELD_OUT_SHARE * len(distinct)), len(distinct) - 1) if distinct else 0
     ranked = sorted(distinct, key=lambda f: hashlib.sha256(f"{seed}:{f}".encode()).hexdigest())
-    if ops is None:
+    if architectures is None:
         return sorted(ranked[:count])
-    kinds = {f: set(ops.get(f, ())) for f in distinct}
+    shared = [(frozenset(owners), frozenset(ops)) for owners, ops in architectures]
+    kinds = {f: frozenset().union(*(ops for owners, ops in shared if f in owners)) for f in distinct}
     held: list[str] = []
     for family in ranked:
         if len(held) == count:
             break
-        trained = set().union(*(kinds[f] for f in distinct if f not in held and f != family))
-        if all(kinds[f] <= trained for f in (*held, family)):
+        out = {*held, family}
+        trained = frozenset().union(*(ops for owners, ops in shared if not owners & out))
+        if all(kinds[f] <= trained for f in out):
             held.append(family)
-    held += [f for f in ranked if f not in held][: count - len(held)]
     return sorted(held)
 
 

@@ -833,11 +833,14 @@ def _held_out_families(zoo: Zoo, outcomes: list[dict[str, Any]], identity: Mappi
     training family has too; none for a full zoo."""
     if not zoo.mini:
         return []
-    ops: dict[str, set[str]] = {}
+    by_fingerprint: dict[str, tuple[set[str], set[str]]] = {}  # an architecture: its families, its ops
     for outcome in outcomes:
         if "row" in outcome:
-            ops.setdefault(outcome["family"], set()).update(outcome["row"]["node_op"])
-    return shrink.held_out_families(list(ops), identity["seed"], ops)
+            owners, ops = by_fingerprint.setdefault(outcome["row"]["fingerprint"], (set(), set()))
+            owners.add(outcome["family"])
+            ops.update(outcome["row"]["node_op"])
+    families = [family for owners, _ in by_fingerprint.values() for family in owners]
+    return shrink.held_out_families(families, identity["seed"], by_fingerprint.values())
 
 
 def _report_markdown(report: Mapping[str, Any]) -> str:
