@@ -4,6 +4,7 @@ by family."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,11 +27,13 @@ from graphkit.datasets.shrink import (
     trainability,
     vision_plans,
 )
+from graphkit.datasets.store import write_dataset
 from graphkit.datasets.zoo import ZooError, build_zoo_model, generate_zoo, mini_outcome, trace_zoo_model
 from graphkit.ghn.checkpoint import load_checkpoint
 from graphkit.ghn.evaluate import EvalConfig, EvalError
 from graphkit.ghn.evaluate import evaluate as evaluate_ghn
 from graphkit.ghn.pool import ArchPool, functional_model
+from graphkit.ghn.training import TrainConfig, train
 
 #: op kinds a mini model may add to the full one: a classifier, for the models published without
 #: one (EVA-02's and AIMv2's encoders), which every vision variant gets
@@ -281,3 +284,19 @@ def test_a_mini_rwkv_takes_lent_parameters_in_train_mode_after_eval_mode():
         torch.func.functional_call(model.eval(), lent, (ids,))
     torch.func.functional_call(model.train(), lent, (ids,)).logits.sum().backward()
     assert torch.isfinite(flat.grad).all()
+
+
+@pytest.mark.slow
+def test_a_zoo_model_with_batch_norm_trains_under_bf16_autocast(tmp_path):
+    """With --amp (the default on a GPU) graphkit's families run in bf16 throughout; a library's
+    model keeps float32 buffers (batch norm's running statistics), so in bf16 its first batch
+    norm failed ("Expected running_mean to have type BFloat16 but got Float": train-ghn on
+    zoo-vits-mini stopped at step 0 on an H200). A zoo's models run in float32 under autocast."""
+    outcome = mini_outcome("timm", "efficientvit_m0")  # EfficientViT-MSRA: convolutions with batch norm
+    assert "row" in outcome, outcome.get("error")
+    write_dataset([{**outcome["row"], "split": "train"}], tmp_path / "bn", name="bn")
+    config = TrainConfig(
+        dataset=str(tmp_path / "bn"), out=str(tmp_path / "run"), data="digits", steps=1, meta_batch=1, batch_size=2
+    )
+    train(dataclasses.replace(config, amp=True), progress=False)
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["ce"] > 0

@@ -33,6 +33,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from graphkit.datasets.zoo import ZOO_FAMILIES
 from graphkit.errors import TrainError
 from graphkit.ghn.checkpoint import save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
@@ -211,7 +212,11 @@ def meta_batch_loss(
     is the LoGAH, or its DDP wrapper; ``graphs`` are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
         predicted, norms, nodes = model(graphs, details=True)
-    ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if amp else None)
+    # graphkit's families run in bf16 throughout; a zoo's models, as their libraries wrote them,
+    # keep float32 buffers (batch norm's running statistics) and float32 arithmetic of their own
+    # (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
+    in_bf16 = amp and pool.family not in ZOO_FAMILIES
+    ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None)
     penalty = norms.mean()
     return ce + config.gamma * penalty, ce, metric, penalty, nodes
 
@@ -227,7 +232,8 @@ def run_models(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean loss and mean metric (accuracy) of the models ``indices`` with ``predicted``
     parameters, each on its own data batch; with ``dtype``, the models run in it throughout
-    (parameters and images; the loss in float32).
+    (parameters and images; the loss in float32), else in float32 (parameters decoded in bf16
+    under autocast are cast up).
 
     Why a dtype and not autocast for the target models: the hypernetwork decodes in bf16 under
     autocast, and autocast would cast every LayerNorm's input, weight and bias to float32 and
@@ -240,8 +246,8 @@ def run_models(
         model = pool.model(index).train()
         inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
         inputs = inputs.to(pool.device)
+        params = {name: value.to(dtype or torch.float32) for name, value in params.items()}  # no copy if in it
         if dtype is not None:
-            params = {name: value.to(dtype) for name, value in params.items()}  # no copy for those already in it
             inputs = inputs.to(dtype) if inputs.is_floating_point() else inputs
         output = functional_call(model, params, (inputs,))
         loss, metric = output_loss(source.task, output, labels.to(pool.device))
