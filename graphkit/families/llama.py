@@ -80,7 +80,8 @@ FAMILY = register_family(
                 "name": "llamas-1k",
                 "family": "llama",
                 "description": (
-                    "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window), deeper means narrower"
+                    "LLaMA-style LMs (RMSNorm, RoPE, SwiGLU, GQA/MQA, optional sliding window, the head tied to "
+                    "the token embedding or not), deeper means narrower"
                 ),
                 "bins": [
                     {"layers": [6, 9], "hidden": [128, 256, 32]},
@@ -92,6 +93,7 @@ FAMILY = register_family(
                 "sliding_window": [None, 256],
                 "max_params": 50_000_000,
                 "fixed": {"vocab_size": 32000, "context": 2048},
+                "choices": {"tied": [False, True]},
             },
         ),
         data="stdlib-text",
