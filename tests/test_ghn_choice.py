@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, gpt2, llama, meta, mistral, timm_vit
+from torch import nn
 from typer.testing import CliRunner
 
 from graphkit.cli import app
@@ -56,13 +57,12 @@ def decoder(model_type: str, **config):
     return meta(lambda: AutoModelForCausalLM.from_config(built))
 
 
-def volo_graph():
-    """timm's VOLO at 32 px, one block a stage, traced: its outlooker attention folds patches back
-    (``fold``). The constructor keeps no image size, so the tracer is given the input."""
-    from timm.models.volo import VOLO
+def softplus_vit_graph():
+    """A timm ViT at 32 px whose MLPs use softplus, traced: an op no image checkpoint trained on."""
+    from timm.models.vision_transformer import VisionTransformer
 
-    model = meta(lambda: VOLO(layers=(1, 1, 1, 1), img_size=32, embed_dims=(32, 64, 64, 64), num_heads=(1, 2, 2, 2)))
-    return trace(model, (torch.randn(1, 3, 32, 32, device="meta"),))
+    build = dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2, num_classes=10, act_layer=nn.Softplus)
+    return trace(meta(lambda: VisionTransformer(**build)))
 
 
 def small_timm(name: str):
@@ -148,10 +148,10 @@ def test_a_model_gets_the_checkpoint_trained_on_its_input_and_its_ops(build, cho
 @pytest.mark.parametrize(
     ("traced", "task", "nearest", "missing"),
     [
-        (volo_graph, "image", "logah-tiny-zoo-vision", "fold"),  # VOLO's family is held out of the mini zoo
-        (lambda: trace(decoder("apertus")), "text", "logah-tiny-llamas", "xielu"),  # so is Apertus's
+        (softplus_vit_graph, "image", "logah-tiny-vits", "softplus"),
+        (lambda: trace(decoder("gpt2", activation_function="tanh")), "text", "logah-tiny-gpts", "tanh"),
     ],
-    ids=["volo", "apertus"],
+    ids=["softplus-vit", "tanh-gpt2"],
 )
 def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_one_line(traced, task, nearest, missing):
     graph = traced()

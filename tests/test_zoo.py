@@ -103,21 +103,21 @@ def test_reference_decoders_trace_cleanly(model_type):
 def test_predict_works_on_a_zoo_model_or_says_why_not():
     """On a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
     ViT hypernetwork, and the predicted model runs; BEiT and Swin have ops it never trained on
-    (layer scale, pooling, shifted windows) and get the vision zoo checkpoint; VOLO folds
-    patches back, which no bundled checkpoint trained on (its family is held out of the mini
-    zoo), and says so in one line."""
+    (layer scale, pooling, shifted windows) and get the vision zoo checkpoint, and so does VOLO,
+    whose fold the vision zoo checkpoint learnt once its family stayed in training; GhostNet-V3's
+    hard sigmoid lies outside graphkit's vocabulary, and predict says so in one line."""
     deit = build_zoo_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
     assert prediction_refusal(trace(deit)) is None and bundled_for(trace(deit)).name == "logah-tiny-vits"
     params = predict(deit)
     assert all(torch.isfinite(p).all() for p in params.values())
     with torch.no_grad():
         assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
-    for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224"):
+    for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224", "volo_d1_224"):
         graph = trace(build_zoo_model({"family": "timm", "model": name}))
         assert prediction_refusal(graph) is None and bundled_for(graph).name == "logah-tiny-zoo-vision"
-    volo = build_zoo_model({"family": "timm", "model": "volo_d1_224"})
+    ghostnet = build_zoo_model({"family": "timm", "model": "ghostnetv3_050"})
     nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-zoo-vision"
-    assert prediction_refusal(trace(volo)).startswith(f"{nearest}, never saw fold (bundled: ")
+    assert prediction_refusal(trace(ghostnet)).startswith(f"{nearest}, never saw other:aten.hardsigmoid (bundled: ")
 
 
 def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
@@ -184,17 +184,17 @@ def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, 
 @pytest.mark.slow
 def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp_path, monkeypatch):
     """timm's test ViTs are predicted (the plain one by the ViT checkpoint, the one with layer
-    scale by the vision zoo's); VOLO folds patches back, which no bundled vision hypernetwork
-    trained on, and is counted under that op kind."""
-    names = ["test_vit", "test_vit2", "volo_d1_224"]
+    scale by the vision zoo's); timm's test EfficientNet with EvoNorm has a variance outside the
+    vocabulary and a pow no bundled vision hypernetwork trained on, and is counted under both."""
+    names = ["test_vit", "test_vit2", "test_efficientnet_evos"]
     monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
     report = generate_zoo("zoo-test", tmp_path / "z").report
     assert (report["traced"], report["predictable"]) == (3, 2)
-    assert report["predict_refusals"] == {"missing op: fold": 1}
-    assert report["predict_missing_ops"] == {"fold": 1}
+    assert report["predict_refusals"] == {"missing ops: other:aten.var, pow": 1}
+    assert report["predict_missing_ops"] == {"other:aten.var": 1, "pow": 1}
     text = (tmp_path / "z" / "report.md").read_text()
     assert "predictable by graphkit's bundled hypernetworks (`graphkit predict`): 2 of 3 traced" in text
-    assert "- missing op: fold: 1\n" in text
+    assert "- missing ops: other:aten.var, pow: 1\n" in text
 
 
 class _LongBranch(torch.nn.Module):
