@@ -63,7 +63,7 @@ bench-gpu:
 
 # The five bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
 # the bundled data (about 3.5 hours on 2 cores: ViTs 39 min, GPT-2s 36, LLaMAs 49 with the cores shared;
-# the mini zoos 13 and 16 min, the zoo checkpoints about 30 min each; the shipped GPT-2, LLaMA and
+# the mini zoos 13 and 16 min, the zoo checkpoints about 30 min each; the shipped LLaMA and
 # zoo-decoders ones trained on an H200 with --device cuda, 2.5 min each), then the family ones' held-out evaluation.
 BUNDLED := graphkit/ghn/pretrained
 bundled: $(STAMP)

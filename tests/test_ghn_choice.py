@@ -23,7 +23,6 @@ from graphkit.ghn.checkpoint import (
     BUNDLED,
     ZOO_BUNDLED,
     UntrainedOpError,
-    bundled_checkpoint,
     bundled_for,
     bundled_info,
     bundled_names,
@@ -252,76 +251,53 @@ def test_tied_embeddings_are_read_off_the_graph_and_recorded_in_the_training_spa
     )
     assert training_space([untied])["tied"] is False and training_space([untied, tied])["tied"] is True
     ghn = load_checkpoint(BUNDLED["gpt2"])
-    check_graph(ghn, tied)
-    assert ghn.info["space"]["tied"] is True  # gpts-1k draws both, and so did the bundled checkpoint
+    check_graph(ghn, tied)  # accepted: its ops are all trained; only the warning tells
     phrase = "its input and output embeddings are tied, and it trained on untied models only"
-    assert phrase not in (outside_training_space(ghn.info, tied) or "")
-    unseen = {**ghn.info, "space": {**ghn.info["space"], "tied": False}}  # a checkpoint of untied models only
-    assert phrase in outside_training_space(unseen, tied)
-    assert phrase not in (outside_training_space(unseen, untied) or "")
+    assert phrase in outside_training_space(ghn.info, tied)
+    assert phrase not in (outside_training_space(ghn.info, untied) or "")
+    seen = {**ghn.info, "space": {**ghn.info["space"], "tied": True}}  # a checkpoint that trained on tied models
+    assert phrase not in (outside_training_space(seen, tied) or "")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("config", "below_unigram"),
-    [
-        ({"family": "gpt2", "num_layers": 4, "hidden": 128, "heads": 4}, False),
-        ({"family": "llama", "num_layers": 4, "hidden": 256, "heads": 4}, True),
-    ],
-    ids=["gpt2", "llama"],
-)
-def test_a_tied_language_model_is_predicted_as_well_as_its_untied_twin(config, below_unigram):
-    """Issue #44 item 6: the bundled checkpoints trained on tied and untied models alike. Before, a
-    tied GPT-2 started at 10.4, its own init's loss, where its untied twin started at 2.9. Now
-    both start together: LLaMA's below the unigram loss, GPT-2's about 0.1 above it, where the
-    checkpoint trained on both ends (docs/experiments.md, "Tied embeddings")."""
+def test_a_tied_llama_is_predicted_below_the_unigram_loss_as_its_untied_twin_is():
+    """Issue #44 item 6: the bundled LLaMA checkpoint trained on llamas-1k's tied and untied
+    models alike. Trained on untied ones only, it predicted a tied LLaMA at 9.4, its own init's
+    loss, where its untied twin started at 2.8 (the GPT-2 checkpoint still trains on untied
+    models only: trained on both, it wrote the same features for every token; docs/experiments.md,
+    "Tied embeddings")."""
     source = load_source("stdlib-text")
-    losses = {}
     for tied in (True, False):
         torch.manual_seed(0)
-        model = build_model({**config, "tied": tied}, "cpu")
+        model = build_model({"family": "llama", "num_layers": 4, "hidden": 256, "heads": 4, "tied": tied}, "cpu")
         graph = trace(model)
-        assert tied_embeddings(graph) is tied and bundled_for(graph).name == BUNDLED[config["family"]]
+        assert tied_embeddings(graph) is tied and bundled_for(graph).name == BUNDLED["llama"]
         generator = torch.Generator().manual_seed(0)
         batches = [source.batch(data_config(model), 8, generator, "eval") for _ in range(2)]
-        own = score(model, batches, "text")[0]
         predict(model, load_checkpoint(bundled_for(graph)), graph=graph)
-        losses[tied] = score(model, batches, "text")[0]
-        assert losses[tied] < own - 5 and losses[tied] < source.unigram_loss() + 0.3, (tied, losses[tied], own)
-        if below_unigram:
-            assert losses[tied] < source.unigram_loss(), (tied, losses[tied])
-    assert abs(losses[True] - losses[False]) < 0.2, losses
+        assert score(model, batches, "text")[0] < source.unigram_loss(), tied
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 def test_predict_cli_names_tying_in_its_out_of_space_warning(tied, tmp_path):
-    """The bundled GPT-2 checkpoint trained on both, so neither warns; the same checkpoint with a
-    training space of untied models only warns for the tied model alone."""
     file = tmp_path / "gpt.py"
     file.write_text(
         "from graphkit.families import build_model\n"
         "model = build_model({'family': 'gpt2', 'num_layers': 4, 'hidden': 128, 'heads': 4, "
         f"'tied': {tied}}})\n"
     )
-    untied_only = tmp_path / "untied-only"
-    shutil.copytree(bundled_checkpoint("gpt2"), untied_only)
-    info = json.loads((untied_only / "config.json").read_text())
-    info["space"]["tied"] = False
-    (untied_only / "config.json").write_text(json.dumps(info))
-    for ghn, warns in ((None, False), (untied_only, tied)):
-        result = runner.invoke(app, ["predict", str(file), *(["--ghn", str(ghn)] if ghn else [])])
-        assert result.exit_code == 0, result.output
-        warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-        assert warnings == (
-            [
-                "warning: gpt.py lies outside the space this hypernetwork was trained on: its input and output "
-                "embeddings are tied, and it trained on untied models only; the scores above were measured "
-                "inside that space, not on this model"
-            ]
-            if warns
-            else []
-        )
+    result = runner.invoke(app, ["predict", str(file)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    if tied:
+        assert warnings == [
+            "warning: gpt.py lies outside the space this hypernetwork was trained on: its input and output "
+            "embeddings are tied, and it trained on untied models only; the scores above were measured inside "
+            "that space, not on this model"
+        ]
+    else:
+        assert warnings == []
 
 
 def qwen2_05b():
