@@ -72,14 +72,16 @@ def small_timm(name: str):
 
 
 def test_the_bundled_checkpoints_record_what_they_are_chosen_by():
-    """task, trained ops and trained_on in each config.json, read off what each stored (its
-    dataset and ops); none trained on tied models; the weights are those bundled before."""
+    """task, trained ops and trained_on in each config.json, as train-ghn records them (or, for
+    the two trained before it did, read off their dataset and ops); only the LLaMA one, retrained
+    on an H200, trained on tied models."""
     for name in dict.fromkeys(BUNDLED.values()):
         info = bundled_info(name)
         dataset = Path(info["dataset"]).name
+        llama = name == "logah-tiny-llamas"
         assert info["task"] == checkpoint_task({"trained_ops": info["trained_ops"]})
-        assert info["trained_on"] == [dataset] and info["space"]["tied"] is False
-        assert info["machine"] == "2 CPU cores"
+        assert info["trained_on"] == [dataset] and info["space"]["tied"] is llama
+        assert info["machine"] == ("1 x NVIDIA H200" if llama else "2 CPU cores")
     assert {n: bundled_info(n)["task"] for n in dict.fromkeys(BUNDLED.values())} == {
         "logah-tiny-gpts": "text",
         "logah-tiny-llamas": "text",

@@ -420,15 +420,16 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating():
 def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
-    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (all
-    # three v2's 32); none reads depth; the language models' decode each parameter role through its own map
+    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (v2's
+    # 32; the LLaMA one, retrained on tied and untied LLaMAs, v4's); none reads depth; the language
+    # models' decode each parameter role through its own map
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == 2 and ghn.config.depth_buckets == 0
+    assert version == (4 if family == "llama" else 2) and ghn.config.depth_buckets == 0
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
-    # recorded before roles had a key: they are names without block indices, as they were trained
-    assert "role_key" not in ghn.info["logah"] and ghn.config.role_key == "name"
+    # names without block indices, as they were trained (recorded only since roles had a key)
+    assert ghn.info["logah"].get("role_key", "name") == ghn.config.role_key == "name"
     tiny = LoGAH(
         replace(
             LoGAH.from_variant("tiny").config,
