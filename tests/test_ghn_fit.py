@@ -19,7 +19,7 @@ from graphkit.families import build_model
 from graphkit.finetune import score
 from graphkit.ghn import LoGAH, LoGAHConfig, load_checkpoint, predict
 from graphkit.ghn.data import load_source
-from graphkit.ghn.encoding import relative_depth
+from graphkit.ghn.encoding import relative_depth, tied_nodes
 from graphkit.ghn.evaluate import fine_tune
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import LR_FAN_IN, TrainConfig, parameter_groups, train
@@ -174,3 +174,24 @@ def test_blocks_at_different_depths_get_different_parameters_at_init(config):
         depth,
         blocks,
     )
+
+
+def test_the_tie_feature_tells_a_tied_token_table_from_an_untied_one():
+    """A tied GPT-2's table is both its input embedding and its output layer; its untied twin's is
+    the input alone. Without the tie feature (the control) the two tables' nodes look alike to the
+    encoder and get the same prediction; with it, the table and the head that reads it are marked
+    and the predictions differ (docs/experiments.md, "Tied embeddings, predicted")."""
+
+    graphs, tables = {}, {}
+    for tied in (False, True):
+        config = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64, tied=tied)
+        graphs[tied] = graphkit.trace(build_model(config))
+    marked = [graphs[True].nodes[i].name for i in tied_nodes(graphs[True]).nonzero().flatten().tolist()]
+    assert marked == ["transformer.wte", "lm_head"] and not tied_nodes(graphs[False]).any()
+    assert not tied_nodes(graphs[True], enabled=False).any()
+    for feature in (False, True):
+        torch.manual_seed(0)
+        ghn = LoGAH(LoGAHConfig(tie_feature=feature)).eval()
+        wte = [ghn.predict(graphs[tied])["transformer.wte.weight"].flatten() for tied in (False, True)]
+        tables[feature] = torch.nn.functional.cosine_similarity(*wte, 0).item()
+    assert tables[False] > 0.999 and tables[True] < 0.95, tables

@@ -289,6 +289,11 @@ def test_train_ghn_cli_and_its_bad_inputs(gpts, vits, tmp_path):
     state_file.write_text(json.dumps(state))
     result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--depth-buckets", "16")
     assert result.exit_code == 1 and "was trained with --depth-buckets 0, not 16" in result.stderr
+    # nor before it could read tying (--tie-feature)
+    del state["config"]["tie_feature"]
+    state_file.write_text(json.dumps(state))
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *same, "--tie-feature")
+    assert result.exit_code == 1 and "was trained with --tie-feature False, not True" in result.stderr
     bad = {
         ("--data", "digits"): "digits is image data but a gpt2 model takes text",
         ("--data", "cifar10:/nowhere"): "/nowhere",

@@ -430,6 +430,8 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
         ({"depth": 3}, "config.json: logah.depth is not a LoGAH setting; known: hidden, layers"),
         ({"depth_buckets": -1}, "config.json: logah.depth_buckets must be an integer >= 0; got -1"),
         ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"tie_feature": 1}, "config.json: logah.tie_feature must be true or false; got 1"),
+        ({"tie_feature": True}, "model.safetensors: does not match its config.json (the file holds"),
         ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
         ({"roles": "h.attn.c_attn.weight"}, "config.json: logah.roles must be a list of parameter names; got 'h.attn"),
         ({"roles": ["a.weight", "a.weight"]}, "config.json: logah.roles: roles must be distinct parameter names"),

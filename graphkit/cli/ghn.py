@@ -44,6 +44,13 @@ def train_ghn(
         help="Relative-depth embeddings of the encoder (16 is a good size), so that repeated "
         "blocks get different parameters; 0: none, as GHN-3 and the bundled checkpoints.",
     ),
+    tie_feature: bool = typer.Option(
+        False,
+        "--tie-feature/--no-tie-feature",
+        help="Let the encoder read which nodes share a tied token table (the embedding and the output "
+        "head that reuses it), so that a pool of tied and untied language models gets a table for each job "
+        "(docs/experiments.md, \"Tied embeddings, predicted\").",
+    ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
@@ -109,6 +116,7 @@ def train_ghn(
         variant=variant,
         decoder=decoder,
         depth_buckets=depth_buckets,
+        tie_feature=tie_feature,
         role_maps=role_maps,
         role_key=role_key,
         max_roles=max_roles,

@@ -173,6 +173,10 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
+        if name == "tie_feature":
+            if not isinstance(value, bool):
+                raise CheckpointError(f"{file}: logah.tie_feature must be true or false; got {value!r}")
+            continue
         least = 0 if name == "depth_buckets" else 1
         if name not in ("decoder", "roles", "role_key") and not is_count(value, least):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")

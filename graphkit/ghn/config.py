@@ -39,6 +39,7 @@ class LoGAHConfig:
     max_degree: int = 64
     max_distance: int = 32
     depth_buckets: int = 0  # relative-depth embeddings (see encoding.relative_depth); 0: none
+    tie_feature: bool = False  # the encoder reads which nodes share a tied token table (encoding.tied_nodes)
     max_chunks: int = 64  # rows or columns up to max_chunks * K
     roles: tuple[str, ...] = ()  # parameter roles with their own map (see the module docstring); (): none
     role_rows: int = 4096  # rows of the map each role has to itself

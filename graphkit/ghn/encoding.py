@@ -137,6 +137,7 @@ class EncodedGraph:
     out_degree: Tensor
     distance: Tensor  # (N, N) directed shortest paths clamped to max_distance; max_distance + 1: unreachable
     depth: Tensor  # (N,) relative depth bucket: the distance from the input over the deepest node's
+    tied: Tensor  # (N,) 1 for a node that owns or reads a tied token table (tied_nodes), else 0
     targets: tuple[Target, ...]
     queries: Tensor  # (Q, 4): node, slot, row chunk, column chunk of each decoder query
     first_query: tuple[int, ...]  # per target, its first query; its chunks follow row-major
@@ -167,6 +168,24 @@ def relative_depth(graph: ArchGraph, distance: Tensor, buckets: int) -> Tensor:
     source = next(i for i, node in enumerate(graph.nodes) if node.op == "input")
     hops = distance[source].clamp(min=0).float()
     return (hops / hops.max().clamp(min=1) * (buckets - 1)).round().long()
+
+
+def tied_nodes(graph: ArchGraph, enabled: bool = True) -> Tensor:
+    """1 for each output head that reads a tied token table (its ``tied`` attribute) and for the
+    node that owns that table, else 0 (all 0 when not ``enabled``).
+
+    Why: in a tied model one table is both the input embedding and the output layer; in an untied
+    one the embedding is only the input. Without this feature the two embedding nodes look the same
+    to the encoder, so a hypernetwork trained on both kinds predicts one table for both jobs and
+    settles on a unigram-like one (docs/experiments.md, "Tied embeddings, predicted")."""
+    flags = torch.zeros(len(graph.nodes), dtype=torch.long)
+    if not enabled:
+        return flags
+    shared = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+    for i, node in enumerate(graph.nodes):
+        if (node.op == "head" and node.attrs.get("tied")) or shared.intersection(node.params):
+            flags[i] = 1
+    return flags
 
 
 def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
@@ -212,6 +231,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
         out_degree=torch.from_numpy(np.bincount(edges[:, 0], minlength=n)).clamp(max=config.max_degree),
         distance=dist,
         depth=depth,
+        tied=tied_nodes(graph, config.tie_feature),
         targets=tuple(plan),
         queries=torch.tensor(queries, dtype=torch.long).reshape(-1, 4),
         first_query=tuple(first),

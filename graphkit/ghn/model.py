@@ -100,6 +100,7 @@ class GraphEncoder(nn.Module):
         self.in_degree_embed = nn.Embedding(c.max_degree + 1, d)
         self.out_degree_embed = nn.Embedding(c.max_degree + 1, d)
         self.depth_embed = nn.Embedding(c.depth_buckets, d) if c.depth_buckets else None
+        self.tie_embed = nn.Embedding(2, d) if c.tie_feature else None
         # distance buckets: 0..max_distance, then "farther", then "unreachable"
         self.forward_distance = nn.Embedding(c.max_distance + 2, c.heads)
         self.backward_distance = nn.Embedding(c.max_distance + 2, c.heads)
@@ -140,6 +141,8 @@ class GraphEncoder(nn.Module):
         )
         if self.depth_embed is not None:
             features = features + self.depth_embed(torch.cat([g.depth for g in graphs]).to(device, non_blocking=True))
+        if self.tie_embed is not None:
+            features = features + self.tie_embed(torch.cat([g.tied for g in graphs]).to(device, non_blocking=True))
         x = features.new_zeros(b * n, c.hidden).index_copy(0, slots, features).view(b, n, c.hidden)
         bias = (self.forward_distance(dist) + self.backward_distance(dist.transpose(1, 2))).permute(0, 3, 1, 2)
         bias = bias.masked_fill(pad.view(b, 1, 1, n), float("-inf"))
@@ -591,12 +594,14 @@ class LoGAH(nn.Module):
         name: str,
         decoder: str = "low_rank",
         depth_buckets: int = LoGAHConfig.depth_buckets,
+        tie_feature: bool = LoGAHConfig.tie_feature,
         roles: Sequence[str] = (),
         role_rows: int = LoGAHConfig.role_rows,
         role_key: str = LoGAHConfig.role_key,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
-        ``depth_buckets`` > 0 adds the encoder's relative-depth embedding; ``roles`` (parameter
+        ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
+        embedding of which nodes share a tied token table; ``roles`` (parameter
         roles as ``role_key`` reads names, :func:`~graphkit.ghn.encoding.role_of`) get role maps of
         ``role_rows`` rows each."""
         if name not in LOGAH_VARIANTS:
@@ -607,6 +612,7 @@ class LoGAH(nn.Module):
                     **asdict(LOGAH_VARIANTS[name]),
                     "decoder": decoder,
                     "depth_buckets": depth_buckets,
+                    "tie_feature": tie_feature,
                     "roles": tuple(roles),
                     "role_rows": role_rows,
                     "role_key": role_key,

@@ -29,6 +29,7 @@ RESUMED_OPTIONS = (
     "variant",
     "decoder",
     "depth_buckets",
+    "tie_feature",
     "role_maps",
     "role_key",
     "max_roles",
@@ -98,9 +99,10 @@ def check_resume(
             f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
             f"resume it with {state['world_size']} processes"
         )
-    # a run recorded before the encoder read depth or had role maps (or their options) has none of them
+    # a run recorded before the encoder read depth or tying or had role maps (or their options) has none of them
     recorded = {
         "depth_buckets": 0,
+        "tie_feature": False,
         "role_maps": False,
         "role_key": LoGAHConfig.role_key,
         "max_roles": None,

@@ -82,6 +82,7 @@ class TrainConfig:
     variant: str = "tiny"
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
+    tie_feature: bool = LoGAHConfig.tie_feature  # the encoder reads which nodes share a tied token table
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
@@ -120,6 +121,7 @@ class TrainConfig:
         if self.decoder not in DECODERS:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         check_flag("role_maps", self.role_maps, TrainError)
+        check_flag("tie_feature", self.tie_feature, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
@@ -318,10 +320,11 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     ghn = LoGAH.from_variant(
         config.variant,
         config.decoder,
-        config.depth_buckets,
-        pool.roles(config.role_key, config.max_roles) if config.role_maps else (),
-        config.role_rows,
-        config.role_key,
+        depth_buckets=config.depth_buckets,
+        tie_feature=config.tie_feature,
+        roles=pool.roles(config.role_key, config.max_roles) if config.role_maps else (),
+        role_rows=config.role_rows,
+        role_key=config.role_key,
     ).to(device)
     optimizer = make_optimizer(ghn, config)
     start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
