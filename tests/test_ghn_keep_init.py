@@ -136,6 +136,24 @@ def test_initialise_as_built_uses_each_module_reset_where_the_model_has_no_init(
         initialise_as_built(model, {"extra.scale": model.extra.scale})
 
 
+def test_an_init_weights_that_needs_arguments_is_left_to_each_module_reset():
+    """A model whose ``init_weights`` takes a required argument (what it means is the model's own)
+    is not called with a guess, nor does it fail with a TypeError: each torch layer's
+    ``reset_parameters`` fills its parameters instead."""
+
+    class Scheme(nn.Sequential):
+        def init_weights(self, scheme: str) -> None:
+            raise AssertionError(f"called with {scheme!r}")
+
+    with torch.device("meta"):
+        model = Scheme(nn.Linear(8, 8), nn.LayerNorm(8))
+    for name, p in list(model.named_parameters()):
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, nn.Parameter(torch.empty(p.shape)))
+    initialise_as_built(model, dict(model.named_parameters()))
+    assert torch.equal(model[1].weight, torch.ones(8)) and 0 < model[0].weight.abs().max() <= 8**-0.5
+
+
 def test_keep_init_must_be_a_flag():
     with pytest.raises(PredictError, match="keep-init must be true or false; got 'yes'"):
         predict(build_model(GPT2), keep_init="yes")

@@ -622,6 +622,24 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
         "held out: 8 gpts-1k architectures, residual branches scaled as the family's init does, the predicted"
         in describe(load_checkpoint(tmp_path / "run"))
     )
+    # predict adds the prediction onto a GPT-2's init: the line says when the record does not measure that...
+    line = describe(load_checkpoint(tmp_path / "run"), keep_init=True)
+    assert line.endswith(
+        "not on the prediction added onto the init as predict writes it here (graphkit eval-ghn "
+        "--inits predicted,random,orthogonal,keep_init --record measures that)"
+    ), line
+    # ...and gives the record's keep_init scores where it does
+    added = {
+        "keep_init": {"loss_0": 2.9, "accuracy_0": 0.31, "loss": 2.2, "accuracy": 0.45},
+        "keep_init_beats_random": 1.0,
+    }
+    record_evaluation(tmp_path / "run", {**summary, **added}, dataset="out/gpts-1k", split="eval", data="stdlib-text")
+    line = describe(load_checkpoint(tmp_path / "run"), keep_init=True)
+    assert line.endswith(
+        "held out: 8 gpts-1k architectures, the prediction added onto their init 0.31 accuracy (loss 2.90); after 300 "
+        "fine-tuning steps it beats random on 100%"
+    ), line
+    assert "predicted parameters alone 0.61" in describe(load_checkpoint(tmp_path / "run"))
 
 
 @pytest.mark.parametrize(

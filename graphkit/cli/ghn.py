@@ -49,7 +49,7 @@ def train_ghn(
         "--tie-feature/--no-tie-feature",
         help="Let the encoder read which nodes share a tied token table (the embedding and the output "
         "head that reuses it), so that a pool of tied and untied language models gets a table for each job "
-        "(docs/experiments.md, \"Tied embeddings, predicted\").",
+        '(docs/experiments.md, "Tied embeddings, predicted").',
     ),
     role_maps: bool = typer.Option(
         False,
@@ -210,7 +210,7 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    console.print(describe(hypernet), highlight=False, soft_wrap=True)
+    console.print(describe(hypernet, should_keep_init(graph, keep_init)), highlight=False, soft_wrap=True)
     beyond = outside_training_space(hypernet.info, graph)
     if beyond:
         errors.print(

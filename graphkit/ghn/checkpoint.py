@@ -347,6 +347,12 @@ def record_evaluation(
             for init in ("predicted", "random", "orthogonal")
         },
     }
+    if "keep_init" in summary:  # what predict writes for a family that keeps its init (GPT-2)
+        record["keep_init"] = {
+            "alone": {"loss": summary["keep_init"]["loss_0"], "accuracy": summary["keep_init"]["accuracy_0"]},
+            "beats_random": summary["keep_init_beats_random"],
+            "final": {"loss": summary["keep_init"]["loss"], "accuracy": summary["keep_init"]["accuracy"]},
+        }
     config = _read_json(path / "config.json")
     config["evaluation"] = record
     try:
@@ -358,11 +364,13 @@ def record_evaluation(
     return record
 
 
-def describe(ghn: LoGAH) -> str:
+def describe(ghn: LoGAH, keep_init: bool = False) -> str:
     """One line on what a checkpoint was trained on and its recorded held-out effect, e.g.
     "LoGAH-tiny trained on vits-digits with digits (400 steps); held out: 8 architectures, the
     predicted parameters alone 0.62 accuracy; after 300 fine-tuning steps they beat random on 88%
-    and orthogonal on 50%"."""
+    and orthogonal on 50%". With ``keep_init`` (predict adds the prediction onto the model's own
+    init), the recorded effect of that instead, or, where none was recorded, a note that the
+    scores are the prediction alone's."""
     info = getattr(ghn, "info", {})
     trained = (
         f"LoGAH-{info.get('variant', 'custom')} trained on {Path(str(info.get('dataset', '?'))).name} "
@@ -372,14 +380,26 @@ def describe(ghn: LoGAH) -> str:
     if record is None:
         return f"{trained}; no held-out evaluation recorded (graphkit eval-ghn --record measures one)"
     try:
-        alone = record["predicted_alone"]
         scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
+        held_out = f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}"
+        if keep_init and "keep_init" in record:
+            added = record["keep_init"]
+            return (
+                f"{held_out}, the prediction added onto their init {added['alone']['accuracy']:.2f} accuracy "
+                f"(loss {added['alone']['loss']:.2f}); after {record['steps']} fine-tuning steps it beats random on "
+                f"{100 * added['beats_random']:.0f}%"
+            )
+        alone = record["predicted_alone"]
         return (
-            f"{trained}; held out: {record['archs']} "
-            f"{Path(record['dataset']).name} architectures{scaled}, the predicted "
-            f"parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); after {record['steps']} "
-            f"fine-tuning steps they beat random on {100 * record['predicted_beats_random']:.0f}% and orthogonal on "
+            f"{held_out}, the predicted parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); "
+            f"after {record['steps']} fine-tuning steps they beat random on "
+            f"{100 * record['predicted_beats_random']:.0f}% and orthogonal on "
             f"{100 * record['predicted_beats_orthogonal']:.0f}%"
+        ) + (
+            "; measured on the prediction alone, not on the prediction added onto the init as predict writes it "
+            "here (graphkit eval-ghn --inits predicted,random,orthogonal,keep_init --record measures that)"
+            if keep_init
+            else ""
         )
     except (KeyError, TypeError, ValueError):  # a hand-edited or damaged config.json: the weights are still usable
         return f"{trained}; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"

@@ -17,6 +17,7 @@ prediction is added, one parameter at a time, so predicting keeps its memory bou
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 
@@ -65,14 +66,17 @@ def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) ->
     as ``model``'s library initialises them at construction: a Hugging Face model's
     ``init_weights()`` (its ``_init_weights``, GPT-2's scaled residual projections included); a
     timm model's ``init_weights()`` where it has one (both only when every parameter of ``model``
-    is in ``params``: they redraw them all); then ``reset_parameters()`` of each module whose own
+    is in ``params``, since they redraw them all, and only when it can be called without
+    arguments, since what a required one means is the model's own); then ``reset_parameters()`` of each module whose own
     parameters are all in ``params`` and still unfilled (torch's layers). Raises
     :class:`KeepInitError` naming the first parameter none of them filled, which is left NaN."""
     for param in params.values():
         param.fill_(math.nan)
     new = {id(p) for p in params.values()}
     init_weights = getattr(model, "init_weights", None)
-    if callable(init_weights) and all(id(p) in new for p in model.parameters()):  # never redraws held weights
+    if _takes_no_arguments(init_weights) and all(
+        id(p) in new for p in model.parameters()
+    ):  # never redraws held weights
         init_weights()
     for module in model.modules():
         own = list(module.parameters(recurse=False))
@@ -86,6 +90,17 @@ def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) ->
             "(no init_weights() or reset_parameters() fills it); build the model with weights, "
             "or predict without keep_init"
         )
+
+
+def _takes_no_arguments(function: object) -> bool:
+    """Whether ``function`` is callable with no arguments (a method whose parameters all have defaults)."""
+    if not callable(function):
+        return False
+    try:
+        inspect.signature(function).bind()
+    except (TypeError, ValueError):  # a required argument; or a builtin without a signature
+        return False
+    return True
 
 
 __all__ = ["KeepInitError", "add_prediction", "adds_onto_init", "initialise_as_built", "should_keep_init"]
