@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from graphkit.cli import app
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.finetune import score
+from graphkit.ghn import LoGAH, LoGAHConfig
 from graphkit.ghn.checkpoint import (
     BUNDLED,
     ZOO_BUNDLED,
@@ -31,7 +32,7 @@ from graphkit.ghn.checkpoint import (
     load_checkpoint,
 )
 from graphkit.ghn.data import data_config, load_source
-from graphkit.ghn.predict import predict, prediction_refusal, refusal_reason
+from graphkit.ghn.predict import predict, prediction_refusal, reason_of, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
 from graphkit.sources import load_model_source
 from graphkit.tracing import trace
@@ -164,6 +165,15 @@ def test_a_model_with_an_op_no_checkpoint_of_its_task_trained_on_is_refused_in_o
     )
     reason = f"missing op{'s' if ',' in missing else ''}: {missing}"
     assert refusal_reason(graph) == (reason, str(error.value), tuple(missing.split(", ")))
+
+
+def test_a_refusal_at_a_node_is_counted_without_the_node():
+    """The zoo report counts refusals by reason: the same error at another node is the same reason."""
+    graph = trace(decoder("gpt2"))
+    refusal = refusal_reason(graph, LoGAH(LoGAHConfig(num_ops=3)))
+    newer = "has op 'embedding', which is newer than the 3 ops this hypernetwork reads"
+    assert refusal.message.startswith(f"node 'transformer.wte' {newer}") and refusal.missing == ()
+    assert refusal.reason == reason_of(refusal.message) and refusal.reason.startswith(f"node '...' {newer}")
 
 
 @pytest.mark.slow

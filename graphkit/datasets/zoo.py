@@ -781,8 +781,10 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     clean = sum(1 for o in outcomes if "row" in o and not o["other_ops"])
     traced = [o for o in outcomes if "row" in o]
     buildable = len(outcomes) - len(unbuildable)
+    from graphkit.ghn.predict import reason_of  # noqa: PLC0415 - the hypernetwork is not the dataset's
+
     refusals = Counter(  # an outcome saved before reasons were: its error, the node it names left out
-        o.get("predict_reason") or re.sub(r"node '[^']*'", "node '...'", o["predict"]) for o in traced if o["predict"]
+        o.get("predict_reason") or reason_of(o["predict"]) for o in traced if o["predict"]
     )
     lacking = Counter(op for o in traced for op in o.get("predict_missing", ()))
     report = {

@@ -128,8 +128,14 @@ def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> Refusal | None
     except UntrainedOpError as e:
         return Refusal(f"missing op{'s' if len(e.missing) > 1 else ''}: {', '.join(e.missing)}", str(e), e.missing)
     except GraphkitError as e:
-        return Refusal(re.sub(r"node '[^']*'", "node '...'", str(e)), str(e))
+        return Refusal(reason_of(str(e)), str(e))
     return None
+
+
+def reason_of(message: str) -> str:
+    """A refusal's one-line ``message`` with the node it names left out (``node '...'``), so that
+    models refused for one reason at different nodes are counted together."""
+    return re.sub(r"node '[^']*'", "node '...'", message)
 
 
 @functools.cache
@@ -268,6 +274,7 @@ __all__ = [
     "predict",
     "prediction_refusal",
     "refusal_reason",
+    "reason_of",
     "Refusal",
     "bundled_hypernetwork",
     "decoding",
