@@ -618,18 +618,37 @@ def test_an_unreadable_text_file_is_named(tmp_path, monkeypatch):
         load_source(f"text:{text}")
 
 
-def test_a_non_finite_gradient_stops_training_before_the_weights_change(gpts, tmp_path, monkeypatch):
+def test_a_non_finite_step_is_skipped_and_five_in_a_row_stop_training(gpts, tmp_path, monkeypatch, capsys):
+    """One meta-batch whose gradient norm is NaN changes no weight and training goes on, counting
+    it; a NaN at every step stops training after SKIPPED_IN_A_ROW steps, with no checkpoint of NaN
+    weights written."""
 
-    clip = training.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", lambda params, limit: clip(params, limit) * float("nan"))
+    clip, calls = training.nn.utils.clip_grad_norm_, []
+
+    def nan_at(steps):
+        def clipped(params, limit):
+            calls.append(1)
+            return clip(params, limit) * (float("nan") if len(calls) - 1 in steps else 1.0)
+
+        return clipped
+
+    config = dict(dataset=str(gpts), meta_batch=1, batch_size=2, seq_len=8, log_every=1)
+    monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", nan_at({1}))
+    train(TrainConfig(**config, out=str(tmp_path / "once"), steps=3), progress=False)
+    lines = [json.loads(line) for line in (tmp_path / "once" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["skipped_steps"] for line in lines] == [0, 1, 1]
+    assert "warning: step 1: the gradient norm is nan; skipped, the weights unchanged" in capsys.readouterr().out
+    assert all(torch.isfinite(p).all() for p in load_checkpoint(tmp_path / "once").parameters())
+
+    calls.clear()
+    monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", nan_at(range(100)))
     with pytest.raises(
-        training.TrainError, match=r"step 0: the gradient norm is nan; resume from .*checkpoint with a lower --lr"
+        training.TrainError,
+        match=r"steps 0-4: the gradient norm is nan at each; resume from .*checkpoint with a lower --lr",
     ):
-        train(
-            TrainConfig(dataset=str(gpts), out=str(tmp_path / "run"), meta_batch=1, batch_size=2, seq_len=8, steps=2),
-            progress=False,
-        )
-    assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint of NaN weights
+        train(TrainConfig(**{**config, "log_every": 10}, out=str(tmp_path / "run"), steps=8), progress=False)
+    assert len(calls) == training.SKIPPED_IN_A_ROW == 5
+    assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint
 
 
 def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_path):

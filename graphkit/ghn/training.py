@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,6 +68,8 @@ from graphkit.validation import (
 LR_FAN_IN = 64
 #: the per-parameter gain head trains at GAIN_LR times the base lr; see parameter_groups
 GAIN_LR = 0.1
+#: consecutive steps with a non-finite loss or gradient norm that stop training (fewer are skipped)
+SKIPPED_IN_A_ROW = 5
 #: devices with a fused AdamW: one kernel per parameter group instead of about nine per tensor
 FUSED_DEVICES = ("cpu", "cuda")
 
@@ -363,6 +366,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     with repeatable(config.deterministic), Progress(*columns, disable=not (progress and rank == 0)) as bar:
         task = bar.add_task("train", total=config.steps, completed=start, loss="-")
         tic, diagnostics = time.perf_counter(), Stopwatch()  # archs_per_s leaves out what only the log needs
+        skipped = in_a_row = 0  # steps skipped for a non-finite loss or gradient norm: since start, and in a row
         for step in range(start, config.steps):
             seed = step_seed(config.seed, step, rank)
             torch.manual_seed(seed)  # dropout in the target models draws from here: a resumed step repeats too
@@ -372,23 +376,28 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             loss, ce, metric, penalty, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
             )
-            if not torch.isfinite(loss):
-                raise TrainError(
-                    f"step {step}: the loss is {loss.item()}; resume from {out / 'checkpoint'} with a lower --lr"
-                )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # on every process, even where the loss is not finite: DDP's all-reduce waits for all
             logging = (step + 1) % config.log_every == 0 or step + 1 == config.steps
             with diagnostics:
                 norms = gradient_norms(ghn) if logging else {}
             grad_norm = nn.utils.clip_grad_norm_(ghn.parameters(), config.clip)
-            if not torch.isfinite(grad_norm):  # clipping by a NaN or Inf norm would write NaN into every weight
-                raise TrainError(
-                    f"step {step}: the gradient norm is {grad_norm.item()}; resume from {out / 'checkpoint'} "
-                    "with a lower --lr"
-                )
-            optimizer.step()
-            schedule.step()
+            problem = non_finite(loss, grad_norm, world)
+            if problem is None:
+                optimizer.step()
+                in_a_row = 0
+            else:  # clipping by a NaN or Inf norm would write NaN into every weight: this step changes none
+                skipped, in_a_row = skipped + 1, in_a_row + 1
+                if in_a_row == SKIPPED_IN_A_ROW:
+                    raise TrainError(
+                        f"steps {step + 1 - in_a_row}-{step}: {problem} at each; resume from {out / 'checkpoint'} "
+                        "with a lower --lr"
+                    )
+                if rank == 0:
+                    bar.console.print(f"warning: step {step}: {problem}; skipped, the weights unchanged", markup=False)
+            with warnings.catch_warnings():  # a skipped first step: torch warns that the optimizer has not stepped
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+                schedule.step()  # a skipped step still counts: a resumed run's schedule stays where this one's is
             done = step + 1
             if logging:
                 values = torch.stack([loss.detach(), ce.detach(), metric.detach(), penalty.detach()])
@@ -413,6 +422,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     "grad_norm": grad_norm.item(),
                     "archs_per_s": config.meta_batch * world * (done - start) / elapsed,
                     "world_size": world,
+                    "skipped_steps": skipped,
                     "grad_norms": norms,
                     **health,
                 }
@@ -438,6 +448,21 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if world > 1:
         dist.destroy_process_group()
     return last
+
+
+def non_finite(loss: torch.Tensor, grad_norm: torch.Tensor, world: int = 1) -> str | None:
+    """Why a step must not update the weights: ``"the loss is nan"`` (this process's loss, or
+    another process's under DDP, which all of them then skip together) or ``"the gradient norm is
+    inf"``; None when both are finite. One rare non-finite meta-batch (an architecture whose
+    predicted weights overflow at one step) is skipped; :data:`SKIPPED_IN_A_ROW` stop training."""
+    bad = torch.stack([~torch.isfinite(loss.detach()), ~torch.isfinite(grad_norm)]).float()
+    if world > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad[0]:
+        return f"the loss is {loss.item()}" if not torch.isfinite(loss) else "the loss is not finite on another process"
+    if bad[1]:
+        return f"the gradient norm is {grad_norm.item()}"
+    return None
 
 
 def _distributed(device: str | None) -> tuple[int, int, torch.device]:
