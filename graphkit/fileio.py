@@ -175,11 +175,19 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def version() -> str:
-    """graphkit's installed version (what its marks record), or "unknown" outside an install."""
+    """graphkit's installed version (what its marks record); run from a source checkout that is not
+    installed (``PYTHONPATH=.``, as on a lent GPU machine), the checkout's pyproject.toml's; else "unknown"."""
     try:
         return installed(MARK)
     except PackageNotFoundError:
+        pass
+    try:
+        text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    except (OSError, UnicodeDecodeError):
         return "unknown"
+    section = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)  # Python 3.10 has no tomllib
+    fields = dict(re.findall(r'^(name|version)\s*=\s*"([^"]+)"', section.group(1), re.M)) if section else {}
+    return fields.get("version", "unknown") if fields.get("name") == MARK else "unknown"
 
 
 def _known(kind: str) -> str:

@@ -7,6 +7,7 @@ that does not exist) and leaves everything as it was."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import stat
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
+import graphkit.fileio as fileio
 from graphkit import ArchGraph
 from graphkit.cli import app
 from graphkit.fileio import (
@@ -373,3 +375,15 @@ def test_the_same_tensors_save_to_the_same_bytes(tmp_path):
     with safe_open(tmp_path / "0.safetensors", "pt") as f:
         assert f.metadata() == {**metadata, "graphkit": mark("weights")}
         assert torch.equal(f.get_tensor("a"), tensors["a"])
+
+
+def test_a_source_checkout_that_is_not_installed_records_its_own_version(monkeypatch):
+    """Run with ``PYTHONPATH=.`` (a lent GPU machine), graphkit is not installed: its marks and
+    checkpoints record the checkout's pyproject.toml version, not "unknown"."""
+    installed = fileio.version()
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(fileio, "installed", not_installed)
+    assert fileio.version() == installed == importlib.metadata.version("graphkit") != "unknown"
