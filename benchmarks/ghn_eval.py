@@ -29,6 +29,7 @@ import common  # noqa: E402
 import torch
 
 from graphkit.datasets.generate import generate
+from graphkit.families import get_family
 from graphkit.ghn.checkpoint import BUNDLED, bundled_checkpoint, record_evaluation
 from graphkit.ghn.data import default_source
 from graphkit.ghn.evaluate import DEFAULT_INITS, INITS, EvalConfig, evaluate, plot, summarize
@@ -57,7 +58,8 @@ def table(family: str, write: bool, device: str | None = None, selected: bool = 
         steps=run["steps"],
         batch_size=run["batch_size"],
         device=device,
-        inits=INITS if selected else DEFAULT_INITS,
+        # keep_init where predict writes it by default (GPT-2), so the record holds what predict gives
+        inits=INITS if selected else DEFAULT_INITS + ("keep_init",) * get_family(family).keep_init,
     )
     tic = time.perf_counter()
     rows = evaluate(config)  # a progress bar: the slower families take an hour on 2 cores
@@ -82,7 +84,13 @@ def table(family: str, write: bool, device: str | None = None, selected: bool = 
         f"**{run['label']}**, {BUNDLED[family]}: {summary['archs']} "
         f"held-out architectures{scaled}. After {steps} fine-tuning "
         f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
-        f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss).",
+        f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss)"
+        + (
+            f"; keep_init (the model's init plus the prediction, what `predict` writes for this family) beats "
+            f"random on **{100 * summary['keep_init_beats_random']:.0f}%**."
+            if "keep_init" in summary
+            else "."
+        ),
         "",
         "| init | " + " | ".join(f"loss / accuracy @{h}" for h in at) + " |",
         "|---" * (len(at) + 1) + "|",

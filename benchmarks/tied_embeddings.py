@@ -11,6 +11,10 @@ each bundled text checkpoint that takes the model (trained on every op kind it h
 predict's defaults for its family (GPT-2 keeps its init under the prediction). The checkpoint
 `predict` picks by itself (`bundled_for`) is marked. Below the unigram loss is what a predicted
 language model must reach; own init is about the uniform loss over the vocabulary.
+
+A second table does the same for the decoder zoo: transformers' causal LMs of several model
+types at the mini zoo's smallest plan (`shrink.decoder_plans`: 2 layers, its byte vocabulary),
+with `tie_word_embeddings` true and false, predicted by logah-tiny-zoo-decoders.
 """
 
 from __future__ import annotations
@@ -24,9 +28,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from graphkit.datasets import build_record_model  # noqa: E402
+from graphkit.datasets.shrink import decoder_plans  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
 from graphkit.finetune import score  # noqa: E402
-from graphkit.ghn.checkpoint import bundled_for, bundled_info, bundled_names, checkpoint_task  # noqa: E402
+from graphkit.ghn.checkpoint import (  # noqa: E402
+    ZOO_BUNDLED,
+    bundled_for,
+    bundled_info,
+    bundled_names,
+    checkpoint_task,
+)
 from graphkit.ghn.data import data_config, load_source  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import tied_embeddings  # noqa: E402
@@ -40,6 +52,20 @@ MODELS = {
     "LLaMA, 4 x 256": {"family": "llama", "num_layers": 4, "hidden": 256, "heads": 4, "vocab_size": 32000},
 }
 BATCHES, BATCH_SIZE = 4, 16
+#: transformers model types for the decoder zoo's table: tied by default (Gemma) or not
+ZOO_TYPES = (
+    "qwen2",
+    "llama",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "qwen3",
+    "phi3",
+    "olmo2",
+    "gpt_neox",
+    "granite",
+    "stablelm",
+)
 
 
 def built(config: dict) -> torch.nn.Module:
@@ -63,6 +89,44 @@ def losses(config: dict, batches: list) -> tuple[float, dict[str, float], str]:
         predict(model, bundled_hypernetwork(name), graph=graph)
         predicted[name] = score(model, batches, "text")[0]
     return own, predicted, bundled_for(graph).name
+
+
+def zoo_config(model_type: str, tied: bool) -> dict:
+    """The decoder zoo's record config of ``model_type`` at its smallest mini plan, ``tied`` or not."""
+    from transformers import AutoConfig
+
+    overrides = decoder_plans(AutoConfig.for_model(model_type).to_dict(), model_type)[0][1]
+    return {"family": "transformers", "model_type": model_type, "shrink": {**overrides, "tie_word_embeddings": tied}}
+
+
+def zoo_checkpoint() -> str:
+    """The bundled checkpoint trained across transformers' decoders."""
+    return next(name for name in ZOO_BUNDLED if checkpoint_task(bundled_info(name)) == "text")
+
+
+def zoo_rows(source) -> list[str]:
+    """The decoder zoo's table: each model type, tied and untied, its own init and predicted."""
+    ghn = bundled_hypernetwork(zoo_checkpoint())
+    rows = [
+        "| model type (2 layers, 256 tokens) | own init, tied | predicted, tied | own init, untied "
+        "| predicted, untied |",
+        "|---|---|---|---|---|",
+    ]
+    for model_type in ZOO_TYPES:
+        cells = []
+        for tied in (True, False):
+            torch.manual_seed(0)
+            model = build_record_model(zoo_config(model_type, tied), "cpu")
+            graph = trace(model)
+            assert tied_embeddings(graph) is tied
+            generator = torch.Generator().manual_seed(0)
+            batches = [source.batch(data_config(model), BATCH_SIZE, generator, "eval") for _ in range(BATCHES)]
+            own = score(model, batches, "text")[0]
+            predict(model, ghn, graph=graph)
+            cells += [f"{own:.2f}", f"{score(model, batches, 'text')[0]:.2f}"]
+        rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def table(args) -> str:
@@ -92,7 +156,11 @@ def table(args) -> str:
     return (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}. "
         f"Held-out loss on stdlib-text at step 0 (the unigram loss: {source.unigram_loss():.2f}). Command: "
-        "`.venv/bin/python benchmarks/tied_embeddings.py --write`.\n\n" + "\n".join(rows) + "\n"
+        "`.venv/bin/python benchmarks/tied_embeddings.py --write`.\n\n"
+        + "\n".join(rows)
+        + f"\n\nThe decoder zoo, predicted by {zoo_checkpoint()}:\n\n"
+        + "\n".join(zoo_rows(source))
+        + "\n"
     )
 
 

@@ -426,11 +426,12 @@ def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
     # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (v2's
-    # 32; the LLaMA one, retrained on tied and untied LLaMAs, v4's); none reads depth; the language
-    # models' decode each parameter role through its own map
+    # 32; the GPT-2 and LLaMA ones, retrained on tied and untied models, v4's); none reads depth;
+    # the GPT-2 one reads tying; the language models' decode each parameter role through its own map
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == (4 if family == "llama" else 2) and ghn.config.depth_buckets == 0
+    assert version == (2 if family == "vit" else 4) and ghn.config.depth_buckets == 0
+    assert ghn.config.tie_feature is (family == "gpt2") and ghn.info["space"].get("tied", False) is (family != "vit")
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
     # names without block indices, as they were trained (recorded only since roles had a key)
@@ -440,6 +441,7 @@ def test_bundled_checkpoints(family):
             LoGAH.from_variant("tiny").config,
             num_ops=VOCABULARY_SIZES[version],
             depth_buckets=ghn.config.depth_buckets,
+            tie_feature=ghn.config.tie_feature,
             roles=ghn.config.roles,
         )
     )

@@ -37,12 +37,14 @@ def test_vits_digits_keeps_the_space_the_bundled_hypernetwork_trained_on():
 
 def test_gpts_1k_follows_the_paper():
     space = RECIPES["gpts-1k"].space
-    assert len(space) == 893
+    assert len(space) == 2 * 893  # every shape twice: the head tied to the token embedding, or not
     for c in space:
         L, D = c["num_layers"], c["hidden"]
         low, high = (72, 176) if L > 5 else (128, 176) if L >= 4 else (176, 256)
         assert 3 <= L <= 9 and low <= D <= high and D % 8 == 0 and D % c["heads"] == 0
-        assert (c["vocab_size"], c["context"], c["tied"]) == (50257, 1024, False)
+        assert (c["vocab_size"], c["context"]) == (50257, 1024)
+    untied = [{k: v for k, v in c.items() if k != "tied"} for c in space if not c["tied"]]
+    assert untied == [{k: v for k, v in c.items() if k != "tied"} for c in space if c["tied"]]
     assert max(num_params(c) for c in space) < 30_000_000
 
 

@@ -1,5 +1,6 @@
-"""GPT-2 language models: Hugging Face ``GPT2LMHeadModel`` (LoGAH's GPTs-1K keeps the LM head
-untied from the token embedding, so ``tied`` defaults to False)."""
+"""GPT-2 language models: Hugging Face ``GPT2LMHeadModel``. ``tied`` (default False) shares the
+LM head with the token embedding, as transformers builds GPT-2 by default; GPTs-1K draws both,
+so that a hypernetwork trained on it predicts either (docs/experiments.md, "Tied embeddings")."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ FAMILY = register_family(
                 "name": "gpts-1k",
                 "family": "gpt2",
                 "description": (
-                    "LoGAH's GPTs-1K: GPT-2 LMs with an untied head, deeper means narrower, under 30M parameters"
+                    "LoGAH's GPTs-1K: GPT-2 LMs, deeper means narrower, under 30M parameters, the head tied "
+                    "to the token embedding (as transformers builds GPT-2) or not"
                 ),
                 "bins": [
                     {"layers": [6, 9], "hidden": [72, 176, 8]},
@@ -76,7 +78,8 @@ FAMILY = register_family(
                 ],
                 "heads": [{"choices": "divisors"}],
                 "max_params": 30_000_000,
-                "fixed": {"vocab_size": 50257, "context": 1024, "tied": False},
+                "fixed": {"vocab_size": 50257, "context": 1024},
+                "choices": {"tied": [False, True]},
             },
         ),
         data="stdlib-text",
