@@ -11,6 +11,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from graphkit.ghn.data import data_config
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,6 +27,16 @@ def run_fresh(script: str, *args: str) -> dict:
     """Run ``script --one ARGS`` in a fresh Python process; its last stdout line is a JSON result."""
     out = subprocess.run([sys.executable, script, "--one", *args], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fixed_batches(source, model, batch_size: int, held_out: int, steps: int) -> tuple[list, list]:
+    """``held_out`` evaluation batches and ``steps`` training batches of ``source`` shaped for
+    ``model``, drawn from seed 0: every initialisation a script compares sees the same ones."""
+    shape, generator = data_config(model), torch.Generator().manual_seed(0)
+    return (
+        [source.batch(shape, batch_size, generator, "eval") for _ in range(held_out)],
+        [source.batch(shape, batch_size, generator, "train") for _ in range(steps)],
+    )
 
 
 def write_section(text: str, key: str, path: Path = ROOT / "BENCHMARKS.md") -> None:

@@ -3,14 +3,15 @@ they compute (graphkit.ghn.grow)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import graphkit
 from graphkit.families import build_model, resolve_config
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.encoding import targets
-from graphkit.ghn.grow import GrowError, GrownDecoding, axis_map, twin_config, twin_of
+from graphkit.ghn.grow import GrowError, GrownDecoding, axis_map, resize_patches, twin_config, twin_of, twin_phrase
 from graphkit.ghn.predict import predict, predicted_params
-from graphkit.ghn.space import training_space, widest_at_depth
+from graphkit.ghn.space import GRID_CAVEAT, extent, outside_training_space, training_space, widest_at_depth
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 SMALL_VOCAB = {"vocab_size": 97, "context": 32}
@@ -155,3 +156,76 @@ def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     torch.testing.assert_close(logits(model.eval(), inputs), logits(twin.eval(), inputs), rtol=1e-4, atol=1e-4)
     direct = predicted_params(vits, graphkit.trace(build_model(config, "meta")), grow=False)
     assert not torch.equal(direct["head.weight"], model.head.weight)
+
+
+def test_the_space_records_the_patch_size_and_the_token_grid():
+    graphs = [
+        graphkit.trace(
+            build_model(dict(VIT, num_layers=2, hidden=64, heads=4, image_size=size, patch_size=patch), "meta")
+        )
+        for size, patch in ((8, 2), (32, 4))
+    ]
+    assert [(extent(g)["patch"], extent(g)["grid"]) for g in graphs] == [(2, 4), (4, 8)]
+    space = training_space(graphs)
+    assert (space["patch"], space["grid"], space["resolution"]) == ([2, 4], [4, 8], [8, 32])
+    text = graphkit.trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 32, "heads": 2, **SMALL_VOCAB}))
+    assert (extent(text)["patch"], extent(text)["grid"]) == (None, None)
+
+
+def test_a_patch_size_outside_the_space_is_predicted_at_a_trained_one_with_its_own_token_grid(vits):
+    def twin(**shape):
+        graph = graphkit.trace(build_model(dict(VIT, **shape), "meta"))
+        found = twin_of(vits, graph)
+        return found and (found["hidden"], found["patch_size"], found["image_size"], twin_phrase(graph, found))
+
+    assert twin(num_layers=3, hidden=384, heads=6) is None  # 8 px, patch 2: inside
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == (
+        384,
+        2,
+        8,
+        "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without changing "
+        "what it computes",
+    )
+    assert twin(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16) == (
+        256,
+        2,
+        28,
+        "its 256-wide twin (4 heads), grown to its width, its patch embedding resized from the twin's patch 2 at "
+        "28 px (the same 14 x 14 tokens) without changing what it computes",
+    )
+
+
+def test_a_resized_patch_embedding_gives_the_twins_tokens_on_a_patch_upscaled_as_the_data_is():
+    weight = torch.randn(16, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    patches = torch.rand(5, 3, 2, 2, generator=torch.Generator().manual_seed(1))
+    upscaled = F.interpolate(patches, size=(8, 8), mode="bilinear", align_corners=False, antialias=False)
+    resized = resize_patches(weight, (8, 8))
+    assert resized.shape == (16, 3, 8, 8)
+    torch.testing.assert_close(F.conv2d(upscaled, resized), F.conv2d(patches, weight), rtol=1e-4, atol=1e-4)
+
+
+def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_the_rest(vits):
+    config = resolve_config(dict(VIT, num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4))
+    graph = graphkit.trace(build_model(config, "meta"))
+    twin = predicted_params(vits, graphkit.trace(build_model(twin_of(vits, graph), "meta")))
+    params = predicted_params(vits, graph)
+    direct = predicted_params(vits, graph, grow=False)
+    assert params.keys() == twin.keys()
+    for name, value in params.items():
+        expected = resize_patches(twin[name], (4, 4)) if name == "patch_embed.proj.weight" else twin[name]
+        torch.testing.assert_close(value, expected)
+    assert not torch.allclose(direct["patch_embed.proj.weight"], params["patch_embed.proj.weight"])
+
+
+def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expected_to_be_better(vits):
+    def warning(**shape):
+        return outside_training_space(vits.info, graphkit.trace(build_model(dict(VIT, **shape), "meta")))
+
+    assert warning(num_layers=3, hidden=384, heads=6) is None
+    assert warning(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == (
+        "resolution 16 px is 2.0x the largest trained (8 px), patch size 4 px is 2.0x the largest trained (2 px)"
+    )
+    assert warning(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=4) == (
+        "resolution 32 px is 4.0x the largest trained (8 px), patch size 4 px is 2.0x the largest trained (2 px), "
+        f"token grid 8 tokens a side is 2.0x the largest trained (4 tokens a side), {GRID_CAVEAT}"
+    )

@@ -166,8 +166,9 @@ def predict(
     grow: bool = typer.Option(
         True,
         "--grow/--no-grow",
-        help="Predict a model wider than any the hypernetwork trained on as its narrow twin, grown to "
-        "its width without changing what it computes (Net2Net); --no-grow decodes it directly.",
+        help="Predict a model wider than any the hypernetwork trained on, or with a patch size it never "
+        "trained on, as its twin inside the training space, grown to its width (Net2Net) and its patch "
+        "embedding resized (FlexiViT) without changing what it computes; --no-grow decodes it directly.",
     ),
     calibrate: bool = typer.Option(
         False,
@@ -188,7 +189,7 @@ def predict(
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
-    from graphkit.ghn.grow import twin_of
+    from graphkit.ghn.grow import twin_of, twin_phrase
     from graphkit.ghn.keep_init import should_keep_init
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
@@ -223,8 +224,7 @@ def predict(
     twin = twin_of(hypernet, graph) if grow else None
     if twin is not None:
         console.print(
-            f"predicting it as its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width "
-            "without changing what it computes (--no-grow: decode it directly)",
+            f"predicting it as {twin_phrase(graph, twin)} (--no-grow: decode it directly)",
             highlight=False,
             soft_wrap=True,
         )

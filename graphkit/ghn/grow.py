@@ -1,5 +1,6 @@
-"""Models wider than the hypernetwork's training space: predict the same architecture at the
-widest trained width, then grow it to the model's width without changing what it computes.
+"""Models wider than the hypernetwork's training space, or with a patch size it never trained
+on: predict the same architecture at the widest trained width and a trained patch size, then
+grow it to the model's width and resize its patch embedding without changing what it computes.
 
 Why: the decoder reads row ``i`` of a parameter from row ``i`` of its r -> K map. Rows past the
 widest trained residual width (512 for the bundled ViT hypernetwork, 256 for GPT-2) were never
@@ -39,7 +40,17 @@ solve it and keep the function exact).
 
 The twin's own width lies in the training space, but its depth need not: depth is left as it
 is, because the decoder extrapolates in depth (12-layer ViTs predicted from 3- to 9-layer ones
-score 0.29-0.69 on digits from the predicted parameters alone)."""
+score 0.29-0.69 on digits from the predicted parameters alone).
+
+A patch size is resized the same way (FlexiViT, Beyer et al., 2023): the twin keeps the model's
+token grid at the nearest trained patch size (ViT-B/16 at 224 px: patch 2 at 28 px, the same
+14 x 14 tokens), and its patch embedding is resized to the model's kernel by the pseudo-inverse
+of the image resize (``timm.layers.resample_patch_embed``), so that a patch of an image
+upscaled by the same factor gives the token the twin's patch gives. The bundled ViT
+hypernetwork trained at patch 2 on 8-pixel digits; decoded directly at 16 px with patch 4 (the
+same 4 x 4 tokens) its prediction scored 3.81 on held-out digits at step 0, resized 0.86, where
+patch 2 at 8 px scores 0.85 (BENCHMARKS.md, "Resolutions and patch sizes"). A token grid the
+hypernetwork never saw has no such resize, and stays the model's own."""
 
 from __future__ import annotations
 
@@ -118,15 +129,27 @@ def _tied_head_norms(graph: ArchGraph) -> set[int]:
     }
 
 
+def resize_patches(value: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+    """A patch embedding's weight ``value`` (out, in, h, w) resized to ``kernel`` (h', w') by
+    FlexiViT's pseudo-inverse resize: on an image upscaled from h x w to h' x w' patches the
+    resized weight gives the tokens the original gave (exactly when the kernel grows)."""
+    from timm.layers import resample_patch_embed
+
+    return resample_patch_embed(value.float(), list(kernel), interpolation="bilinear", antialias=False).to(value.dtype)
+
+
 def grow(
     target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin: int, tied_norms: set[int] | None = None
 ) -> torch.Tensor:
     """The twin's ``value`` of ``target`` grown to the target's shape in ``graph`` (width
-    ``width``, twin width ``twin``): copied along every axis that differs; along a read axis
-    each value is split among its copies at random shares that sum to one, drawn from seed 0
-    (the same model, the same prediction)."""
+    ``width``, twin width ``twin``): a patch embedding's kernel resized (:func:`resize_patches`),
+    then copied along every axis that differs; along a read axis each value is split among its
+    copies at random shares that sum to one, drawn from seed 0 (the same model, the same
+    prediction)."""
     tied_norms = _tied_head_norms(graph) if tied_norms is None else tied_norms
     reads = _input_axis(target, graph)
+    if graph.nodes[target.node].op == "patch_embed" and len(target.shape) == 4 and value.shape[2:] != target.shape[2:]:
+        value = resize_patches(value, target.shape[2:])
     generator = torch.Generator().manual_seed(0)
     for axis, (size, twin_size) in enumerate(zip(target.shape, value.shape)):
         if size == twin_size:
@@ -175,27 +198,17 @@ class GrownDecoding:
         return {t.name: put(destinations[t.name], self.grown(t), t.name in onto) for t in self.targets}
 
 
-def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
-    """The config of ``graph``'s narrow twin when the graph is wider than any width ``ghn``
-    trained on (its ``info["space"]``). None when it is not wider, when the checkpoint records
-    no space, when the graph is not one of graphkit's families (nothing to build a twin from),
-    or when no width up to the widest trained at its depth holds whole heads and kv groups of
-    its own size."""
+def _bounds(space: Any, name: str) -> list[int] | None:
+    bounds = space.get(name) if isinstance(space, Mapping) else None
+    return bounds if isinstance(bounds, list) and len(bounds) == 2 else None
 
-    space = (getattr(ghn, "info", None) or {}).get("space")
-    size = extent(graph)
-    bounds = space.get("width") if isinstance(space, Mapping) else None
-    if not (isinstance(bounds, list) and len(bounds) == 2) or size["width"] is None or size["width"] <= bounds[1]:
-        return None
-    try:
-        config = config_from_graph(graph)
-    except ConfigError:
-        return None
-    width, head_dim = config["hidden"], config["hidden"] // config["heads"]
-    widest = widest_at_depth(space, size["depth"] or 0)
-    if width != size["width"] or widest is None:
-        return None
-    for twin in range((widest // head_dim) * head_dim, 0, -head_dim):  # whole heads of the model's own size
+
+def _narrower(config: dict[str, Any], space: Mapping[str, Any], depth: int) -> dict[str, Any] | None:
+    """``config`` at the widest width trained at ``depth`` that holds whole heads and kv groups
+    of its own size; None when none does."""
+    head_dim = config["hidden"] // config["heads"]
+    widest = widest_at_depth(space, depth)
+    for twin in range(((widest or 0) // head_dim) * head_dim, 0, -head_dim):
         try:
             return twin_config(config, twin)
         except GrowError:
@@ -203,9 +216,60 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
     return None
 
 
+def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
+    """The config of ``graph``'s twin inside the space ``ghn`` trained on (its
+    ``info["space"]``): at the widest width trained at its depth when it is wider than any
+    trained, and at the nearest trained patch size, with its own token grid, when its patch
+    size lies outside the trained ones. None when neither applies, when the checkpoint records
+    no space, when the graph is not one of graphkit's families (nothing to build a twin from),
+    or when a wide graph has no width up to the widest trained at its depth that holds whole
+    heads and kv groups of its own size."""
+
+    space = (getattr(ghn, "info", None) or {}).get("space")
+    size = extent(graph)
+    widths, patches = _bounds(space, "width"), _bounds(space, "patch")
+    wide = widths is not None and size["width"] is not None and size["width"] > widths[1]
+    repatch = patches is not None and size["patch"] is not None and not patches[0] <= size["patch"] <= patches[1]
+    if not (wide or repatch):
+        return None
+    try:
+        config = config_from_graph(graph)
+    except ConfigError:
+        return None
+    if wide:
+        if config["hidden"] != size["width"]:
+            return None
+        config = _narrower(config, space, size["depth"] or 0)
+        if config is None:
+            return None
+    if repatch and config.get("patch_size") == size["patch"]:
+        patch = min(max(size["patch"], patches[0]), patches[1])
+        config = {**config, "patch_size": patch, "image_size": config["image_size"] // size["patch"] * patch}
+    return config
+
+
+def twin_phrase(graph: ArchGraph, twin: Mapping[str, Any]) -> str:
+    """How ``graph`` is predicted through its ``twin`` (a :func:`twin_of` config), for predict's
+    output: "its 512-wide twin (8 heads), grown to its width", "its twin with patch 2 at 28 px
+    (the same 14 x 14 tokens), its patch embedding resized", or both."""
+    size = extent(graph)
+    parts = []
+    if twin["hidden"] != size["width"]:
+        parts.append(f"its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width")
+    if twin.get("patch_size") not in (None, size["patch"]):
+        grid = size["grid"]
+        what = f"patch {twin['patch_size']} at {twin['image_size']} px (the same {grid} x {grid} tokens)"
+        parts.append(
+            f"its patch embedding resized from the twin's {what}"
+            if parts
+            else f"its twin with {what}, its patch embedding resized"
+        )
+    return ", ".join(parts) + " without changing what it computes"
+
+
 def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
-    """``ghn``'s prediction of ``graph`` as its narrow twin's, grown (see :func:`twin_of`); None
-    when the graph has no twin."""
+    """``ghn``'s prediction of ``graph`` as its twin's, grown and its patches resized (see
+    :func:`twin_of`); None when the graph has no twin."""
 
     config = twin_of(ghn, graph)
     if config is None:
@@ -216,4 +280,14 @@ def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
     return GrownDecoding(graph, params, extent(graph)["width"], config["hidden"], ghn.config.max_slots)
 
 
-__all__ = ["GrowError", "GrownDecoding", "axis_map", "grow", "growth", "twin_config", "twin_of"]
+__all__ = [
+    "GrowError",
+    "GrownDecoding",
+    "axis_map",
+    "grow",
+    "growth",
+    "resize_patches",
+    "twin_config",
+    "twin_of",
+    "twin_phrase",
+]

@@ -12,7 +12,14 @@ Each extent is read off the graph, so it means the same for any model:
 - ``width``: the residual stream's width, the widest normalisation (layer_norm / rms_norm);
 - ``depth``: the attention layers;
 - ``resolution``: the longest side of an image input (none for token inputs);
-- ``vocabulary``: the rows of the largest token-embedding table (none for images).
+- ``vocabulary``: the rows of the largest token-embedding table (none for images);
+- ``patch``: the kernel side of the patch embedding that reads the image (none without one);
+- ``grid``: the tokens along a side of the image (the resolution over that embedding's stride).
+
+A patch size outside the space is a solved resize: :mod:`graphkit.ghn.grow` predicts such a ViT
+at a trained patch size with its own token grid and resizes the patch embedding as FlexiViT
+does. A token grid outside it is not: predictions there are worse than the model's own init
+(BENCHMARKS.md, "Resolutions and patch sizes"), and the warning says so.
 
 The space also records ``width_by_depth``: per depth, the narrowest and widest width trained.
 LoGAH's datasets make deeper models narrower, and the hypernetwork predicts well only near
@@ -46,11 +53,19 @@ EXTENTS = {
     "depth": ("depth", " layers"),
     "resolution": ("resolution", " px"),
     "vocabulary": ("vocabulary", " tokens"),
+    "patch": ("patch size", " px"),
+    "grid": ("token grid", " tokens a side"),
 }
+
+#: said after a token grid outside the space: the bundled ViT checkpoint trained on 4 x 4 tokens
+#: and, on digits at 2 x 2, 8 x 8, 14 x 14 and 16 x 16, every prediction started worse than the
+#: model's own init (after 100 fine-tuning steps the measured ones were ahead: BENCHMARKS.md)
+GRID_CAVEAT = "where predictions are expected to start worse than the model's own init"
 
 
 def extent(graph: ArchGraph) -> dict[str, int | None]:
-    """The width, depth, resolution and vocabulary of a graph (None where it has none)."""
+    """The width, depth, resolution, vocabulary, patch size and token grid of a graph (None
+    where it has none)."""
     norms = [
         max(shape)
         for node in graph.nodes
@@ -61,13 +76,19 @@ def extent(graph: ArchGraph) -> dict[str, int | None]:
     tables = [
         shape[0] for node in graph.nodes if node.op == "embedding" for shape in node.params.values() if len(shape) == 2
     ]
+    # the first patch embedding reads the image (a hierarchical model merges patches later)
+    first = next((node.attrs for node in graph.nodes if node.op == "patch_embed" and node.attrs.get("kernel")), None)
     inputs = graph.meta.get("input_shapes") or []
     image = inputs[0] if inputs and len(inputs[0]) == 4 else None
+    patch = max(first["kernel"]) if first else None
+    stride = max(first.get("stride") or first["kernel"]) if first else None
     return {
         "width": max(norms) if norms else None,
         "depth": sum(node.op == "attention" for node in graph.nodes) or None,
         "resolution": max(image[2:]) if image else None,
         "vocabulary": max(tables) if tables else None,
+        "patch": patch,
+        "grid": max(image[2:]) // stride if image and stride else None,
     }
 
 
@@ -177,6 +198,8 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
             )
         else:
             beyond.append(f"{label} {value:,}{unit} is below the smallest trained ({low:,}{unit})")
+        if name == "grid":
+            beyond[-1] += f", {GRID_CAVEAT}"
     if space.get("tied") is not True and tied_embeddings(graph):  # not recorded: trained before tying was
         beyond.append("its input and output embeddings are tied, and it trained on untied models only")
     return ", ".join(beyond) or None
@@ -194,6 +217,7 @@ def space_distance(info: Mapping[str, Any], graph: ArchGraph) -> float:
 
 __all__ = [
     "EXTENTS",
+    "GRID_CAVEAT",
     "TASK_READERS",
     "extent",
     "input_task",

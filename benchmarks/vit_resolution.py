@@ -1,0 +1,119 @@
+"""The resolutions and patch sizes users bring (issue #45 item 4): timm ViTs predicted by the
+bundled ViT hypernetwork (vits-digits: 8-pixel digits, patch 2, 4 x 4 tokens) against their
+own init, at step 0 and after fine-tuning.
+
+    .venv/bin/python benchmarks/vit_resolution.py          # print the table
+    .venv/bin/python benchmarks/vit_resolution.py --write  # and update BENCHMARKS.md
+
+Each model is timm's VisionTransformer built on the CPU from seed 0, with 10 classes. Its data
+is scikit-learn's digits, held-out split, resized bilinearly to the model's resolution (as
+`eval-ghn --data digits` gives them). Columns, held-out loss:
+
+- own init: the model as timm builds it;
+- decoded directly: the prediction at the model's own shapes (`predict --no-grow`);
+- predicted: what `predict` writes by default; a patch size outside the trained ones is
+  predicted at a trained one with the model's token grid and resized as FlexiViT does
+  (`graphkit.ghn.grow`), a wider model grown from its twin;
+- and after `--steps` AdamW steps (lr 3e-4, batch 32, the same batches for each), own init
+  against predicted. Models at 224 px are scored at step 0 only unless `--big-steps` says
+  otherwise (a ViT-B step at 224 px takes seconds on a CPU): `--only vit_small --big-steps 100`
+  fine-tunes ViT-S/16 alone, printed, not written.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from graphkit.finetune import score, up_train  # noqa: E402
+from graphkit.ghn.data import load_source  # noqa: E402
+from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
+from graphkit.ghn.space import extent  # noqa: E402
+from graphkit.tracing import trace  # noqa: E402
+
+CHECKPOINT = "logah-tiny-vits"
+#: ViT-S's width and heads at depth 6 (inside the trained width envelope only after growing)
+SMALL = {"embed_dim": 384, "num_heads": 6, "depth": 6}
+#: label -> (timm model name, its keyword arguments): the issue's rows, then patch 16 at the trained grid
+MODELS = {
+    "ViT-S depth 6, 8 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=8, patch_size=2)),
+    "ViT-S depth 6, 16 px, patch 4": ("vit_small_patch16_224", dict(SMALL, img_size=16, patch_size=4)),
+    "ViT-S depth 6, 32 px, patch 8": ("vit_small_patch16_224", dict(SMALL, img_size=32, patch_size=8)),
+    "ViT-S depth 6, 64 px, patch 16": ("vit_small_patch16_224", dict(SMALL, img_size=64, patch_size=16)),
+    "ViT-S depth 6, 8 px, patch 4": ("vit_small_patch16_224", dict(SMALL, img_size=8, patch_size=4)),
+    "ViT-S depth 6, 32 px, patch 4": ("vit_small_patch16_224", dict(SMALL, img_size=32, patch_size=4)),
+    "ViT-S depth 6, 32 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=32, patch_size=2)),
+    "`vit_small_patch16_224`, 224 px": ("vit_small_patch16_224", {}),
+    "`vit_base_patch16_224`, 224 px": ("vit_base_patch16_224", {}),
+}
+BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
+
+
+def built(name: str, kwargs: dict) -> torch.nn.Module:
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+
+
+def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
+    model = built(name, kwargs)
+    graph = trace(model)
+    size = extent(graph)
+    held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
+    ghn = bundled_hypernetwork(CHECKPOINT)
+    scores = {}
+    for init in ("own init", "decoded directly", "predicted"):
+        model = built(name, kwargs)
+        if init != "own init":
+            predict(model, ghn, graph=graph, grow=init == "predicted")
+        if init == "decoded directly":
+            scores[init] = {0: score(model, held_out, "image")}
+            continue
+        scores[init] = up_train(model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps))[1]
+    cells = [f"{scores[init][0][0]:.2f} / {scores[init][0][1]:.2f}" for init in scores]
+    if steps:
+        cells += [f"{scores[init][steps][0]:.2f} / {scores[init][steps][1]:.2f}" for init in ("own init", "predicted")]
+    else:
+        cells += ["not run", "not run"]
+    grid = size["grid"]
+    return f"| {label} | {grid} x {grid} | " + " | ".join(cells) + " |"
+
+
+def table(args) -> str:
+    if args.only and args.write:
+        raise SystemExit("--only prints some rows; --write needs them all")
+    source = load_source("digits")
+    rows = [
+        f"| model | tokens | own init @0 | decoded directly @0 | predicted @0 | own init @{args.steps} "
+        f"| predicted @{args.steps} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, (name, kwargs) in MODELS.items():
+        if args.only and args.only not in label:
+            continue
+        steps = args.big_steps if "224" in label else args.steps
+        rows.append(row(label, name, kwargs, source, steps))
+        print(rows[-1], flush=True)
+    return (
+        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}, "
+        f"checkpoint {CHECKPOINT} (trained at 8 px, patch 2: 4 x 4 tokens). Held-out digits, loss / accuracy "
+        f"(chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps (224 px: {args.big_steps or 'not run'}). "
+        "Command: `.venv/bin/python benchmarks/vit_resolution.py --write`.\n\n" + "\n".join(rows) + "\n"
+    )
+
+
+def options(parser) -> None:
+    parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps below 224 px")
+    parser.add_argument("--big-steps", type=int, default=0, help="fine-tuning steps at 224 px (default: none)")
+    parser.add_argument("--only", default="", help="only the rows whose label holds this text (not with --write)")
+
+
+if __name__ == "__main__":
+    common.main(__doc__, "vit_resolution", table, options)
