@@ -39,11 +39,12 @@ from graphkit.ghn import (
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
 from graphkit.ghn.data import load_source
-from graphkit.ghn.encoding import EncodingError
+from graphkit.ghn.encoding import EncodingError, targets
 from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise
+from graphkit.ghn.keep_init import should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.training import parameter_groups, run_models
+from graphkit.ghn.training import onto_init, parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 
@@ -739,3 +740,35 @@ def test_eval_ghn_compares_the_prediction_kept_on_the_init(gpts, tmp_path):
     summary = report["summary"]
     assert summary["keep_init_beats_random"] == summary["keep_init_wins"]["2"]["random"]
     assert "keep_init beats random after 2 steps on" in result.stdout and "keep_init wins" in result.stdout
+
+
+def test_keep_init_training_adds_the_prediction_onto_a_fresh_init_each_step(gpts):
+    pool = ArchPool(gpts)
+    predicted = {t.name: torch.ones(t.shape) for t in targets(pool.records[0].graph, LoGAHConfig().max_slots)}
+    torch.manual_seed(0)
+    first = pool.initialised(0)
+    torch.manual_seed(0)
+    again, other = pool.initialised(0), pool.initialised(0)
+    assert all(torch.equal(first[name], again[name]) for name in first)  # a seeded step draws the same init
+    assert not torch.equal(first["transformer.h.0.attn.c_attn.weight"], other["transformer.h.0.attn.c_attn.weight"])
+    assert not any(p.requires_grad for p in first.values())
+    summed = onto_init(predicted, first)
+    for name, value in summed.items():
+        expected = first[name] + 1 if value.dim() >= 2 else torch.ones_like(value)
+        torch.testing.assert_close(value, expected)
+
+
+@pytest.mark.slow
+def test_a_keep_init_run_records_it_and_predict_keeps_the_init_by_default(gpts, tmp_path):
+    with pytest.raises(TrainError, match="keep-init must be true or false"):
+        quick(gpts, tmp_path / "bad", keep_init="yes")
+    out = tmp_path / "onto-init"
+    train(quick(gpts, out, keep_init=True), progress=False)
+    ghn = load_checkpoint(out)
+    assert ghn.info["train"]["keep_init"] is True and trained_onto_init(ghn.info)
+    graph = graphkit.trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 32, "heads": 2, "vocab_size": 97}))
+    assert should_keep_init(graph, None, ghn.info) and not should_keep_init(graph, False, ghn.info)
+    assert not trained_onto_init(load_checkpoint("logah-tiny-vits").info)
+    same = ("--steps", "5", "--meta-batch", "2", "--batch-size", "8", "--seq-len", "16", "--resume")
+    result = run("train-ghn", "--dataset", gpts, "--out", out, *same)
+    assert result.exit_code == 1 and "was trained with --keep-init True, not False" in result.stderr

@@ -51,6 +51,13 @@ def train_ghn(
         "head that reuses it), so that a pool of tied and untied language models gets a table for each job "
         '(docs/experiments.md, "Tied embeddings, predicted").',
     ),
+    keep_init: bool = typer.Option(
+        False,
+        "--keep-init/--no-keep-init",
+        help="Train the prediction as `predict --keep-init` writes it: added onto each model's own "
+        "initialisation (weight matrices init + prediction), drawn afresh every step, so that the "
+        "hypernetwork learns a correction to the init rather than whole matrices.",
+    ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
@@ -117,6 +124,7 @@ def train_ghn(
         decoder=decoder,
         depth_buckets=depth_buckets,
         tie_feature=tie_feature,
+        keep_init=keep_init,
         role_maps=role_maps,
         role_key=role_key,
         max_roles=max_roles,
@@ -190,7 +198,7 @@ def predict(
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of, twin_phrase
-    from graphkit.ghn.keep_init import should_keep_init
+    from graphkit.ghn.keep_init import should_keep_init, trained_onto_init
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
@@ -211,7 +219,9 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    console.print(describe(hypernet, should_keep_init(graph, keep_init)), highlight=False, soft_wrap=True)
+    console.print(
+        describe(hypernet, should_keep_init(graph, keep_init, hypernet.info)), highlight=False, soft_wrap=True
+    )
     beyond = outside_training_space(hypernet.info, graph)
     if beyond:
         errors.print(
@@ -228,10 +238,16 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    if should_keep_init(graph, keep_init):
+    if should_keep_init(graph, keep_init, hypernet.info):
         console.print(
             f"adding the prediction onto {loaded.name}'s own initialisation"
-            + (" (its family's default; --no-keep-init: the prediction alone)" if keep_init is None else ""),
+            + (
+                ""
+                if keep_init is not None
+                else " (the way this hypernetwork trained; --no-keep-init: the prediction alone)"
+                if trained_onto_init(hypernet.info)
+                else " (its family's default; --no-keep-init: the prediction alone)"
+            ),
             highlight=False,
             soft_wrap=True,
         )

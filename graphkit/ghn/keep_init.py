@@ -34,11 +34,23 @@ class KeepInitError(GraphkitError):
     initialisation to keep."""
 
 
-def should_keep_init(graph: ArchGraph, choice: bool | None = None) -> bool:
+def should_keep_init(graph: ArchGraph, choice: bool | None = None, info: Mapping | None = None) -> bool:
     """Whether ``graph``'s prediction is added onto the model's own initialisation: ``choice``
-    when given (``keep_init`` of :func:`~graphkit.ghn.predict.predict`), else whether the family
-    ``graph`` was traced from does so by default (``Family.keep_init``: GPT-2)."""
+    when given (``keep_init`` of :func:`~graphkit.ghn.predict.predict`), else always for a
+    hypernetwork trained that way (``train-ghn --keep-init``, recorded in its config.json,
+    ``info``), else whether the family ``graph`` was traced from does so by default
+    (``Family.keep_init``: GPT-2)."""
+    if choice is None and trained_onto_init(info):
+        return True
     return family_default(graph, "keep_init", choice)
+
+
+def trained_onto_init(info: Mapping | None) -> bool:
+    """Whether the hypernetwork whose config.json is ``info`` trained its predictions added onto
+    each model's own init (``train-ghn --keep-init``): its predictions are corrections, and alone
+    they are no model."""
+    train = (info or {}).get("train")
+    return isinstance(train, Mapping) and train.get("keep_init") is True
 
 
 def adds_onto_init(shape: torch.Size | tuple[int, ...]) -> bool:
@@ -103,4 +115,11 @@ def _takes_no_arguments(function: object) -> bool:
     return True
 
 
-__all__ = ["KeepInitError", "add_prediction", "adds_onto_init", "initialise_as_built", "should_keep_init"]
+__all__ = [
+    "KeepInitError",
+    "add_prediction",
+    "adds_onto_init",
+    "initialise_as_built",
+    "should_keep_init",
+    "trained_onto_init",
+]

@@ -53,6 +53,13 @@ class ArchPool:
         supplies them), so a cached model costs no weight memory."""
         return functional_model(self.records[index].config, self.device)
 
+    def initialised(self, index: int) -> dict[str, torch.Tensor]:
+        """Architecture ``index``'s parameters as its library initialises them at construction,
+        drawn afresh from the global generator (a training step seeds it, so a resumed step draws
+        the same), by state-dict name with tied aliases: the ``W0`` of ``--keep-init``."""
+        model = build_record_model(self.records[index].config, self.device)
+        return {name: param.detach() for name, param in model.named_parameters(remove_duplicate=False)}
+
     def ops(self) -> list[str]:
         """Every op the pool's graphs use."""
         return sorted({node.op for r in self.records for node in r.graph.nodes})

@@ -225,7 +225,11 @@ def predict(
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
     scaled = should_scale_residuals(graph, residual_scale)
-    onto = _onto_init(model, graph, destinations, device) if should_keep_init(graph, keep_init) else set()
+    onto = (
+        _onto_init(model, graph, destinations, device)
+        if should_keep_init(graph, keep_init, getattr(ghn, "info", None))
+        else set()
+    )
     if scaled and onto:  # W0 / s + P, scaled below, is W0 + s P: the init kept as it was
         writers = residual_writers(graph)
         with torch.no_grad():

@@ -30,6 +30,7 @@ RESUMED_OPTIONS = (
     "decoder",
     "depth_buckets",
     "tie_feature",
+    "keep_init",
     "role_maps",
     "role_key",
     "max_roles",
@@ -103,6 +104,7 @@ def check_resume(
     recorded = {
         "depth_buckets": 0,
         "tie_feature": False,
+        "keep_init": False,
         "role_maps": False,
         "role_key": LoGAHConfig.role_key,
         "max_roles": None,

@@ -47,6 +47,7 @@ from graphkit.ghn.diagnostics import (
     plot_metrics,
 )
 from graphkit.ghn.encoding import EncodedGraph
+from graphkit.ghn.keep_init import adds_onto_init
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
@@ -90,6 +91,7 @@ class TrainConfig:
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
     role_rows: int = LoGAHConfig.role_rows  # rows of the map each role owns (LoGAHConfig.role_rows)
+    keep_init: bool = False  # train the prediction as predict(keep_init=True) writes it: onto a fresh init per step
     meta_batch: int = 4  # architectures per step (per process)
     batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
@@ -125,6 +127,7 @@ class TrainConfig:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         check_flag("role_maps", self.role_maps, TrainError)
         check_flag("tie_feature", self.tie_feature, TrainError)
+        check_flag("keep_init", self.keep_init, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
@@ -252,6 +255,8 @@ def run_models(
         inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
         inputs = inputs.to(pool.device)
         params = {name: value.to(dtype or torch.float32) for name, value in params.items()}  # no copy if in it
+        if config.keep_init:
+            params = onto_init(params, pool.initialised(index))
         if dtype is not None:
             inputs = inputs.to(dtype) if inputs.is_floating_point() else inputs
         output = functional_call(model, params, (inputs,))
@@ -259,6 +264,18 @@ def run_models(
         losses.append(loss)
         metrics.append(metric)
     return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
+
+
+def onto_init(predicted: dict[str, torch.Tensor], init: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``predicted`` as ``predict(keep_init=True)`` writes it onto a model whose own
+    initialisation is ``init`` (:mod:`graphkit.ghn.keep_init`): every parameter of two or more
+    dimensions ``W0 + P``, the rest ``P``. Training in this form (``--keep-init``) teaches the
+    hypernetwork a correction to a full-rank random init rather than a whole matrix, the residual
+    form MIP (Ortiz et al., 2024) and NiNo use (issue #45's lead 1)."""
+    return {
+        name: init[name].to(value.dtype) + value if adds_onto_init(value.shape) else value
+        for name, value in predicted.items()
+    }
 
 
 def step_seed(seed: int, step: int, rank: int = 0) -> int:
