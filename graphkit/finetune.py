@@ -29,11 +29,11 @@ from torch import nn
 
 from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
-from graphkit.ghn.checkpoint import load_optimizer_state, save_optimizer_state
+from graphkit.ghn.checkpoint import load_optimizer_state, read_trainer_state, save_optimizer_state
 from graphkit.ghn.data import data_config, load_source, output_loss, source_for
 from graphkit.ghn.run_folder import check_resume, trim_metrics
 from graphkit.ghn.training import step_seed
-from graphkit.params import load_params, save_params
+from graphkit.params import load_params, save_params, weights_digest
 from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -139,9 +139,10 @@ class UpTrainingRun:
     """An up-training's run folder (module docstring): resumes from and writes ``checkpoint/``,
     logs to ``metrics.jsonl``."""
 
-    def __init__(self, folder: Path, config: FinetuneConfig, data: str, resume: bool) -> None:
+    def __init__(self, folder: Path, config: FinetuneConfig, data: str, resume: bool, source: str) -> None:
         self.folder, self.config, self.data, self.resuming = folder, config, data, resume
         self.checkpoint, self.metrics = folder / "checkpoint", folder / "metrics.jsonl"
+        self.source = source  # the digest of the weights the run started from (params.weights_digest)
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the checkpoint into ``model`` and ``optimizer`` when resuming; the steps done."""
@@ -158,7 +159,12 @@ class UpTrainingRun:
         if step % self.config.log_every == 0 or step == self.config.steps:
             self.log({"step": step, "loss": loss, "lr": optimizer.param_groups[0]["lr"]})
         if step % self.config.checkpoint_every == 0 or step == self.config.steps:
-            state = {"step": step, "config": {**asdict(self.config), "data": self.data}, "world_size": 1}
+            state = {
+                "step": step,
+                "config": {**asdict(self.config), "data": self.data},
+                "world_size": 1,
+                "source": self.source,
+            }
 
             def write(staging: Path) -> None:
                 save_params(model, staging / "model.safetensors", kind="finetune")
@@ -169,6 +175,19 @@ class UpTrainingRun:
     def log(self, line: dict[str, Any]) -> None:
         with self.metrics.open("a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def check_same_model(folder: Path, digest: str) -> None:
+    """Refuse to resume the run in ``folder`` from a model other than the one it started from
+    (its weights' :func:`~graphkit.params.weights_digest` differs from the one its checkpoint
+    recorded): the checkpoint would overwrite the model's weights and record the run as the
+    other model's. A checkpoint written before digests were recorded cannot be checked."""
+    recorded = read_trainer_state(folder / "checkpoint").get("source")
+    if recorded is not None and recorded != digest:
+        raise TrainError(
+            f"--resume: {folder} was up-trained from another model (its starting weights differ from this "
+            "model's); resume with the model it started from, or up-train into another --out"
+        )
 
 
 def finetune(
@@ -189,8 +208,10 @@ def finetune(
     device = torch.device(config.device or default_device(TrainError))
     shape = data_config(model, example_inputs)
     data = config.data or source_for(shape)
+    started_from = weights_digest(model)
     if resume:
         check_resume(folder / "checkpoint", {**asdict(config), "data": data}, source_for(shape), names=RESUMED)
+        check_same_model(folder, started_from)
     source = load_source(data, seq_len=config.seq_len)
     source.check(shape)
     model.to(device)
@@ -202,7 +223,7 @@ def finetune(
     generator = torch.Generator().manual_seed(config.seed)
     held_out = [source.batch(shape, config.batch_size, generator, split="eval") for _ in range(config.eval_batches)]
     held_out = [(x.to(device), y.to(device)) for x, y in held_out]
-    run = UpTrainingRun(folder, config, data, resume)
+    run = UpTrainingRun(folder, config, data, resume, started_from)
     losses, _ = up_train(
         model,
         source.task,

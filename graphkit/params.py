@@ -14,6 +14,7 @@ written atomically (:mod:`graphkit.fileio`).
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -278,6 +279,19 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
     )
 
 
+def weights_digest(model: nn.Module) -> str:
+    """A SHA-256 of ``model``'s parameters and persistent buffers (names, dtypes, shapes and
+    values, tied ones once): the same model with the same weights gives the same digest, any
+    other model or weight a different one. ``finetune --resume`` checks with it that a run
+    goes on from the model it started from, where a check of shapes alone took any model of the
+    same architecture."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict(keep_vars=False).items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()[:32]
+
+
 __all__ = [
     "Params",
     "ParamsError",
@@ -292,6 +306,7 @@ __all__ = [
     "tied_names",
     "replace_parameter",
     "first_non_finite",
+    "weights_digest",
     "available_memory",
     "memory_shortfall",
 ]

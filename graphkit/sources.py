@@ -385,7 +385,9 @@ def _folder_classes(config_file: Path, raw: dict[str, Any]) -> tuple[type, type[
 
 def _read_weights(folder: Path, model_class: type, config: Any) -> nn.Module:
     """``from_pretrained`` on the folder: offline, safetensors only, float32, and every tensor
-    the model has read from the files (and none left over)."""
+    the model has read from the files, at the shape config.json gives it (and none left over).
+    A shape mismatch is named here, with both shapes: transformers raises it as "look at the
+    above report", a report its logging printed and graphkit keeps quiet."""
     model, info = model_class.from_pretrained(
         folder,
         config=config,
@@ -394,7 +396,16 @@ def _read_weights(folder: Path, model_class: type, config: Any) -> nn.Module:
         trust_remote_code=False,
         dtype=torch.float32,
         output_loading_info=True,
+        ignore_mismatched_sizes=True,  # listed in the loading info, refused below
     )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: entry[0])
+    if mismatched:
+        name, stored, expected = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise ModelSourceError(
+            f"{folder}: the weights do not match config.json: {name} is {list(stored)} in the weights but "
+            f"{list(expected)} in the model config.json describes{more}"
+        )
     for what, key in (("lack", "missing_keys"), ("hold tensors the model does not have:", "unexpected_keys")):
         names = sorted(info.get(key) or ())
         if names:

@@ -203,6 +203,19 @@ def test_convert_errors(args, message, tmp_path, monkeypatch):
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_convert_refuses_nan_weights_before_writing(tmp_path):
+    model_file = tmp_path / "nan_vit.py"
+    source = (ROOT / "examples" / "vit_tiny_cifar.py").read_text()
+    model_file.write_text(source + "with torch.no_grad():\n    model.blocks[1].attn.qkv.weight[3, 5] = float('nan')\n")
+    out = tmp_path / "gqa.safetensors"
+    result = run("convert", model_file, "--attention", "gqa", "--kv-heads", "2", "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: {model_file}: its parameter 'blocks.1.attn.qkv.weight' holds NaN or Inf; convert needs finite weights"
+    )
+    assert list(tmp_path.iterdir()) == [model_file]
+
+
 def test_convert_needs_weights():
     result = run("convert", ROOT / "examples" / "gpt2.py", "--attention", "gqa", "--out", "x.safetensors")
     assert result.exit_code == 1 and "is on the meta device; convert needs its weights" in result.stderr

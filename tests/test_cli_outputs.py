@@ -278,3 +278,25 @@ def test_help_still_answers_without_an_error():
     assert run("convert", "--help").exit_code == 0
     bare = run()  # no command: the help, as before
     assert "Usage" in bare.output and "error:" not in bare.output
+
+
+@pytest.mark.parametrize(
+    "name, fmt, accepted",
+    [
+        ("graph.png", None, "'.png'; accepted: .json, .txt, .md"),
+        ("graph", None, "'(none)'; accepted: .json, .txt, .md"),
+        ("graph.json", "text", "'.json'; accepted: .txt, .md"),
+        ("summary.md", "json", "'.md'; accepted: .json"),
+    ],
+)
+def test_trace_out_takes_only_the_extensions_of_its_format(tmp_path, name, fmt, accepted):
+    out = tmp_path / name
+    line = one_line_error(run("trace", MODEL_FILES / "build_raises.py", "--out", out, *(["-f", fmt] if fmt else [])))
+    assert line == f"error: --out {out}: unsupported extension {accepted}"  # before the model ran
+    assert not out.exists()
+
+
+def test_trace_out_writes_the_format_its_extension_names(tmp_path):
+    for name, kind in (("s.md", "summary"), ("s.txt", "summary"), ("g.json", "graph")):
+        assert run("trace", VIT, "--out", tmp_path / name).exit_code == 0
+        assert graphkit_kind(tmp_path / name) == kind

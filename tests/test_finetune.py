@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from graphkit.cli import app
 from graphkit.errors import TrainError
 from graphkit.finetune import FinetuneConfig, finetune, up_train
-from graphkit.params import read_params
+from graphkit.params import read_params, weights_digest
 
 runner = CliRunner()
 
@@ -60,6 +60,18 @@ def test_a_resume_with_other_options_is_refused(tmp_path):
     finetune(tiny_llama(), tmp_path, FinetuneConfig(**config), progress=False)
     with pytest.raises(TrainError, match=r"was trained with --lr 0.0003, not 0.001"):
         finetune(tiny_llama(), tmp_path, FinetuneConfig(**{**config, "steps": 2, "lr": 1e-3}), resume=True)
+
+
+def test_a_resume_from_another_model_of_the_same_shapes_is_refused(tmp_path):
+    config = dict(steps=1, batch_size=2, seq_len=8, device="cpu")
+    finetune(tiny_llama(seed=0), tmp_path, FinetuneConfig(**config), progress=False)
+    recorded = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())["source"]
+    assert recorded == weights_digest(tiny_llama(seed=0)) != weights_digest(tiny_llama(seed=1))
+    before = (tmp_path / "checkpoint" / "model.safetensors").read_bytes()
+    with pytest.raises(TrainError, match=r"was up-trained from another model \(its starting weights differ"):
+        finetune(tiny_llama(seed=1), tmp_path, FinetuneConfig(**{**config, "steps": 2}), resume=True)
+    assert (tmp_path / "checkpoint" / "model.safetensors").read_bytes() == before
+    finetune(tiny_llama(seed=0), tmp_path, FinetuneConfig(**{**config, "steps": 2}), resume=True, progress=False)
 
 
 @pytest.mark.parametrize(("option", "value"), [("steps", 0), ("lr", 0.0), ("seed", -1), ("weight_decay", float("nan"))])

@@ -110,6 +110,18 @@ def test_mla_in_deepseeks_format_is_exact_where_nothing_is_dropped(model_type, t
     assert (logits(loaded) - logits(source)).abs().max() < 1e-5
 
 
+def test_a_source_that_names_a_pad_token_converts_to_deepseeks_format(tmp_path):
+    """Most real configs name a pad token; the rotary check's bare DeepSeek model (a one-token
+    vocabulary) once kept it and failed in torch's embedding ("Padding_idx must be within
+    num_embeddings"). The pad row is zero as transformers initialises it, and the calibration
+    holds it: a zero hidden state once pulled the latent norm's weight below 1 (logits 6e-3 off)."""
+    assert any((batch == 299).any() for batch in CALIBRATION)
+    source = checkpoint(tmp_path, "llama", kv_heads=1, rms_norm_eps=1e-12, pad_token_id=299)
+    converted = to_deepseek(source, 64, 16, CALIBRATION)
+    assert converted.config.pad_token_id == 299
+    assert (logits(converted) - logits(source)).abs().max() < 1e-5
+
+
 def test_rorope_is_exact_when_the_kv_heads_share_their_keys(tmp_path):
     """Two K/V heads whose keys are multiples of one another: RoRoPE's principal direction holds
     every head's rotary key, so the shared rotary key loses nothing (at full rank)."""

@@ -165,6 +165,15 @@ def test_a_folder_whose_weights_do_not_match_its_config_is_refused(folders, tmp_
     (folder / "model.safetensors").symlink_to(folders["llama"] / "model.safetensors")
     with pytest.raises(ModelSourceError, match=r"the weights do not match config.json: they lack model\.layers\.2\."):
         load_model_source(folder)
+    saved = load_file(folders["llama"] / "model.safetensors")["model.layers.0.mlp.down_proj.weight"]
+    narrower = saved.shape[1] // 2
+    (folder / "config.json").write_text(json.dumps(config | {"intermediate_size": narrower}))
+    with pytest.raises(ModelSourceError) as refused:  # transformers says "look at the above report", and shows none
+        load_model_source(folder)
+    assert str(refused.value) == (
+        f"{folder}: the weights do not match config.json: model.layers.0.mlp.down_proj.weight is {list(saved.shape)} "
+        f"in the weights but {[saved.shape[0], narrower]} in the model config.json describes (and 5 more)"
+    )
 
 
 def test_too_large_to_hold_is_refused_before_allocating():
@@ -291,7 +300,7 @@ def test_help_shows_every_form():
     ],
 )
 def test_bad_sources_are_one_line_errors(folders, tmp_path, command, source, message):
-    out = tmp_path / ("g.svg" if command == "draw" else "p.safetensors")
+    out = tmp_path / {"draw": "g.svg", "trace": "g.json"}.get(command, "p.safetensors")
     args = ["-a", "gqa", "-k", "1"] if command == "convert" else []
     result = run(command, source.format(**folders), *args, "--out", out)
     line = one_line_error(result)

@@ -411,7 +411,9 @@ def _key_moments(model: nn.Module, plan: DecoderPlan, pairs: torch.Tensor, calib
 
 def _latent_rms(model: nn.Module, plan: DecoderPlan, downs: list[torch.Tensor], calibration: Sequence[Any]) -> list:
     """Per layer, the mean RMS of the latent ``down @ x̂`` over the calibration tokens (1 without
-    them: ``x̂`` has unit RMS and ``down`` orthonormal rows), the weight ``kv_a_layernorm`` gets."""
+    them: ``x̂`` has unit RMS and ``down`` orthonormal rows), the weight ``kv_a_layernorm`` gets.
+    A token whose hidden state is zero (a padding row as transformers initialises it) is left out:
+    its latent is zero whatever the weight, and counted it pulled an exact conversion's 1 down."""
     if not calibration:
         return [1.0] * len(downs)
     sums, counts = [0.0] * len(downs), [0] * len(downs)
@@ -420,7 +422,7 @@ def _latent_rms(model: nn.Module, plan: DecoderPlan, downs: list[torch.Tensor], 
         def hook(_module, args):
             h = args[0].detach().double().cpu().reshape(-1, plan.width)
             unit = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + plan.eps)
-            latent = unit @ downs[i].T
+            latent = (unit @ downs[i].T)[h.pow(2).sum(-1) > 0]
             sums[i] += latent.pow(2).mean(-1).sqrt().sum().item()
             counts[i] += len(latent)
 
@@ -430,7 +432,7 @@ def _latent_rms(model: nn.Module, plan: DecoderPlan, downs: list[torch.Tensor], 
     run_calibration(
         model, calibration, [x.input_layernorm.register_forward_pre_hook(record(i)) for i, x in enumerate(layers)]
     )
-    return [s / n for s, n in zip(sums, counts)]
+    return [s / n if n else 1.0 for s, n in zip(sums, counts)]
 
 
 def _interleave(first: torch.Tensor, second: torch.Tensor, dim: int) -> torch.Tensor:
@@ -595,6 +597,7 @@ def _check_frequencies(source: nn.Module, config: Any, pairs: torch.Tensor) -> N
 
     bare = copy.deepcopy(config)
     bare.num_hidden_layers, bare.vocab_size, bare.hidden_size, bare.intermediate_size = 0, 1, 1, 1
+    bare.pad_token_id = None  # a pad token of the source's vocabulary lies outside the bare one
     ours, theirs = source.model.rotary_emb, DeepseekV3Model(bare).rotary_emb
     expected = ours.inv_freq.detach().double().cpu()[pairs]
     got = theirs.inv_freq.detach().double().cpu()

@@ -166,13 +166,35 @@ class GraphFormat(str, enum.Enum):
     text = "text"
 
 
+#: the extensions `trace --out` writes each format under: a graph is JSON, a summary text or
+#: Markdown; a picture is `graphkit draw`'s
+GRAPH_SUFFIXES = {GraphFormat.json: (".json",), GraphFormat.text: (".txt", ".md")}
+
+
+def graph_format(out: Path | None, chosen: GraphFormat | None) -> tuple[GraphFormat, tuple[str, ...]]:
+    """`trace`'s format, and the extensions ``out`` may have: ``chosen`` and its extensions;
+    else the format ``out``'s extension names (JSON when it names none), and every extension
+    either format takes. An ``out`` whose extension is not among them is refused, before the
+    model runs, by :func:`~graphkit.fileio.check_output_file` (``trace --out graph.png`` once
+    wrote JSON into a .png)."""
+    if chosen is not None:
+        return chosen, GRAPH_SUFFIXES[chosen]
+    if out is None:
+        return GraphFormat.text, ()
+    suffix = out.suffix.lower()
+    named = next((fmt for fmt, suffixes in GRAPH_SUFFIXES.items() if suffix in suffixes), GraphFormat.json)
+    return named, tuple(s for suffixes in GRAPH_SUFFIXES.values() for s in suffixes)
+
+
 @app.command()
 @command
 def trace(
     model: str = model_argument(ARCHITECTURE_ONLY),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the graph here (JSON by default)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Write the graph here: .json (the graph) or .txt / .md (its summary)."
+    ),
     format: Optional[GraphFormat] = typer.Option(
-        None, "--format", "-f", help="json or text; default: json with --out, text without."
+        None, "--format", "-f", help="json or text; default: what --out's extension names, text without --out."
     ),
     fold: bool = typer.Option(
         True,
@@ -187,9 +209,9 @@ def trace(
     """
     from graphkit.sources import load_model_source
 
-    fmt = format or (GraphFormat.json if out else GraphFormat.text)
+    fmt, suffixes = graph_format(out, format)
     if out is not None:  # before the model runs: a bad --out costs nothing
-        check_output_file(out, "--out", kind="graph" if fmt is GraphFormat.json else "summary")
+        check_output_file(out, "--out", suffixes, kind="graph" if fmt is GraphFormat.json else "summary")
     _, graph = trace_loaded(load_model_source(model, weights=False), fold_repeats=fold)
     if fmt is GraphFormat.json:  # the same marked document on stdout and in --out
         text = marked_json("graph", graph.to_dict(), indent=1)
@@ -380,7 +402,7 @@ def convert(
     from graphkit.errors import GraphkitError
     from graphkit.families import ConfigError
     from graphkit.ghn.data import calibration_inputs, data_config, load_source
-    from graphkit.params import check_params_output, save_params
+    from graphkit.params import check_params_output, first_non_finite, save_params
     from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
 
@@ -426,6 +448,9 @@ def convert(
         raise GraphkitError(
             f"{model}: the model is on the meta device; convert needs its weights (build it on a real device)"
         )
+    bad = first_non_finite(dict(loaded.model.named_parameters()))
+    if bad is not None:  # a conversion mixes heads: one NaN would spread to every weight it touches, silently
+        raise GraphkitError(f"{model}: its parameter {bad!r} holds NaN or Inf; convert needs finite weights")
     if hf:  # a model the format cannot hold is refused before calibration or conversion
         check_hf_export(loaded.model, attention.value)
         if mla:
@@ -453,6 +478,12 @@ def convert(
             loaded.model, attention.value, kv_heads, grouping=grouping.value, calibration=calibration, **options
         )
         metadata = conversion_metadata(model)
+    bad = first_non_finite(dict(model.named_parameters()))
+    if bad is not None:  # from finite weights: a calibration that overflowed; nothing is written
+        raise GraphkitError(
+            f"{loaded.source}: the converted parameter {bad!r} holds NaN or Inf (the source's are finite); "
+            "nothing was written"
+        )
     graph = trace_model(model, loaded.example_inputs)
     if hf:
         save_hf(model, out, hf_info(metadata))
