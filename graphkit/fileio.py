@@ -10,8 +10,9 @@ Output paths are checked where they enter (:func:`check_output_file`,
 :func:`check_output_dir`), before any long work, so a bad ``--out`` fails in a second rather
 than after an hour of training. The rule for an existing path:
 
-- A file is graphkit's only when graphkit can prove it wrote it: a mark, naming graphkit, its
-  version and the file's kind, at a fixed place in the format itself (:func:`graphkit_kind`):
+- A file is graphkit's only when graphkit can prove it wrote it: a mark, naming graphkit, a
+  version (a number first, as PEP 440's are) and one of the kinds graphkit writes, at a fixed
+  place in the format itself (:func:`graphkit_kind`), and for JSON nothing else in the stamp:
 
   =============  ===========================================================================
   JSON           a top-level ``"graphkit": {"kind": ..., "version": ...}`` key
@@ -23,7 +24,9 @@ than after an hour of training. The rule for an existing path:
   =============  ===========================================================================
 
   Nothing else counts: not a graph's ``nodes`` / ``edges`` keys, which any JSON can hold, nor
-  a trailing ``fingerprint`` line, which a user can paste into their notes. Files written by a
+  a trailing ``fingerprint`` line, which a user can paste into their notes, nor a lookalike
+  (``# graphkit usage summary``, ``<!-- graphkit logo drawing -->``, a settings file's own
+  ``"graphkit": {"kind": ...}`` section). Files written by a
   graphkit from before these marks carry none and are refused like a user's.
 - A command replaces only a file of the kind it writes (:data:`KINDS`): ``trace --out`` over
   compiled weights, ``predict --out`` over a graph or ``compile --out`` over a drawing is
@@ -158,8 +161,13 @@ KINDS = {
     "model-folder": "a model folder",  # convert --format hf: what save_pretrained writes, marked in config.json
     "finetune": "an up-training run",  # finetune: the run folder, its model.safetensors and checkpoint
 }
-#: the text of a mark: graphkit, its version, the kind
-_MARK_TEXT = re.compile(rf"{MARK} (\S+) ([a-z][a-z-]*)")
+#: a version as graphkit's marks record one (PEP 440's shape: it starts with a number), so that
+#: a user's "# graphkit usage summary" is no mark
+_VERSION = r"[0-9]+(?:\.[0-9]+)*(?:[-.+!]?[0-9A-Za-z]+)*"
+#: the text of a mark: graphkit, its version, one of the kinds
+_MARK_TEXT = re.compile(rf"{MARK} ({_VERSION}) ({'|'.join(map(re.escape, KINDS))})")
+#: the fields of a JSON mark; a folder saved in Hugging Face's format adds what it was made by
+_STAMP_FIELDS = {"kind", "version"}
 #: the file, by folder kind, whose mark says what a folder graphkit writes holds (a dataset by
 #: its run file, named in graphkit's hidden namespace and written before anything else)
 FOLDER_MARKERS = {
@@ -174,9 +182,15 @@ _MAX_JSON = 256 << 20
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+#: the version marks record when neither an installed graphkit nor its checkout says: still a
+#: version (a PEP 440 local one), so that graphkit recognises its own marks
+UNKNOWN_VERSION = "0+unknown"
+
+
 def version() -> str:
     """graphkit's installed version (what its marks record); run from a source checkout that is not
-    installed (``PYTHONPATH=.``, as on a lent GPU machine), the checkout's pyproject.toml's; else "unknown"."""
+    installed (``PYTHONPATH=.``, as on a lent GPU machine), the checkout's pyproject.toml's; else
+    :data:`UNKNOWN_VERSION`."""
     try:
         return installed(MARK)
     except PackageNotFoundError:
@@ -184,10 +198,10 @@ def version() -> str:
     try:
         text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     except (OSError, UnicodeDecodeError):
-        return "unknown"
+        return UNKNOWN_VERSION
     section = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)  # Python 3.10 has no tomllib
     fields = dict(re.findall(r'^(name|version)\s*=\s*"([^"]+)"', section.group(1), re.M)) if section else {}
-    return fields.get("version", "unknown") if fields.get("name") == MARK else "unknown"
+    return fields.get("version", UNKNOWN_VERSION) if fields.get("name") == MARK else UNKNOWN_VERSION
 
 
 def _known(kind: str) -> str:
@@ -319,14 +333,21 @@ def _kind_in(text: bytes | str) -> str | None:
 
 
 def _json_kind(data: bytes) -> str | None:
-    """The kind of a JSON document's top-level ``graphkit`` key, or None."""
+    """The kind of a JSON document's top-level ``graphkit`` stamp, or None unless the stamp is
+    exactly graphkit's: ``kind`` (one of :data:`KINDS`) and a ``version``, and nothing else but
+    in a model folder's config.json (what the folder was made by). A settings file with a
+    ``graphkit`` section of its own is a user's."""
     try:
         value = json.loads(data)
     except ValueError:
         return None
     stamp = value.get(MARK) if isinstance(value, dict) else None
-    kind = stamp.get("kind") if isinstance(stamp, dict) else None
-    return kind if isinstance(kind, str) else None
+    if not isinstance(stamp, dict) or not _STAMP_FIELDS <= stamp.keys():
+        return None
+    kind, written_by = stamp["kind"], stamp["version"]
+    if kind not in KINDS or not isinstance(written_by, str) or not re.fullmatch(_VERSION, written_by):
+        return None
+    return kind if kind == "model-folder" or stamp.keys() == _STAMP_FIELDS else None
 
 
 def _safetensors_kind(f, head: bytes, size: int) -> str | None:
@@ -467,6 +488,7 @@ def check_output_dir(path: str | Path, what: str = "--out", *, kind: str | None 
 __all__ = [
     "OutputError",
     "MARK",
+    "UNKNOWN_VERSION",
     "KINDS",
     "FOLDER_MARKERS",
     "version",

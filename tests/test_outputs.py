@@ -127,6 +127,17 @@ def unproven_files():
         "a user's JSON with a graph's keys": json.dumps({"nodes": [], "edges": [], "meta": {}}).encode(),
         "a user's JSON with graphkit inside": json.dumps({"run": {"graphkit": {"kind": "graph"}}}).encode(),
         "a user's text naming graphkit on its second line": b"notes\n# graphkit 0.1.0 summary\n",
+        # lookalikes: a word where the version goes, a kind graphkit never writes, a loose stamp
+        "notes headed like a summary": b"# graphkit usage summary\nhow I use it\n",
+        "notes naming a kind graphkit never writes": b"# graphkit 0.1.0 notes\n",
+        "an SVG headed like a drawing": b'<!-- graphkit logo drawing -->\n<svg xmlns="http://www.w3.org/2000/svg"/>\n',
+        "settings with a graphkit section": json.dumps({"graphkit": {"kind": "graph"}, "theme": "dark"}).encode(),
+        "settings whose graphkit section says more": json.dumps(
+            {"graphkit": {"kind": "evaluation", "version": "0.1.0", "colour": "blue"}}
+        ).encode(),
+        "settings whose graphkit version is a word": json.dumps(
+            {"graphkit": {"kind": "graph", "version": "mine"}}
+        ).encode(),
     }
 
 
@@ -134,9 +145,15 @@ def old_graphkit_files(tmp_path, figure):
     """Files a graphkit from before marks wrote: a version and no kind. Refused like a user's."""
     weights = tmp_path / "old.safetensors"
     save_file({"w": torch.ones(2)}, str(weights), metadata={"graphkit": "0.1.0"})
+    lookalike = tmp_path / "lookalike.safetensors"  # a word where the version goes
+    save_file({"w": torch.ones(2)}, str(lookalike), metadata={"graphkit": "graphkit my-run weights"})
     picture = tmp_path / "old.png"
     figure.savefig(picture, format="png", metadata={"Software": "graphkit 0.1.0"})
-    return {"old weights": weights.read_bytes(), "an old drawing": picture.read_bytes()}
+    return {
+        "old weights": weights.read_bytes(),
+        "an old drawing": picture.read_bytes(),
+        "weights headed like graphkit's": lookalike.read_bytes(),
+    }
 
 
 # -- what each format's mark is, and is not ---------------------------------------------------
@@ -231,7 +248,9 @@ def out_folder(tmp_path):
     return tmp_path / "out"
 
 
-@pytest.mark.parametrize("case", list(unproven_files()) + ["old weights", "an old drawing"])
+@pytest.mark.parametrize(
+    "case", list(unproven_files()) + ["old weights", "an old drawing", "weights headed like graphkit's"]
+)
 @pytest.mark.parametrize("command", FILE_WRITERS)
 def test_a_file_graphkit_cannot_prove_it_wrote_is_never_replaced(command, case, out_folder, tmp_path, figure):
     data = {**unproven_files(), **old_graphkit_files(tmp_path, figure)}[case]
