@@ -71,6 +71,14 @@ class SpelledAttention(nn.Module):
             scores = torch.einsum("...qhd,...khd->...hqk", q, k) / math.sqrt(d)
             scores = scores + torch.triu(torch.full((t, t), -1e9), 1) if self.causal else scores
             y = torch.einsum("...hqk,...khd->...qhd", scores.softmax(-1), v).transpose(1, 2)
+        elif self.spelling == "log_softmax exp":
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+            scores = scores.masked_fill(~keep, float("-inf")) if self.causal else scores
+            y = F.log_softmax(scores, dim=-1).exp() @ v
+        elif self.spelling == "v on the left":
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+            scores = scores.masked_fill(~keep, float("-inf")) if self.causal else scores
+            y = (v.transpose(-2, -1) @ scores.softmax(-1).transpose(-2, -1)).transpose(-2, -1)
         elif self.spelling == "bmm":
             q, k, v = (z.reshape(b * self.heads, t, d) for z in (q, k, v))
             scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d)
@@ -111,6 +119,14 @@ def test_every_spelling_of_attention_is_one_node_with_the_right_causal_flag(spel
     # bmm folds the heads into the batch: they are read from the shapes before the fold
     reference = graphkit.trace(TinyLM(SpelledAttention("sdpa is_causal", causal)))
     assert graph.fingerprint() == reference.fingerprint()
+
+
+@pytest.mark.parametrize("spelling", ["log_softmax exp", "v on the left"])
+def test_the_spellings_the_readme_names_as_unrecognised_stay_matmuls(spelling):
+    """README: `log_softmax(...).exp()` and V multiplied on the left are not recognised yet. If
+    one becomes an attention node, move it into SPELLINGS and out of the README's list."""
+    graph = graphkit.trace(TinyLM(SpelledAttention(spelling, causal=True)))
+    assert not attention_attrs(graph) and "matmul" in {node.op for node in graph.nodes}
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["sdpa path", "need_weights"])
