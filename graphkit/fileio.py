@@ -345,8 +345,9 @@ def _json_kind(data: bytes) -> str | None:
     if not isinstance(stamp, dict) or not _STAMP_FIELDS <= stamp.keys():
         return None
     kind, written_by = stamp["kind"], stamp["version"]
-    if kind not in KINDS or not isinstance(written_by, str) or not re.fullmatch(_VERSION, written_by):
+    if not (isinstance(kind, str) and isinstance(written_by, str)):
         return None
+    kind = _kind_in(f"{MARK} {written_by} {kind}")  # the text marks' grammar: a version, a known kind
     return kind if kind == "model-folder" or stamp.keys() == _STAMP_FIELDS else None
 
 

@@ -138,6 +138,9 @@ def unproven_files():
         "settings whose graphkit version is a word": json.dumps(
             {"graphkit": {"kind": "graph", "version": "mine"}}
         ).encode(),
+        "settings whose graphkit kind is a list": json.dumps(
+            {"graphkit": {"kind": ["graph"], "version": "1.0"}}
+        ).encode(),
     }
 
 
