@@ -63,7 +63,7 @@ from graphkit.errors import GraphkitError
 from graphkit.families import ConfigError, build_model, config_from_graph
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
-from graphkit.ghn.space import extent, widest_at_depth
+from graphkit.ghn.space import extent, trained_bounds, widest_at_depth
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 from graphkit.tracing import trace
@@ -198,11 +198,6 @@ class GrownDecoding:
         return {t.name: put(destinations[t.name], self.grown(t), t.name in onto) for t in self.targets}
 
 
-def _bounds(space: Any, name: str) -> list[int] | None:
-    bounds = space.get(name) if isinstance(space, Mapping) else None
-    return bounds if isinstance(bounds, list) and len(bounds) == 2 else None
-
-
 def _narrower(config: dict[str, Any], space: Mapping[str, Any], depth: int) -> dict[str, Any] | None:
     """``config`` at the widest width trained at ``depth`` that holds whole heads and kv groups
     of its own size; None when none does."""
@@ -227,7 +222,7 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
-    widths, patches = _bounds(space, "width"), _bounds(space, "patch")
+    widths, patches = trained_bounds(space, "width"), trained_bounds(space, "patch")
     wide = widths is not None and size["width"] is not None and size["width"] > widths[1]
     repatch = patches is not None and size["patch"] is not None and not patches[0] <= size["patch"] <= patches[1]
     if not (wide or repatch):

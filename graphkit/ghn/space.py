@@ -157,6 +157,13 @@ def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
     return space
 
 
+def trained_bounds(space: Any, name: str) -> list[int] | None:
+    """The [smallest, largest] of extent ``name`` that ``space`` (config.json's ``space``)
+    records, or None where it records none or is no space (a checkpoint from before the extent)."""
+    bounds = space.get(name) if isinstance(space, Mapping) else None
+    return bounds if isinstance(bounds, list) and len(bounds) == 2 else None
+
+
 def widest_at_depth(space: Mapping[str, Any], depth: int) -> int | None:
     """The widest width trained at ``depth``, or at the recorded depth nearest to it (the deeper
     one on a tie); the widest width of all when the space records no depths; None when it
@@ -165,15 +172,15 @@ def widest_at_depth(space: Mapping[str, Any], depth: int) -> int | None:
     if isinstance(by_depth, Mapping) and by_depth:
         nearest = min((int(d) for d in by_depth), key=lambda d: (abs(d - depth), -d))
         return int(by_depth[str(nearest)][1])
-    bounds = space.get("width")
-    return int(bounds[1]) if isinstance(bounds, list) and len(bounds) == 2 else None
+    bounds = trained_bounds(space, "width")
+    return int(bounds[1]) if bounds else None
 
 
 def _beyond(space: Mapping[str, Any], graph: ArchGraph) -> Iterator[tuple[str, int, int, int]]:
     """Each extent of ``graph`` outside the bounds ``space`` records: (extent, value, low, high)."""
     for name, value in extent(graph).items():
-        bounds = space.get(name)
-        if value is not None and isinstance(bounds, list) and len(bounds) == 2 and not bounds[0] <= value <= bounds[1]:
+        bounds = trained_bounds(space, name)
+        if value is not None and bounds and not bounds[0] <= value <= bounds[1]:
             yield name, value, bounds[0], bounds[1]
 
 
@@ -223,6 +230,7 @@ __all__ = [
     "input_task",
     "tied_embeddings",
     "training_space",
+    "trained_bounds",
     "outside_training_space",
     "space_distance",
     "widest_at_depth",
