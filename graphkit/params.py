@@ -280,8 +280,8 @@ def load_params(model: nn.Module, params: Params | str | Path, *, strict: bool =
 
 
 def weights_digest(model: nn.Module) -> str:
-    """A SHA-256 of ``model``'s parameters and persistent buffers (names, dtypes, shapes and
-    values, tied ones once): the same model with the same weights gives the same digest, any
+    """A SHA-256 of ``model``'s state dict (names, dtypes, shapes and values; a tied tensor under
+    each of its names): the same model with the same weights gives the same digest, any
     other model or weight a different one. ``finetune --resume`` checks with it that a run
     goes on from the model it started from, where a check of shapes alone took any model of the
     same architecture."""

@@ -41,10 +41,10 @@ from graphkit.ghn.checkpoint import describe, record_evaluation
 from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import EncodingError, targets
 from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise
-from graphkit.ghn.keep_init import should_keep_init, trained_onto_init
+from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.training import onto_init, parameter_groups, run_models
+from graphkit.ghn.training import parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 

@@ -72,6 +72,18 @@ def add_prediction(model: nn.Module, predicted: Mapping[str, torch.Tensor]) -> n
     return model
 
 
+def onto_init(predicted: dict[str, torch.Tensor], init: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``predicted`` as ``predict(keep_init=True)`` writes it onto a model whose own
+    initialisation is ``init`` (the rule above): every parameter of two or more
+    dimensions ``W0 + P``, the rest ``P``. Training in this form (``--keep-init``) teaches the
+    hypernetwork a correction to a full-rank random init rather than a whole matrix, the residual
+    form MIP (Ortiz et al., 2024) and NiNo use (issue #45's lead 1)."""
+    return {
+        name: init[name].to(value.dtype) + value if adds_onto_init(value.shape) else value
+        for name, value in predicted.items()
+    }
+
+
 @torch.no_grad()
 def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) -> None:
     """Fill ``params`` (some of ``model``'s parameters, already allocated off the meta device)
@@ -120,6 +132,7 @@ __all__ = [
     "add_prediction",
     "adds_onto_init",
     "initialise_as_built",
+    "onto_init",
     "should_keep_init",
     "trained_onto_init",
 ]

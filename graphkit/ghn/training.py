@@ -47,7 +47,7 @@ from graphkit.ghn.diagnostics import (
     plot_metrics,
 )
 from graphkit.ghn.encoding import EncodedGraph
-from graphkit.ghn.keep_init import adds_onto_init
+from graphkit.ghn.keep_init import onto_init
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
@@ -264,18 +264,6 @@ def run_models(
         losses.append(loss)
         metrics.append(metric)
     return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
-
-
-def onto_init(predicted: dict[str, torch.Tensor], init: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``predicted`` as ``predict(keep_init=True)`` writes it onto a model whose own
-    initialisation is ``init`` (:mod:`graphkit.ghn.keep_init`): every parameter of two or more
-    dimensions ``W0 + P``, the rest ``P``. Training in this form (``--keep-init``) teaches the
-    hypernetwork a correction to a full-rank random init rather than a whole matrix, the residual
-    form MIP (Ortiz et al., 2024) and NiNo use (issue #45's lead 1)."""
-    return {
-        name: init[name].to(value.dtype) + value if adds_onto_init(value.shape) else value
-        for name, value in predicted.items()
-    }
 
 
 def step_seed(seed: int, step: int, rank: int = 0) -> int:
