@@ -298,6 +298,85 @@ def test_einsum_attention_is_predicted_by_the_bundled_hypernetwork():
     assert params["vit.blocks.0.attn.qkv.weight"].abs().sum() > 0
 
 
+# --- a class name is a claim, checked against what the call computes ------------------------
+
+
+class Block(nn.Module):
+    """A pre-norm block (norm, attention, MLP): under a class name that claims one op, still a
+    block."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = SpelledAttention("sdpa is_causal", causal=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Core(nn.Module):
+    """softmax(q k^T) v of its input, no parameters: under a rotary or ALiBi name, still attention."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        scores = (x @ x.transpose(-2, -1)).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        return scores.softmax(-1) @ x
+
+
+class Scale(nn.Module):
+    """Twice its input: under a norm's name, no norm (it reduces over nothing)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+
+class Norm(nn.Module):
+    """A hand-written RMSNorm, as examples/llama_block.py writes it."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def renamed(cls: type, name: str) -> type:
+    return type(name, (cls,), {})
+
+
+#: class names that each claim an op (graphkit.tracing.naming's rules), on modules that compute another
+FOOLING_NAMES = ["AlibiAttention", "RotaryAttention", "PreLayerNormBlock", "RMSNormBlock", "GeluMLP", "SwishBlock"]
+FOOLING_NAMES += ["MambaMixerBlock", "L2NormAttention"]
+
+
+@pytest.mark.parametrize("name", FOOLING_NAMES)
+@pytest.mark.parametrize("module", [SpelledAttention, Block, Core], ids=["attention", "block", "parameter-free core"])
+def test_a_class_name_never_decides_what_a_module_is(module, name):
+    """Issue #46: `class AlibiAttention` traced as one `alibi` node owning its projections."""
+    made = (lambda cls: cls("sdpa is_causal", causal=True)) if module is SpelledAttention else (lambda cls: cls())
+    graph = graphkit.trace(TinyLM(made(renamed(module, name))))
+    assert graph.fingerprint() == graphkit.trace(TinyLM(made(module))).fingerprint()
+    assert [node.op for node in graph.nodes].count("attention") == 1
+
+
+def test_a_hand_written_module_is_the_op_its_name_claims_when_it_computes_it():
+    norm = graphkit.trace(nn.Sequential(nn.Linear(32, 32), renamed(Norm, "RMSNorm")()), torch.randn(2, 32))
+    assert [(node.op, sorted(node.params)) for node in norm.nodes][1:-1] == [
+        ("linear", ["0.bias", "0.weight"]),
+        ("rms_norm", ["1.weight"]),
+    ]
+    # a name alone does not make a norm: the same claim on a module that reduces over nothing
+    scale = graphkit.trace(nn.Sequential(nn.Linear(32, 32), renamed(Scale, "LayerNormScale")()), torch.randn(2, 32))
+    assert "layer_norm" not in [node.op for node in scale.nodes]
+    assert (
+        scale.fingerprint()
+        == graphkit.trace(nn.Sequential(nn.Linear(32, 32), Scale()), torch.randn(2, 32)).fingerprint()
+    )
+
+
 # --- parameters the forward never reads ----------------------------------------------------
 
 

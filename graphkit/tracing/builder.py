@@ -1,8 +1,10 @@
 """ExportedProgram -> ArchGraph: from ATen ops to architecture nodes, in three steps.
 
-1. **Modules become nodes.** Every op inside a call of a module that :func:`graphkit.ops.module_op`
-   names (Linear, HF Conv1D, LayerNorm, any ``*RMSNorm``, GELU variants, rotary tables, ...)
-   is fused into one node that owns the module's parameters.
+1. **Modules become nodes.** Every op inside a call of a module that :func:`graphkit.tracing.naming.module_op`
+   names (Linear, HF Conv1D, LayerNorm, any library ``*RMSNorm``, GELU variants, rotary tables,
+   ...), or whose class name claims an op its call could compute
+   (:func:`graphkit.tracing.naming.could_compute`), is fused into one node that owns the
+   module's parameters.
 2. **Attention becomes one node.** Each SDPA call, or eager ``softmax(q k^T) v`` pattern, is an
    anchor; the ops feeding it inside the same module scope, up to the projections (rotary
    application, head reshapes, scaling, masking, GQA K/V repetition), are fused into one
@@ -37,6 +39,8 @@ from graphkit.tracing.naming import (
     MATMUL_ATEN,
     SHAPE_DEPENDENT_ATEN,
     SHAPE_ONLY_ATEN,
+    claimed_op,
+    could_compute,
     functional_name,
     is_float,
     module_op,
@@ -75,6 +79,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         self.param_src: dict[fx.Node, frozenset[str]] = {}  # value -> parameters it is a view of
         self.owner: dict[str, int] = {}
         self._module_ops: dict[str, str | None] = {}
+        self.inside: dict[str, list[tuple[str, bool]]] = {}  # filled by _index_calls
         self.param_names: dict[str, str] = {}
         self.user_inputs: set[str] = set()
         # a tied tensor has several names; the graph uses the one named_parameters() reports
@@ -91,10 +96,35 @@ class _GraphBuilder(AttentionRules, MoeRules):
     def _module_op(self, path: str) -> str | None:
         if path not in self._module_ops:
             try:
-                self._module_ops[path] = module_op(self.model.get_submodule(path))
+                module = self.model.get_submodule(path)
             except AttributeError:
-                self._module_ops[path] = None
+                module = None
+            op = None if module is None else module_op(module)
+            if module is not None and op is None:
+                claim = claimed_op(module)
+                if claim is not None and could_compute(claim, module, self.inside.get(path, [])):
+                    op = claim
+            self._module_ops[path] = op
         return self._module_ops[path]
+
+    def _index_calls(self, nodes: list[fx.Node]) -> None:
+        """Per module path, the ATen ops run inside its calls, each with whether it reads the
+        model's input or a parameter (through any chain of ops): what :func:`could_compute`
+        checks a class name's claim against."""
+        reads: set[fx.Node] = set()
+        for node in nodes:
+            if node.op == "placeholder":
+                if node.name in self.param_names or node.name in self.user_inputs:
+                    reads.add(node)
+                continue
+            if node.op != "call_function":
+                continue
+            name = functional_name(node.target)
+            reading = any(arg in reads for arg in node.all_input_nodes)
+            if reading and name not in SHAPE_DEPENDENT_ATEN:
+                reads.add(node)
+            for path in dict.fromkeys(self._stack(node)):
+                self.inside.setdefault(path, []).append((name, reading))
 
     @staticmethod
     def _stack(node: fx.Node) -> list[str]:
@@ -135,6 +165,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         nodes = list(self.graph.nodes)
         for pos, node in enumerate(nodes):
             node.meta["_gk_pos"] = pos
+        self._index_calls(nodes)
         self.aliases = Aliases(nodes)
         self.constants = ConstantEvaluator(self.program, self.inputs, self.aliases)
         self.region_of = self._attention_regions(nodes)

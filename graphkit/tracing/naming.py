@@ -1,8 +1,9 @@
 """How the tracer names what it sees: which modules become one node, which ATen ops are the
 vocabulary's ops, which only move data, and which are attention cores.
 
-Whole modules first: every ATen op inside one call of a module that :func:`module_op` names
-becomes one node (an HF NewGELU is eight ATen ops, an RMSNorm six). The op names themselves
+Whole modules first: every ATen op inside one call of a module that :func:`module_op` names, or
+whose class name claims an op (:func:`claimed_op`) that its call could compute
+(:func:`could_compute`), becomes one node (an HF NewGELU is eight ATen ops, an RMSNorm six). The op names themselves
 live in :mod:`graphkit.ops`, which the hypernetwork imports without the tracer.
 """
 
@@ -30,7 +31,9 @@ if hasattr(nn, "RMSNorm"):
     _MODULE_TYPES += ((nn.RMSNorm, "rms_norm"),)
 
 # Library classes that do not derive from the torch ones, matched by class name so that
-# graphkit needs no import of every library (transformers' Conv1D, LlamaRMSNorm, ...).
+# graphkit needs no import of every library (transformers' Conv1D, LlamaRMSNorm, ...). A class
+# from one of KNOWN_LIBRARIES is what its name says; any other class's name is only a claim
+# (:func:`claimed_op`), which the tracer checks against what the call computes.
 _MODULE_NAME_RULES: tuple[tuple[str, str], ...] = (
     ("rmsnorm", "rms_norm"),
     ("layernorm", "layer_norm"),
@@ -59,18 +62,60 @@ EXPERTS_CHILD = "experts"
 
 _MODULE_EXACT_NAMES = {"Conv1D": "linear"}  # transformers.pytorch_utils.Conv1D (GPT-2)
 
+#: the top-level packages whose classes graphkit knows by identity: their names are what they
+#: compute (transformers' remote code loads as ``transformers_modules``, which is not one of them)
+KNOWN_LIBRARIES: frozenset[str] = frozenset({"torch", "transformers", "timm"})
+#: ATen ops one of which any norm computes: a reduction over the features
+NORM_REDUCTIONS: frozenset[str] = frozenset(
+    {"mean", "var", "var_mean", "std", "sum", "norm", "linalg_vector_norm"}
+    | {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"}
+)
+
 
 def module_op(module: nn.Module) -> str | None:
-    """The op a whole module call becomes, or None if its inside should be traced op by op."""
+    """The op a whole module call becomes, or None if its inside should be traced op by op (or
+    checked against the op its class name claims, :func:`claimed_op`)."""
     for cls, op in _MODULE_TYPES:
         if isinstance(module, cls):
             if op == "conv" and _is_patchify(module):
                 return "patch_embed"
             return op
+    if type(module).__module__.partition(".")[0] not in KNOWN_LIBRARIES:
+        return None
     name = type(module).__name__
-    if name in _MODULE_EXACT_NAMES:
-        return _MODULE_EXACT_NAMES[name]
-    lowered = name.lower().replace("_", "")
+    return _MODULE_EXACT_NAMES.get(name) or _named_op(name)
+
+
+def claimed_op(module: nn.Module) -> str | None:
+    """The op a class from outside :data:`KNOWN_LIBRARIES` claims by its name (a hand-written
+    ``RMSNorm``, ``RotaryEmbedding``, ``AlibiAttention``): a claim only, which the tracer accepts
+    when the call computes that op (:func:`could_compute`), because a name is no evidence that
+    ``class PreLayerNormBlock`` is one norm."""
+    if type(module).__module__.partition(".")[0] in KNOWN_LIBRARIES:
+        return None
+    return _named_op(type(module).__name__)
+
+
+def could_compute(op: str, module: nn.Module, inside: list[tuple[str, bool]]) -> bool:
+    """Whether a call of ``module``, whose ATen ops are ``inside`` (each op's name and whether it
+    reads a parameter or the model's input, directly or through other ops), can be the single op
+    ``op`` that the module's class name claims. Every op a name can claim (a norm, an activation,
+    a rotary or ALiBi table, a recurrent mixer) is one that mixes no tokens and no features
+    through a weight: so no parameter above one dimension, no attention core and no softmax, and
+    no matrix product, linear, convolution or lookup of the input or a parameter (a rotary table's
+    product of constant positions and frequencies is none). A norm also reduces over features."""
+    if any(param.dim() > 1 for param in module.parameters()):
+        return False
+    for name, reads_content in inside:
+        if name in SDPA_ATEN or ATEN_OPS.get(name) == "softmax":
+            return False
+        if reads_content and (name in MATMUL_ATEN or ATEN_OPS.get(name) in ("linear", "conv", "embedding")):
+            return False
+    return op not in ("layer_norm", "rms_norm") or any(name in NORM_REDUCTIONS for name, _ in inside)
+
+
+def _named_op(class_name: str) -> str | None:
+    lowered = class_name.lower().replace("_", "")
     for needle, op in _MODULE_NAME_RULES:
         if needle in lowered:
             return op
@@ -161,7 +206,7 @@ PLACE_ATEN: frozenset[str] = frozenset(
     }
 )
 
-#: ATen ops the tracer names directly (all other ops are decided by context in trace.py).
+#: ATen ops the tracer names directly (all other ops are decided by context in :mod:`graphkit.tracing.builder`).
 ATEN_OPS: dict[str, str] = {
     "linear": "linear",
     "addmm": "linear",
