@@ -1,10 +1,14 @@
 """Writing files so that nothing is lost or half-written, and checking output paths before work.
 
-Every file graphkit writes appears complete or not at all: it is written to a uniquely named
-temporary file beside its final place and renamed over it. ``tempfile.mkstemp`` (and
-safetensors' own ``save_file``) create files with mode 0600 whatever the umask;
-:func:`atomic_path` gives the final file the mode a plain ``open(path, "w")`` would (0666 less
-the umask), so datasets and weights stay readable by the group and the Hub's tooling.
+Every file graphkit writes appears complete or not at all: it is written into a uniquely named
+hidden folder beside its final place (``.<name>.<hex>.tmp/``) and renamed over it. The folder,
+not a lone temporary file, because the libraries that write for graphkit make temporary files
+of their own beside their target (safetensors' ``save_file`` writes ``.tmpXXXXXX`` and renames
+it): in graphkit's folder they are graphkit's to remove. Whatever ends the write, an error,
+Ctrl-C or SIGTERM (every command unwinds on it, :func:`graphkit.workers.ended_by_sigterm`),
+the folder goes with everything in it. safetensors creates files with mode 0600 whatever the
+umask; :func:`atomic_path` gives the final file the mode a plain ``open(path, "w")`` would
+(0666 less the umask), so datasets and weights stay readable by the group and the Hub's tooling.
 
 Output paths are checked where they enter (:func:`check_output_file`,
 :func:`check_output_dir`), before any long work, so a bad ``--out`` fails in a second rather
@@ -50,7 +54,6 @@ import os
 import re
 import shutil
 import struct
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError
@@ -77,20 +80,19 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; when the block ends without an error, the file
-    written there gets the umask's mode and is renamed to ``path``; on any error (Ctrl-C
-    included) it is removed and ``path`` is untouched."""
+    """Yield a path of ``path``'s name inside a fresh hidden folder beside it; when the block
+    ends without an error, the file written there gets the umask's mode and is renamed to
+    ``path``; however it ends, the folder is removed with whatever the writer left in it (see
+    the module docstring), and on an error (Ctrl-C and SIGTERM included) ``path`` is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    staging = _new_folder(path.parent, path.name, "tmp")
     try:
-        yield Path(tmp)
+        tmp = staging / path.name
+        yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -62,7 +62,10 @@ def test_resume_after_an_interrupted_run(reference, tmp_path):
     out = tmp_path / "resumed"
     generate(TINY, out, seed=1, part_size=8)
     (out / "data" / "train-00002-of-00004.parquet").unlink()  # the run was killed before this part...
-    (out / "data" / ".train-00002-of-00004.parquet.x1y2.tmp").write_bytes(b"half a file")  # ...while writing it
+    staging = out / "data" / ".train-00002-of-00004.parquet.x1y2.tmp"  # ...while writing it (SIGKILL)
+    staging.mkdir()
+    (staging / "train-00002-of-00004.parquet").write_bytes(b"half a file")
+    (out / "data" / ".train-00002-of-00004.parquet.x3y4.tmp").write_bytes(b"an older graphkit's")
     with pytest.raises(GenerateError, match="already holds a dataset .*pass --resume"):
         generate(TINY, out, seed=1, part_size=8)
     result = generate(TINY, out, seed=1, part_size=8, resume=True)

@@ -103,12 +103,15 @@ def _root(
 
 
 def command(fn: Callable) -> Callable:
-    """Turn library errors into one red line and exit code 1 (the traceback with --debug)."""
+    """Turn library errors into one red line and exit code 1 (the traceback with --debug); and
+    SIGTERM, like Ctrl-C, into an exception where the command stands (exit 143), so that what it
+    was writing is removed on the way out (:func:`graphkit.fileio.atomic_path`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with ended_by_sigterm():
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
         except Exception as e:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -267,11 +268,15 @@ def _start_run(out: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
 
 
 def _sweep_temporaries(folder: Path, names: list[str]) -> None:
-    """Remove the temporary files a killed run left beside ``names`` in ``folder`` (only files
-    the locks say no running process is writing)."""
+    """Remove the staging folders (:func:`graphkit.fileio.atomic_path`) a run killed outright left
+    beside ``names`` in ``folder``, and the temporary files of older graphkits (only what the
+    locks say no running process is writing)."""
     for name in names:
         for stale in folder.glob(f".{name}.*.tmp"):
-            stale.unlink()
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
 
 
 def _damage(out: Path, j: int, n_parts: int, rows: list[tuple[str, dict[str, Any], str]]) -> str | None:
