@@ -99,6 +99,9 @@ def test_a_stack_zipped_with_another_list_is_traced_whole(name):
     its position encoders: shortening one list breaks the forward, so nothing is folded."""
     graph = traced(name)
     assert graph == graphkit.trace(timm_vit(name), fold_repeats=False)
+    if name == "efficientvit_m0":  # each head of its cascade is one attention, V on the left (v @ probs.mT)
+        expected = [(1, 16)] * 4 + [(1, 32)] * 8 + [(1, 48)] * 12  # V of 1, 2, 3 key widths by stage
+        assert [(n.attrs["heads"], n.attrs["head_dim"]) for n in nodes(graph, "attention")] == expected
 
 
 def test_attention_sinks_are_the_attentions_own_parameter():

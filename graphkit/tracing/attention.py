@@ -196,12 +196,18 @@ class AttentionRules:
             to_softmax = _path_back(probs, _is_softmax, self._score_op)
             if to_softmax is None or not _normalised(to_softmax):
                 continue
+            if side == 1 and functional_name(node.target) != "einsum" and _keys_moved_to(to_softmax) != -2:
+                continue  # V on the left (``v @ probs.mT``) contracts the keys only when they are moved there
+            logits = to_softmax[-1].args[0]
+            through = [logits] if _is_log_softmax(logits) else []  # exp(log_softmax(s)) is softmax(s)
             to_scores = _path_back(
-                to_softmax[-1].args[0], lambda n: functional_name(n.target) in MATMUL_ATEN, self._score_op
+                logits.args[0] if through else logits,
+                lambda n: functional_name(n.target) in MATMUL_ATEN,
+                self._score_op,
             )
             core = None if to_scores is None else _eager_layout(node, side, to_softmax[-1], to_scores[-1])
             if core is not None:
-                return core, [node, *to_softmax, *to_scores]
+                return core, [node, *to_softmax, *through, *to_scores]
         return None
 
     def _score_op(self, node: fx.Node) -> bool:
@@ -475,11 +481,9 @@ def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node)
     operands = _product_operands(anchor)
     probs, value = operands[side], operands[1 - side]
     p, v = probs.meta["val"], value.meta["val"]
-    if functional_name(anchor.target) != "einsum":
-        if side != 0:
-            return None
+    if functional_name(anchor.target) != "einsum":  # probs @ v, or v @ probs.mT (keys at -2 of probs)
         p_letters = None
-        key_dim, value_dims, head_dim = p.dim() - 1, tuple(range(v.dim() - 2)), int(v.shape[-1])
+        key_dim, value_dims, head_dim = p.dim() - 1 - side, tuple(range(v.dim() - 2)), int(v.shape[-1 - side])
     else:
         letters = einsum_letters(anchor)
         if letters is None:
@@ -497,7 +501,7 @@ def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node)
         return None
     query, key, query_dims, score_query = layout
     if p_letters is None:
-        query_dim = p.dim() - 2
+        query_dim = p.dim() - 2 + side
     else:  # the scores' query dimension, where the probabilities keep the scores' layout
         free = [d for d, c in enumerate(p_letters) if c in out and c not in v_letters]
         if not free:
@@ -632,11 +636,16 @@ def _is_softmax(node: fx.Node) -> bool:
     return functional_name(node.target) in _SOFTMAX_ATEN or functional_name(node.target) == "exp"
 
 
+def _is_log_softmax(node: Any) -> bool:
+    return isinstance(node, fx.Node) and functional_name(node.target) in ("log_softmax", "_log_softmax")
+
+
 def _normalised(path: list[fx.Node]) -> bool:
     """Whether ``path``, from the probabilities back to a softmax or an ``exp``, normalises: a
-    softmax does; exponentials must be divided (or multiplied by the reciprocal of) a sum of
-    themselves on the way, masked or not, so that each query's weights add up to one."""
-    if functional_name(path[-1].target) != "exp":
+    softmax does, and so do the exponentials of a log-softmax; other exponentials must be divided
+    (or multiplied by the reciprocal of) a sum of themselves on the way, masked or not, so that
+    each query's weights add up to one."""
+    if functional_name(path[-1].target) != "exp" or _is_log_softmax(path[-1].args[0]):
         return True
     numerator = set(path)
     for node in path[:-1]:
@@ -651,6 +660,33 @@ def _normalised(path: list[fx.Node]) -> bool:
             if to_numerator is not None and any(functional_name(n.target) == "sum" for n in to_numerator):
                 return True
     return False
+
+
+#: ops that keep every dimension where it is, on the way from a softmax to the probabilities
+_KEEPS_DIMS = {"mul", "div", "where", "masked_fill", "nan_to_num", "_to_copy", "to", "clone", "contiguous"}
+_KEEPS_DIMS |= {"alias", "detach", "dropout", "type_as"}
+
+
+def _keys_moved_to(path: list[fx.Node]) -> int | None:
+    """Where the keys dimension of the softmax at the end of ``path`` lies in the probabilities
+    at its start (negative, from the last), following transposes and permutes; None where an op
+    on the way reshapes or is not followed. A written-out softmax normalises its last dimension."""
+    softmax = path[-1]
+    rank = softmax.meta["val"].dim()
+    key = softmax.args[1] if functional_name(softmax.target) in _SOFTMAX_ATEN and len(softmax.args) > 1 else -1
+    key %= rank
+    for node in reversed(path[:-1]):
+        name, args = functional_name(node.target), node.args
+        if node.meta["val"].dim() != rank:
+            return None
+        if name in ("transpose", "swapaxes", "swapdims"):
+            a, b = args[1] % rank, args[2] % rank
+            key = b if key == a else a if key == b else key
+        elif name == "permute":
+            key = [d % rank for d in args[1]].index(key)
+        elif name not in _KEEPS_DIMS:
+            return None
+    return key - rank
 
 
 def _rolls_tokens(node: fx.Node) -> bool:
