@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from graphkit.cli import app
 from graphkit.errors import TrainError
 from graphkit.finetune import FinetuneConfig, finetune, up_train
-from graphkit.params import read_params, weights_digest
+from graphkit.params import read_params, save_params, weights_digest
 
 runner = CliRunner()
 
@@ -132,3 +132,39 @@ def test_finetune_trains_an_image_model_on_digits(tmp_path):
     assert result.exit_code == 0, result.output
     tensors, _ = read_params(out / "model.safetensors")
     assert "blocks.0.attn.qkv.weight" in tensors
+
+
+@pytest.mark.slow
+def test_finetune_starts_from_a_params_file_and_resumes_only_with_it(tmp_path):
+    """`predict --out P` then `finetune MODEL --params P`: the run starts from P's weights (the
+    digest it records), and a resume without P is another starting point, refused."""
+    params = tmp_path / "start.safetensors"
+    save_params(tiny_llama(seed=1), params)
+    out = tmp_path / "run"
+    args = ["finetune", model_file(tmp_path), "--steps", "1", "-b", "2", "--seq-len", "8", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--params", str(params), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
+    assert state["source"] == weights_digest(tiny_llama(seed=1)) != weights_digest(tiny_llama(seed=0))
+    _, metadata = read_params(out / "model.safetensors", tensors=False)
+    assert json.loads(metadata["graphkit_finetune"])["params"] == "start.safetensors"
+    resumed = runner.invoke(app, [*args[:3], "2", *args[4:], "--resume"])
+    assert resumed.exit_code == 1 and "was up-trained from another model" in resumed.stderr
+
+
+def test_finetune_refuses_params_converted_for_another_model_in_one_line(tmp_path):
+    params = tmp_path / "gqa.safetensors"
+    result = runner.invoke(
+        app, ["convert", str(ROOT / "examples" / "vit_tiny_cifar.py"), "-a", "gqa", "-k", "2", "--out", str(params)]
+    )
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "run"
+    args = ["finetune", str(ROOT / "examples" / "vit_tiny_cifar.py"), "--params", str(params), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: --params {params}: holds a model converted to gqa (its metadata), and "
+        f"{ROOT / 'examples' / 'vit_tiny_cifar.py'} is not; finetune the converted model "
+        "(`graphkit convert ... -a gqa --format hf`) instead"
+    )
+    assert not (out / "checkpoint").exists()

@@ -517,6 +517,13 @@ def finetune(
         help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR "
         "(default: digits for ViTs, stdlib-text for language models).",
     ),
+    params: Optional[Path] = typer.Option(
+        None,
+        "--params",
+        "-p",
+        help="Start from these parameters (safetensors: `predict --out`, an earlier run's model.safetensors) "
+        "instead of the model's own weights; give it again with --resume.",
+    ),
     steps: int = typer.Option(100, "--steps", help="AdamW steps, one batch each."),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (constant)."),
     batch_size: int = typer.Option(16, "--batch-size", "-b", help="Images or sequences per step."),
@@ -537,8 +544,9 @@ def finetune(
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
 ) -> None:
-    """Up-train a model, converted or not, on the bundled data or yours, in a resumable run folder,
-    and save it in either format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
+    """Up-train a model, converted or not, from its own weights or a --params file (its predicted
+    parameters), on the bundled data or yours, in a resumable run folder, and save it in either
+    format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
     import json
 
     from graphkit.attention.hf_format import check_stock, save_hf
@@ -548,7 +556,7 @@ def finetune(
     from graphkit.finetune import finetune as up_train_model
     from graphkit.ghn.data import load_source
     from graphkit.ghn.run_folder import run_folder
-    from graphkit.params import save_params
+    from graphkit.params import load_params, read_params, save_params
     from graphkit.sources import load_model_source
 
     config = FinetuneConfig(
@@ -566,14 +574,25 @@ def finetune(
     folder = run_folder(out, resume, files=RUN_FILES, kind="finetune")
     if data is not None:
         load_source(data)  # a bad spec fails before the model is loaded
+    if params is not None:
+        converted = read_params(params, tensors=False)[1].get("graphkit_attention")  # a bad file fails here
     loaded = load_model_source(model, weights=True)
-    if any(p.is_meta for p in loaded.model.parameters()):
+    if params is not None:
+        if converted is not None and attention_metadata(loaded.model).get("graphkit_attention") != converted:
+            raise GraphkitError(
+                f"--params {params}: holds a model converted to {converted} (its metadata), and {model} is not; "
+                f"finetune the converted model (`graphkit convert ... -a {converted} --format hf`) instead"
+            )
+        load_params(loaded.model, params)
+    elif any(p.is_meta for p in loaded.model.parameters()):
         raise GraphkitError(f"{model}: the model is on the meta device; finetune needs its weights")
     if format is ModelFormat.hf:
         check_stock(loaded.model)  # before training, not after
     metadata = attention_metadata(loaded.model)
     last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)
     record = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
+    if params is not None:
+        record["params"] = params.name
     if format is ModelFormat.hf:
         save_hf(loaded.model, folder, {"finetune": record}, in_place=True)
     else:
