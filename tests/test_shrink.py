@@ -126,6 +126,18 @@ def test_a_model_that_pools_32_pixels_to_one_token_is_shrunk_at_64_and_keeps_its
     assert trainability(model, "image") is None
 
 
+@pytest.mark.slow
+def test_pvt_v2_whose_keys_pool_to_one_at_32_pixels_is_shrunk_at_64():
+    """PVT-v2 reduces its keys by 8, 4, 2 and 1 in stages of strides 4 to 32: at 32 pixels every
+    attention sees one key, which the tracer refuses (issue #46); at 64 each sees four."""
+    outcome = mini_outcome("timm", "pvt_v2_b0")
+    assert "row" in outcome, outcome.get("error")
+    assert outcome["plan"].endswith("image_size=64")
+    config = json.loads(outcome["row"]["config"])
+    graph = trace_zoo_model(build_zoo_model(config), config)
+    assert graph.fingerprint() == outcome["row"]["fingerprint"] and "attention" in kinds(graph)[0]
+
+
 def test_decoder_plans_keep_a_layer_of_each_kind_and_move_special_tokens_onto_bytes():
     reference = {
         "num_hidden_layers": 26,
