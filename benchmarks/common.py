@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from graphkit.ghn.data import data_config
+from graphkit.training.data import data_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

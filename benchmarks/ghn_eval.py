@@ -31,8 +31,8 @@ import torch
 from graphkit.datasets.generate import generate
 from graphkit.families import get_family
 from graphkit.ghn.checkpoint import BUNDLED, bundled_checkpoint, record_evaluation
-from graphkit.ghn.data import default_source
 from graphkit.ghn.evaluate import DEFAULT_INITS, INITS, EvalConfig, evaluate, plot, summarize
+from graphkit.training.data import default_source
 
 RUNS = {
     "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),

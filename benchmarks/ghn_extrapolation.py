@@ -48,10 +48,10 @@ from graphkit.families import build_model, get_family, resolve_config
 from graphkit.ghn import load_checkpoint, predict
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint
-from graphkit.ghn.data import default_source, load_source, output_loss
 from graphkit.ghn.evaluate import fine_tune, initialise
 from graphkit.ghn.predict import predicted_params
 from graphkit.tracing import trace
+from graphkit.training.data import default_source, load_source, output_loss
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 GPT = {"family": "gpt2"}

@@ -32,8 +32,8 @@ from graphkit.attention import convert  # noqa: E402
 from graphkit.attention.grouping import GROUPINGS  # noqa: E402
 from graphkit.attention.mla import MLAError, kv_cache_bytes, to_mla  # noqa: E402
 from graphkit.families import build_model, resolve_config  # noqa: E402
-from graphkit.finetune import score, up_train  # noqa: E402
-from graphkit.ghn.data import calibration_inputs, default_source, load_source  # noqa: E402
+from graphkit.training.data import calibration_inputs, default_source, load_source  # noqa: E402
+from graphkit.training.loop import score, up_train  # noqa: E402
 
 MODELS = {  # resolved below: a data source shapes its batches from the full config
     "vit": dict(family="vit", num_layers=4, hidden=128, heads=8, image_size=8, patch_size=2, num_classes=10),
@@ -60,7 +60,7 @@ def trained(family: str, steps: int, source) -> torch.nn.Module:
 
 def up_trained(model: torch.nn.Module, batches: list, task: str, held_out: list) -> dict[int, tuple[float, float]]:
     """Held-out (loss, accuracy) of ``model`` at step 0 and after up-training on every batch of
-    ``batches`` at lr 3e-4: ``graphkit finetune``'s loop (graphkit.finetune.up_train), on the
+    ``batches`` at lr 3e-4: ``graphkit finetune``'s loop (graphkit.training.loop.up_train), on the
     same batches for every conversion."""
     _, scores = up_train(model, task, batches.__getitem__, len(batches), 3e-4, held_out=held_out, at=(0, len(batches)))
     return scores

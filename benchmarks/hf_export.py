@@ -16,7 +16,7 @@ then converted, each way with 64 cached numbers per token and layer (MHA: 2 x 8 
 
 Each is scored on held-out batches (the eval split) right after conversion and after
 ``--uptrain`` steps of up-training on the same batches (`graphkit finetune`'s loop,
-graphkit.finetune.up_train, lr 3e-4). Calibration: 4 batches of 8 windows from the train split.
+graphkit.training.loop.up_train, lr 3e-4). Calibration: 4 batches of 8 windows from the train split.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hf_export.py            # print the table (about 10 min)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hf_export.py --write    # also update BENCHMARKS.md
@@ -38,8 +38,8 @@ from grouping_quality import BATCH, MODELS, options, trained, up_trained  # noqa
 
 from graphkit.attention.hf_format import save_hf, to_deepseek  # noqa: E402
 from graphkit.attention.mla import kv_cache_bytes, to_mla  # noqa: E402
-from graphkit.finetune import score  # noqa: E402
-from graphkit.ghn.data import calibration_inputs, default_source, load_source  # noqa: E402
+from graphkit.training.data import calibration_inputs, default_source, load_source  # noqa: E402
+from graphkit.training.loop import score  # noqa: E402
 
 #: DeepSeek's (kv_lora_rank, qk_rope_head_dim) at 64 numbers per token and layer
 DEEPSEEK = ((48, 16), (56, 8))

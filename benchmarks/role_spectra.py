@@ -41,14 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from graphkit.families import build_model, get_family  # noqa: E402
-from graphkit.finetune import score, up_train  # noqa: E402
 from graphkit.ghn.calibrate import residual_writers  # noqa: E402
-from graphkit.ghn.data import load_source  # noqa: E402
 from graphkit.ghn.encoding import role_of  # noqa: E402
 from graphkit.ghn.model import LoGAH  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import input_task  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.loop import score, up_train  # noqa: E402
 
 SHAPE = {"num_layers": 4, "hidden": 256, "heads": 4}
 FAMILIES = {

@@ -28,10 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from graphkit.datasets import build_record_model  # noqa: E402
+from graphkit.datasets.builders import build_record_model  # noqa: E402
 from graphkit.datasets.shrink import decoder_plans  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
-from graphkit.finetune import score  # noqa: E402
 from graphkit.ghn.checkpoint import (  # noqa: E402
     ZOO_BUNDLED,
     bundled_for,
@@ -39,10 +38,11 @@ from graphkit.ghn.checkpoint import (  # noqa: E402
     bundled_names,
     checkpoint_task,
 )
-from graphkit.ghn.data import data_config, load_source  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import tied_embeddings  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
+from graphkit.training.data import data_config, load_source  # noqa: E402
+from graphkit.training.loop import score  # noqa: E402
 
 #: label -> config (without ``tied``): the issue's rows
 MODELS = {

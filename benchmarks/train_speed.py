@@ -152,8 +152,9 @@ def floor(family: str, steps: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from graphkit.datasets.generate import generate
-    from graphkit.ghn.data import default_source, load_source
-    from graphkit.ghn.training import ArchPool, TrainConfig, run_models, step_seed
+    from graphkit.ghn.training import ArchPool, TrainConfig, run_models
+    from graphkit.training.data import default_source, load_source
+    from graphkit.training.loop import step_seed
 
     recipe, options = RUNS[family]
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,7 +216,7 @@ def launches(meta_batch: str, amp: str = "1", device: str = "cpu", family: str =
 
     from graphkit.datasets.generate import generate
     from graphkit.ghn import LoGAH, training
-    from graphkit.ghn.data import load_source
+    from graphkit.training.data import load_source
 
     recipe, options = RUNS[family]
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,11 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from graphkit.finetune import score, up_train  # noqa: E402
-from graphkit.ghn.data import load_source  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.loop import score, up_train  # noqa: E402
 
 CHECKPOINT = "logah-tiny-vits"
 #: ViT-S's width and heads at depth 6 (inside the trained width envelope only after growing)

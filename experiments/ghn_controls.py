@@ -57,12 +57,12 @@ import graphkit
 from graphkit.compiler import load_params
 from graphkit.families import build_model
 from graphkit.ghn import LoGAH
-from graphkit.ghn.data import load_source, output_loss
 from graphkit.ghn.encoding import role_of, targets
 from graphkit.ghn.evaluate import fine_tune, score
 from graphkit.ghn.model import weight_rms
 from graphkit.ghn.pool import functional_model
 from graphkit.ghn.training import TrainConfig, make_optimizer
+from graphkit.training.data import load_source, output_loss
 
 CONFIG = dict(family="gpt2", num_layers=6, hidden=128, heads=8, mlp=512, vocab_size=50257, context=1024, tied=False)
 #: each arm's kind and the LoGAH variant it uses (its rank r)

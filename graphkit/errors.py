@@ -36,3 +36,9 @@ class TrainError(GraphkitError):
     """Training a hypernetwork, or up-training a model, cannot start or continue (bad dataset,
     data, option, resume folder or loss); raised by ``graphkit.ghn.training``,
     ``graphkit.finetune`` and the pool and run folder they read."""
+
+
+class CheckpointError(GraphkitError):
+    """A checkpoint is missing, unreadable or does not fit what it is asked to do: a
+    hypernetwork's (:mod:`graphkit.ghn.checkpoint`) or a training run's optimizer state
+    (:mod:`graphkit.training.state`)."""

@@ -1,14 +1,9 @@
 """Up-training: train a model graphkit loads on the bundled data or the user's (``graphkit finetune``).
 
 Conversion papers up-train after converting (MHA2MLA with 0.6-1% of the pre-training data,
-TransMLA, GQA's own 5%); :func:`up_train` is that loop, one AdamW step per batch at a constant
-learning rate, the loop every up-training in graphkit runs: the command's, the benchmarks' and
-the hypernetwork evaluation's fine-tuning (:func:`graphkit.ghn.evaluate.fine_tune`). Step ``i``
-draws its batch and its dropout from a seed of its own (:func:`~graphkit.ghn.training.step_seed`),
-so a run that is interrupted and resumed trains on what the uninterrupted one would have.
-
-:func:`finetune` runs it in a run folder, as ``graphkit train-ghn`` does
-(:mod:`graphkit.ghn.run_folder`): ``checkpoint/`` (the model's parameters and buffers, the
+TransMLA, GQA's own 5%). :func:`finetune` runs the loop every up-training in graphkit runs
+(:func:`graphkit.training.loop.up_train`) in a run folder, as ``graphkit train-ghn`` does
+(:mod:`graphkit.training.run_folder`): ``checkpoint/`` (the model's parameters and buffers, the
 optimizer's state and the step, replaced whole every ``checkpoint_every`` steps) and
 ``metrics.jsonl`` (the training loss every ``log_every`` steps, and the held-out loss and
 accuracy at the end); ``resume`` continues from the checkpoint with the options it recorded.
@@ -18,25 +13,22 @@ The command writes the trained model into the same folder, in either format.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
 from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
-from graphkit.ghn.checkpoint import load_optimizer_state, read_trainer_state, save_optimizer_state
-from graphkit.ghn.data import data_config, load_source, output_loss, source_for
-from graphkit.ghn.run_folder import check_resume, trim_metrics
-from graphkit.ghn.training import step_seed
 from graphkit.params import load_params, save_params, weights_digest
+from graphkit.training.data import data_config, load_source, source_for
+from graphkit.training.loop import Batch, score, step_seed, up_train
+from graphkit.training.run_folder import check_resume, trim_metrics
+from graphkit.training.state import load_optimizer_state, read_trainer_state, save_optimizer_state
 from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 #: the options that shape an up-training's result: a resume must repeat them (steps may grow)
 RESUMED = ("data", "lr", "batch_size", "seq_len", "weight_decay", "seed")
 #: what an up-training run folder holds (either format); a fresh run refuses a folder holding any
@@ -70,69 +62,6 @@ class FinetuneConfig:
         check_number("weight_decay", self.weight_decay, TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
-
-
-def score(model: nn.Module, batches: Sequence[Batch], task: str) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
-    model.eval()
-    with torch.no_grad():
-        results = [output_loss(task, model(x), y) for x, y in batches]
-    return (sum(r[0].item() for r in results) / len(results), sum(r[1].item() for r in results) / len(results))
-
-
-def up_train(
-    model: nn.Module,
-    task: str,
-    batch_at: Callable[[int], Batch],
-    steps: int,
-    lr: float,
-    *,
-    weight_decay: float = 0.01,
-    held_out: Sequence[Batch] = (),
-    at: Sequence[int] = (),
-    seed: int | None = None,
-    run: UpTrainingRun | None = None,
-    progress: bool = False,
-) -> tuple[list[float], dict[int, tuple[float, float]]]:
-    """Train ``model`` for ``steps`` AdamW steps (constant ``lr``), step ``i`` (from 0) on the
-    batch ``batch_at(i)``, with dropout drawn from ``step_seed(seed, i)`` when a ``seed`` is given
-    (a resumed step then repeats; without one, from the global generator as it stands); returns
-    the training losses of the steps it ran and the held-out (loss, accuracy) after each step
-    count in ``at`` (0: before the first step). ``run`` keeps the run folder: it resumes the model
-    and optimizer from its checkpoint, and logs and checkpoints as the steps go. ``progress``
-    shows a bar."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    start = run.resume(model, optimizer) if run is not None else 0
-    scores = {0: score(model, held_out, task)} if 0 in at and start == 0 else {}
-    losses = []
-    columns = (
-        TextColumn("finetune"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, disable=not progress) as bar:
-        task_id = bar.add_task("finetune", total=steps, completed=start, loss="-")
-        for step in range(start, steps):
-            x, y = batch_at(step)
-            if seed is not None:
-                torch.manual_seed(step_seed(seed, step))
-            model.train()
-            loss, _ = output_loss(task, model(x), y)
-            if not torch.isfinite(loss):
-                raise TrainError(f"step {step}: the loss is {loss.item()}; up-train with a lower --lr")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            done = step + 1
-            if done in at:
-                scores[done] = score(model, held_out, task)
-            if run is not None:
-                run.step_done(done, losses[-1], model, optimizer)
-            bar.update(task_id, completed=done, loss=f"{losses[-1]:.3f}")
-    return losses, scores
 
 
 class UpTrainingRun:
@@ -200,8 +129,8 @@ def finetune(
     progress: bool = True,
 ) -> dict[str, float]:
     """Up-train ``model`` (in place, on ``config.device``) as ``config`` says, in the run folder
-    ``folder`` (checked by :func:`~graphkit.ghn.run_folder.run_folder`), on data shaped for it
-    (:func:`~graphkit.ghn.data.data_config`: any transformers language model, graphkit's
+    ``folder`` (checked by :func:`~graphkit.training.run_folder.run_folder`), on data shaped for it
+    (:func:`~graphkit.training.data.data_config`: any transformers language model, graphkit's
     families); with ``resume``, from the checkpoint there, its options checked against the
     recorded ones. Returns the last step's training loss and the held-out loss and accuracy,
     also logged to metrics.jsonl."""

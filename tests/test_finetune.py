@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from graphkit.cli import app
 from graphkit.errors import TrainError
-from graphkit.finetune import FinetuneConfig, finetune, up_train
+from graphkit.finetune import FinetuneConfig, finetune
 from graphkit.params import read_params, save_params, weights_digest
+from graphkit.training.loop import up_train
 
 runner = CliRunner()
 

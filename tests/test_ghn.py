@@ -12,11 +12,11 @@ import graphkit
 from graphkit.families import build_model, resolve_config
 from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
-from graphkit.ghn.data import load_source
 from graphkit.ghn.diagnostics import feature_constancy
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import INIT_GAIN, LoGAH
 from graphkit.ghn.predict import first_non_finite, residual_writers
+from graphkit.training.data import load_source
 
 TABLE_1 = {"tiny": 2.54e6, "small": 21.41e6, "base": 78.23e6, "large": 289.42e6}
 

@@ -17,10 +17,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from graphkit.cli import app
-from graphkit.datasets import build_record_model
+from graphkit.datasets.builders import build_record_model
 from graphkit.datasets.shrink import decoder_plans
 from graphkit.families import FAMILIES, build_model, get_family, register_family
-from graphkit.finetune import score
 from graphkit.ghn import LoGAH, LoGAHConfig
 from graphkit.ghn.checkpoint import (
     BUNDLED,
@@ -34,11 +33,12 @@ from graphkit.ghn.checkpoint import (
     checkpoint_task,
     load_checkpoint,
 )
-from graphkit.ghn.data import data_config, load_source
 from graphkit.ghn.predict import predict, prediction_refusal, reason_of, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
 from graphkit.sources import load_model_source
 from graphkit.tracing import trace
+from graphkit.training.data import data_config, load_source
+from graphkit.training.loop import score
 
 PRETRAINED = ROOT / "graphkit" / "ghn" / "pretrained"
 runner = CliRunner()

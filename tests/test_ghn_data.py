@@ -13,7 +13,7 @@ from PIL import Image
 
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model, resolve_config
-from graphkit.ghn.data import DEFAULT_SOURCES, DataError, default_source, load_source, output_loss
+from graphkit.training.data import DEFAULT_SOURCES, DataError, default_source, load_source, output_loss
 
 
 def vit(**kw):

@@ -16,13 +16,13 @@ import torch
 import graphkit
 from graphkit.datasets.generate import generate
 from graphkit.families import build_model
-from graphkit.finetune import score
 from graphkit.ghn import LoGAH, LoGAHConfig, load_checkpoint, predict
-from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import relative_depth, tied_nodes
 from graphkit.ghn.evaluate import fine_tune
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import LR_FAN_IN, TrainConfig, parameter_groups, train
+from graphkit.training.data import load_source
+from graphkit.training.loop import score
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 300

@@ -17,11 +17,11 @@ from graphkit.cli import app
 from graphkit.families import build_model
 from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.checkpoint import bundled_checkpoint
-from graphkit.ghn.data import load_source
 from graphkit.ghn.evaluate import EvalConfig, initialise, summarize
 from graphkit.ghn.keep_init import KeepInitError, add_prediction, initialise_as_built, should_keep_init
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import predicted_params, residual_writers
+from graphkit.training.data import load_source
 
 GPT2 = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64)
 VIT = dict(family="vit", num_layers=2, hidden=64, heads=2, image_size=8, patch_size=2, num_classes=10)

@@ -23,7 +23,6 @@ from graphkit.cli import app
 from graphkit.datasets.generate import generate
 from graphkit.datasets.recipes import get_recipe
 from graphkit.families import build_model
-from graphkit.finetune import score
 from graphkit.ghn import (
     BUNDLED,
     CheckpointError,
@@ -38,7 +37,6 @@ from graphkit.ghn import (
     train,
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
-from graphkit.ghn.data import load_source
 from graphkit.ghn.encoding import EncodingError, targets
 from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
@@ -47,6 +45,8 @@ from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
+from graphkit.training.data import load_source
+from graphkit.training.loop import score
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

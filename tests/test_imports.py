@@ -79,3 +79,75 @@ def test_the_family_registry_and_attention_import_no_family():
     families = {"graphkit.families.gpt2", "graphkit.families.llama", "graphkit.families.vit", "graphkit.families"}
     for module in ["graphkit.families.registry", *(m for m in graph if m.startswith("graphkit.attention"))]:
         assert not families & nx.descendants(graph, module), module
+
+
+#: graphkit's layers, lowest first, each by the modules it holds (a name, and everything under it
+#: where it ends in ".*"): a module imports only from its own layer and those below (issue #46's
+#: one-way house). What both training paths share (data sources, run folders, optimizer state,
+#: the up-training loop) is ``graphkit.training``, below the hypernetwork and ``finetune``; what
+#: reads a dataset and builds its records' models sits below the compiler and the hypernetwork,
+#: and what generates datasets (recipes' runs, zoos, which ask the hypernetwork) above them.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("base", ["graphkit", "graphkit.errors", "graphkit.compat", "graphkit.validation", "graphkit.ops"]),
+    ("files", ["graphkit.fileio", "graphkit.workers", "graphkit.modelfile"]),
+    (
+        "graphs and weights",
+        ["graphkit.draw", "graphkit.graph", "graphkit.params", "graphkit.buffers", "graphkit.sources"],
+    ),
+    ("tracer", ["graphkit.tracing.*"]),
+    ("attention", ["graphkit.attention.*"]),
+    ("families", ["graphkit.families.*"]),
+    (
+        "datasets read",
+        ["graphkit.datasets", "graphkit.datasets.store", "graphkit.datasets.dataset", "graphkit.datasets.pyg"]
+        + [
+            "graphkit.datasets.shrink",
+            "graphkit.datasets.builders",
+            "graphkit.datasets.runs",
+            "graphkit.datasets.recipes",
+        ],
+    ),
+    ("compiler", ["graphkit.compiler.*"]),
+    ("training", ["graphkit.training.*"]),
+    ("hypernetwork", ["graphkit.ghn.*"]),
+    ("datasets generated, up-training", ["graphkit.datasets.generate", "graphkit.datasets.zoo", "graphkit.finetune"]),
+    ("command line", ["graphkit.cli.*", "graphkit.__main__"]),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the layer that holds ``module``; a module no layer names fails."""
+    held = [
+        i
+        for i, (_, names) in enumerate(LAYERS)
+        for name in names
+        if module == name.removesuffix(".*") or (name.endswith(".*") and module.startswith(name[:-1]))
+    ]
+    assert len(held) == 1, f"{module}: held by {len(held)} layers of LAYERS; name it in exactly one"
+    return held[0]
+
+
+def upward(graph: nx.DiGraph) -> list[str]:
+    """Every import from a layer to one above it, as 'module (layer) -> module (layer)'."""
+    return sorted(
+        f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+        for a, b in graph.edges
+        if layer_of(b) > layer_of(a)
+    )
+
+
+def test_imports_run_one_way_down_the_layers():
+    graph = import_graph(PACKAGE)
+    assert not upward(graph), "imports that run back up:\n" + "\n".join(upward(graph))
+    # the arrows issue #46 found running both ways, gone for good
+    for a, b in [("graphkit.ghn", "graphkit.finetune"), ("graphkit.compiler", "graphkit.datasets.zoo")]:
+        assert not any(x.startswith(a) and y.startswith(b) for x, y in graph.edges), (a, b)
+
+
+def test_an_import_up_a_layer_is_found():
+    graph = nx.DiGraph(
+        [("graphkit.ghn.evaluate", "graphkit.finetune"), ("graphkit.finetune", "graphkit.training.loop")]
+    )
+    assert upward(graph) == [
+        "graphkit.ghn.evaluate (hypernetwork) -> graphkit.finetune (datasets generated, up-training)"
+    ]

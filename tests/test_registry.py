@@ -9,7 +9,7 @@ from graphkit.attention.convert import ADAPTERS, TIMM_ATTENTION
 from graphkit.datasets.recipes import RECIPES, get_recipe
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import BUNDLED
-from graphkit.ghn.data import DEFAULT_SOURCES, default_source
+from graphkit.training.data import DEFAULT_SOURCES, default_source
 
 RECIPE = {
     "name": "wide-vits",

@@ -37,8 +37,8 @@ from graphkit.ghn import (
     train,
 )
 from graphkit.ghn.checkpoint import describe
-from graphkit.ghn.data import load_source
 from graphkit.ghn.evaluate import EvalConfig, report_json
+from graphkit.training.data import load_source
 from graphkit.validation import default_device
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -404,10 +404,10 @@ def convert(
     from graphkit.attention.mla import kv_cache_bytes, mla_metadata, to_mla
     from graphkit.errors import GraphkitError
     from graphkit.families import ConfigError
-    from graphkit.ghn.data import calibration_inputs, data_config, load_source
     from graphkit.params import check_params_output, first_non_finite, save_params
     from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
+    from graphkit.training.data import calibration_inputs, data_config, load_source
 
     hf = format is ModelFormat.hf
     mla = attention.value == "mla"
@@ -554,10 +554,10 @@ def finetune(
     from graphkit.errors import GraphkitError
     from graphkit.finetune import RUN_FILES, FinetuneConfig
     from graphkit.finetune import finetune as up_train_model
-    from graphkit.ghn.data import load_source
-    from graphkit.ghn.run_folder import run_folder
     from graphkit.params import load_params, read_params, save_params
     from graphkit.sources import load_model_source
+    from graphkit.training.data import load_source
+    from graphkit.training.run_folder import run_folder
 
     config = FinetuneConfig(
         steps=steps,
@@ -571,7 +571,7 @@ def finetune(
         log_every=log_every,
         device=device,
     )
-    folder = run_folder(out, resume, files=RUN_FILES, kind="finetune")
+    folder = run_folder(out, resume, RUN_FILES, "finetune")
     if data is not None:
         load_source(data)  # a bad spec fails before the model is loaded
     if params is not None:

@@ -423,8 +423,8 @@ def eval_ghn(
     console.print(f"wrote {out / 'eval.json'} and {out / 'eval.png'}", highlight=False, soft_wrap=True)
     if record:  # after eval.json: a checkpoint that cannot be written loses no results
         from graphkit.ghn.checkpoint import bundled_checkpoint, record_evaluation
-        from graphkit.ghn.data import default_source
         from graphkit.ghn.pool import ArchPool
+        from graphkit.training.data import default_source
 
         family = ArchPool(dataset, split).family
         recorded = record_evaluation(

@@ -83,22 +83,10 @@ class Record:
 
     def build_model(self, device: str = "meta"):
         """The nn.Module of this architecture, on ``meta`` (no weights) or a real device
-        (:func:`build_record_model`)."""
+        (:func:`graphkit.datasets.builders.build_record_model`)."""
+        from graphkit.datasets.builders import build_record_model  # noqa: PLC0415 (browsing needs no torch)
+
         return build_record_model(self.config, device)
-
-
-def build_record_model(config: dict[str, Any], device: str = "meta", init: bool = True):
-    """The nn.Module a record's ``config`` describes, on ``device``, initialised as its builder
-    does: a family's model from its config, or a zoo's from its library (timm, transformers),
-    so that what trains and evaluates on a dataset takes a mini zoo's records as a recipe's.
-    ``init=False`` skips a family's initialisation (a shell whose parameters are replaced); a
-    zoo's library initialises its model whatever ``init`` says."""
-    from graphkit.datasets.zoo import ZOO_FAMILIES, build_zoo_model  # noqa: PLC0415 (browsing needs no torch)
-    from graphkit.families import build_model  # noqa: PLC0415
-
-    if config.get("family") in ZOO_FAMILIES:
-        return build_zoo_model(config, device=device)
-    return build_model(config, device=device, init=init)
 
 
 class GraphDataset:

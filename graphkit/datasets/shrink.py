@@ -17,7 +17,7 @@ A zoo model is shrunk through its own constructor or config, never by editing th
   (EVA-02, AIMv2), gets 10 classes.
 - transformers: the reference config's fields (``num_hidden_layers`` 2 to 4, ``hidden_size``
   128, 4 heads of 32, ``num_key_value_heads`` kept MHA, GQA or MQA, MoE sizes, MLA ranks),
-  with a byte vocabulary: 256 tokens, the ids of the text source (:mod:`graphkit.ghn.data.text`
+  with a byte vocabulary: 256 tokens, the ids of the text source (:mod:`graphkit.training.data.text`
   needs no special token), and special-token ids moved onto byte values the text never holds
   (0, 1, 2, ...). Per-layer lists (``layer_types``) keep one layer of each kind, and the
   periods that place layers of another kind (``attn_layer_period``, ``full_attention_interval``,
@@ -62,7 +62,7 @@ LARGE_IMAGE_SIZES = (64, 128)
 NUM_CLASSES = 10
 #: the widest a vision mini model's stages may be
 VISION_MAX_WIDTH = 192
-#: byte ids 0..255: the text source's tokens (graphkit.ghn.data.text), no special token needed
+#: byte ids 0..255: the text source's tokens (graphkit.training.data.text), no special token needed
 BYTE_VOCAB = 256
 #: the decoders' width and head size (so 4 heads), and the positions they keep
 DECODER_WIDTH = 128
@@ -692,7 +692,7 @@ def reference_config(model_type: str) -> dict[str, Any]:
 
 
 def data_keys(overrides: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a data source shapes its batches by (graphkit.ghn.data): the image side, channels
+    """What a data source shapes its batches by (graphkit.training.data): the image side, channels
     and classes of a timm model, or, for a decoder of the ``reference`` config, the vocabulary
     and context."""
     if reference is None:

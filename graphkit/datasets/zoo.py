@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ import torch
 from torch import nn
 
 from graphkit.datasets import shrink
+from graphkit.datasets.builders import ZooError, build_zoo_model, first_line
 from graphkit.datasets.runs import LOCK_FILE, folder_lock
 from graphkit.datasets.store import (
     RUN_FILE,
@@ -125,10 +125,6 @@ EVAL_EVERY = 10
 MODEL_TIMEOUT = 300.0
 #: parameters of a model built on the CPU when the meta device lacks a value the tracer needs
 CPU_BUILD_LIMIT = 500_000_000
-
-
-class ZooError(GraphkitError):
-    """A zoo cannot be generated: an unknown zoo, bad options or an output folder in the way."""
 
 
 @dataclass(frozen=True)
@@ -281,69 +277,6 @@ ZOOS: dict[str, Zoo] = {
         _decoder_candidates,
     ),
 }
-#: the ``family`` of zoo records, by library: ``build_zoo_model`` reads them
-ZOO_FAMILIES = ("timm", "transformers")
-
-
-def build_zoo_model(config: Mapping[str, Any], device: str | torch.device = "meta") -> nn.Module:
-    """The model a zoo record's ``config`` names, on ``device`` (weights as the library
-    initialises them; on meta none are allocated): ``timm.create_model(model,
-    pretrained=False)``, or transformers' causal LM of ``model_type`` at its config class's
-    defaults. A mini zoo's config also holds ``shrink``: the constructor arguments (timm) or
-    config fields (transformers) that make it small (:mod:`graphkit.datasets.shrink`). Raises
-    :class:`ZooError` naming the model when its library cannot build it."""
-    family = config.get("family")
-    name = config.get("model") if family == "timm" else config.get("model_type")
-    overrides = config.get("shrink")
-    if family not in ZOO_FAMILIES or not isinstance(name, str) or not isinstance(overrides, (dict, type(None))):
-        raise ZooError(
-            f"not a zoo config: {dict(config)!r}; zoo configs name a timm model or a transformers model_type"
-            " (and a mini zoo's, its shrink overrides as an object)"
-        )
-    try:
-        with warnings.catch_warnings(), torch.device(device):
-            warnings.simplefilter("ignore")  # libraries warn about their own defaults while building
-            if family == "timm":
-                import timm  # noqa: PLC0415
-
-                if overrides is None:
-                    return timm.create_model(name, pretrained=False).eval()
-                with shrink.watched_timm(name, overrides):
-                    return timm.create_model(name, pretrained=False).eval()
-            from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
-            from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-            from graphkit.compat import skip_weight_init  # noqa: PLC0415
-
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()  # a reference config's own inconsistencies are not the user's
-            try:
-                reference = AutoConfig.for_model(name, **(overrides or {}))
-                # a dataset's model is trained, never asked to generate: with a cache, a model
-                # called as model(ids) in train mode returns one, and a linear-attention cache's
-                # own bookkeeping fails (``get_seq_length`` on Qwen3-Next-like hybrids)
-                reference.use_cache = False
-                if overrides is not None and hasattr(reference, "rescale_every"):
-                    # RWKV's fp16 trick rescales its weights in place whenever it switches between
-                    # train and eval mode, which writes into the predicted tensors train-ghn lends
-                    # a mini model (an error in autograd); at 2 to 4 layers it never rescales the
-                    # stream (every 6 layers by default), so the mini model computes the same
-                    reference.rescale_every = 0
-                if str(device) != "meta":
-                    return AutoModelForCausalLM.from_config(reference).eval()
-                with skip_weight_init():  # nothing to fill on meta; initialisation is most of a build
-                    model = AutoModelForCausalLM.from_config(reference)
-                model.tie_weights()
-                return model.eval()
-            finally:
-                hf_logging.set_verbosity(verbosity)
-    except Exception as e:  # whatever the library raises, named with the model it was building
-        raise ZooError(f"{family} cannot build {name!r}: {type(e).__name__}: {_first_line(e)}") from e
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return " ".join(text.splitlines()[0].split()) if text else "(no message)"
 
 
 def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
@@ -358,7 +291,7 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     try:
         graph = trace_zoo_model(model, config)
     except Exception as e:  # every failure is a report line, never the end of the run
-        reason = _first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {_first_line(e)}"
+        reason = first_line(e) if isinstance(e, GraphkitError) else f"{type(e).__name__}: {first_line(e)}"
         return {"model": name, "error": reason, "seconds": round(time.perf_counter() - start, 2)}
     from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415
 

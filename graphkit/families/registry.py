@@ -45,7 +45,7 @@ class Family:
     traced_as: tuple[str, ...] = ()  # graph.meta["family"] values this family's models trace as
     grouped: bool = False  # the family computes GQA from kv_heads itself (without ``attention``)
     recipes: tuple[Mapping[str, Any], ...] = ()  # dataset recipes over it, as data (graphkit.datasets.recipes)
-    data: str | None = None  # the hypernetwork's default data source for it (graphkit.ghn.data)
+    data: str | None = None  # the hypernetwork's default data source for it (graphkit.training.data)
     bundled_ghn: str | None = None  # the bundled hypernetwork checkpoint (graphkit/ghn/pretrained/<name>)
     # its own init scales the weights that write each residual branch by 1 / sqrt(branches)
     # (GPT-2's 1 / sqrt(2 n_layer)); predicted parameters follow it (graphkit.ghn.predict)

@@ -9,11 +9,11 @@ orthogonal initialisation.
 
 from graphkit.ghn.checkpoint import BUNDLED, CheckpointError, bundled_for, load_checkpoint, save_checkpoint
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
-from graphkit.ghn.data import DataError, load_source
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import PredictError, predict
 from graphkit.ghn.training import TrainConfig, TrainError, train
+from graphkit.training.data import DataError, load_source
 
 __all__ = [
     "LoGAH",

@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import CheckpointError
 from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
@@ -38,6 +37,7 @@ from graphkit.ghn.space import TASK_READERS, input_task, space_distance
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
+from graphkit.training.state import first_line, load_tensors, read_json, save_optimizer_state
 from graphkit.validation import is_count
 
 #: the checkpoints that ship with graphkit, by the family whose own each is (``Family.bundled_ghn``),
@@ -48,10 +48,6 @@ BUNDLED = FamilyTable("bundled_ghn")
 #: beside the families' own, so that a Swin or a Qwen3 finds one trained on its ops
 ZOO_BUNDLED = ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
-
-
-class CheckpointError(GraphkitError):
-    """A hypernetwork checkpoint is missing, unreadable or does not fit what it is asked to do."""
 
 
 class UntrainedOpError(CheckpointError):
@@ -91,18 +87,6 @@ def save_checkpoint(
     return write_folder(path, write, in_place=in_place)
 
 
-def save_optimizer_state(
-    folder: Path, optimizer: torch.optim.Optimizer, state: Mapping[str, Any], kind: str = "hypernetwork"
-) -> None:
-    """Write what resuming needs beside a model's weights in ``folder``: ``optimizer.safetensors``
-    (the optimizer's tensors, marked as part of graphkit's ``kind`` of output) and
-    ``trainer_state.json`` (``state``, such as the step and the run's config, and the optimizer's
-    groups); :func:`load_optimizer_state` reads them back."""
-    tensors, groups = _flatten_optimizer(optimizer.state_dict())
-    save_safetensors(tensors, folder / "optimizer.safetensors", kind)
-    (folder / "trainer_state.json").write_text(marked_json(kind, {**state, "param_groups": groups}, indent=2) + "\n")
-
-
 def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str | torch.device = "cpu") -> LoGAH:
     """The LoGAH stored in the folder ``path`` (or a bundled name such as ``logah-tiny-vits``),
     in eval mode, with its config.json as ``ghn.info``. CheckpointError if the folder is not a
@@ -111,7 +95,7 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
     and the checkpoint holds another one. The size config.json describes is checked against
     the weights file's header and the memory available before anything is allocated."""
     path = _locate(path)
-    info = _read_json(path / "config.json")
+    info = read_json(path / "config.json", "hypernetwork checkpoint")
     version = info.get("ops_version")
     if type(version) is not int or version not in VOCABULARY_SIZES:
         raise CheckpointError(
@@ -139,25 +123,12 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, device: str
     _check_size(path / "model.safetensors", config)
     ghn = LoGAH(config)
     try:
-        ghn.load_state_dict(_load_tensors(path / "model.safetensors"))
+        ghn.load_state_dict(load_tensors(path / "model.safetensors"))
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0]
         raise CheckpointError(f"{path / 'model.safetensors'}: does not match its config.json ({first})") from None
     ghn.info = info
     return ghn.to(device).eval()
-
-
-def _read_json(file: Path) -> dict[str, Any]:
-    """A checkpoint's JSON file as a dict; CheckpointError naming the file if it is unreadable."""
-    try:
-        value = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(
-            f"{file}: not a graphkit hypernetwork checkpoint file ({type(e).__name__}: {e})"
-        ) from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{file}: not a graphkit hypernetwork checkpoint file (a JSON object is expected)")
-    return value
 
 
 def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
@@ -201,7 +172,7 @@ def _check_size(file: Path, config: LoGAHConfig) -> None:
         with safe_open(file, "pt") as f:
             stored = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
     except (OSError, SafetensorError) as e:
-        raise CheckpointError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
+        raise CheckpointError(f"{file}: not a readable safetensors file ({first_line(e)})") from None
     if stored != wanted:
         raise CheckpointError(
             f"{file}: does not match its config.json (the file holds {stored:,} values, the config "
@@ -214,18 +185,6 @@ def _check_size(file: Path, config: LoGAHConfig) -> None:
             f"{file}: a LoGAH of {wanted:,} parameters needs {needed / 1e9:.2f} GB to load but "
             f"{limit / 1e9:.2f} GB are available"
         )
-
-
-def _load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; CheckpointError naming the file if it is truncated or damaged."""
-    try:
-        return load_file(file)
-    except (OSError, SafetensorError) as e:
-        raise CheckpointError(f"{file}: not a readable safetensors file ({_first_line(e)})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def bundled_checkpoint(family: str | None) -> Path:
@@ -255,7 +214,7 @@ def checkpoint_task(info: Mapping[str, Any]) -> str | None:
 def bundled_info(name: str) -> dict[str, Any]:
     """The config.json of the bundled checkpoint ``name``, read once per process (the weights
     are not loaded)."""
-    return _read_json(_locate(name) / "config.json")
+    return read_json(_locate(name) / "config.json", "hypernetwork checkpoint")
 
 
 def bundled_names() -> list[str]:
@@ -353,7 +312,7 @@ def record_evaluation(
             "beats_random": summary["keep_init_beats_random"],
             "final": {"loss": summary["keep_init"]["loss"], "accuracy": summary["keep_init"]["accuracy"]},
         }
-    config = _read_json(path / "config.json")
+    config = read_json(path / "config.json", "hypernetwork checkpoint")
     config["evaluation"] = record
     try:
         write_text_atomic(path / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -405,34 +364,6 @@ def describe(ghn: LoGAH, keep_init: bool = False) -> str:
         return f"{trained}; its recorded evaluation is unreadable (graphkit eval-ghn --record measures it again)"
 
 
-def read_trainer_state(path: str | Path) -> dict[str, Any]:
-    """A training checkpoint's trainer_state.json (step, the run's config, the optimizer's
-    groups), checked; CheckpointError naming the file if it is missing or damaged."""
-    file = Path(path) / "trainer_state.json"
-    state = _read_json(file)
-    step, config, groups = state.get("step"), state.get("config"), state.get("param_groups")
-    if not is_count(step, 0) or not isinstance(config, dict) or not isinstance(groups, list):
-        raise CheckpointError(
-            f"{file}: damaged (expected step >= 0, config and param_groups); resume from another "
-            "checkpoint or start a new run"
-        )
-    return state
-
-
-def load_optimizer_state(path: str | Path, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore ``optimizer`` from a training checkpoint; returns the trainer state."""
-    path = Path(path)
-    state = read_trainer_state(path)
-    tensors = _load_tensors(path / "optimizer.safetensors")
-    try:
-        optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("param_groups")))
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"{path / 'optimizer.safetensors'}: does not fit this optimizer ({_first_line(e)})"
-        ) from None
-    return state
-
-
 def _locate(path: str | Path) -> Path:
     folder = Path(path)
     if not folder.exists() and str(path) in bundled_names():
@@ -443,20 +374,3 @@ def _locate(path: str | Path) -> Path:
             f"bundled: {', '.join(bundled_names())})"
         )
     return folder
-
-
-def _flatten_optimizer(state_dict: dict) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    tensors = {
-        f"{index}.{key}": torch.as_tensor(value).contiguous().cpu()
-        for index, slots in state_dict["state"].items()
-        for key, value in slots.items()
-    }
-    return tensors, state_dict["param_groups"]
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict]) -> dict:
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = value
-    return {"state": state, "param_groups": groups}

@@ -33,18 +33,18 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.compiler import load_params
-from graphkit.datasets.dataset import build_record_model
+from graphkit.datasets.builders import build_record_model
 from graphkit.errors import GraphkitError
 from graphkit.fileio import marked_json, save_figure
-from graphkit.finetune import up_train
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
-from graphkit.ghn.data import default_source, load_source
 from graphkit.ghn.keep_init import add_prediction
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
 from graphkit.ghn.selection import select_params
+from graphkit.training.data import default_source, load_source
+from graphkit.training.loop import up_train
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 from graphkit.workers import ended_by_sigterm, worker_pool
 
@@ -132,7 +132,7 @@ def fine_tune(
     held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     at: Sequence[int] = (),
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
-    """Train ``model`` one AdamW step per batch (:func:`graphkit.finetune.up_train`, the loop every
+    """Train ``model`` one AdamW step per batch (:func:`graphkit.training.loop.up_train`, the loop every
     up-training runs); returns the training losses and the held-out (loss, accuracy) after each
     step count in ``at`` (0: before the first step)."""
     return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at)

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.datasets import build_record_model, load
+from graphkit.datasets import load
+from graphkit.datasets.builders import build_record_model
 from graphkit.errors import TrainError
 from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles

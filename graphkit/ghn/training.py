@@ -34,11 +34,10 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from graphkit.datasets.zoo import ZOO_FAMILIES
+from graphkit.datasets.builders import ZOO_FAMILIES
 from graphkit.errors import TrainError
-from graphkit.ghn.checkpoint import save_checkpoint
+from graphkit.ghn.checkpoint import load_checkpoint, save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
-from graphkit.ghn.data import DEFAULT_SOURCES, default_source, load_source, output_loss
 from graphkit.ghn.diagnostics import (
     Stopwatch,
     decoded_feature_constancy,
@@ -50,8 +49,11 @@ from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.keep_init import onto_init
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.run_folder import check_resume, resume_from, run_folder, trim_metrics
 from graphkit.ghn.space import input_task, training_space
+from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
+from graphkit.training.loop import step_seed
+from graphkit.training.run_folder import check_resume, run_folder, trim_metrics
+from graphkit.training.state import load_optimizer_state
 from graphkit.validation import (
     check_counts,
     check_device,
@@ -73,6 +75,44 @@ GAIN_LR = 0.1
 SKIPPED_IN_A_ROW = 5
 #: devices with a fused AdamW: one kernel per parameter group instead of about nine per tensor
 FUSED_DEVICES = ("cpu", "cuda")
+#: what a run folder holds (see train); a fresh run refuses a folder holding any of them
+RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
+#: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
+#: checkpointing and the device may change)
+RESUMED_OPTIONS = (
+    "variant",
+    "decoder",
+    "depth_buckets",
+    "tie_feature",
+    "keep_init",
+    "role_maps",
+    "role_key",
+    "max_roles",
+    "role_rows",
+    "dataset",
+    "data",
+    "split",
+    "meta_batch",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "lr_fan_in",
+    "weight_decay",
+    "gamma",
+    "clip",
+    "amp",
+    "seed",
+)
+#: the options a run recorded before the encoder read depth or tying or had role maps used
+UNRECORDED = {
+    "depth_buckets": 0,
+    "tie_feature": False,
+    "keep_init": False,
+    "role_maps": False,
+    "role_key": LoGAHConfig.role_key,
+    "max_roles": None,
+    "role_rows": LoGAHConfig.role_rows,
+}
 
 
 @dataclass
@@ -266,13 +306,6 @@ def run_models(
     return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
 
 
-def step_seed(seed: int, step: int, rank: int = 0) -> int:
-    """The seed of a step's draws on one process (its architectures, its data batches, dropout in
-    the target models): a function of the run's seed, the step and the rank alone, so that a
-    resumed run draws what the uninterrupted one drew and no two processes draw alike."""
-    return seed * 1_000_003 + step * 4099 + rank
-
-
 @contextlib.contextmanager
 def repeatable(enabled: bool) -> Iterator[None]:
     """Deterministic kernels for the block, when ``enabled``: ``torch.use_deterministic_algorithms``
@@ -309,6 +342,18 @@ def machine(device: torch.device, world: int = 1) -> str:
     return f"{len(os.sched_getaffinity(0))} CPU cores" + (f", {world} processes" if world > 1 else "")
 
 
+def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
+    """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had done."""
+    saved = load_checkpoint(folder)
+    if saved.config != ghn.config:
+        raise TrainError(
+            f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
+        )
+    ghn.load_state_dict(saved.state_dict())
+    state = load_optimizer_state(folder, optimizer)
+    return int(state["step"])
+
+
 def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
     """Train (or, with ``resume``, continue training) a LoGAH as ``config`` says; writes
     ``config.out/checkpoint`` every ``checkpoint_every`` steps and the final hypernetwork to
@@ -317,11 +362,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     (see :func:`run_folder`, :func:`check_resume`)."""
 
     rank, world, device = _distributed(config.device)
-    out = run_folder(config.out, resume, config.dataset)
+    out = run_folder(config.out, resume, RUN_FILES, "hypernetwork", config.dataset)
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
     if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
-        check_resume(out / "checkpoint", {**asdict(config), "data": data}, DEFAULT_SOURCES.get(pool.family), world)
+        options = {**asdict(config), "data": data}
+        check_resume(out / "checkpoint", options, DEFAULT_SOURCES.get(pool.family), RESUMED_OPTIONS, world, UNRECORDED)
     source = load_source(data, seq_len=config.seq_len)
     source.check(pool.records[0].config)  # fail before the first step, not inside it
     torch.manual_seed(config.seed)  # the same seed, the same hypernetwork: runs (and resumes) repeat exactly

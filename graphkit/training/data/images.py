@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphkit.ghn.data.source import SPLITS, DataError, DataSource, fixed_split
+from graphkit.training.data.source import SPLITS, DataError, DataSource, fixed_split
 
 
 class ImageSource(DataSource):

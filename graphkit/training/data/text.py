@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from graphkit.ghn.data.source import SPLITS, DataError, DataSource
+from graphkit.training.data.source import SPLITS, DataError, DataSource
 
 TEXT_SUFFIXES = (".txt", ".tokens", ".raw", ".md")
 WIKITEXT_FILES = (("wiki.train.tokens", "wiki.valid.tokens"), ("wiki.train.raw", "wiki.valid.raw"))

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphkit.ghn.data.images import ImageSource
-from graphkit.ghn.data.source import SPLITS, DataError
+from graphkit.training.data.images import ImageSource
+from graphkit.training.data.source import SPLITS, DataError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""A training run's folder: what it holds, the checks before a run writes into it (outside the
-dataset, no earlier run's files under a fresh run, a checkpoint to resume), the options a
-resume must repeat, and loading the checkpoint it resumes from. Hypernetwork training
+"""A training run's folder: the checks before a run writes into it (outside the dataset, no
+earlier run's files under a fresh run, a checkpoint to resume), the options a resume must
+repeat, and its metrics log cut back to the checkpoint it resumes from. Hypernetwork training
 (:mod:`graphkit.ghn.training`) and up-training (:mod:`graphkit.finetune`) both keep their runs
 this way, each with its own files and options."""
 
@@ -13,50 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from graphkit.errors import TrainError
 from graphkit.fileio import check_output_dir, write_text_atomic
-from graphkit.ghn.checkpoint import load_checkpoint, load_optimizer_state, read_trainer_state
-from graphkit.ghn.config import LoGAHConfig
-from graphkit.ghn.model import LoGAH
-
-#: what a run folder holds (see train); a fresh run refuses a folder holding any of them
-RUN_FILES = ("model.safetensors", "config.json", "metrics.jsonl", "metrics.png", "checkpoint")
-#: the options that shape a run's result: a resume must repeat them (steps may grow; logging,
-#: checkpointing and the device may change)
-RESUMED_OPTIONS = (
-    "variant",
-    "decoder",
-    "depth_buckets",
-    "tie_feature",
-    "keep_init",
-    "role_maps",
-    "role_key",
-    "max_roles",
-    "role_rows",
-    "dataset",
-    "data",
-    "split",
-    "meta_batch",
-    "batch_size",
-    "seq_len",
-    "lr",
-    "lr_fan_in",
-    "weight_decay",
-    "gamma",
-    "clip",
-    "amp",
-    "seed",
-)
+from graphkit.training.state import read_trainer_state
 
 
 def run_folder(
     out: str | Path,
     resume: bool,
+    files: tuple[str, ...],
+    kind: str,
     dataset: str | Path | None = None,
-    files: tuple[str, ...] = RUN_FILES,
-    kind: str = "hypernetwork",
 ) -> Path:
     """The absolute run folder for ``--out`` (``.`` included), checked before any work: it must
     be (or become) a folder outside the dataset (when the run reads one), a fresh run must not
@@ -85,30 +52,25 @@ def check_resume(
     folder: Path,
     options: Mapping[str, Any],
     default_data: str | None,
+    names: tuple[str, ...],
     world: int = 1,
-    names: tuple[str, ...] = RESUMED_OPTIONS,
+    unrecorded: Mapping[str, Any] | None = None,
 ) -> None:
     """Refuse a resume whose options ``names`` differ from those the checkpoint in ``folder`` was
     trained with (they would be recorded as if used throughout), with another number of
     processes (each draws its own meta-batch), or whose ``--steps`` is below the steps already
     done. ``options`` are the run's (its config as a dict, ``data`` resolved to its source),
     ``default_data`` the family's data source (what a run recorded without ``--data`` used; None
-    for a family with none, whose runs all name their data)."""
+    for a family with none, whose runs all name their data), ``unrecorded`` the values of options
+    that runs recorded before the option existed used."""
     state = read_trainer_state(folder)
     if state.get("world_size", world) != world:
         raise TrainError(
             f"--resume: {folder.parent} was trained by {state['world_size']} processes, not {world}; "
             f"resume it with {state['world_size']} processes"
         )
-    # a run recorded before the encoder read depth or tying or had role maps (or their options) has none of them
     recorded = {
-        "depth_buckets": 0,
-        "tie_feature": False,
-        "keep_init": False,
-        "role_maps": False,
-        "role_key": LoGAHConfig.role_key,
-        "max_roles": None,
-        "role_rows": LoGAHConfig.role_rows,
+        **(unrecorded or {}),
         **state["config"],
         "data": state["config"].get("data") or default_data,
     }
@@ -144,15 +106,3 @@ def trim_metrics(metrics_file: Path, step: int) -> None:
     if metrics_file.exists():
         lines = metrics_file.read_text().splitlines(keepends=True)
         write_text_atomic(metrics_file, "".join(line for line in lines if logged_step(line) <= step))
-
-
-def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
-    """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had done."""
-    saved = load_checkpoint(folder)
-    if saved.config != ghn.config:
-        raise TrainError(
-            f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
-        )
-    ghn.load_state_dict(saved.state_dict())
-    state = load_optimizer_state(folder, optimizer)
-    return int(state["step"])

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from graphkit.families import FamilyTable, config_from_graph
-from graphkit.ghn.data.cifar import cifar, read_cifar_file
-from graphkit.ghn.data.images import ImageSource, digits, image_folder
-from graphkit.ghn.data.source import SPLITS, DataError, DataSource
-from graphkit.ghn.data.text import TextSource, stdlib_text, text_file, wikitext
 from graphkit.tracing import trace
+from graphkit.training.data.cifar import cifar, read_cifar_file
+from graphkit.training.data.images import ImageSource, digits, image_folder
+from graphkit.training.data.source import SPLITS, DataError, DataSource
+from graphkit.training.data.text import TextSource, stdlib_text, text_file, wikitext
 
 #: each family's default data source (``Family.data``), a live view of the family registry
 DEFAULT_SOURCES = FamilyTable("data")
