@@ -1,0 +1,161 @@
+"""Why LLaMA predictions sit on the unigram plateau (issue #45, items 1 and 5): two leads, each a
+control that must move what it targets, trained as the bundled LLaMA checkpoint is (llamas-1k,
+the Makefile's recipe, 1,200 steps) and probed on one 4 x 256 LLaMA.
+
+Arms:
+- ``control``: ``train()`` as it is.
+- ``spread``: the training loss plus ``SPREAD`` times the mean inverse participation ratio of
+  every weight query's r x r product M (``sum s^4 / (sum s^2)^2`` of its singular values, 1 for
+  rank 1, 1/r when flat), the decoder's source of near-rank-1 blocks (BENCHMARKS.md, "Where
+  predictions lose context"). It must lower the predicted blocks' top singular-value share.
+- ``centred``: each predicted token table (``embed_tokens.weight``) centred over its rows, so
+  that it carries no vector common to every token, in training and in the probe. It must raise
+  the token-varying share of the embedding's output.
+
+Copies (mirror a change there): ``spread`` wraps ``LowRankDecoder.products`` and
+``training.meta_batch_loss``; ``centred`` wraps ``LoGAH.forward`` (the parameters it returns) and
+applies the same centring after ``predict``.
+
+Probe, per arm: the held-out loss of the predicted 4 x 256 LLaMA (4 batches of 8 from the
+bundled text), the top singular-value share of its block matrices by role (mean over layers),
+and the token-varying share (the mean square left after each sequence's mean over tokens is
+removed, over the whole) of what the embedding and block 0's projections output.
+
+    .venv/bin/python experiments/llama_plateau.py --arms control spread centred   # about 50 min on 2 cores
+    .venv/bin/python experiments/llama_plateau.py --probe-only                    # the runs in runs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+import common  # noqa: E402
+from role_spectra import BATCH_SIZE, BATCHES, FAMILIES, built, role_shares  # noqa: E402
+
+from graphkit.families import get_family  # noqa: E402
+from graphkit.ghn import load_checkpoint, training  # noqa: E402
+from graphkit.ghn import model as ghn_model  # noqa: E402
+from graphkit.ghn.predict import predict  # noqa: E402
+from graphkit.ghn.space import input_task  # noqa: E402
+from graphkit.tracing import trace  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.loop import score  # noqa: E402
+
+SPREAD = 1.0
+TOKEN_TABLE = "embed_tokens.weight"
+#: the bundled LLaMA checkpoint's recipe (Makefile, `bundled`)
+RECIPE = dict(dataset="out/llamas-1k", meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True)
+PROBED = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
+
+
+def centred(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The token tables of ``params`` with their mean row taken out."""
+    return {k: v - v.mean(0, keepdim=True) if k.endswith(TOKEN_TABLE) else v for k, v in params.items()}
+
+
+def with_spread_penalty() -> None:
+    products, loss = ghn_model.LowRankDecoder.products, training.meta_batch_loss
+
+    def spread_products(self, nodes, batch):
+        out = products(self, nodes, batch)
+        m = out[0][batch.on(nodes.device)["is_weight_query"]].float()
+        gram = m.mT @ m
+        flat = gram.diagonal(dim1=1, dim2=2).sum(1).square().clamp_min(1e-30)
+        self.spread = (gram.square().sum((1, 2)) / flat).mean()
+        return out
+
+    def spread_loss(model, *args, **kwargs):
+        total, *rest = loss(model, *args, **kwargs)
+        return (total + SPREAD * getattr(model, "module", model).decoder.spread, *rest)
+
+    ghn_model.LowRankDecoder.products, training.meta_batch_loss = spread_products, spread_loss
+
+
+def with_centred_tables() -> None:
+    forward = ghn_model.LoGAH.forward
+
+    def centred_forward(self, graphs, *, details=False):
+        out = forward(self, graphs, details=details)
+        params = [centred(p) for p in (out.params if details else out)]
+        return out._replace(params=params) if details else params
+
+    ghn_model.LoGAH.forward = centred_forward
+
+
+def train_arm(arm: str, steps: int) -> Path:
+    out = ROOT / "runs" / f"llama-{arm}-{steps}"
+    {"control": lambda: None, "spread": with_spread_penalty, "centred": with_centred_tables}[arm]()
+    training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps), progress=True)
+    return out
+
+
+def varying(t: torch.Tensor) -> float:
+    t = t.float()
+    return ((t - t.mean(1, keepdim=True)).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12)).item()
+
+
+def probe(run: Path, arm: str) -> dict:
+    family, config = get_family("llama"), FAMILIES["llama"]
+    model = built(config)
+    graph = trace(model)
+    task = input_task(graph)
+    held_out, _ = common.fixed_batches(load_source(family.data), model, BATCH_SIZE, BATCHES, 0)
+    predict(model, load_checkpoint(run), graph=graph, keep_init=False, grow=False)
+    if arm == "centred":
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(centred({name: param})[name])
+    outputs: dict[str, float] = {}
+
+    def record(key: str):
+        def hook(module, args, output) -> None:  # returns None: the output goes on unchanged
+            outputs[key] = varying(output)
+
+        return hook
+
+    hooks = [
+        module.register_forward_hook(record(key))
+        for name, module in model.named_modules()
+        for key in PROBED
+        if name.endswith(key) and (key == "embed_tokens" or ".layers.0." in name)
+    ]
+    with torch.no_grad():
+        model(held_out[0][0])
+    for hook in hooks:
+        hook.remove()
+    curve = [json.loads(line)["ce"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "arm": arm,
+        "training CE, last 100 steps": statistics.mean(curve[-10:]),
+        "held-out loss": score(model, held_out, task)[0],
+        "top share": role_shares(model, family.blocks),
+        "token-varying": outputs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arms", nargs="+", default=["control", "spread", "centred"])
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
+    args = parser.parse_args()
+    for arm in args.arms:
+        run = ROOT / "runs" / f"llama-{arm}-{args.steps}"
+        if not args.probe_only:  # each arm in a process of its own: the wrappers stay on
+            import subprocess  # noqa: PLC0415
+
+            code = f"import sys; sys.argv=['x']; from llama_plateau import train_arm; train_arm({arm!r}, {args.steps})"
+            subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, check=True)
+        print(json.dumps(probe(run, arm), indent=1))
+
+
+if __name__ == "__main__":
+    main()
