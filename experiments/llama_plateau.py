@@ -16,13 +16,18 @@ Copies (mirror a change there): ``spread`` wraps ``LowRankDecoder.products`` and
 ``training.meta_batch_loss``; ``centred`` wraps ``LoGAH.forward`` (the parameters it returns) and
 applies the same centring after ``predict``.
 
+Pools (``--pools 1 2 4``): the control's recipe on a pool of K LLaMA architectures of llamas-1k's
+space (:data:`SHAPES`, the probed 4 x 256 first, so K = 1 is the single-architecture control),
+600 steps: where between one architecture and llamas-1k's hundreds learning stops.
+
 Probe, per arm: the held-out loss of the predicted 4 x 256 LLaMA (4 batches of 8 from the
 bundled text), the top singular-value share of its block matrices by role (mean over layers),
 and the token-varying share (the mean square left after each sequence's mean over tokens is
 removed, over the whole) of what the embedding and block 0's projections output.
 
     .venv/bin/python experiments/llama_plateau.py --arms control spread centred   # about 50 min on 2 cores
-    .venv/bin/python experiments/llama_plateau.py --probe-only                    # the runs in runs/
+    .venv/bin/python experiments/llama_plateau.py --arms --pools 1 2 4             # about 35 min
+    .venv/bin/python experiments/llama_plateau.py --probe-only --pools 1 2 4      # the runs in runs/
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import common  # noqa: E402
 from role_spectra import BATCH_SIZE, BATCHES, FAMILIES, built, role_shares  # noqa: E402
 
-from graphkit.families import get_family  # noqa: E402
+from graphkit.datasets.store import graph_to_row, write_dataset  # noqa: E402
+from graphkit.families import build_model, get_family, resolve_config  # noqa: E402
 from graphkit.ghn import load_checkpoint, training  # noqa: E402
 from graphkit.ghn import model as ghn_model  # noqa: E402
 from graphkit.ghn.predict import predict  # noqa: E402
@@ -53,6 +59,8 @@ SPREAD = 1.0
 TOKEN_TABLE = "embed_tokens.weight"
 #: the bundled LLaMA checkpoint's recipe (Makefile, `bundled`)
 RECIPE = dict(dataset="out/llamas-1k", meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True)
+#: the pools' architectures (depth, width), in llamas-1k's space (its width_by_depth), 64-wide heads
+SHAPES = [(4, 256), (6, 128), (3, 512), (8, 192), (5, 384), (9, 128), (3, 384), (7, 256)]
 PROBED = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
 
 
@@ -94,6 +102,22 @@ def train_arm(arm: str, steps: int) -> Path:
     out = ROOT / "runs" / f"llama-{arm}-{steps}"
     {"control": lambda: None, "spread": with_spread_penalty, "centred": with_centred_tables}[arm]()
     training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps), progress=True)
+    return out
+
+
+def train_pool(k: int, steps: int) -> Path:
+    """The control's recipe on the first ``k`` of :data:`SHAPES` (one more, the last, as the eval split)."""
+    rows = []
+    for i, (depth, width) in enumerate(SHAPES[:k] + SHAPES[k - 1 : k]):
+        config = resolve_config({"family": "llama", "num_layers": depth, "hidden": width, "heads": width // 64})
+        graph = trace(build_model(config, "meta"))
+        rows.append(graph_to_row(graph, config, id=f"pool{k}-{i}", split="train" if i < k else "eval"))
+    dataset = ROOT / "out" / f"llama-pool{k}"
+    write_dataset(rows, dataset, name=f"llama-pool{k}")
+    out = ROOT / "runs" / f"llama-pool{k}-{steps}"
+    training.train(
+        training.TrainConfig(**{**RECIPE, "dataset": str(dataset)}, out=str(out), steps=steps), progress=True
+    )
     return out
 
 
@@ -143,7 +167,8 @@ def probe(run: Path, arm: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arms", nargs="+", default=["control", "spread", "centred"])
+    parser.add_argument("--arms", nargs="*", default=["control", "spread", "centred"])
+    parser.add_argument("--pools", nargs="*", type=int, default=[], help="pool sizes to train (600 steps)")
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     args = parser.parse_args()
@@ -155,6 +180,11 @@ def main() -> None:
             code = f"import sys; sys.argv=['x']; from llama_plateau import train_arm; train_arm({arm!r}, {args.steps})"
             subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, check=True)
         print(json.dumps(probe(run, arm), indent=1))
+    for k in args.pools:
+        run = ROOT / "runs" / f"llama-pool{k}-600"
+        if not args.probe_only:
+            train_pool(k, 600)
+        print(json.dumps(probe(run, f"pool of {k}"), indent=1))
 
 
 if __name__ == "__main__":
