@@ -14,6 +14,7 @@ import graphkit
 import graphkit.tracing as tracing
 from graphkit import TraceError, example_inputs_for
 from graphkit.modelfile import load_model_file
+from graphkit.tracing import builder, naming, spatial
 from graphkit.tracing.builder import graph_from_export
 
 
@@ -400,3 +401,23 @@ def test_pre_norm_residuals_read_the_block_stream_not_the_norm(build):
         if node.op == "add":
             sources = [graph.nodes[s].op for s, d in graph.edges if d == i]
             assert len(sources) == 2 and not {"rms_norm", "layer_norm"} & set(sources), (node.name, sources)
+
+
+def test_every_op_the_tracer_names_is_in_the_vocabulary():
+    """The tracer's tables (ATen ops, module classes and names, grid ops) name only ops of
+    ``graphkit.OPS``, so that a renamed or removed op fails here rather than as an unknown id."""
+    named = {
+        *naming.ATEN_OPS.values(),
+        *(op for _, op in naming._MODULE_TYPES),
+        *(op for _, op in naming._MODULE_NAME_RULES),
+        *naming._MODULE_EXACT_NAMES.values(),
+        *builder._LEAF_KEEP_WITHOUT_INPUT,
+        *spatial._AMOUNT,
+        *(op for op, _, _ in spatial._WINDOWED.values()),
+        *spatial._ADAPTIVE.values(),
+        *spatial._REDUCTIONS.values(),
+        "patch_embed",
+        "mean_pool",
+        "interpolate",
+    }
+    assert named - set(graphkit.OPS) == set()
