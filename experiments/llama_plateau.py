@@ -8,6 +8,9 @@ Arms:
   every weight query's r x r product M (``sum s^4 / (sum s^2)^2`` of its singular values, 1 for
   rank 1, 1/r when flat), the decoder's source of near-rank-1 blocks (BENCHMARKS.md, "Where
   predictions lose context"). It must lower the predicted blocks' top singular-value share.
+- ``curriculum``: the control's recipe started from the pool of 4's trained weights (``--pools
+  4`` first) instead of a fresh LoGAH: a small pool first, then the whole space. What it must
+  keep is the pool of 4's token table.
 - ``centred``: each predicted token table (``embed_tokens.weight``) centred over its rows, so
   that it carries no vector common to every token, in training and in the probe. It must raise
   the token-varying share of the embedding's output.
@@ -16,7 +19,7 @@ Copies (mirror a change there): ``spread`` wraps ``LowRankDecoder.products`` and
 ``training.meta_batch_loss``; ``centred`` wraps ``LoGAH.forward`` (the parameters it returns) and
 applies the same centring after ``predict``.
 
-Pools (``--pools 1 2 4``): the control's recipe on a pool of K LLaMA architectures of llamas-1k's
+Pools (``--pools 1 2 4 8``): the control's recipe on a pool of K LLaMA architectures of llamas-1k's
 space (:data:`SHAPES`, the probed 4 x 256 first, so K = 1 is the single-architecture control),
 600 steps: where between one architecture and llamas-1k's hundreds learning stops.
 
@@ -26,8 +29,8 @@ and the token-varying share (the mean square left after each sequence's mean ove
 removed, over the whole) of what the embedding and block 0's projections output.
 
     .venv/bin/python experiments/llama_plateau.py --arms control spread centred   # about 50 min on 2 cores
-    .venv/bin/python experiments/llama_plateau.py --arms --pools 1 2 4             # about 35 min
-    .venv/bin/python experiments/llama_plateau.py --probe-only --pools 1 2 4      # the runs in runs/
+    .venv/bin/python experiments/llama_plateau.py --arms --pools 1 2 4 8           # about 45 min
+    .venv/bin/python experiments/llama_plateau.py --probe-only --pools 1 2 4 8    # the runs in runs/
 """
 
 from __future__ import annotations
@@ -98,9 +101,22 @@ def with_centred_tables() -> None:
     ghn_model.LoGAH.forward = centred_forward
 
 
+def from_pool_of_4() -> None:
+    start = load_checkpoint(ROOT / "runs" / "llama-pool4-600")
+    build = ghn_model.LoGAH.from_variant
+
+    def started(*args, **kwargs):
+        ghn = build(*args, **kwargs)
+        ghn.load_state_dict(start.state_dict())
+        return ghn
+
+    training.LoGAH.from_variant = started
+
+
 def train_arm(arm: str, steps: int) -> Path:
     out = ROOT / "runs" / f"llama-{arm}-{steps}"
-    {"control": lambda: None, "spread": with_spread_penalty, "centred": with_centred_tables}[arm]()
+    wrappers = {"spread": with_spread_penalty, "centred": with_centred_tables, "curriculum": from_pool_of_4}
+    wrappers.get(arm, lambda: None)()
     training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps), progress=True)
     return out
 
@@ -126,8 +142,9 @@ def varying(t: torch.Tensor) -> float:
     return ((t - t.mean(1, keepdim=True)).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12)).item()
 
 
-def probe(run: Path, arm: str) -> dict:
-    family, config = get_family("llama"), FAMILIES["llama"]
+def probe(run: Path, arm: str, shape: tuple[int, int] = (4, 256)) -> dict:
+    family = get_family("llama")
+    config = {**FAMILIES["llama"], "num_layers": shape[0], "hidden": shape[1], "heads": shape[1] // 64}
     model = built(config)
     graph = trace(model)
     task = input_task(graph)
@@ -158,6 +175,7 @@ def probe(run: Path, arm: str) -> dict:
     curve = [json.loads(line)["ce"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {
         "arm": arm,
+        "probed": f"{shape[0]} x {shape[1]}",
         "training CE, last 100 steps": statistics.mean(curve[-10:]),
         "held-out loss": score(model, held_out, task)[0],
         "top share": role_shares(model, family.blocks),
@@ -170,8 +188,10 @@ def main() -> None:
     parser.add_argument("--arms", nargs="*", default=["control", "spread", "centred"])
     parser.add_argument("--pools", nargs="*", type=int, default=[], help="pool sizes to train (600 steps)")
     parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--shape", default="4x256", help="the LLaMA probed, DEPTHxWIDTH")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     args = parser.parse_args()
+    shape = tuple(int(n) for n in args.shape.split("x"))
     for arm in args.arms:
         run = ROOT / "runs" / f"llama-{arm}-{args.steps}"
         if not args.probe_only:  # each arm in a process of its own: the wrappers stay on
@@ -179,12 +199,12 @@ def main() -> None:
 
             code = f"import sys; sys.argv=['x']; from llama_plateau import train_arm; train_arm({arm!r}, {args.steps})"
             subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, check=True)
-        print(json.dumps(probe(run, arm), indent=1))
+        print(json.dumps(probe(run, arm, shape), indent=1))
     for k in args.pools:
         run = ROOT / "runs" / f"llama-pool{k}-600"
         if not args.probe_only:
             train_pool(k, 600)
-        print(json.dumps(probe(run, f"pool of {k}"), indent=1))
+        print(json.dumps(probe(run, f"pool of {k}", shape), indent=1))
 
 
 if __name__ == "__main__":
