@@ -138,6 +138,24 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
 
 
 @pytest.mark.slow
+def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_another(vits, tmp_path):
+    """`train-ghn --initial-checkpoint`: a curriculum's next stage starts from the weights the
+    last one trained (one step at a vanishing lr keeps them), not from a fresh LoGAH."""
+    train(quick(vits, tmp_path / "first", steps=2, lr=1e-2), progress=False)  # moved well away from its init
+    first = load_checkpoint(tmp_path / "first").state_dict()
+    train(quick(vits, tmp_path / "next", steps=1, lr=1e-12, initial_checkpoint=str(tmp_path / "first")), progress=False)
+    train(quick(vits, tmp_path / "fresh", steps=1, lr=1e-12), progress=False)
+    started, unrelated = (load_checkpoint(tmp_path / name).state_dict() for name in ("next", "fresh"))
+    assert all(torch.allclose(started[k], v, atol=1e-6) for k, v in first.items())
+    assert not all(torch.allclose(unrelated[k], v, atol=1e-3) for k, v in first.items())
+    assert load_checkpoint(tmp_path / "next").info["train"]["initial_checkpoint"] == str(tmp_path / "first")
+    with pytest.raises(TrainError, match=r"^--initial-checkpoint .*first: holds a LoGAH whose roles is \(\), not "):
+        train(quick(vits, tmp_path / "roles", role_maps=True, initial_checkpoint=str(tmp_path / "first")))
+    with pytest.raises(TrainError, match=r"^--initial-checkpoint .*nowhere: no hypernetwork checkpoint there"):
+        train(quick(vits, tmp_path / "missing", initial_checkpoint=str(tmp_path / "nowhere")))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ON_EVERY_DEVICE)
 def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, monkeypatch):
     """On a GPU only with --deterministic: atomic adds sum in a varying order otherwise."""

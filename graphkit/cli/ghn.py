@@ -58,6 +58,14 @@ def train_ghn(
         "initialisation (weight matrices init + prediction), drawn afresh every step, so that the "
         "hypernetwork learns a correction to the init rather than whole matrices.",
     ),
+    initial_checkpoint: Optional[str] = typer.Option(
+        None,
+        "--initial-checkpoint",
+        metavar="<path>",
+        help="Start from this hypernetwork's weights (a run folder or a bundled name) instead of a fresh "
+        "LoGAH with the same options: a curriculum's next stage, e.g. a pool of 4 LLaMAs first, then llamas-1k, "
+        "which leaves the unigram plateau where a fresh start does not (docs/experiments.md).",
+    ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
@@ -125,6 +133,7 @@ def train_ghn(
         depth_buckets=depth_buckets,
         tie_feature=tie_feature,
         keep_init=keep_init,
+        initial_checkpoint=initial_checkpoint,
         role_maps=role_maps,
         role_key=role_key,
         max_roles=max_roles,

@@ -35,7 +35,7 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from graphkit.datasets.builders import ZOO_FAMILIES
-from graphkit.errors import TrainError
+from graphkit.errors import CheckpointError, TrainError
 from graphkit.ghn.checkpoint import load_checkpoint, save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
 from graphkit.ghn.diagnostics import (
@@ -85,6 +85,7 @@ RESUMED_OPTIONS = (
     "depth_buckets",
     "tie_feature",
     "keep_init",
+    "initial_checkpoint",
     "role_maps",
     "role_key",
     "max_roles",
@@ -108,6 +109,7 @@ UNRECORDED = {
     "depth_buckets": 0,
     "tie_feature": False,
     "keep_init": False,
+    "initial_checkpoint": None,
     "role_maps": False,
     "role_key": LoGAHConfig.role_key,
     "max_roles": None,
@@ -132,6 +134,9 @@ class TrainConfig:
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
     role_rows: int = LoGAHConfig.role_rows  # rows of the map each role owns (LoGAHConfig.role_rows)
     keep_init: bool = False  # train the prediction as predict(keep_init=True) writes it: onto a fresh init per step
+    # start from this checkpoint's weights (a folder or bundled name) instead of a fresh LoGAH of the
+    # same config: a curriculum's later stage (a small pool first, docs/experiments.md); None: fresh
+    initial_checkpoint: str | None = None
     meta_batch: int = 4  # architectures per step (per process)
     batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
@@ -342,6 +347,20 @@ def machine(device: torch.device, world: int = 1) -> str:
     return f"{len(os.sched_getaffinity(0))} CPU cores" + (f", {world} processes" if world > 1 else "")
 
 
+def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
+    """Copy the weights of ``initial`` (the checkpoint ``path`` holds) into the fresh ``ghn``;
+    TrainError naming the first setting in which their configs differ (the variant, the roles a
+    pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles."""
+    if initial.config != ghn.config:
+        field = next(f for f in asdict(ghn.config) if getattr(initial.config, f) != getattr(ghn.config, f))
+        raise TrainError(
+            f"--initial-checkpoint {path}: holds a LoGAH whose {field} is {getattr(initial.config, field)!r}, "
+            f"not this run's {getattr(ghn.config, field)!r}; train with its options (--variant, --role-maps, "
+            "--role-key, ...) or start fresh"
+        )
+    ghn.load_state_dict(initial.state_dict())
+
+
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
     """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had done."""
     saved = load_checkpoint(folder)
@@ -363,6 +382,12 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
 
     rank, world, device = _distributed(config.device)
     out = run_folder(config.out, resume, RUN_FILES, "hypernetwork", config.dataset)
+    initial = None
+    if config.initial_checkpoint is not None:
+        try:
+            initial = load_checkpoint(config.initial_checkpoint)
+        except CheckpointError as e:
+            raise TrainError(f"--initial-checkpoint {e}") from None
     pool = ArchPool(config.dataset, config.split, device)
     data = config.data or default_source(pool.family)
     if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
@@ -380,6 +405,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         role_rows=config.role_rows,
         role_key=config.role_key,
     ).to(device)
+    if initial is not None and not resume:
+        start_from(initial, ghn, config.initial_checkpoint)
     optimizer = make_optimizer(ghn, config)
     start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
