@@ -383,7 +383,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     rank, world, device = _distributed(config.device)
     out = run_folder(config.out, resume, RUN_FILES, "hypernetwork", config.dataset)
     initial = None
-    if config.initial_checkpoint is not None:
+    if config.initial_checkpoint is not None and not resume:  # a resume continues its own checkpoint
         try:
             initial = load_checkpoint(config.initial_checkpoint)
         except CheckpointError as e:
@@ -405,7 +405,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         role_rows=config.role_rows,
         role_key=config.role_key,
     ).to(device)
-    if initial is not None and not resume:
+    if initial is not None:
         start_from(initial, ghn, config.initial_checkpoint)
     optimizer = make_optimizer(ghn, config)
     start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
