@@ -63,5 +63,6 @@ def main(
     options(parser)
     args = parser.parse_args()
     text = table(args)
+    print(text)
     if args.write:
         write_section(text, key)

@@ -48,12 +48,14 @@ ROPE_DIMS = 4
 BATCH = {"vit": 64, "gpt2": 16, "llama": 16}
 
 
-def trained(family: str, steps: int, source) -> torch.nn.Module:
-    """The family's model trained directly for ``steps`` AdamW steps (lr 1e-3)."""
+def trained(family: str, steps: int, source, config: dict | None = None) -> torch.nn.Module:
+    """The family's model (or ``config``, one of its shapes) trained directly for ``steps`` AdamW
+    steps (lr 1e-3)."""
+    config = config or MODELS[family]
     torch.manual_seed(0)
-    model = build_model(MODELS[family], "cpu")
+    model = build_model(config, "cpu")
     generator = torch.Generator().manual_seed(1)
-    batches = [source.batch(MODELS[family], BATCH[family], generator) for _ in range(steps)]
+    batches = [source.batch(config, BATCH[family], generator) for _ in range(steps)]
     up_train(model, source.task, batches.__getitem__, steps, 1e-3)
     return model
 

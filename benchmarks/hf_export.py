@@ -12,13 +12,18 @@ then converted, each way with 64 cached numbers per token and layer (MHA: 2 x 8 
   heads share, made by RoRoPE, at (R, D) = (48, 16) and (56, 8);
 - the same DeepSeek models with `kv_a_layernorm` taken out (the latent used as it is, what
   graphkit's MLA does): the difference is what normalising the latent costs. Not a stock model:
-  measured to price the norm only.
+  measured to price the norm only;
+- DeepSeek's format with the latent as wide as the model (exact): what is left is what sharing
+  one rotary key costs, and no basis for the latent (TransMLA's K/V-balanced PCA) can recover it;
+- the same LLaMA with 2 heads of 64 (neighbouring frequency pairs 0.75 times as fast as each
+  other, as in real models' heads; 0.32 in heads of 16), in DeepSeek's format with FreqFold
+  (`to_deepseek`'s default fold) and without (``fold=1``).
 
 Each is scored on held-out batches (the eval split) right after conversion and after
 ``--uptrain`` steps of up-training on the same batches (`graphkit finetune`'s loop,
 graphkit.training.loop.up_train, lr 3e-4). Calibration: 4 batches of 8 windows from the train split.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hf_export.py            # print the table (about 10 min)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hf_export.py            # print the table (about 15 min)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/hf_export.py --write    # also update BENCHMARKS.md
 """
 
@@ -36,13 +41,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from grouping_quality import BATCH, MODELS, options, trained, up_trained  # noqa: E402
 
-from graphkit.attention.hf_format import save_hf, to_deepseek  # noqa: E402
+from graphkit.attention.hf_format import check_deepseek, default_fold, save_hf, to_deepseek  # noqa: E402
 from graphkit.attention.mla import kv_cache_bytes, to_mla  # noqa: E402
+from graphkit.families import resolve_config  # noqa: E402
 from graphkit.training.data import calibration_inputs, default_source, load_source  # noqa: E402
 from graphkit.training.loop import score  # noqa: E402
 
 #: DeepSeek's (kv_lora_rank, qk_rope_head_dim) at 64 numbers per token and layer
 DEEPSEEK = ((48, 16), (56, 8))
+#: the same LLaMA with 2 heads of 64, where neighbouring frequency pairs turn 0.75 times as fast as
+#: each other (0.32 in heads of 16), as in real models' heads of 64 to 128: FreqFold's case
+WIDE_HEADS = resolve_config({**MODELS["llama"], "heads": 2})
 
 
 def without_latent_norm(model: torch.nn.Module) -> torch.nn.Module:
@@ -63,35 +72,49 @@ def rows(steps: int, uptrain: int) -> list[str]:
     held_out = [source.batch(config, 128, generator, split="eval") for _ in range(4)]
     generator = torch.Generator().manual_seed(3)
     uptraining = [source.batch(config, BATCH["llama"], generator) for _ in range(uptrain)]
-    model = trained("llama", steps, source)
     calibration = calibration_inputs(config)
-    mha = kv_cache_bytes(model)
-    loss, accuracy = score(model, held_out, source.task)
-    table = [f"| original (MHA, 8 K/V heads) | 100% | {loss:.3f} / {accuracy:.3f} | - |"]
+    table = []
 
-    def row(label: str, converted: torch.nn.Module) -> None:
+    def row(label: str, converted: torch.nn.Module, mha: int) -> None:
         cache = f"{100 * kv_cache_bytes(converted) // mha}%"
         scores = up_trained(converted, uptraining, source.task, held_out)
         (loss0, acc0), (loss_n, acc_n) = scores[0], scores[uptrain]
         table.append(f"| {label} | {cache} | {loss0:.3f} / {acc0:.3f} | {loss_n:.3f} / {acc_n:.3f} |")
         print(table[-1], flush=True)
 
-    row("graphkit MLA (kv_rank 64, exact RoPE)", to_mla(copy.deepcopy(model), 64))
+    def deepseek(model: torch.nn.Module, folder: Path, kv_rank: int, rope_dims: int, fold: int | None = None):
+        out = folder / f"deepseek-{kv_rank}-{rope_dims}-{fold}"
+        save_hf(to_deepseek(model, kv_rank, rope_dims, calibration, fold=fold), out, {"attention": "mla"})
+        return AutoModelForCausalLM.from_pretrained(out)
+
+    model = trained("llama", steps, source)
+    mha = kv_cache_bytes(model)
+    loss, accuracy = score(model, held_out, source.task)
+    table.append(f"| original (MHA, 8 K/V heads of 16) | 100% | {loss:.3f} / {accuracy:.3f} | - |")
+    row("graphkit MLA (kv_rank 64, exact RoPE)", to_mla(copy.deepcopy(model), 64), mha)
     row(
         "graphkit MLA (kv_rank 32, rope_dims 4 per K/V head)",
         to_mla(copy.deepcopy(model), 32, rope_dims=4, calibration=calibration),
+        mha,
     )
     with tempfile.TemporaryDirectory() as folder:
         for kv_rank, rope_dims in DEEPSEEK:
-            out = Path(folder) / f"deepseek-{kv_rank}-{rope_dims}"
-            save_hf(to_deepseek(model, kv_rank, rope_dims, calibration), out, {"attention": "mla"})
-            loaded = AutoModelForCausalLM.from_pretrained(out)
             label = f"kv_lora_rank {kv_rank}, qk_rope_head_dim {rope_dims}"
-            row(f"DeepSeek format, loaded ({label})", loaded)
-            row(
-                f"the same, latent norm taken out ({label})",
-                without_latent_norm(AutoModelForCausalLM.from_pretrained(out)),
-            )
+            row(f"DeepSeek format, loaded ({label})", deepseek(model, Path(folder), kv_rank, rope_dims), mha)
+            loaded = deepseek(model, Path(folder), kv_rank, rope_dims)
+            row(f"the same, latent norm taken out ({label})", without_latent_norm(loaded), mha)
+        exact = deepseek(model, Path(folder), MODELS["llama"]["hidden"], 16)
+        row("the same with an exact latent (kv_lora_rank 128, qk_rope_head_dim 16)", exact, mha)
+        wide = trained("llama", steps, source, WIDE_HEADS)
+        mha = kv_cache_bytes(wide)
+        loss, accuracy = score(wide, held_out, source.task)
+        table.append(f"| original (MHA, 2 K/V heads of 64) | 100% | {loss:.3f} / {accuracy:.3f} | - |")
+        for kv_rank, rope_dims in DEEPSEEK:
+            label = f"kv_lora_rank {kv_rank}, qk_rope_head_dim {rope_dims}"
+            unfolded = deepseek(wide, Path(folder), kv_rank, rope_dims, fold=1)
+            row(f"DeepSeek format, heads of 64, no FreqFold ({label})", unfolded, mha)
+            fold = default_fold(wide, check_deepseek(wide, kv_rank, rope_dims), rope_dims)
+            row(f"the same, FreqFold of {fold} pairs ({label})", deepseek(wide, Path(folder), kv_rank, rope_dims), mha)
     return table
 
 

@@ -20,6 +20,7 @@ from graphkit.attention.hf_format import (
     check_deepseek,
     check_hf_export,
     check_hf_output,
+    default_fold,
     principal_directions,
     save_hf,
     to_deepseek,
@@ -132,6 +133,39 @@ def test_rorope_is_exact_when_the_kv_heads_share_their_keys(tmp_path):
             k[1] = -0.5 * k[0]
     converted = to_deepseek(source, 64, 16, CALIBRATION)
     assert (logits(converted) - logits(source)).abs().max() < 1e-5
+
+
+def test_freqfold_turns_the_neighbouring_pairs_with_the_kept_one(tmp_path):
+    """FreqFold (each rotary pair holds its kept frequency and the next ones): with the keys'
+    components at the folded neighbours zeroed, the principal directions hold none of them and
+    folding changes nothing; with them present it does. A fold above head_dim / D is refused."""
+    source = checkpoint(tmp_path, "llama", kv_heads=2)
+    folded = to_deepseek(source, 64, 4, CALIBRATION, fold=4)
+    assert (logits(folded) - logits(to_deepseek(source, 64, 4, CALIBRATION, fold=1))).abs().max() > 1e-3
+    neighbours = [d + offset for d in (1, 2, 3, 5, 6, 7) for offset in (0, 8)]  # pairs 1-3, 5-7 of 8, both halves
+    with torch.no_grad():
+        for layer in source.model.layers:
+            layer.self_attn.k_proj.weight.view(2, 16, 64)[:, neighbours] = 0
+    unfolded = logits(to_deepseek(source, 64, 4, CALIBRATION, fold=1))
+    assert (logits(to_deepseek(source, 64, 4, CALIBRATION, fold=4)) - unfolded).abs().max() < 1e-5
+    with pytest.raises(ExportError, match=r"^fold 5: must be an integer from 1 to head_dim / rope_dims = 4$"):
+        to_deepseek(source, 64, 4, fold=5)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "rope_dims", "fold"), [(16, 8, 1), (16, 4, 1), (64, 32, 2), (64, 16, 4), (64, 8, 4)]
+)
+def test_the_default_fold_holds_the_pairs_turning_at_least_0_4_times_as_fast(head_dim, rope_dims, fold):
+    """RoPE's neighbouring pairs turn 10000 ** (-2 / head_dim) times as fast as each other: 0.32 at
+    head_dim 16 (never folded), 0.75 at 64 (up to four pairs, 1 to 0.42)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=1, hidden_size=128, num_attention_heads=128 // head_dim, num_key_value_heads=1,
+        head_dim=head_dim, intermediate_size=32, vocab_size=16,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    assert default_fold(model, check_deepseek(model, 64, rope_dims), rope_dims) == fold
 
 
 def test_the_principal_direction_of_each_pair_is_the_top_eigenvector():

@@ -25,7 +25,10 @@ What DeepSeek's attention computes, and how each part is met:
 - *Frequencies.* DeepSeek rotates D dimensions with ``D / 2`` frequencies from its own config.
   D must divide ``head_dim``: its rotary embedding, with the source's ``rope_parameters``, then
   gives exactly the frequencies of every ``head_dim / D``-th pair of the source (checked after
-  building). The pairs in between lose their rotation.
+  building). The pairs in between are folded into the kept pair before them (TransMLA's
+  FreqFold): its principal direction is taken over both pairs' components and turned at the kept
+  pair's frequency, as long as they turn at least :data:`FOLD_RATIO` times as fast; slower ones
+  lose their rotation and join the latent.
 - *Layout.* ``rope_interleave`` is on, as in DeepSeek's own checkpoints (vLLM and SGLang assume
   it): a pair's two components sit side by side in ``q_proj`` and ``kv_a_proj_with_mqa``.
 - *Scale.* DeepSeek scales scores by ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``; the
@@ -86,6 +89,9 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 #: RoPE types whose frequencies are a function of the frequency alone, so that every s-th pair
 #: of the source is what DeepSeek's rotary embedding of head_dim / s dimensions computes
 _ROPE_TYPES = ("default", "linear", "llama3")
+#: FreqFold's bound: a neighbouring frequency pair shares a kept pair's rotation when it turns at least
+#: this fraction as fast (measured, :func:`default_fold`)
+FOLD_RATIO = 0.4
 #: config fields of decoders that scale what DeepSeek's format cannot (Granite's multipliers, Cohere's logit scale)
 _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling", "logit_scale")
 #: config fields of decoders that cap scores or logits (Gemma 2)
@@ -364,10 +370,32 @@ def _kept_pairs(plan: DecoderPlan, rope_dims: int) -> torch.Tensor:
     return torch.arange(rope_dims // 2) * (plan.head_dim // rope_dims)
 
 
+def _folded_pairs(plan: DecoderPlan, rope_dims: int, fold: int) -> torch.Tensor:
+    """The source's frequency pairs each pair of DeepSeek's rotary key holds (FreqFold), (rope_dims
+    / 2, fold): a kept pair and the ``fold - 1`` lower frequencies after it, all turned at the kept
+    pair's frequency. With ``fold`` 1 the kept pair alone; pairs in no group join the latent unrotated."""
+    return _kept_pairs(plan, rope_dims).unsqueeze(1) + torch.arange(fold)
+
+
+def default_fold(model: nn.Module, plan: DecoderPlan, rope_dims: int) -> int:
+    """How many neighbouring frequency pairs each pair of the rotary key holds by default: the
+    kept pair and those after it, up to the next kept one, that turn at least :data:`FOLD_RATIO`
+    times as fast as it does in every group (the source's own frequencies, ``inv_freq``). Rotated at
+    the kept pair's frequency, a much slower pair is worse off than unrotated (BENCHMARKS.md,
+    "MLA in DeepSeek's format": at head_dim 64 folding gains up to 0.5 nats, at head_dim 16, where
+    neighbours are 3x apart, it loses up to 0.3)."""
+    inv_freq = model.model.rotary_emb.inv_freq.detach().double().cpu()
+    kept, fold = _kept_pairs(plan, rope_dims), 1
+    while fold < plan.head_dim // rope_dims and (inv_freq[kept + fold] >= FOLD_RATIO * inv_freq[kept]).all():
+        fold += 1
+    return fold
+
+
 def principal_directions(covariances: torch.Tensor) -> torch.Tensor:
-    """RoRoPE's mix of the K/V heads per frequency pair: for each (kv_heads x kv_heads)
-    covariance of the heads' pair components, its principal eigenvector (unit length, its largest
-    entry positive so that a conversion repeats); (pairs, kv_heads x kv_heads) -> (pairs, kv_heads)."""
+    """RoRoPE's mix of the K/V heads per pair of the rotary key: for each (n x n) covariance of
+    the components it holds (the K/V heads', of each folded frequency: n = kv_heads x folded), its
+    principal eigenvector (unit length, its largest entry positive so that a conversion repeats);
+    (pairs, n x n) -> (pairs, n)."""
     _, vectors = torch.linalg.eigh(covariances)
     top = vectors[..., -1]
     sign = torch.sign(top.gather(-1, top.abs().argmax(-1, keepdim=True)))
@@ -375,11 +403,14 @@ def principal_directions(covariances: torch.Tensor) -> torch.Tensor:
 
 
 def _pair_moments(keys: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-    """The (pairs, kv_heads, kv_heads) second moments of keys (tokens, kv_heads, head_dim) at each
-    kept pair, summed over both components of the pair (LLaMA pairs dimension p with p + head_dim / 2)."""
+    """The second moments of keys (tokens, kv_heads, head_dim) in each rotary pair's folded
+    frequencies ``pairs`` (rotary pairs, folded), summed over both components of a frequency pair
+    (LLaMA pairs dimension p with p + head_dim / 2): (rotary pairs, n, n), n = kv_heads x folded,
+    head by head."""
     half = keys.shape[-1] // 2
-    a, b = keys[..., pairs], keys[..., pairs + half]  # (tokens, kv_heads, pairs)
-    return torch.einsum("tgp,thp->pgh", a, a) + torch.einsum("tgp,thp->pgh", b, b)
+    tokens, rotary = keys.shape[0], pairs.shape[0]
+    a, b = (keys[:, :, dims].transpose(1, 2).reshape(tokens, rotary, -1) for dims in (pairs, pairs + half))
+    return torch.einsum("tpg,tph->pgh", a, a) + torch.einsum("tpg,tph->pgh", b, b)
 
 
 def _weight_moments(layer: _Layer, pairs: torch.Tensor) -> torch.Tensor:
@@ -395,7 +426,8 @@ def _key_moments(model: nn.Module, plan: DecoderPlan, pairs: torch.Tensor, calib
     """Per layer, :func:`_pair_moments` of the keys the source computes on ``calibration``
     (``k_proj``'s output: before RoPE, which turns all heads alike), summed over its tokens."""
     layers = model.model.layers
-    totals = [torch.zeros(len(pairs), plan.kv_heads, plan.kv_heads, dtype=torch.float64) for _ in layers]
+    n = plan.kv_heads * pairs.shape[1]
+    totals = [torch.zeros(len(pairs), n, n, dtype=torch.float64) for _ in layers]
 
     def record(i: int) -> Callable:
         def hook(_module, _inputs, out):
@@ -445,29 +477,33 @@ def _attention_tensors(
     layer: _Layer, plan: DecoderPlan, pairs: torch.Tensor, mix: torch.Tensor, kv_rank: int
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One layer's DeepSeek attention weights from its source attention, by RoRoPE with the
-    per-pair head mix ``mix`` (pairs, kv_heads) and a rank-``kv_rank`` latent (module
-    docstring), and the latent's down projection in the unit-RMS input space (the latent norm's
-    weight is its mean RMS on data, measured with it)."""
+    mix ``mix`` (rotary pairs, kv_heads x folded) of the frequency pairs ``pairs`` (rotary pairs,
+    folded; :func:`_folded_pairs`) and a rank-``kv_rank`` latent (module docstring), and the
+    latent's down projection in the unit-RMS input space (the latent norm's weight is its mean
+    RMS on data, measured with it)."""
     half, rope_dims = plan.head_dim // 2, 2 * len(pairs)
+    mix = mix.view(len(pairs), plan.kv_heads, -1).transpose(0, 1)  # (kv_heads, rotary pairs, folded)
     group = torch.arange(plan.heads) // (plan.heads // plan.kv_heads)  # each query head's K/V head
-    per_head = mix[:, group].T  # (heads, pairs): each query head's share of each principal direction
     scale = plan.scaling * (plan.head_dim + rope_dims) ** 0.5  # DeepSeek's score scale -> the source's
 
+    def shared(k: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:  # (kv_heads, head_dim, ...) -> (rotary pairs, ...)
+        return torch.einsum("gpf,gpf...->p...", mix, k[:, dims])
+
     def rotary_key(k: torch.Tensor) -> torch.Tensor:  # (kv_heads, head_dim, ...) -> (rope_dims, ...)
-        first = torch.einsum("pg,gp...->p...", mix, k[:, pairs])
-        return _interleave(first, torch.einsum("pg,gp...->p...", mix, k[:, pairs + half]), 0)
+        return _interleave(shared(k, pairs), shared(k, pairs + half), 0)
 
     def residual_key(k: torch.Tensor) -> torch.Tensor:  # each head's key less its share of the rotary key
         rest = k.clone()
+        weights = mix.reshape(*mix.shape, *[1] * (k.dim() - 2))
         for dims in (pairs, pairs + half):
-            shared = torch.einsum("pg,gp...->p...", mix, k[:, dims])
-            rest[:, dims] = k[:, dims] - mix.T.reshape(*mix.T.shape, *[1] * (k.dim() - 2)) * shared
+            rest[:, dims] = k[:, dims] - weights * shared(k, dims).unsqueeze(1)
         return rest
 
     def query(q: torch.Tensor) -> torch.Tensor:  # (heads, head_dim, ...) -> (heads, head_dim + rope_dims, ...)
-        share = per_head.reshape(*per_head.shape, *[1] * (q.dim() - 2))
-        rope = _interleave(share * q[:, pairs], share * q[:, pairs + half], 1)
-        return torch.cat([q, rope], dim=1) * scale
+        def along(dims: torch.Tensor) -> torch.Tensor:  # each head's part of its K/V head's principal directions
+            return torch.einsum("hpf,hpf...->hp...", mix[group], q[:, dims])
+
+        return torch.cat([q, _interleave(along(pairs), along(pairs + half), 1)], dim=1) * scale
 
     stacked = torch.cat([residual_key(layer.k).flatten(0, 1), layer.v.flatten(0, 1)])  # (2 kv_heads head_dim, width)
     _, _, vh = torch.linalg.svd(stacked, full_matrices=True)
@@ -538,21 +574,28 @@ def deepseek_config(model: nn.Module, plan: DecoderPlan, kv_rank: int, rope_dims
     )
 
 
-def to_deepseek(model: nn.Module, kv_rank: int, rope_dims: int, calibration: Sequence[Any] = ()) -> nn.Module:
+def to_deepseek(
+    model: nn.Module, kv_rank: int, rope_dims: int, calibration: Sequence[Any] = (), *, fold: int | None = None
+) -> nn.Module:
     """A ``DeepseekV3ForCausalLM`` (stock transformers, every layer dense) computing what the
     LLaMA-style ``model`` computes, its attention converted to MLA with a ``kv_rank`` latent and a
     ``rope_dims`` rotary key shared by all heads, by RoRoPE on ``calibration`` (the model's
     inputs; without them, the weights alone) (module docstring). ``model`` is left as it was. A
     model or option DeepSeek's format cannot hold is an ExportError before any work
-    (:func:`check_deepseek`). Layer by layer: beside the two models, memory holds one layer's
-    float64 working copies."""
+    (:func:`check_deepseek`). ``fold``: how many neighbouring frequency pairs each rotary pair
+    holds (FreqFold, 1 to head_dim / rope_dims; by default :func:`default_fold`). Layer by layer:
+    beside the two models, memory holds one layer's float64 working copies."""
     from transformers import DeepseekV3ForCausalLM
 
     plan = check_deepseek(model, kv_rank, rope_dims)
+    if fold is not None and not is_count(fold, 1, plan.head_dim // rope_dims):
+        raise ExportError(
+            f"fold {fold!r}: must be an integer from 1 to head_dim / rope_dims = {plan.head_dim // rope_dims}"
+        )
     reference = next(model.parameters())
     if reference.is_meta:
         raise ExportError(f"{type(model).__name__}: on the meta device; converting needs its weights")
-    pairs = _kept_pairs(plan, rope_dims)
+    pairs = _folded_pairs(plan, rope_dims, fold or default_fold(model, plan, rope_dims))
     moments = _key_moments(model, plan, pairs, calibration) if calibration else None
     with torch.device(reference.device):
         new = DeepseekV3ForCausalLM(deepseek_config(model, plan, kv_rank, rope_dims)).to(reference.dtype)
