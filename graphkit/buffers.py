@@ -28,11 +28,7 @@ import torch
 from torch import nn
 
 from graphkit.compat import transformers_buffer_init
-from graphkit.errors import GraphkitError
-
-
-class BufferRebuildError(GraphkitError):
-    """A buffer of a meta-built model cannot be recomputed on a real device."""
+from graphkit.errors import BufferRebuildError
 
 
 def meta_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

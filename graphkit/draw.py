@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import DrawError
 from graphkit.fileio import check_output_file, marked_svg, save_figure, write_text_atomic
 from graphkit.ops import attention_kind, window_text
 
@@ -89,10 +89,6 @@ _FRAME_PAD = 12.0  # space between a frame and the boxes it holds
 _MARGIN = 24.0
 _HEADER = 44.0
 _MAX_NAME = 40  # longer node names are shortened in the middle
-
-
-class DrawError(GraphkitError):
-    """A graph could not be drawn (a layout or writer failure, named with the file)."""
 
 
 def op_kind(op: str) -> str:

@@ -61,15 +61,11 @@ from importlib.metadata import version as installed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import OutputError
 
 if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
-
-
-class OutputError(GraphkitError):
-    """An output path is unusable: a folder where a file goes, under a file, or not ours to overwrite."""
 
 
 def _umask() -> int:

@@ -25,19 +25,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import CompileError, ParamsError
 from graphkit.fileio import check_output_file, save_safetensors
 
 Params = Mapping[str, torch.Tensor]
-
-
-class CompileError(GraphkitError):
-    """A model cannot be built from what was given, or its parameters do not fit it. (It lives
-    here, below :mod:`graphkit.compiler`, because every :class:`ParamsError` is one.)"""
-
-
-class ParamsError(CompileError):
-    """A parameter file or dict that cannot be read, saved or loaded into a model."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from conftest import ROOT
+from helpers import ROOT
 
 #: how the shell reports each way a command is stopped: SIGTERM and Ctrl-C unwind it (143, 130),
 #: SIGKILL ends it where it stands

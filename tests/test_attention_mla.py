@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import assert_decodes_from_its_cache
+from helpers import assert_decodes_from_its_cache
 
 import graphkit
 from graphkit.attention import convert

@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 import torch
-from conftest import ON_EVERY_DEVICE, meta
+from helpers import ON_EVERY_DEVICE, meta
 from torch import nn
 
 from graphkit.buffers import BufferRebuildError, materialize_buffers, meta_buffers, rebuilt_buffers

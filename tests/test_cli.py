@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MODEL_FILES, ROOT
+from helpers import MODEL_FILES, ROOT
 from typer.testing import CliRunner
 
 from graphkit import ArchGraph

@@ -18,7 +18,7 @@ import typing
 import pytest
 import torch
 import typer
-from conftest import MODEL_FILES, ROOT, one_line_error
+from helpers import MODEL_FILES, ROOT, one_line_error
 from rich.console import Console
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner

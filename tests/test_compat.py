@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import gpt2, llama, meta, timm_vit
 from typer.core import TyperGroup
 from typer.main import get_command
 
@@ -17,7 +18,6 @@ from graphkit.attention import ConvertError, convert
 from graphkit.cli import app
 from graphkit.compat import aten_name, fx_flag, skip_weight_init
 from graphkit.families import build_model
-from tests.conftest import gpt2, llama, meta, timm_vit
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 from typer.testing import CliRunner
 
 import graphkit

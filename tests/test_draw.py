@@ -8,7 +8,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import ROOT, gpt2
+from helpers import ROOT, gpt2
 from typer.testing import CliRunner
 
 import graphkit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ExoticLM, meta
+from helpers import ExoticLM, meta
 
 import graphkit
 from graphkit.families import FAMILIES, ConfigError, build_model, config_from_graph, num_params, resolve_config

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT
+from helpers import ROOT
 from typer.testing import CliRunner
 
 from graphkit.cli import app

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, gpt2, llama, meta, mistral, timm_vit
+from helpers import ROOT, gpt2, llama, meta, mistral, timm_vit
 from torch import nn
 from typer.testing import CliRunner
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import one_line_error
+from helpers import one_line_error
 from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner

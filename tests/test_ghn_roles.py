@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import gpt2, llama, meta
+from helpers import gpt2, llama, meta
 
 import graphkit
 from graphkit.families import build_model

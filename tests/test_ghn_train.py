@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_EVERY_DEVICE
+from helpers import ON_EVERY_DEVICE
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 

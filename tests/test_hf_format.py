@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import ROOT, assert_decodes_from_its_cache
+from helpers import ROOT, assert_decodes_from_its_cache
 from typer.testing import CliRunner
 
 from graphkit.attention import convert

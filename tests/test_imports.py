@@ -8,6 +8,8 @@ from pathlib import Path
 
 import networkx as nx
 
+import graphkit.errors
+
 PACKAGE = Path(__file__).resolve().parent.parent / "graphkit"
 
 
@@ -151,3 +153,30 @@ def test_an_import_up_a_layer_is_found():
     assert upward(graph) == [
         "graphkit.ghn.evaluate (hypernetwork) -> graphkit.finetune (datasets generated, up-training)"
     ]
+
+
+def raised_classes(path: Path) -> list[str]:
+    """The error classes a module defines: classes named ``...Error`` or ``...NotFound``, or
+    derived from one. A bare ``Exception`` subclass is a control-flow signal that never leaves
+    its module (the tracer's ``Unknown`` and ``Untraced``, a probe's ``_Stop``), not an error."""
+
+    def base_name(node: ast.expr) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+    return [
+        node.name
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef)
+        and any(name.endswith(("Error", "NotFound")) for name in [node.name, *map(base_name, node.bases)])
+    ]
+
+
+def test_every_error_class_is_in_errors_py_under_the_one_base(tmp_path):
+
+    elsewhere = {name: raised_classes(path) for name, path in modules(PACKAGE).items() if name != "graphkit.errors"}
+    assert not {name: found for name, found in elsewhere.items() if found}, "error classes outside errors.py"
+    gathered = raised_classes(PACKAGE / "errors.py")
+    assert len(gathered) > 30
+    assert all(issubclass(getattr(graphkit.errors, name), graphkit.errors.GraphkitError) for name in gathered)
+    (tmp_path / "stray.py").write_text("class StrayError(ValueError):\n    pass\n")
+    assert raised_classes(tmp_path / "stray.py") == ["StrayError"]  # the check finds one

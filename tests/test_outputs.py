@@ -14,7 +14,7 @@ import stat
 
 import pytest
 import torch
-from conftest import MODEL_FILES, ROOT, one_line_error
+from helpers import MODEL_FILES, ROOT, one_line_error
 from safetensors import safe_open
 from safetensors.torch import save_file
 from typer.testing import CliRunner

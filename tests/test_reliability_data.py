@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from typer.testing import CliRunner
 
 import graphkit.datasets.generate as module

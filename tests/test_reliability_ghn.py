@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ON_EVERY_DEVICE
+from helpers import ON_EVERY_DEVICE
 from PIL import Image
 from typer.testing import CliRunner
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from test_hf_format import checkpoint, model_file
 from typer.testing import CliRunner
 

@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import MODEL_FILES, ROOT, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
+from helpers import MODEL_FILES, ROOT, assert_golden_fingerprint, gpt2, llama, meta, mistral, timm_vit
 from torch import nn
 
 import graphkit

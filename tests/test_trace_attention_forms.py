@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_golden_fingerprint, meta, timm_vit
+from helpers import assert_golden_fingerprint, meta, timm_vit
 from torch import nn
 
 import graphkit

@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import assert_golden_fingerprint, meta
 from torch import nn
 
 import graphkit
 from graphkit.errors import NeedsValuesError
-from tests.conftest import assert_golden_fingerprint, meta
 
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128)
 

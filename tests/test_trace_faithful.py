@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import gpt2, llama
+from helpers import gpt2, llama
 from test_trace_moe import deepseek_v3
 from torch import nn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_golden_fingerprint
+from helpers import assert_golden_fingerprint
 from torch import nn
 from typer.testing import CliRunner
 

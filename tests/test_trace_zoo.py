@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import assert_golden_fingerprint, timm_vit
 
 import graphkit
-from tests.conftest import assert_golden_fingerprint, timm_vit
 
 pytestmark = pytest.mark.slow
 

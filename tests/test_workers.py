@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 from processes import STOPPED_BY, launcher, stop
 
 from graphkit.datasets.generate import generate

@@ -35,12 +35,8 @@ from graphkit.attention.grouping import (
     pool_heads,
     query_order,
 )
-from graphkit.errors import GraphkitError
+from graphkit.errors import ConvertError
 from graphkit.validation import divisors, is_count, is_number
-
-
-class ConvertError(GraphkitError):
-    """A model, variant or head count that convert() cannot handle."""
 
 
 def mean_pool_heads(weight: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:

@@ -115,7 +115,7 @@ def search_groups(batches: Sequence[Calibration], kv_heads: int) -> list[list[in
     then every swap of two heads in different groups that lowers the error, sweep after sweep,
     until a sweep finds none (at most :data:`SEARCH_SWEEPS`)."""
     heads = batches[0].k.shape[2]
-    error = _GroupError(batches)
+    error = _ErrorByGroup(batches)
     k, v = _flat(batches)
     candidates = [contiguous_groups(heads, kv_heads), keynorm_groups(k, kv_heads), similarity_groups(k, v, kv_heads)]
     groups = [list(g) for g in min(candidates, key=lambda c: sum(error(g) for g in c))]
@@ -140,11 +140,11 @@ def attention_error(batches: Sequence[Calibration], groups: list[list[int]]) -> 
     squared change of the attention module's output (through ``out_proj``, where given) when
     each group's query heads read its pooled K/V instead of their own (each group's query heads
     are those of its K/V heads)."""
-    error = _GroupError(batches)
+    error = _ErrorByGroup(batches)
     return sum(error(group) for group in groups)
 
 
-class _GroupError:
+class _ErrorByGroup:
     """One group's :func:`attention_error`, cached by group; each K/V head's own outputs (the
     reference) are computed once."""
 

@@ -76,7 +76,7 @@ from torch import nn
 
 from graphkit.attention.convert import LLAMA_ATTENTION, run_calibration
 from graphkit.attention.mla import _kind
-from graphkit.errors import GraphkitError
+from graphkit.errors import ExportError
 from graphkit.fileio import MARK, OutputError, check_output_dir, graphkit_kind, version, write_folder
 from graphkit.validation import divisors, is_count
 
@@ -96,10 +96,6 @@ FOLD_RATIO = 0.4
 _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling", "logit_scale")
 #: config fields of decoders that cap scores or logits (Gemma 2)
 _SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
-
-
-class ExportError(GraphkitError):
-    """A model or option ``--format hf`` cannot write as a checkpoint stock transformers loads."""
 
 
 def check_hf_export(model: nn.Module, variant: str) -> None:

@@ -59,12 +59,8 @@ from graphkit.attention.convert import (
     conversion_metadata,
 )
 from graphkit.attention.core import GroupedQueryAttention
-from graphkit.errors import GraphkitError
+from graphkit.errors import MLAError
 from graphkit.validation import is_count
-
-
-class MLAError(GraphkitError):
-    """A model or rank ``to_mla`` cannot convert."""
 
 
 class LatentKV(nn.Module):

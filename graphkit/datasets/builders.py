@@ -14,12 +14,7 @@ import torch
 from torch import nn
 
 from graphkit.datasets import shrink
-from graphkit.errors import GraphkitError
-
-
-class ZooError(GraphkitError):
-    """A zoo cannot be generated: an unknown zoo, bad options or an output folder in the way."""
-
+from graphkit.errors import ZooError
 
 #: the ``family`` of zoo records, by library: ``build_zoo_model`` reads them
 ZOO_FAMILIES = ("timm", "transformers")

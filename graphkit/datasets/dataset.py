@@ -21,16 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, hub_columns, open_shard, row_to_graph
+from graphkit.errors import RecordNotFound
 from graphkit.graph import ArchGraph
 
 Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
-
-
-class RecordNotFound(StoreError, KeyError):
-    """No record has that id: a KeyError for Python code, a one-line error for the CLI."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0])
 
 
 class Record:

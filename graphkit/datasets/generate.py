@@ -52,7 +52,7 @@ from graphkit.datasets.store import (
     shard_name,
     write_shard,
 )
-from graphkit.errors import GraphkitError
+from graphkit.errors import GenerateError
 from graphkit.families import build_model, get_family
 from graphkit.fileio import write_text_atomic
 from graphkit.graph import ArchGraph
@@ -66,10 +66,6 @@ MANIFEST_LOCK = ".graphkit-manifest.lock"
 DEFAULT_PART_SIZE = 100
 #: the run's identity: a resume or shard must match it; each key with the option that sets it
 IDENTITY = {"recipe": "recipe", "seed": "--seed", "num": "--num", "part_size": "part_size", "attention": "--attention"}
-
-
-class GenerateError(GraphkitError):
-    """Bad generation options or an output folder in the way."""
 
 
 @dataclass

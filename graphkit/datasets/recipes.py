@@ -32,14 +32,9 @@ from typing import Any, NoReturn
 import yaml
 
 from graphkit.attention.core import ATTENTION_VARIANTS
-from graphkit.errors import GraphkitError
+from graphkit.errors import RecipeError
 from graphkit.families import FAMILIES, ConfigError, LiveTable, get_family, num_params, resolve_config
 from graphkit.validation import divisors, is_count, is_number
-
-
-class RecipeError(GraphkitError):
-    """A recipe is unknown, malformed or describes an empty space."""
-
 
 #: a name becomes the default output folder, so it is an identifier, never a path
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

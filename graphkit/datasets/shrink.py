@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import ShrinkError
 from graphkit.graph import ArchGraph
 from graphkit.validation import is_count
 
@@ -73,10 +73,6 @@ HELD_OUT_SHARE = 0.15
 #: the batch of the trainability check: the smallest that batch norm trains on
 CHECK_BATCH = 2
 CHECK_TOKENS = 8
-
-
-class ShrinkError(GraphkitError):
-    """A zoo model cannot be shrunk by these rules: the reason is a report line."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 import graphkit
-from graphkit.errors import GraphkitError
+from graphkit.errors import StoreError
 from graphkit.fileio import FOLDER_MARKERS, atomic_path, check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS, OPS_VERSION, op_id
@@ -76,10 +76,6 @@ METADATA_COLUMNS = tuple(name for name in SCHEMA.names if name not in GRAPH_COLU
 
 #: what made a dataset, written by ``graphkit generate`` when it starts (see datasets.generate)
 RUN_FILE = FOLDER_MARKERS["dataset"]
-
-
-class StoreError(GraphkitError):
-    """A dataset file is missing, unreadable or of an unknown schema."""
 
 
 def read_manifest(out: str | Path) -> dict[str, Any] | None:

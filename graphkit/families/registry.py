@@ -19,13 +19,9 @@ from torch import nn
 from graphkit.attention.convert import AttentionAdapter, convert, register_adapter
 from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.compat import skip_weight_init
-from graphkit.errors import GraphkitError
+from graphkit.errors import ConfigError
 from graphkit.graph import ArchGraph
 from graphkit.validation import is_count, is_number
-
-
-class ConfigError(GraphkitError):
-    """A model config names an unknown family or key, or has inconsistent values."""
 
 
 @dataclass(frozen=True)

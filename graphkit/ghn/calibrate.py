@@ -38,18 +38,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import CalibrationError
 from graphkit.families import ConfigError, build_model, config_from_graph, get_family
 from graphkit.graph import ArchGraph
 from graphkit.params import tied_names
 
 #: calibration batch: images or sequences, and tokens per sequence
 BATCH, TOKENS = 4, 64
-
-
-class CalibrationError(GraphkitError):
-    """A model whose residual stream cannot be calibrated (not one of graphkit's families, or
-    blocks whose branches are not the pre-norm pattern the rule reads)."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from graphkit.errors import CheckpointError
+from graphkit.errors import CheckpointError, UntrainedOpError
 from graphkit.families import FamilyTable
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
@@ -48,15 +48,6 @@ BUNDLED = FamilyTable("bundled_ghn")
 #: beside the families' own, so that a Swin or a Qwen3 finds one trained on its ops
 ZOO_BUNDLED = ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
-
-
-class UntrainedOpError(CheckpointError):
-    """A model has op kinds the hypernetwork (or, choosing a bundled one, every one that fits)
-    never trained on; ``missing`` holds them, so that the zoo report counts refusals by them."""
-
-    def __init__(self, message: str, missing: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.missing = missing
 
 
 def save_checkpoint(

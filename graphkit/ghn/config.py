@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import VariantError
 from graphkit.ops import OPS
 
 DECODERS = ("low_rank", "ghn3")
@@ -17,14 +17,6 @@ DECODERS = ("low_rank", "ghn3")
 #: name without block indices (one family's own roles); ``leaf``, its last module name and the
 #: parameter (``q_proj.weight``), which families that follow one naming convention share
 ROLE_KEYS = ("name", "leaf")
-
-
-class VariantError(GraphkitError, ValueError):
-    """An unknown LoGAH variant or decoder, or bad role maps; ``field`` names the config field."""
-
-    def __init__(self, message: str, field: str = "decoder") -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)

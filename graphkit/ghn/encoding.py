@@ -23,16 +23,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import EncodingError
 from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
 from graphkit.graph import ArchGraph
 from graphkit.ops import op_id
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
-
-
-class EncodingError(GraphkitError, ValueError):
-    """An architecture the hypernetwork's config cannot encode (a parameter too wide)."""
 
 
 @dataclass(frozen=True)

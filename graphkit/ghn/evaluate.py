@@ -34,7 +34,7 @@ from torch import nn
 
 from graphkit.compiler import load_params
 from graphkit.datasets.builders import build_record_model
-from graphkit.errors import GraphkitError
+from graphkit.errors import EvalError
 from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
@@ -51,10 +51,6 @@ from graphkit.workers import ended_by_sigterm, worker_pool
 INITS = ("predicted", "random", "orthogonal", "selected", "keep_init")
 #: what every evaluation compares; ``selected`` (it trains a model first) and ``keep_init`` are added on request
 DEFAULT_INITS = ("predicted", "random", "orthogonal")
-
-
-class EvalError(GraphkitError, ValueError):
-    """An evaluation option out of range (steps, architectures, batch sizes, lr, device)."""
 
 
 @dataclass

@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import GrowError
 from graphkit.families import ConfigError, build_model, config_from_graph
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
@@ -70,10 +70,6 @@ from graphkit.tracing import trace
 
 #: ops whose weight's input axis reads a previous activation (its values are split among the copies)
 READERS = ("linear", "head", "patch_embed", "conv")
-
-
-class GrowError(GraphkitError, ValueError):
-    """A wide model whose narrow twin cannot be built (no whole number of heads fits)."""
 
 
 def twin_config(config: Mapping[str, Any], width: int) -> dict[str, Any]:

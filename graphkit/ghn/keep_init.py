@@ -24,14 +24,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import KeepInitError
 from graphkit.families import family_default
 from graphkit.graph import ArchGraph
-
-
-class KeepInitError(GraphkitError):
-    """A meta-built model has a parameter that no library initialisation fills, so there is no
-    initialisation to keep."""
 
 
 def should_keep_init(graph: ArchGraph, choice: bool | None = None, info: Mapping | None = None) -> bool:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from graphkit.buffers import install_buffers, meta_buffers, rebuilt_buffers
-from graphkit.errors import GraphkitError
+from graphkit.errors import GraphkitError, PredictError
 from graphkit.families import family_default
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
@@ -49,10 +49,6 @@ from graphkit.params import (
 )
 from graphkit.tracing import trace
 from graphkit.validation import check_flag
-
-
-class PredictError(GraphkitError):
-    """The hypernetwork cannot predict this model, or produced unusable parameters."""
 
 
 def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:

@@ -10,13 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graphkit.errors import GraphkitError
+from graphkit.errors import DataError
 
 SPLITS = ("train", "eval")
-
-
-class DataError(GraphkitError):
-    """A data source cannot be loaded, or cannot feed the model it is asked to."""
 
 
 class DataSource(abc.ABC):
