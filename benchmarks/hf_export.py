@@ -104,7 +104,7 @@ def rows(steps: int, uptrain: int) -> list[str]:
             loaded = deepseek(model, Path(folder), kv_rank, rope_dims)
             row(f"the same, latent norm taken out ({label})", without_latent_norm(loaded), mha)
         exact = deepseek(model, Path(folder), MODELS["llama"]["hidden"], 16)
-        row("the same with an exact latent (kv_lora_rank 128, qk_rope_head_dim 16)", exact, mha)
+        row("DeepSeek format, loaded, exact latent (kv_lora_rank 128, qk_rope_head_dim 16)", exact, mha)
         wide = trained("llama", steps, source, WIDE_HEADS)
         mha = kv_cache_bytes(wide)
         loss, accuracy = score(wide, held_out, source.task)
