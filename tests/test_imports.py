@@ -112,7 +112,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("compiler", ["graphkit.compiler.*"]),
     ("training", ["graphkit.training.*"]),
     ("hypernetwork", ["graphkit.ghn.*"]),
-    ("datasets generated, up-training", ["graphkit.datasets.generate", "graphkit.datasets.zoo", "graphkit.finetune"]),
+    (
+        "datasets generated, up-training, conversion",
+        ["graphkit.datasets.generate", "graphkit.datasets.zoo", "graphkit.finetune", "graphkit.conversion"],
+    ),
     ("command line", ["graphkit.cli.*", "graphkit.__main__"]),
 ]
 
@@ -151,7 +154,7 @@ def test_an_import_up_a_layer_is_found():
         [("graphkit.ghn.evaluate", "graphkit.finetune"), ("graphkit.finetune", "graphkit.training.loop")]
     )
     assert upward(graph) == [
-        "graphkit.ghn.evaluate (hypernetwork) -> graphkit.finetune (datasets generated, up-training)"
+        "graphkit.ghn.evaluate (hypernetwork) -> graphkit.finetune (datasets generated, up-training, conversion)"
     ]
 
 

@@ -389,110 +389,20 @@ def convert(
     neighbours or measured groups), or to MLA (a shared low-rank latent), and save it (the variant,
     K/V heads or rank, groups and DGQA's options go into the file's metadata), or with --format hf
     as a folder stock transformers loads. Prints the KV cache per token before and after."""
-    from graphkit.attention import convert as convert_model
-    from graphkit.attention.convert import check_grouping, check_variant_options, conversion_metadata
-    from graphkit.attention.grouping import MEASURED
-    from graphkit.attention.hf_format import (
-        HF_VARIANTS,
-        check_deepseek,
-        check_hf_export,
-        check_hf_output,
-        hf_info,
-        save_hf,
-        to_deepseek,
-    )
-    from graphkit.attention.mla import kv_cache_bytes, mla_metadata, to_mla
-    from graphkit.errors import GraphkitError
-    from graphkit.families import ConfigError
-    from graphkit.params import check_params_output, first_non_finite, save_params
+    from graphkit.conversion import ConvertConfig, check_convert_output, convert_attention, save_conversion
     from graphkit.sources import load_model_source
     from graphkit.tracing import trace as trace_model
-    from graphkit.training.data import calibration_inputs, data_config, load_source
 
-    hf = format is ModelFormat.hf
-    mla = attention.value == "mla"
-    if hf:
-        check_hf_output(out)
-        if attention.value not in HF_VARIANTS:
-            raise GraphkitError(
-                f"--format hf writes {' or '.join(HF_VARIANTS)}: no stock transformers class computes "
-                f"{attention.value}; --format graphkit writes it"
-            )
-        if mla and rope_dims is None:
-            raise GraphkitError(
-                "-a mla --format hf needs --rope-dims: DeepSeek's format caches a rotary key of D dimensions, "
-                "shared by all heads, beside the latent"
-            )
-    else:
-        check_params_output(out, kind="converted-weights")
-    options = {
-        name: value
-        for name, value in dict(window=window, evolution=evolution, alpha=alpha).items()
-        if value is not None
-    }
-    if mla != (kv_rank is not None):
-        raise GraphkitError("-a mla needs --kv-rank" if mla else f"--kv-rank applies to -a mla, not {attention.value}")
-    if rope_dims is not None and not mla:
-        raise GraphkitError(f"--rope-dims applies to -a mla, not {attention.value}")
-    if mla and kv_heads is not None:
-        raise GraphkitError("--kv-heads applies to gqa and the key-driven variants; MLA's cache is set by --kv-rank")
-    check_variant_options(attention.value, options, prefix="--")
-    check_grouping(attention.value, grouping.value, prefix="--")
-    calibrate = grouping.value in MEASURED or rope_dims is not None
-    if data is not None:
-        if not calibrate:
-            raise GraphkitError(
-                f"--data applies to --grouping {', '.join(MEASURED)} and to --rope-dims, "
-                f"not --grouping {grouping.value}"
-            )
-        load_source(data)  # a bad spec fails before the model is loaded
+    check_convert_output(out, format.value)
+    config = ConvertConfig(
+        attention=attention.value, kv_heads=kv_heads, format=format.value, window=window, evolution=evolution,
+        alpha=alpha, grouping=grouping.value, data=data, kv_rank=kv_rank, rope_dims=rope_dims,
+    )  # fmt: skip
     loaded = load_model_source(model, weights=True)
-    if any(p.is_meta for p in loaded.model.parameters()):
-        raise GraphkitError(
-            f"{model}: the model is on the meta device; convert needs its weights (build it on a real device)"
-        )
-    bad = first_non_finite(dict(loaded.model.named_parameters()))
-    if bad is not None:  # a conversion mixes heads: one NaN would spread to every weight it touches, silently
-        raise GraphkitError(f"{model}: its parameter {bad!r} holds NaN or Inf; convert needs finite weights")
-    if hf:  # a model the format cannot hold is refused before calibration or conversion
-        check_hf_export(loaded.model, attention.value)
-        if mla:
-            check_deepseek(loaded.model, kv_rank, rope_dims)
-    before = kv_cache_bytes(loaded.model)
-    calibration = []
-    if calibrate:
-        try:
-            config = data_config(loaded.model, loaded.example_inputs)
-        except ConfigError as e:
-            option = "--rope-dims" if mla else f"--grouping {grouping.value}"
-            raise GraphkitError(
-                f"{model}: {option} draws calibration data shaped for one of "
-                f"graphkit's families or a language model, and this model is neither ({e})"
-            ) from None
-        calibration = calibration_inputs(config, data)
-    if mla and hf:
-        model = to_deepseek(loaded.model, kv_rank, rope_dims, calibration)
-        metadata = {"attention": "mla", "kv_rank": kv_rank, "rope_dims": rope_dims, "rope": "shared (RoRoPE)"}
-    elif mla:
-        model = to_mla(loaded.model, kv_rank, rope_dims=rope_dims, calibration=calibration)
-        metadata = mla_metadata(model)
-    else:
-        model = convert_model(
-            loaded.model, attention.value, kv_heads, grouping=grouping.value, calibration=calibration, **options
-        )
-        metadata = conversion_metadata(model)
-    bad = first_non_finite(dict(model.named_parameters()))
-    if bad is not None:  # from finite weights: a calibration that overflowed; nothing is written
-        raise GraphkitError(
-            f"{loaded.source}: the converted parameter {bad!r} holds NaN or Inf (the source's are finite); "
-            "nothing was written"
-        )
-    graph = trace_model(model, loaded.example_inputs)
-    if hf:
-        save_hf(model, out, hf_info(metadata))
-    else:
-        save_params(model, out, metadata=metadata, kind="converted-weights")
-    after = kv_cache_bytes(model)
+    conversion = convert_attention(loaded.model, config, example_inputs=loaded.example_inputs, source=model)
+    graph = trace_model(conversion.model, loaded.example_inputs)
+    save_conversion(conversion, out, config)
+    before, after = conversion.before, conversion.after
     console.print(
         f"KV cache per token: {before:,} bytes before, {after:,} after ({100 * after / max(before, 1):.0f}%)",
         highlight=False,
