@@ -20,9 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphkit.attention.hf_format import save_hf
+from graphkit.attention.mla import attention_metadata
 from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
-from graphkit.params import load_params, save_params, weights_digest
+from graphkit.params import load_params, read_params, save_params, weights_digest
 from graphkit.training.data import data_config, load_source, source_for
 from graphkit.training.loop import Batch, score, step_seed, up_train
 from graphkit.training.run_folder import check_resume, trim_metrics
@@ -62,6 +64,8 @@ class FinetuneConfig:
         check_number("weight_decay", self.weight_decay, TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
+        if self.data is not None:
+            load_source(self.data)  # a bad spec fails before any model is loaded
 
 
 class UpTrainingRun:
@@ -117,6 +121,37 @@ def check_same_model(folder: Path, digest: str) -> None:
             f"--resume: {folder} was up-trained from another model (its starting weights differ from this "
             "model's); resume with the model it started from, or up-train into another --out"
         )
+
+
+def starting_weights(model: nn.Module, source: str, params: str | Path | None = None) -> None:
+    """Give ``model`` (loaded from ``source``, the name error lines use) the weights an up-training
+    starts from: those of the parameters file ``params`` (``predict --out``'s prediction, or any
+    graphkit parameters file), refused when the file holds a conversion ``model`` is not; without
+    one, the model's own, refused on the meta device."""
+    if params is None:
+        if any(p.is_meta for p in model.parameters()):
+            raise TrainError(f"{source}: the model is on the meta device; finetune needs its weights")
+        return
+    converted = read_params(params, tensors=False)[1].get("graphkit_attention")
+    if converted is not None and attention_metadata(model).get("graphkit_attention") != converted:
+        raise TrainError(
+            f"--params {params}: holds a model converted to {converted} (its metadata), and {source} is not; "
+            f"finetune the converted model (`graphkit convert ... -a {converted} --format hf`) instead"
+        )
+    load_params(model, params)
+
+
+def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str, Any]) -> Path:
+    """Write the up-trained ``model`` into its run folder ``folder`` in ``format``: ``hf``, as a
+    model folder stock transformers loads (:func:`~graphkit.attention.hf_format.save_hf`, checked
+    with :func:`~graphkit.attention.hf_format.check_stock` before training), else ``graphkit``,
+    ``model.safetensors`` with the model's attention metadata; ``record`` (the run's options)
+    goes into either. Returns the path written."""
+    if format == "hf":
+        return save_hf(model, folder, {"finetune": record}, in_place=True)
+    metadata = {**attention_metadata(model), "graphkit_finetune": json.dumps(record)}
+    save_params(model, folder / "model.safetensors", metadata=metadata, kind="finetune")
+    return folder / "model.safetensors"
 
 
 def finetune(

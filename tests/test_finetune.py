@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, gpt2
 from typer.testing import CliRunner
 
 from graphkit.cli import app
-from graphkit.errors import TrainError
-from graphkit.finetune import FinetuneConfig, finetune
+from graphkit.errors import DataError, TrainError
+from graphkit.finetune import FinetuneConfig, finetune, starting_weights
 from graphkit.params import read_params, save_params, weights_digest
 from graphkit.training.loop import up_train
 
@@ -169,3 +169,12 @@ def test_finetune_refuses_params_converted_for_another_model_in_one_line(tmp_pat
         "(`graphkit convert ... -a gqa --format hf`) instead"
     )
     assert not (out / "checkpoint").exists()
+
+
+def test_a_python_user_gets_the_commands_refusals():
+    """What `graphkit finetune` refuses, the library refuses in the same line: a bad data spec when
+    the config is made, a model without weights (and no --params) before any training."""
+    with pytest.raises(DataError, match="^unknown data source 'nosuch'"):
+        FinetuneConfig(data="nosuch")
+    with pytest.raises(TrainError, match=r"^gpt2\.py: the model is on the meta device; finetune needs its weights$"):
+        starting_weights(gpt2(), "gpt2.py")

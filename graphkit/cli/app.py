@@ -457,16 +457,12 @@ def finetune(
     """Up-train a model, converted or not, from its own weights or a --params file (its predicted
     parameters), on the bundled data or yours, in a resumable run folder, and save it in either
     format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
-    import json
 
-    from graphkit.attention.hf_format import check_stock, save_hf
-    from graphkit.attention.mla import attention_metadata
-    from graphkit.errors import GraphkitError
-    from graphkit.finetune import RUN_FILES, FinetuneConfig
+    from graphkit.attention.hf_format import check_stock
+    from graphkit.finetune import RUN_FILES, FinetuneConfig, save_finetuned, starting_weights
     from graphkit.finetune import finetune as up_train_model
-    from graphkit.params import load_params, read_params, save_params
+    from graphkit.params import read_params
     from graphkit.sources import load_model_source
-    from graphkit.training.data import load_source
     from graphkit.training.run_folder import run_folder
 
     config = FinetuneConfig(
@@ -482,32 +478,17 @@ def finetune(
         device=device,
     )
     folder = run_folder(out, resume, RUN_FILES, "finetune")
-    if data is not None:
-        load_source(data)  # a bad spec fails before the model is loaded
     if params is not None:
-        converted = read_params(params, tensors=False)[1].get("graphkit_attention")  # a bad file fails here
+        read_params(params, tensors=False)  # a bad file fails before the model is loaded
     loaded = load_model_source(model, weights=True)
-    if params is not None:
-        if converted is not None and attention_metadata(loaded.model).get("graphkit_attention") != converted:
-            raise GraphkitError(
-                f"--params {params}: holds a model converted to {converted} (its metadata), and {model} is not; "
-                f"finetune the converted model (`graphkit convert ... -a {converted} --format hf`) instead"
-            )
-        load_params(loaded.model, params)
-    elif any(p.is_meta for p in loaded.model.parameters()):
-        raise GraphkitError(f"{model}: the model is on the meta device; finetune needs its weights")
+    starting_weights(loaded.model, model, params)
     if format is ModelFormat.hf:
         check_stock(loaded.model)  # before training, not after
-    metadata = attention_metadata(loaded.model)
     last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)
     record = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
     if params is not None:
         record["params"] = params.name
-    if format is ModelFormat.hf:
-        save_hf(loaded.model, folder, {"finetune": record}, in_place=True)
-    else:
-        metadata["graphkit_finetune"] = json.dumps(record)
-        save_params(loaded.model, folder / "model.safetensors", metadata=metadata, kind="finetune")
+    save_finetuned(loaded.model, folder, format.value, record)
     trained = f"loss {last['loss']:.4f}, " if last["loss"] is not None else ""
     console.print(
         f"step {steps}: {trained}held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}; "
