@@ -11,6 +11,8 @@ Arms:
 - ``curriculum``: the control's recipe started from the pool of 4's trained weights (``--pools
   4`` first) instead of a fresh LoGAH: a small pool first, then the whole space. What it must
   keep is the pool of 4's token table.
+- ``curriculum-spread``: both, the curriculum's start and the spread penalty: whether the
+  curriculum's context survives the blocks being held below item 5's 30% top share.
 - ``centred``: each predicted token table (``embed_tokens.weight``) centred over its rows, so
   that it carries no vector common to every token, in training and in the probe. It must raise
   the token-varying share of the embedding's output.
@@ -23,6 +25,10 @@ Pools (``--pools 1 2 4 8``): the control's recipe on a pool of K LLaMA architect
 space (:data:`SHAPES`, the probed 4 x 256 first, so K = 1 is the single-architecture control),
 600 steps: where between one architecture and llamas-1k's hundreds learning stops.
 
+``--finetune``: the probed LLaMA fine-tuned for 300 steps from each arm's prediction (and from
+its token table with the byte rows' mean taken out) against its own init, the horizons where a
+head start must hold.
+
 Probe, per arm: the held-out loss of the predicted 4 x 256 LLaMA (4 batches of 8 from the
 bundled text), the top singular-value share of its block matrices by role (mean over layers),
 and the token-varying share (the mean square left after each sequence's mean over tokens is
@@ -31,6 +37,7 @@ removed, over the whole) of what the embedding and block 0's projections output.
     .venv/bin/python experiments/llama_plateau.py --arms control spread centred   # about 50 min on 2 cores
     .venv/bin/python experiments/llama_plateau.py --arms --pools 1 2 4 8           # about 45 min
     .venv/bin/python experiments/llama_plateau.py --probe-only --pools 1 2 4 8    # the runs in runs/
+    .venv/bin/python experiments/llama_plateau.py --arms curriculum --probe-only --finetune  # 300 fine-tuning steps
 """
 
 from __future__ import annotations
@@ -56,14 +63,18 @@ from graphkit.ghn.predict import predict  # noqa: E402
 from graphkit.ghn.space import input_task  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
-from graphkit.training.loop import score  # noqa: E402
+from graphkit.training.loop import score, up_train  # noqa: E402
 
 SPREAD = 1.0
 TOKEN_TABLE = "embed_tokens.weight"
 #: the bundled LLaMA checkpoint's recipe (Makefile, `bundled`)
-RECIPE = dict(dataset="out/llamas-1k", meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True)
+RECIPE = dict(
+    dataset=str(ROOT / "out" / "llamas-1k"), meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True
+)
 #: the pools' architectures (depth, width), in llamas-1k's space (its width_by_depth), 64-wide heads
 SHAPES = [(4, 256), (6, 128), (3, 512), (8, 192), (5, 384), (9, 128), (3, 384), (7, 256)]
+#: the fine-tuning horizons of ``--finetune``
+FINETUNED_AT = (0, 50, 100, 200, 300)
 PROBED = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
 
 
@@ -115,7 +126,12 @@ def from_pool_of_4() -> None:
 
 def train_arm(arm: str, steps: int) -> Path:
     out = ROOT / "runs" / f"llama-{arm}-{steps}"
-    wrappers = {"spread": with_spread_penalty, "centred": with_centred_tables, "curriculum": from_pool_of_4}
+    wrappers = {
+        "spread": with_spread_penalty,
+        "centred": with_centred_tables,
+        "curriculum": from_pool_of_4,
+        "curriculum-spread": lambda: (from_pool_of_4(), with_spread_penalty()),
+    }
     wrappers.get(arm, lambda: None)()
     training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps), progress=True)
     return out
@@ -183,6 +199,26 @@ def probe(run: Path, arm: str, shape: tuple[int, int] = (4, 256)) -> dict:
     }
 
 
+def finetuned(run: Path | None, shape: tuple[int, int], centre_bytes: bool = False) -> dict[int, float]:
+    """Held-out loss of the ``shape`` LLaMA fine-tuned for 300 AdamW steps (batch 8, lr 3e-4, the
+    same batches for every start) from ``run``'s prediction, or from its own init (``run`` None),
+    at 0, 50, 100, 200 and 300 steps; ``centre_bytes`` takes the mean of the 256 byte rows the
+    text reads out of the predicted token table first."""
+    family = get_family("llama")
+    config = {**FAMILIES["llama"], "num_layers": shape[0], "hidden": shape[1], "heads": shape[1] // 64}
+    torch.manual_seed(0)
+    model = built(config)
+    if run is not None:
+        predict(model, load_checkpoint(run), keep_init=False, grow=False)
+    if centre_bytes:
+        with torch.no_grad():
+            table = model.model.embed_tokens.weight
+            table[:256] -= table[:256].mean(0, keepdim=True)
+    held_out, batches = common.fixed_batches(load_source(family.data), model, BATCH_SIZE, BATCHES, 300)
+    _, scores = up_train(model, "text", batches.__getitem__, 300, 3e-4, held_out=held_out, at=FINETUNED_AT)
+    return {step: round(loss, 3) for step, (loss, _) in scores.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="*", default=["control", "spread", "centred"])
@@ -190,8 +226,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--shape", default="4x256", help="the LLaMA probed, DEPTHxWIDTH")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
+    parser.add_argument("--finetune", action="store_true", help="also fine-tune the probed LLaMA from each arm")
     args = parser.parse_args()
     shape = tuple(int(n) for n in args.shape.split("x"))
+    if args.finetune:
+        print(json.dumps({"own init": finetuned(None, shape)}))
     for arm in args.arms:
         run = ROOT / "runs" / f"llama-{arm}-{args.steps}"
         if not args.probe_only:  # each arm in a process of its own: the wrappers stay on
@@ -200,6 +239,8 @@ def main() -> None:
             code = f"import sys; sys.argv=['x']; from llama_plateau import train_arm; train_arm({arm!r}, {args.steps})"
             subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, check=True)
         print(json.dumps(probe(run, arm, shape), indent=1))
+        if args.finetune:
+            print(json.dumps({arm: finetuned(run, shape), f"{arm}, byte rows centred": finetuned(run, shape, True)}))
     for k in args.pools:
         run = ROOT / "runs" / f"llama-pool{k}-600"
         if not args.probe_only:
