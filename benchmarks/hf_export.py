@@ -17,7 +17,8 @@ then converted, each way with 64 cached numbers per token and layer (MHA: 2 x 8 
   one rotary key costs, and no basis for the latent (TransMLA's K/V-balanced PCA) can recover it;
 - the same LLaMA with 2 heads of 64 (neighbouring frequency pairs 0.75 times as fast as each
   other, as in real models' heads; 0.32 in heads of 16), in DeepSeek's format with FreqFold
-  (`to_deepseek`'s default fold) and without (``fold=1``).
+  (`to_deepseek`'s default fold) and without (``fold=1``), and with a latent of 12 that binds, its
+  basis by a plain SVD of the stacked K and V (``balance_kv=False``) and K/V-balanced (the default).
 
 Each is scored on held-out batches (the eval split) right after conversion and after
 ``--uptrain`` steps of up-training on the same batches (`graphkit finetune`'s loop,
@@ -115,6 +116,10 @@ def rows(steps: int, uptrain: int) -> list[str]:
             row(f"DeepSeek format, heads of 64, no FreqFold ({label})", unfolded, mha)
             fold = default_fold(wide, check_deepseek(wide, kv_rank, rope_dims), rope_dims)
             row(f"the same, FreqFold of {fold} pairs ({label})", deepseek(wide, Path(folder), kv_rank, rope_dims), mha)
+        for balance in (False, True):  # a latent that binds: 12 of the 2 x 128 stacked K/V rows
+            converted = to_deepseek(wide, 12, 16, calibration, balance_kv=balance)
+            label = "K/V-balanced" if balance else "plain SVD"
+            row(f"DeepSeek format, heads of 64, latent {label} (kv_lora_rank 12, qk_rope_head_dim 16)", converted, mha)
     return table
 
 

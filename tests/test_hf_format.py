@@ -152,6 +152,21 @@ def test_freqfold_turns_the_neighbouring_pairs_with_the_kept_one(tmp_path):
         to_deepseek(source, 64, 4, fold=5)
 
 
+def test_kv_balancing_changes_only_a_latent_that_binds(tmp_path):
+    """BKV (K scaled to V's size before the latent's SVD): at full rank the latent is exact either
+    way; at rank 16 of 64 stacked rows, with keys 30x louder than values, it changes the basis."""
+    source = checkpoint(tmp_path, "llama", kv_heads=2, rms_norm_eps=1e-12)
+    with torch.no_grad():
+        for layer in source.model.layers:
+            layer.self_attn.k_proj.weight.mul_(30)
+
+    def converted(kv_rank: int, balance: bool) -> torch.Tensor:
+        return logits(to_deepseek(source, kv_rank, 16, CALIBRATION, balance_kv=balance))
+
+    assert (converted(64, True) - converted(64, False)).abs().max() < 1e-5
+    assert (converted(16, True) - converted(16, False)).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize(
     ("head_dim", "rope_dims", "fold"), [(16, 8, 1), (16, 4, 1), (64, 32, 2), (64, 16, 4), (64, 8, 4)]
 )

@@ -37,7 +37,8 @@ What DeepSeek's attention computes, and how each part is met:
 - *The latent's norm* (``kv_a_layernorm``): DeepSeek normalises the latent per token, which no
   weight can undo. The input RMSNorm's weight is folded into the projections, so the latent
   reads the unit-RMS input ``x̂``; its basis is the SVD of the stacked K (less the rotary
-  directions) and V projections in that space (the best rank-R pair in the Frobenius norm), and
+  directions) and V projections in that space, K scaled to V's Frobenius norm first (TransMLA's
+  BKV: keys are the larger, and a plain SVD spends the rank on them), and
   the norm's weight is the latent's mean RMS on the calibration tokens (1 without them: ``x̂`` has
   unit RMS), the scale that least changes the latent on average. At R = the model's width the
   latent is an orthonormal basis of ``x̂`` itself: its RMS is that of ``x̂``, and the norm is exact.
@@ -470,7 +471,7 @@ def _interleave(first: torch.Tensor, second: torch.Tensor, dim: int) -> torch.Te
 
 
 def _attention_tensors(
-    layer: _Layer, plan: DecoderPlan, pairs: torch.Tensor, mix: torch.Tensor, kv_rank: int
+    layer: _Layer, plan: DecoderPlan, pairs: torch.Tensor, mix: torch.Tensor, kv_rank: int, balance: bool
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One layer's DeepSeek attention weights from its source attention, by RoRoPE with the
     mix ``mix`` (rotary pairs, kv_heads x folded) of the frequency pairs ``pairs`` (rotary pairs,
@@ -501,8 +502,10 @@ def _attention_tensors(
 
         return torch.cat([q, _interleave(along(pairs), along(pairs + half), 1)], dim=1) * scale
 
-    stacked = torch.cat([residual_key(layer.k).flatten(0, 1), layer.v.flatten(0, 1)])  # (2 kv_heads head_dim, width)
-    _, _, vh = torch.linalg.svd(stacked, full_matrices=True)
+    keys, values = residual_key(layer.k).flatten(0, 1), layer.v.flatten(0, 1)
+    stacked = torch.cat([keys, values])  # (2 kv_heads head_dim, width)
+    weight = (values.norm() / keys.norm().clamp_min(1e-30)) if balance else 1.0  # BKV: K no louder than V
+    _, _, vh = torch.linalg.svd(torch.cat([keys * weight, values]), full_matrices=True)
     down = vh[:kv_rank]  # orthonormal rows: at kv_rank = width, a basis of x̂ itself
     up = (stacked @ down.T).view(2, plan.kv_heads, plan.head_dim, kv_rank)
     tensors = {
@@ -571,7 +574,13 @@ def deepseek_config(model: nn.Module, plan: DecoderPlan, kv_rank: int, rope_dims
 
 
 def to_deepseek(
-    model: nn.Module, kv_rank: int, rope_dims: int, calibration: Sequence[Any] = (), *, fold: int | None = None
+    model: nn.Module,
+    kv_rank: int,
+    rope_dims: int,
+    calibration: Sequence[Any] = (),
+    *,
+    fold: int | None = None,
+    balance_kv: bool = True,
 ) -> nn.Module:
     """A ``DeepseekV3ForCausalLM`` (stock transformers, every layer dense) computing what the
     LLaMA-style ``model`` computes, its attention converted to MLA with a ``kv_rank`` latent and a
@@ -579,7 +588,8 @@ def to_deepseek(
     inputs; without them, the weights alone) (module docstring). ``model`` is left as it was. A
     model or option DeepSeek's format cannot hold is an ExportError before any work
     (:func:`check_deepseek`). ``fold``: how many neighbouring frequency pairs each rotary pair
-    holds (FreqFold, 1 to head_dim / rope_dims; by default :func:`default_fold`). Layer by layer:
+    holds (FreqFold, 1 to head_dim / rope_dims; by default :func:`default_fold`); ``balance_kv``:
+    the latent's basis from K scaled to V's size (TransMLA's BKV; off: a plain SVD of the stack). Layer by layer:
     beside the two models, memory holds one layer's float64 working copies."""
     from transformers import DeepseekV3ForCausalLM
 
@@ -603,7 +613,7 @@ def to_deepseek(
     for i, (source, target) in enumerate(zip(model.model.layers, new.model.layers)):
         layer = _Layer.read(source.self_attn, plan.input_norms[i], plan)
         mix = principal_directions(moments[i] if moments is not None else _weight_moments(layer, pairs))
-        attention, down = _attention_tensors(layer, plan, pairs, mix, kv_rank)
+        attention, down = _attention_tensors(layer, plan, pairs, mix, kv_rank, balance_kv)
         downs.append(down)
         mlp = {f"mlp.{name}.weight": getattr(source.mlp, name).weight.detach() for name in _MLP}
         load(
