@@ -1,12 +1,22 @@
 """One family, one place: a family registered in one call reaches recipes, the hypernetwork's
-data and checkpoints, and attention conversion."""
+data and checkpoints, and attention conversion (GQA, MLA, the KV cache's size and the Hugging
+Face export, all through its adapter)."""
 
 import dataclasses
 
 import pytest
+import torch
+import torch.nn.functional as F
+from helpers import llama
+from torch import nn
 
-from graphkit.attention.convert import ADAPTERS, TIMM_ATTENTION
+from graphkit.attention.adapter import ADAPTERS, adapter_for, register_adapter
+from graphkit.attention.builtin import LLAMA_ATTENTION, TIMM_ATTENTION
+from graphkit.attention.convert import ViTGroupedAttention, convert
+from graphkit.attention.hf_format import check_hf_export
+from graphkit.attention.mla import ViTLatentAttention, kv_cache_bytes, to_mla
 from graphkit.datasets.recipes import RECIPES, get_recipe
+from graphkit.errors import ConvertError, ExportError, MLAError
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import BUNDLED
 from graphkit.training.data import DEFAULT_SOURCES, default_source
@@ -53,6 +63,16 @@ def test_one_registration_reaches_every_table(wide_vit):
     assert model.blocks[0].mlp.fc1.out_features == 512 and model.blocks[0].attn.core.kv_heads == 1
 
 
+def bare_copy(base: str, name: str, **changes):
+    """Family ``base`` under ``name``, declaring no recipes, data, checkpoint or adapter of its
+    own (unless ``changes`` give one)."""
+    return dataclasses.replace(
+        get_family(base),
+        **{"name": name, "recipes": (), "data": None, "bundled_ghn": None, "attention_adapter": None, "traced_as": ()}
+        | changes,
+    )
+
+
 def test_tables_are_live_views():
     before = set(RECIPES), dict(BUNDLED), dict(DEFAULT_SOURCES)
     assert before == (
@@ -60,20 +80,85 @@ def test_tables_are_live_views():
         {"vit": "logah-tiny-vits", "gpt2": "logah-tiny-gpts", "llama": "logah-tiny-llamas"},
         {"vit": "digits", "gpt2": "stdlib-text", "llama": "stdlib-text"},
     )
-    register_family(
-        dataclasses.replace(
-            get_family("gpt2"),
-            name="gpt2-copy",
-            recipes=(),
-            data=None,
-            bundled_ghn=None,
-            attention_adapter=None,
-            traced_as=(),
-        )
-    )
+    register_family(bare_copy("gpt2", "gpt2-copy"))
     try:
         assert (set(RECIPES), dict(BUNDLED), dict(DEFAULT_SOURCES)) == before  # nothing declared, nothing added
     finally:
         del FAMILIES["gpt2-copy"]
     with pytest.raises(KeyError):
         BUNDLED["gpt2-copy"]
+
+
+class SelfAttention(nn.Module):
+    """A hand-written attention no built-in adapter claims: a fused ``qkv`` and ``proj``, as
+    timm's, in a module of no library's."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.num_heads = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, dim = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, dim))
+
+
+def mixer(layers: int = 2, dim: int = 32, heads: int = 4) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(SelfAttention(dim, heads) for _ in range(layers)))
+
+
+@pytest.fixture
+def mixer_adapter():
+    """A family whose attention only its own adapter claims, registered and removed afterwards;
+    the adapter's hooks are the fused-projection ones timm's adapter uses, its claim and its
+    reason for refusing the Hugging Face export its own."""
+    adapter = dataclasses.replace(
+        TIMM_ATTENTION,
+        claims=lambda module: isinstance(module, SelfAttention),
+        hf_refusal="a mixer has no class in transformers",
+    )
+    register_family(bare_copy("vit", "mixer", attention_adapter=adapter))
+    yield adapter
+    del FAMILIES["mixer"]
+    ADAPTERS.remove(adapter)
+
+
+def test_without_an_adapter_no_conversion_takes_the_attention():
+    with pytest.raises(ConvertError, match=r"module '0' \(.*SelfAttention\) is an attention graphkit cannot convert"):
+        convert(mixer(), "gqa")
+    with pytest.raises(MLAError, match=r"module '0' \(.*SelfAttention\) is an attention to_mla cannot convert"):
+        to_mla(mixer(), 32)
+    assert kv_cache_bytes(mixer()) == 0
+
+
+def test_a_registered_adapter_alone_gives_gqa_mla_the_cache_and_the_export_check(mixer_adapter):
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        expected = mixer()(x)
+        assert kv_cache_bytes(mixer()) == 2 * 2 * 32 * 4  # 2 layers, K and V as wide as the model, float32
+        gqa = convert(mixer(), "gqa")  # as many K/V heads as heads: the same function
+        assert isinstance(gqa[0], ViTGroupedAttention) and torch.allclose(gqa(x), expected, atol=1e-5)
+        pooled = convert(mixer(), "kdgqa", 2)
+        assert pooled[1].core.kv_heads == 2 and not torch.allclose(pooled(x), expected, atol=1e-3)
+        mla = to_mla(mixer(), 32)  # the latent as wide as the model: exact
+        assert isinstance(mla[0], ViTLatentAttention) and torch.allclose(mla(x), expected, atol=1e-5)
+        assert kv_cache_bytes(to_mla(mixer(), 8)) == 2 * 8 * 4
+    with pytest.raises(ExportError, match=r"^Sequential: a mixer has no class in transformers \(module '0'\)"):
+        check_hf_export(mixer(), "gqa")
+
+
+def test_the_adapter_registered_last_decides(mixer_adapter):
+    """A family's adapter claiming LLaMA-style attention, which the built-in one also claims,
+    decides for it: its refusal of the export is what check_hf_export says."""
+    check_hf_export(llama(), "gqa")  # the built-in adapter: a stock class exists
+    claims_llama = dataclasses.replace(LLAMA_ATTENTION, hf_refusal="this family keeps its own class")
+    register_adapter(claims_llama)
+    try:
+        assert adapter_for(llama().model.layers[0].self_attn) is claims_llama
+        with pytest.raises(ExportError, match="this family keeps its own class"):
+            check_hf_export(llama(), "gqa")
+    finally:
+        ADAPTERS.remove(claims_llama)
+    assert adapter_for(llama().model.layers[0].self_attn) is LLAMA_ATTENTION

@@ -7,23 +7,24 @@ Q and the output projection are copied, their heads reordered so that each group
 are contiguous. With ``kv_heads == heads`` and ``variant="gqa"`` the converted model computes
 what the original did.
 
-Adapters exist for timm's ViT ``Attention`` (fused ``qkv``), Hugging Face GPT-2 (``Conv1D``
-``c_attn``, whose weight is stored (in, out)) and LLaMA-style models (separate q/k/v projections;
-HF computes GQA natively, so only K/V shrink and attention is routed through a registered
-"graphkit" implementation that holds the variant). Any other attention module is an error that
-names it, so nothing is silently left unconverted.
+Each attention module is handled by the :class:`~graphkit.attention.adapter.AttentionAdapter`
+that claims it (:mod:`graphkit.attention.builtin` has graphkit's own: timm's ViT ``Attention``,
+Hugging Face GPT-2, LLaMA-style models). This module holds the converted modules for the fused
+projections and what every conversion shares: the checks, the calibration pass, the metadata.
+Any attention module no adapter claims is an error that names it, so nothing is silently left
+unconverted.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from graphkit.attention.adapter import AttentionAdapter, adapter_for
 from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
 from graphkit.attention.grouping import (
     GROUPINGS,
@@ -36,7 +37,7 @@ from graphkit.attention.grouping import (
     query_order,
 )
 from graphkit.errors import ConvertError
-from graphkit.validation import divisors, is_count, is_number
+from graphkit.validation import is_count, is_number
 
 
 def mean_pool_heads(weight: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
@@ -108,45 +109,6 @@ class ViTGroupedAttention(nn.Module):
                 new.proj.bias.copy_(attn.proj.bias)
         new.core.groups = measured  # None for neighbours: the file records only a measured grouping
         return new
-
-
-def _is_timm(module: nn.Module) -> bool:
-    return type(module).__name__ == "Attention" and type(module).__module__.startswith("timm.")
-
-
-def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
-    plain = all(isinstance(getattr(module, n, None), (nn.Identity, type(None))) for n in ("q_norm", "k_norm", "norm"))
-    if not plain or getattr(module, "gate", None) is not None:
-        raise ConvertError(
-            f"module '{path}' (timm Attention) uses qk-norm, a scale "
-            "norm or gating, which convert() does not handle yet"
-        )
-    _check_kv(path, module.num_heads, kv_heads)
-
-
-def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
-    return ViTGroupedAttention.from_timm(
-        module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options
-    )
-
-
-def _capture_fused(projection: str, output: str):
-    """A capture for attention with one fused q/k/v projection (timm's ``qkv``, GPT-2's
-    ``c_attn``): its output's Q, K and V thirds, as (batch, positions, heads, head_dim), and the
-    output projection's weight as (out, in) (GPT-2's ``Conv1D`` stores it transposed)."""
-
-    def capture(module: nn.Module, store: Callable[..., None]) -> list:
-        heads = module.num_heads
-        w_o = getattr(module, output).weight.detach()
-        w_o = w_o.t() if type(getattr(module, output)).__name__ == "Conv1D" else w_o
-
-        def hook(_module, _inputs, out):
-            q, k, v = out.detach().chunk(3, dim=-1)
-            store(*(x.reshape(*x.shape[:-1], heads, x.shape[-1] // heads) for x in (q, k, v)), w_o)
-
-        return [getattr(module, projection).register_forward_hook(hook)]
-
-    return capture
 
 
 class GPT2AttentionCall(nn.Module):
@@ -232,161 +194,6 @@ class GPT2GroupedAttention(GPT2AttentionCall):
             new.c_proj.bias.copy_(attn.c_proj.bias)
         new.core.groups = measured  # None for neighbours: the file records only a measured grouping
         return new
-
-
-def _is_gpt2(module: nn.Module) -> bool:
-    return type(module).__name__ == "GPT2Attention"
-
-
-def _check_gpt2(path: str, module: nn.Module, kv_heads: int | None) -> None:
-    if module.is_cross_attention:
-        raise ConvertError(f"module '{path}' (GPT2Attention) is cross-attention, which convert() does not handle")
-    _check_kv(path, module.num_heads, kv_heads)
-
-
-def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
-    return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options)
-
-
-def _graphkit_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Hugging Face attention function "graphkit": the module's variant core on un-repeated K/V."""
-    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    out = module.graphkit_core(query, key, value, attn_mask=attention_mask, is_causal=causal, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _register_hf_attention(path: str) -> None:
-    """Register graphkit's attention with transformers' attention and mask interfaces (public
-    since transformers 4.48 and 4.53); an older transformers gets a ConvertError, not a crash."""
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError as e:
-        import transformers
-
-        raise ConvertError(
-            f"module '{path}': converting LLaMA-style attention needs transformers' AttentionInterface "
-            f"and masking_utils (4.53 or newer); installed: {transformers.__version__} ({e})"
-        ) from e
-    AttentionInterface.register("graphkit", _graphkit_attention)
-    AttentionMaskInterface.register("graphkit", sdpa_mask)  # masks (causal, sliding window) as for SDPA
-
-
-def _is_llama(module: nn.Module) -> bool:
-    return all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"))
-
-
-def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
-    heads = module.config.num_attention_heads
-    current = module.k_proj.out_features // module.head_dim
-    kv = _check_kv(path, heads, kv_heads)
-    if current % kv:
-        raise ConvertError(f"kv_heads {kv} does not divide the {current} K/V heads module '{path}' already has")
-    _register_hf_attention(path)  # before anything changes: an old transformers is refused here
-
-
-def _convert_llama(
-    path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups
-) -> nn.Module:
-    heads = module.config.num_attention_heads
-    current = module.k_proj.out_features // module.head_dim
-    kv = _check_kv(path, heads, kv_heads)
-    measured, groups = groups, groups or contiguous_groups(current, kv)
-    order = query_order(groups, heads // current)
-    with torch.no_grad():
-        for name in ("k_proj", "v_proj"):
-            old = getattr(module, name)
-            new = nn.Linear(old.in_features, kv * module.head_dim, bias=old.bias is not None).to(
-                old.weight.device, old.weight.dtype
-            )
-            new.weight.copy_(pool_heads(old.weight, groups))
-            if old.bias is not None:
-                new.bias.copy_(pool_heads(old.bias, groups))
-            setattr(module, name, new)
-        module.q_proj.weight.copy_(permute_heads(module.q_proj.weight, order))
-        if module.q_proj.bias is not None:
-            module.q_proj.bias.copy_(permute_heads(module.q_proj.bias, order))
-        module.o_proj.weight.copy_(permute_heads(module.o_proj.weight, order, dim=1))
-    module.num_key_value_groups = heads // kv
-    module.graphkit_core = GroupedQueryAttention(heads, kv, variant, **options)
-    module.graphkit_core.groups = measured
-    module.config.num_key_value_heads = kv
-    module.config._attn_implementation = "graphkit"
-    return module
-
-
-def _capture_llama(module: nn.Module, store: Callable[..., None]) -> list:
-    """A capture for LLaMA-style attention: ``q_proj``'s, ``k_proj``'s and ``v_proj``'s outputs,
-    before RoPE, as (batch, positions, heads, head_dim). RoPE does not change the similarity
-    groupings (see :mod:`~graphkit.attention.grouping`); ``search`` scores without it."""
-    seen: dict[str, torch.Tensor] = {}
-
-    def hook(name: str):
-        def record(_module, _inputs, out):
-            seen[name] = out.detach().reshape(*out.shape[:-1], -1, module.head_dim)
-            if len(seen) == 3:
-                store(seen.pop("q"), seen.pop("k"), seen.pop("v"), module.o_proj.weight.detach())
-
-        return record
-
-    return [getattr(module, f"{n}_proj").register_forward_hook(hook(n)) for n in ("q", "k", "v")]
-
-
-def _check_kv(path: str, heads: int, kv_heads: int | None) -> int:
-    kv = heads if kv_heads is None else kv_heads
-    if not is_count(kv) or heads % kv:
-        raise ConvertError(
-            f"kv_heads {kv!r} does not divide the {heads} heads of module '{path}'; "
-            f"accepted: {', '.join(map(str, divisors(heads)))}"
-        )
-    return kv
-
-
-@dataclass(frozen=True)
-class AttentionAdapter:
-    """How :func:`convert` handles one kind of attention module, declared by the family whose
-    models hold it (``Family.attention_adapter``, :func:`register_adapter`): ``claims(module)`` recognises it,
-    ``check(path, module, kv_heads)`` refuses a conversion before anything changes,
-    ``convert(path, module, kv_heads, variant, options, groups)`` returns the converted module
-    (``groups``: the K/V heads pooled together, None for neighbours),
-    ``capture(module, store)`` hooks the module so that a forward pass hands its queries, keys and
-    values, (batch, positions, heads, head_dim) each, and its output projection's weight (out,
-    in) to ``store`` (it returns the hooks' handles), and ``causal`` says whether its attention
-    is causal (what ``search`` scores)."""
-
-    claims: Callable[[nn.Module], bool]
-    check: Callable[[str, nn.Module, int | None], None]
-    convert: Callable[[str, nn.Module, int | None, str, dict, list[list[int]] | None], nn.Module]
-    capture: Callable[[nn.Module, Callable[..., None]], list]
-    causal: bool = False
-
-
-TIMM_ATTENTION = AttentionAdapter(_is_timm, _check_timm, _convert_timm, _capture_fused("qkv", "proj"))
-GPT2_ATTENTION = AttentionAdapter(_is_gpt2, _check_gpt2, _convert_gpt2, _capture_fused("c_attn", "c_proj"), causal=True)
-LLAMA_ATTENTION = AttentionAdapter(_is_llama, _check_llama, _convert_llama, _capture_llama, causal=True)
-
-
-#: every adapter :func:`convert` tries, in order: graphkit's own families' and those registered
-ADAPTERS: list[AttentionAdapter] = [TIMM_ATTENTION, GPT2_ATTENTION, LLAMA_ATTENTION]
-
-
-def register_adapter(adapter: AttentionAdapter) -> AttentionAdapter:
-    """Let :func:`convert` handle the attention modules ``adapter`` claims (a family registers
-    its own through ``Family.attention_adapter``); registering one twice is a no-op."""
-    if adapter not in ADAPTERS:
-        ADAPTERS.append(adapter)
-    return adapter
 
 
 def conversion_metadata(model: nn.Module) -> dict[str, str]:
@@ -485,7 +292,7 @@ def convert(
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
             continue
-        adapter = next((a for a in ADAPTERS if a.claims(module)), None)
+        adapter = adapter_for(module)
         if adapter is None:
             if "attention" in type(module).__name__.lower():
                 raise ConvertError(

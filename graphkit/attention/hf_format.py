@@ -75,8 +75,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.convert import LLAMA_ATTENTION, run_calibration
-from graphkit.attention.mla import _kind
+from graphkit.attention.adapter import adapter_for
+from graphkit.attention.convert import run_calibration
 from graphkit.errors import ExportError
 from graphkit.fileio import MARK, OutputError, check_output_dir, graphkit_kind, version, write_folder
 from graphkit.validation import divisors, is_count
@@ -99,6 +99,13 @@ _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "attention_multip
 _SOFTCAPS = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
+def _stock_attention(module: nn.Module) -> bool:
+    """Whether ``module`` is attention whose adapter maps it onto transformers' stock LLaMA-style
+    attention (``hf_refusal`` None)."""
+    adapter = adapter_for(module)
+    return adapter is not None and adapter.hf_refusal is None
+
+
 def check_hf_export(model: nn.Module, variant: str) -> None:
     """Refuse, before any work, a model or variant ``--format hf`` cannot write: a variant with
     no stock class (only gqa and mla have one), a model that is not a transformers model, or
@@ -114,19 +121,17 @@ def check_hf_export(model: nn.Module, variant: str) -> None:
         )
     name = type(model).__name__
     for path, module in model.named_modules():
-        kind = _kind(module)
-        if kind in ("vit", "gpt2"):
-            family = "a ViT" if kind == "vit" else "GPT-2"
+        adapter = adapter_for(module)
+        if adapter is not None and adapter.hf_refusal is not None:
             raise ExportError(
-                f"{name}: {family} has no stock GQA or MLA class in transformers (module '{path}'); "
-                "--format graphkit writes its converted attention"
+                f"{name}: {adapter.hf_refusal} (module '{path}'); --format graphkit writes its converted attention"
             )
     if not isinstance(model, PreTrainedModel):
         raise ExportError(
             f"{name}: not a transformers model, so no stock class can load it; --format hf takes "
             "LLaMA-style transformers decoders (LLaMA, Mistral, Qwen2/3, Gemma, ...)"
         )
-    if not any(LLAMA_ATTENTION.claims(m) for m in model.modules()):
+    if not any(_stock_attention(m) for m in model.modules()):
         raise ExportError(f"{name}: has no LLaMA-style attention (q_proj, k_proj, v_proj, o_proj) to convert")
 
 
@@ -205,7 +210,7 @@ def check_deepseek(model: nn.Module, kv_rank: Any, rope_dims: Any) -> DecoderPla
                 f"module {what}: DeepSeek's dense layer holds only attention, MLP, input and post-attention norms"
             )
         attn, mlp = layer.self_attn, layer.mlp
-        if not LLAMA_ATTENTION.claims(attn):
+        if not _stock_attention(attn):
             raise ExportError(f"module '{where}.self_attn' ({type(attn).__name__}) is not LLaMA-style attention")
         extra = [n for n, m in attn.named_children() if n not in ("q_proj", "k_proj", "v_proj", "o_proj")]
         extra = [n for n in extra if _has_parameters(getattr(attn, n))]

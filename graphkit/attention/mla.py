@@ -48,10 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphkit.attention.adapter import AttentionAdapter, adapter_for
 from graphkit.attention.convert import (
-    GPT2_ATTENTION,
-    LLAMA_ATTENTION,
-    TIMM_ATTENTION,
     GPT2AttentionCall,
     GPT2GroupedAttention,
     ViTGroupedAttention,
@@ -404,18 +402,9 @@ class LlamaLatentAttention(nn.Module):
         )
 
 
-#: the attention modules to_mla converts, recognised as convert's adapters recognise them
-_KINDS = {"vit": TIMM_ATTENTION, "gpt2": GPT2_ATTENTION, "llama": LLAMA_ATTENTION}
-
-
-def _kind(module: nn.Module) -> str | None:
-    """Which of :data:`_KINDS` ``module`` is, or None."""
-    return next((kind for kind, adapter in _KINDS.items() if adapter.claims(module)), None)
-
-
-def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """Every attention module of ``model`` ``to_mla`` would replace, with its kind, checked: an
-    attention it cannot convert is an MLAError naming it."""
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, AttentionAdapter]]:
+    """Every attention module of ``model`` ``to_mla`` would replace, with its adapter: an
+    attention no adapter claims is an MLAError naming it."""
     found = []
     for path, module in model.named_modules():
         name = type(module).__name__
@@ -423,11 +412,9 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
             module, (LatentKV, ViTLatentAttention, GPT2LatentAttention, LlamaLatentAttention)
         ):
             continue
-        kind = _kind(module)
-        if kind == "gpt2" and module.is_cross_attention:
-            raise MLAError(f"module '{path}' (GPT2Attention) is cross-attention, which to_mla does not handle")
-        if kind is not None:
-            found.append((path, module, kind))
+        adapter = adapter_for(module)
+        if adapter is not None:
+            found.append((path, module, adapter))
         elif "attention" in name.lower():
             raise MLAError(f"module '{path}' ({type(module).__module__}.{name}) is an attention to_mla cannot convert")
     if not found:
@@ -442,58 +429,27 @@ def kv_cache_bytes(model: nn.Module) -> int:
     size = next(model.parameters()).element_size()
     total = 0
     for module in model.modules():
-        kind = _kind(module)
         if isinstance(module, LatentKV):
             total += module.kv_rank + (module.k_rope.out_features if module.rope_dims else 0)
         elif hasattr(module, "kv_a_proj_with_mqa"):  # DeepSeek's MLA: the latent and the rotary key all heads share
             total += module.kv_a_proj_with_mqa.out_features
         elif isinstance(module, (ViTGroupedAttention, GPT2GroupedAttention)):
             total += 2 * module.core.kv_heads * module.head_dim
-        elif kind == "llama":  # its K/V projections say how many K/V heads it has, converted to GQA or not
-            total += module.k_proj.out_features + module.v_proj.out_features
-        elif kind is not None:  # MHA: K and V as wide as the model
-            total += 2 * _width(module, kind)
+        elif (adapter := adapter_for(module)) is not None:  # unconverted, or converted in place (LLaMA's GQA)
+            total += adapter.kv_values(module)
     return total * size
 
 
-def _width(module: nn.Module, kind: str) -> int:
-    """The model width an attention module of ``kind`` reads."""
-    if kind == "vit":
-        return module.qkv.in_features
-    if kind == "gpt2":
-        return module.embed_dim
-    return module.k_proj.in_features
-
-
-def _check(path: str, module: nn.Module, kind: str, kv_rank: Any, rope_dims: Any) -> None:
-    """Refuse a rank or rotary width ``module`` cannot take, naming it. The latent's rank is at
-    most the width of what it factors, the model's width or the stacked K/V projections' rows
-    (fewer for a GQA model with few K/V heads), whichever is less. Per-head query and key norms
-    (Qwen3's ``q_norm`` and ``k_norm``) are refused: a key normalised per token and head is not a
-    linear function of the input, so no latent can hold it."""
-    norms = [n for n in ("q_norm", "k_norm") if not isinstance(getattr(module, n, nn.Identity()), nn.Identity)]
-    if kind == "llama" and norms:
+def _check(path: str, module: nn.Module, adapter: AttentionAdapter, kv_rank: Any, rope_dims: Any) -> None:
+    """Refuse a rank or rotary width ``module`` cannot take, naming it: ``rope_dims`` for
+    attention without RoPE, what its adapter's ``mla_rank`` refuses, a ``kv_rank`` above the most
+    it can factor."""
+    if rope_dims is not None and not adapter.rotary:
         raise MLAError(
-            f"module '{path}' ({type(module).__name__}) normalises its queries and keys per head ({', '.join(norms)}), "
-            "which a latent cannot hold; to_mla does not convert it"
+            f"rope_dims {rope_dims!r} for module '{path}' ({type(module).__name__}): it has no RoPE; "
+            "rope_dims applies to rotary (LLaMA-style) attention"
         )
-    if rope_dims is not None:
-        if kind != "llama":
-            raise MLAError(
-                f"rope_dims {rope_dims!r} for module '{path}' ({type(module).__name__}): it has no RoPE; "
-                "rope_dims applies to rotary (LLaMA-style) attention"
-            )
-        if not is_count(rope_dims, 2, module.head_dim - 2) or rope_dims % 2:
-            raise MLAError(
-                f"rope_dims {rope_dims!r} for module '{path}': must be an even integer from 2 to "
-                f"{module.head_dim - 2}, its head_dim less one pair (rotary dimensions come in pairs, "
-                "and some must pass through the latent)"
-            )
-    rows = 2 * _width(module, kind)
-    if kind == "llama":
-        rows = module.k_proj.out_features + module.v_proj.out_features
-        rows -= 0 if rope_dims is None else module.k_proj.out_features // module.head_dim * rope_dims
-    most = min(_width(module, kind), rows)
+    most = adapter.mla_rank(path, module, rope_dims)
     if not is_count(kv_rank, 1, most):
         raise MLAError(
             f"kv_rank {kv_rank!r} for module '{path}': must be an integer from 1 to {most}, "
@@ -512,27 +468,16 @@ def to_mla(
     any changes: a rank or rotary width it cannot take, or an attention ``to_mla`` cannot
     convert, is an MLAError naming it, and the model is left as it was."""
     plan = _attention_modules(model)
-    for path, module, kind in plan:
-        _check(path, module, kind, kv_rank, rope_dims)
+    for path, module, adapter in plan:
+        _check(path, module, adapter, kv_rank, rope_dims)
     rotary = next((m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")), None)
-    if rotary is None and any(kind == "llama" for _, _, kind in plan):
+    if rotary is None and any(adapter.rotary for _, _, adapter in plan):
         raise MLAError(f"{type(model).__name__}: no rotary embedding module found for its RoPE attention")
     seen = {}
     if rope_dims is not None and calibration:
-        seen = capture_calibration(model, [(path, module, _KINDS[kind]) for path, module, kind in plan], calibration)
-    for path, module, kind in plan:
-        if kind == "vit":
-            new = ViTLatentAttention.from_timm(module, kv_rank)
-        elif kind == "gpt2":
-            new = GPT2LatentAttention.from_hf(module, kv_rank)
-        else:
-            pairs = None
-            if rope_dims is not None:
-                batches = seen.get(path)
-                q, k = (torch.cat([getattr(b, n).flatten(0, 1) for b in batches]) if batches else None for n in "qk")
-                kv_heads = module.k_proj.out_features // module.head_dim
-                pairs = rope_pairs(q, k, kv_heads, rope_dims, module.head_dim).to(module.k_proj.weight.device)
-            new = LlamaLatentAttention(module, kv_rank, rotary, rope_dims, pairs)
+        seen = capture_calibration(model, plan, calibration)
+    for path, module, adapter in plan:
+        new = adapter.to_mla(module, kv_rank, rope_dims, rotary, seen.get(path))
         new.train(module.training)
         parent, _, name = path.rpartition(".")
         setattr(model.get_submodule(parent), name, new)

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.attention.convert import GPT2_ATTENTION
+from graphkit.attention.builtin import GPT2_ATTENTION
 from graphkit.families.registry import Family, build_hf, register_family
 from graphkit.graph import ArchGraph
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.attention.convert import LLAMA_ATTENTION
+from graphkit.attention.builtin import LLAMA_ATTENTION
 from graphkit.families.registry import ConfigError, Family, build_hf, register_family
 from graphkit.graph import ArchGraph
 

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.convert import AttentionAdapter, convert, register_adapter
+from graphkit.attention.adapter import AttentionAdapter, register_adapter
+from graphkit.attention.convert import convert
 from graphkit.attention.core import ATTENTION_VARIANTS
 from graphkit.compat import skip_weight_init
 from graphkit.errors import ConfigError
@@ -49,7 +50,7 @@ class Family:
     # a prediction is added onto the model's own init by default (graphkit.ghn.keep_init);
     # measured per family in docs/experiments.md ("keep_init")
     keep_init: bool = False
-    attention_adapter: AttentionAdapter | None = None  # how ``convert`` handles its attention modules
+    attention_adapter: AttentionAdapter | None = None  # how GQA, MLA and the HF export handle its attention
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The full config: defaults filled in, every key known, required keys present."""
@@ -129,7 +130,7 @@ def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module
 
 def register_family(family: Family) -> Family:
     """Add a family to :data:`FAMILIES` (``build_model``, recipes and the hypernetwork find it
-    there) and its attention adapter to ``convert``'s (:func:`graphkit.attention.convert.register_adapter`)."""
+    there) and its attention adapter to every conversion's (:func:`graphkit.attention.adapter.register_adapter`)."""
     FAMILIES[family.name] = family
     if family.attention_adapter is not None:
         register_adapter(family.attention_adapter)

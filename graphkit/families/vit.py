@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from graphkit.attention.convert import TIMM_ATTENTION
+from graphkit.attention.builtin import TIMM_ATTENTION
 from graphkit.families.registry import ConfigError, Family, register_family
 from graphkit.graph import ArchGraph
 
