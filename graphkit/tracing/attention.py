@@ -34,7 +34,7 @@ from graphkit.tracing.naming import (
     is_float,
 )
 from graphkit.tracing.spatial import is_identity, spatial_op
-from graphkit.tracing.state import Group
+from graphkit.tracing.state import BuildContext, Group
 
 _NORM_ATEN = {"layer_norm", "native_layer_norm", "rms_norm", "group_norm", "batch_norm"}
 _PARAM_ATEN = {"linear", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution"} | _NORM_ATEN
@@ -82,32 +82,41 @@ class _Core:
 
 
 class AttentionRules:
-    """The attention half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
-    which provides ``model``, ``graph``, ``groups``, ``prod``, ``param_names``, ``aliases``,
-    ``constants``, ``INPUT``, ``_scope``, ``_leaf`` and ``_is_parameter``."""
+    """The tracer's attention rules, reading the graph being built through ``ctx`` (a
+    :class:`~graphkit.tracing.state.BuildContext`): :meth:`regions` finds the cores and the ops
+    each fuses, :meth:`group` makes an anchor's node, :meth:`attrs` reads its attributes."""
 
-    cores: dict[fx.Node, _Core]  # anchor (SDPA, or the product of probabilities with V) -> its core
+    def __init__(self, ctx: BuildContext) -> None:
+        self.ctx = ctx
+        self.cores: dict[fx.Node, _Core] = {}  # anchor (SDPA, or the product of probabilities with V) -> its core
+        self.group_of: dict[fx.Node, int] = {}  # anchor -> the index of its node in ctx.groups
+
+    def group(self, anchor: fx.Node) -> int:
+        """The index in ``ctx.groups`` of ``anchor``'s attention node, made the first time."""
+        if anchor not in self.group_of:
+            self.ctx.groups.append(Group("attention", self._attention_scope(anchor), live=True))
+            self.group_of[anchor] = len(self.ctx.groups) - 1
+        return self.group_of[anchor]
 
     def _attention_scope(self, anchor: fx.Node) -> str:
         """The module an attention anchor belongs to. A graphkit attention core (which has an
         ``attention_variant``) is part of the attention module around it: rotary application and
         head reshapes live there, and so do ``is_causal`` and the sliding window."""
-        scope = self._scope(anchor)
+        scope = self.ctx.scope(anchor)
         try:
-            module = self.model.get_submodule(scope)
+            module = self.ctx.model.get_submodule(scope)
         except AttributeError:
             return scope
         return scope.rpartition(".")[0] if hasattr(module, "attention_variant") else scope
 
     # -- attention regions ----------------------------------------------------------------------
-    def _attention_regions(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
+    def regions(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
         """Map every FX op that belongs to an attention core to its anchor op. An eager core also
         takes the linear maps it applies to its scores or probabilities (talking heads), with
         their parameters; ``self.cores`` keeps what each anchor's attributes are read from."""
         region_of: dict[fx.Node, fx.Node] = {}
-        self.cores: dict[fx.Node, _Core] = {}
         for node in nodes:
-            if node.op != "call_function" or self._leaf(node) is not None:
+            if node.op != "call_function" or self.ctx.leaf(node) is not None:
                 continue
             name = functional_name(node.target)
             mixers: set[fx.Node] = set()
@@ -132,19 +141,19 @@ class AttentionRules:
                     region_of[u] = node
                     stack.extend(u.all_input_nodes)
                     continue
-                if u in region_of or u.op != "call_function" or self._leaf(u) is not None:
+                if u in region_of or u.op != "call_function" or self.ctx.leaf(u) is not None:
                     continue
                 uname = functional_name(u.target)
-                if uname in _PARAM_ATEN or any(a.name in self.param_names for a in u.all_input_nodes):
+                if uname in _PARAM_ATEN or any(a.name in self.ctx.param_names for a in u.all_input_nodes):
                     continue
-                uscope = self._scope(u)
+                uscope = self.ctx.scope(u)
                 if scope and not in_module(uscope, scope):
                     continue
                 if in_module(uscope, experts):  # JetMoE: a mixture of attention heads
                     continue
                 region_of[u] = node
                 stack.extend(u.all_input_nodes)
-                stack.extend(self.aliases.writers(u, node))  # K assembled by copies into slices (DeepSeek-V3)
+                stack.extend(self.ctx.aliases.writers(u, node))  # K assembled by copies into slices (DeepSeek-V3)
             for u in self._output_scaling(node, set(path) - {node}, region_of, scope):
                 region_of[u] = node
         return region_of
@@ -164,12 +173,12 @@ class AttentionRules:
         heapq.heapify(frontier)  # in graph order: a node after every input it takes from the branch
         while frontier:
             _, u = heapq.heappop(frontier)
-            if u in branch or u.op != "call_function" or self._leaf(u) is not None:
+            if u in branch or u.op != "call_function" or self.ctx.leaf(u) is not None:
                 continue
-            if scope and not in_module(self._scope(u), scope):
+            if scope and not in_module(self.ctx.scope(u), scope):
                 return set()
             sources = [
-                a for a in u.all_input_nodes if a not in inside and a not in branch and not self._is_parameter(a)
+                a for a in u.all_input_nodes if a not in inside and a not in branch and not self.ctx.is_parameter(a)
             ]
             if functional_name(u.target) == "mul" and len(sources) == 1:
                 output = _path_back(
@@ -217,21 +226,21 @@ class AttentionRules:
 
     def _is_score_linear(self, node: fx.Node) -> bool:
         """An op of a linear module over 4-D (batch, heads, queries, keys) scores: talking heads."""
-        leaf = self._leaf(node)
+        leaf = self.ctx.leaf(node)
         value = node.meta.get("val")
         return leaf is not None and leaf[1] == "linear" and isinstance(value, torch.Tensor) and value.dim() >= 4
 
     # -- attention attributes -------------------------------------------------------------------
-    def _attention_attrs(self, anchor: fx.Node, group: Group) -> dict[str, Any]:
+    def attrs(self, anchor: fx.Node, group: Group) -> dict[str, Any]:
         core = self.cores[anchor]
         try:
-            module = self.model.get_submodule(group.module)
+            module = self.ctx.model.get_submodule(group.module)
         except AttributeError:
             module = None
-        inputs_ops = {self.groups[i].op for i in group.inputs}
+        inputs_ops = {self.ctx.groups[i].op for i in group.inputs}
         ops_inside = {functional_name(n.target) for n in group.fx}
         causal, window = self._mask_attrs(anchor, core, group, module)
-        where = group.module or type(self.model).__name__
+        where = group.module or type(self.ctx.model).__name__
         attrs: dict[str, Any] = {
             "heads": _head_count(core.query, core.query_dims, where, "queries"),
             "kv_heads": _head_count(core.value, core.value_dims, where, "values"),
@@ -272,13 +281,13 @@ class AttentionRules:
         of a model on the meta device), or where the keys are no more than the window (8 tokens
         cannot show a window of 16) and the values show a causal attention. Image windows
         (Swin's ``[7, 7]``) are the sides of the partition a bidirectional attention runs in."""
-        where = group.module or type(self.model).__name__
+        where = group.module or type(self.ctx.model).__name__
         if core.lengths[1] == 1 and not core.is_causal:
             raise TraceError(
                 f"cannot tell whether the attention in module '{where}' is causal: the example inputs give it "
                 "a single key, which no mask hides; pass inputs of at least 2 tokens"
             )
-        claimed, partition = _claimed_windows(self.model, group.module, core.lengths[1])
+        claimed, partition = _claimed_windows(self.ctx.model, group.module, core.lengths[1])
         pattern = self._pattern(anchor, core)
         if isinstance(pattern, str):  # no values: what the code says
             if partition is not None:  # image windows, never causal
@@ -297,18 +306,22 @@ class AttentionRules:
             return Pattern(causal=True, window=None)
         if not core.readable:
             return "it is a block mask, which is code"
-        gid = self.attention_group[anchor]
+        gid = self.group_of[anchor]
 
         def live(node: fx.Node) -> str | None:  # an activation: computed by another node of the graph
-            other = self.prod.get(node, frozenset()) - {self.INPUT, gid}
-            return None if not other else f"it depends on the output of {self.groups[min(other)].module or 'the model'}"
+            other = self.ctx.prod.get(node, frozenset()) - {self.ctx.INPUT, gid}
+            return (
+                None
+                if not other
+                else f"it depends on the output of {self.ctx.groups[min(other)].module or 'the model'}"
+            )
 
         try:
             if core.probs is not None:  # eager: the probabilities with q and k set to zero
-                probs = self._probabilities(core, self.groups[gid], live)
+                probs = self._probabilities(core, self.ctx.groups[gid], live)
                 visible, sharp = visibility(probs.movedim(core.probs_dims, (-2, -1)).float().nan_to_num(0.0).log())
             elif core.mask is not None:
-                mask = self.constants.evaluate(core.mask, {}, live)
+                mask = self.ctx.constants.evaluate(core.mask, {}, live)
                 visible, sharp = (mask, True) if mask.dtype == torch.bool else visibility(mask)
             else:
                 return Pattern(causal=False, window=None)
@@ -330,8 +343,8 @@ class AttentionRules:
         zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
         heads_maps = {n for n in group.fx if self._is_score_linear(n) and _keeps_shape(n)}
         softmaxes = {n for n in group.fx if functional_name(n.target) in _SOFTMAX_ATEN} | {core.softmax}
-        normalised = {s: self.constants.evaluate(s, zeros, live, through=heads_maps) for s in softmaxes}
-        return self.constants.evaluate(core.probs, normalised, live, fill=1.0)
+        normalised = {s: self.ctx.constants.evaluate(s, zeros, live, through=heads_maps) for s in softmaxes}
+        return self.ctx.constants.evaluate(core.probs, normalised, live, fill=1.0)
 
     def _causal_without_values(self, group: Group, module: nn.Module | None, core: _Core, reason: str) -> bool:
         """Whether the attention is causal where its mask's values cannot be computed (``reason``
@@ -346,7 +359,7 @@ class AttentionRules:
             return True
         error = NeedsValuesError if "meta device" in reason else TraceError
         raise error(
-            f"cannot tell whether the attention in module '{group.module or type(self.model).__name__}' "
+            f"cannot tell whether the attention in module '{group.module or type(self.ctx.model).__name__}' "
             f"is causal: its mask cannot be computed ({reason}); build the model on the CPU, or pass "
             "example inputs that hold values"
         )
@@ -361,9 +374,9 @@ class AttentionRules:
     def _rotating_scopes(self) -> set[str]:
         """The modules that rotate activations (read once the builder has seen every op)."""
         return {
-            self._scope(n)
-            for n in self.graph.nodes
-            if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.prod.get(n)
+            self.ctx.scope(n)
+            for n in self.ctx.graph.nodes
+            if n.op == "call_function" and functional_name(n.target) in _ROPE_ATEN and self.ctx.prod.get(n)
         }
 
     def _rarer_forms(
@@ -389,9 +402,9 @@ class AttentionRules:
         ``rotate_half`` is a ``cat``, and talking heads or a learned bias are parameters."""
         name = functional_name(node.target)
         if name in ("cat", "concat"):
-            return any(isinstance(a, fx.Node) and self._is_parameter(a) for a in node.args[0])
+            return any(isinstance(a, fx.Node) and self.ctx.is_parameter(a) for a in node.args[0])
         if name == "logsumexp":
-            return any(self._is_parameter(a) for user in node.users for a in user.all_input_nodes)
+            return any(self.ctx.is_parameter(a) for user in node.users for a in user.all_input_nodes)
         return False
 
     def _rolled(self, query: fx.Node, group: Group) -> bool:
@@ -406,7 +419,7 @@ class AttentionRules:
             name = functional_name(node.target)
             if node in inside or name in SHAPE_ONLY_ATEN or name in _LINEAR_ATEN or spatial_op(node) == "pad":
                 return True
-            leaf = self._leaf(node)
+            leaf = self.ctx.leaf(node)
             return leaf is not None and leaf[1] == "linear"
 
         return _path_back(query, _rolls_tokens, passes, depth=32) is not None
@@ -423,12 +436,12 @@ class AttentionRules:
             if node in inside:
                 stack.extend(node.all_input_nodes)
             else:
-                found |= self.prod.get(node, frozenset())
+                found |= self.ctx.prod.get(node, frozenset())
         return found
 
     def _feeds(self, gids: set[int]) -> set[int]:
         """The groups that feed any of ``gids``."""
-        return set().union(*(self.groups[g].inputs for g in gids))
+        return set().union(*(self.ctx.groups[g].inputs for g in gids))
 
     def _from_input(self, gids: set[int]) -> bool:
         """Whether any of ``gids`` is computed from the model input (not from parameters alone:
@@ -436,11 +449,11 @@ class AttentionRules:
         stack, seen = list(gids), set()
         while stack:
             gid = stack.pop()
-            if gid == self.INPUT:
+            if gid == self.ctx.INPUT:
                 return True
             if gid not in seen:
                 seen.add(gid)
-                stack.extend(self.groups[gid].inputs)
+                stack.extend(self.ctx.groups[gid].inputs)
         return False
 
 

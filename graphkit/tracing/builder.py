@@ -64,7 +64,10 @@ def graph_from_export(
     return _GraphBuilder(model, program, inputs).build()
 
 
-class _GraphBuilder(AttentionRules, MoeRules):
+class _GraphBuilder:
+    """Builds one exported model's graph; it is the :class:`~graphkit.tracing.state.BuildContext`
+    its attention and MoE rules read."""
+
     INPUT = 0
 
     def __init__(
@@ -91,6 +94,8 @@ class _GraphBuilder(AttentionRules, MoeRules):
                 self.param_names[spec.arg.name] = alias.get(spec.target, spec.target)
             elif kind == "USER_INPUT":
                 self.user_inputs.add(spec.arg.name)
+        self.attention = AttentionRules(self)
+        self.moe = MoeRules(self)
 
     # -- helpers --------------------------------------------------------------------------------
     def _module_op(self, path: str) -> str | None:
@@ -123,15 +128,15 @@ class _GraphBuilder(AttentionRules, MoeRules):
             reading = any(arg in reads for arg in node.all_input_nodes)
             if reading and name not in SHAPE_DEPENDENT_ATEN:
                 reads.add(node)
-            for path in dict.fromkeys(self._stack(node)):
+            for path in dict.fromkeys(self.stack(node)):
                 self.inside.setdefault(path, []).append((name, reading))
 
     @staticmethod
-    def _stack(node: fx.Node) -> list[str]:
-        return [p.split("@")[0] for p in _GraphBuilder._calls(node)]
+    def stack(node: fx.Node) -> list[str]:
+        return [p.split("@")[0] for p in _GraphBuilder.calls(node)]
 
     @staticmethod
-    def _calls(node: fx.Node) -> list[str]:
+    def calls(node: fx.Node) -> list[str]:
         """The module calls ``node`` runs in, outermost first: each module's path, with ``@k`` for
         its k-th call after the first (a looped model runs its blocks again; torch marks the
         call on the stack's key, or on the path)."""
@@ -140,7 +145,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
             for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items()
         ]
 
-    def _is_parameter(self, value: fx.Node) -> bool:
+    def is_parameter(self, value: fx.Node) -> bool:
         """True for a parameter or a view of one (transformers' experts transpose their 3-D
         weights; Granite reshapes its sinks)."""
         while value.op == "call_function" and functional_name(value.target) in SHAPE_ONLY_ATEN and value.args:
@@ -149,15 +154,15 @@ class _GraphBuilder(AttentionRules, MoeRules):
             value = value.args[0]
         return value.op == "placeholder" and value.name in self.param_names
 
-    def _leaf(self, node: fx.Node) -> tuple[str, str] | None:
-        for path in self._stack(node):
+    def leaf(self, node: fx.Node) -> tuple[str, str] | None:
+        for path in self.stack(node):
             op = self._module_op(path)
             if op is not None:
                 return path, op
         return None
 
-    def _scope(self, node: fx.Node) -> str:
-        stack = self._stack(node)
+    def scope(self, node: fx.Node) -> str:
+        stack = self.stack(node)
         return stack[-1] if stack else ""
 
     # -- main pass ------------------------------------------------------------------------------
@@ -168,9 +173,8 @@ class _GraphBuilder(AttentionRules, MoeRules):
         self._index_calls(nodes)
         self.aliases = Aliases(nodes)
         self.constants = ConstantEvaluator(self.program, self.inputs, self.aliases)
-        self.region_of = self._attention_regions(nodes)
-        self.moe_call_of = self._moe_calls(nodes)
-        self.attention_group: dict[fx.Node, int] = {}
+        self.region_of = self.attention.regions(nodes)
+        self.moe_call_of = self.moe.calls(nodes, self.attention.cores)
         self.open_leaf: tuple[str, int] | None = None
         output_node = None
         for node in nodes:
@@ -189,11 +193,11 @@ class _GraphBuilder(AttentionRules, MoeRules):
             self._visit(node)
             for root in self.aliases.written.get(node, ()):
                 self._write_through(root, node)
-        for anchor, gid in self.attention_group.items():
-            self.groups[gid].attrs = self._attention_attrs(anchor, self.groups[gid])
+        for anchor, gid in self.attention.group_of.items():
+            self.groups[gid].attrs = self.attention.attrs(anchor, self.groups[gid])
         for call in set(self.moe_call_of.values()):
             if call.group is not None:
-                self.groups[call.group].attrs.update(self._moe_attrs(call))
+                self.groups[call.group].attrs.update(self.moe.attrs(call))
         self._check_all_parameters_used()
         return self._assemble(output_node)
 
@@ -203,17 +207,17 @@ class _GraphBuilder(AttentionRules, MoeRules):
         in_nodes = node.all_input_nodes
         in_prod = frozenset().union(*(self.prod.get(a, frozenset()) for a in in_nodes))
         in_params = frozenset().union(*(self.param_src.get(a, frozenset()) for a in in_nodes))
-        leaf = None if node in self.region_of else self._leaf(node)  # talking heads join their attention
+        leaf = None if node in self.region_of else self.leaf(node)  # talking heads join their attention
         call = self.moe_call_of.get(node)
-        if call is not None and self._joins_moe(call, node, leaf is not None, in_prod, in_params):
+        if call is not None and self.moe.joins(call, node, leaf is not None, in_prod, in_params):
             if call.group is None:
                 self.groups.append(Group("moe", call.path, live=True))
                 call.group = len(self.groups) - 1
                 if call.open:
-                    self.open_moe_groups.add(call.group)
+                    self.moe.open_groups.add(call.group)
             self._absorb(call.group, node, in_prod, in_params)
             return
-        combine = None if call is not None else self._continues_moe(leaf is not None, in_prod, in_params)
+        combine = None if call is not None else self.moe.continues(leaf is not None, in_prod, in_params)
         if combine is not None and not moves_data(functional_name(node.target), node.meta.get("val")):
             self._absorb(combine, node, in_prod, in_params)
             return
@@ -237,10 +241,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         self.open_leaf = None
         if node in self.region_of:
             anchor = self.region_of[node]
-            if anchor not in self.attention_group:
-                self.groups.append(Group("attention", self._attention_scope(anchor), live=True))
-                self.attention_group[anchor] = len(self.groups) - 1
-            gid = self.attention_group[anchor]
+            gid = self.attention.group(anchor)
             self._absorb(gid, node, in_prod, in_params)
             if gid not in in_prod and moves_data(functional_name(node.target), node.meta.get("val")):
                 # a reshape or split the attention shares with an op outside it (DeepSeek-V3 splits
@@ -262,7 +263,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         if op is None:  # arithmetic with constants: folded into its input
             self.prod[node], self.param_src[node] = in_prod, in_params
             return
-        self.groups.append(Group(op, self._scope(node), live=True))
+        self.groups.append(Group(op, self.scope(node), live=True))
         self._absorb(len(self.groups) - 1, node, in_prod, in_params)
 
     def _write_through(self, root: fx.Node, writer: fx.Node) -> None:
@@ -418,7 +419,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
     def _name(self, g: Group) -> str:
         if g.op in ("input", "output"):
             return g.op
-        if g.fx and self._leaf(g.fx[0]) is not None and g.op not in ("attention", "moe"):
+        if g.fx and self.leaf(g.fx[0]) is not None and g.op not in ("attention", "moe"):
             return g.module
         return f"{g.module}.{g.op}" if g.module else g.op
 
@@ -426,7 +427,7 @@ class _GraphBuilder(AttentionRules, MoeRules):
         """Op attributes worth a hypernetwork's or a compiler's attention."""
         attrs: dict[str, Any] = {}
         module = None
-        if g.fx and self._leaf(g.fx[0]) is not None:
+        if g.fx and self.leaf(g.fx[0]) is not None:
             module = self.model.get_submodule(g.module)
         if g.op in ("linear", "head"):
             first = next(

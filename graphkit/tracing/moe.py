@@ -22,7 +22,7 @@ whose output is added to the ``moe`` node's (docs/tracer.md says why).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from graphkit.tracing.naming import (
     is_float,
     moves_data,
 )
+from graphkit.tracing.state import BuildContext
 
 #: matrix products an expert applies its weights with: nn.Linear, x @ W, and the grouped
 #: matmuls (or their fallback) transformers runs its 3-D expert weights with
@@ -83,23 +84,28 @@ class _MoeCall:
 
 
 class MoeRules:
-    """The mixture-of-experts half of the graph builder (:class:`graphkit.tracing.builder._GraphBuilder`),
-    which provides ``model``, ``groups``, ``param_names``, ``_stack``, ``_calls`` and ``_is_parameter``."""
+    """The tracer's mixture-of-experts rules, reading the graph being built through ``ctx`` (a
+    :class:`~graphkit.tracing.state.BuildContext`): :meth:`calls` finds each call of an MoE block
+    and its router and experts, :meth:`joins` and :meth:`continues` say which ops its node takes,
+    :meth:`attrs` reads its attributes."""
 
-    open_moe_groups: set[int]  # the nodes of blocks that return their pieces, still being combined
+    def __init__(self, ctx: BuildContext) -> None:
+        self.ctx = ctx
+        self.open_groups: set[int] = set()  # the nodes of blocks that return their pieces, still being combined
 
-    def _moe_calls(self, nodes: list[fx.Node]) -> dict[fx.Node, _MoeCall]:
+    def calls(self, nodes: list[fx.Node], attention: Collection[fx.Node]) -> dict[fx.Node, _MoeCall]:
         """Map every FX op inside a call of an MoE block (the outermost one) to that call. A block
-        that picks no experts (a soft or dense mixture) has no router to fuse and is traced op by op."""
+        that picks no experts (a soft or dense mixture) has no router to fuse and is traced op by op,
+        and so is one holding an attention core (an op in ``attention``, the cores' anchors)."""
         ops_of: dict[str, list[fx.Node]] = {}  # by call: a block a looped model runs twice is two calls
         is_block: dict[str, bool] = {}
         for node in nodes:
             if node.op != "call_function":
                 continue
-            for call in self._calls(node):
+            for call in self.ctx.calls(node):
                 path = call.split("@")[0]
                 if path not in is_block:
-                    is_block[path] = _is_moe_path(self.model, path)
+                    is_block[path] = _is_moe_path(self.ctx.model, path)
                 if is_block[path]:
                     ops_of.setdefault(call, []).append(node)
                     break
@@ -108,14 +114,16 @@ class MoeRules:
             path = call_path.split("@")[0]
             experts_path = f"{path}.{EXPERTS_CHILD}" if path else EXPERTS_CHILD
             selections = [n for n in ops if _selects(n)] or [  # hash routing (DeepSeek-V4's first layers)
-                n for n in ops if functional_name(n.target) == "gather" and not in_module(self._scope(n), experts_path)
+                n
+                for n in ops
+                if functional_name(n.target) == "gather" and not in_module(self.ctx.scope(n), experts_path)
             ]
-            if not selections or any(n in self.cores for n in ops):
+            if not selections or any(n in attention for n in ops):
                 # no router (a soft or dense mixture), or a mixture of attention heads (JetMoE's
                 # experts are the attention's projections): traced op by op around the attention
                 continue
             inside = set(ops)
-            experts = [n for n in ops if any(in_module(p, experts_path) for p in self._stack(n))]
+            experts = [n for n in ops if any(in_module(p, experts_path) for p in self.ctx.stack(n))]
             # group-limited routing (DeepSeek-V3) calls topk over groups first, sparse mixing
             # (PhiMoE) picks one expert at a time: the last selection is the one whose indices
             # the experts read, and it depends on the others
@@ -126,9 +134,9 @@ class MoeRules:
             )
             # a router module (Llama 4's is an nn.Linear that also picks and gates; Inkling's scales
             # its weights by a parameter) is part of the node, whatever it computes after the pick
-            scope = self._scope(router)
+            scope = self.ctx.scope(router)
             if scope != path and not in_module(scope, experts_path):
-                routing |= {n for n in ops if in_module(self._scope(n), scope)}
+                routing |= {n for n in ops if in_module(self.ctx.scope(n), scope)}
             # what the experts read of the pick besides its indices (Llama 4 scales the tokens by
             # their router scores before the experts)
             feeding = _closure(experts, lambda n: [a for a in n.all_input_nodes if a in inside])
@@ -136,10 +144,9 @@ class MoeRules:
             call = _MoeCall(path, router, experts, set(experts) | routing | (routed & feeding), open=len(returned) > 1)
             for n in ops:
                 call_of[n] = call
-        self.open_moe_groups: set[int] = set()
         return call_of
 
-    def _joins_moe(
+    def joins(
         self, call: _MoeCall, node: fx.Node, in_leaf: bool, in_prod: frozenset[int], in_params: frozenset[str]
     ) -> bool:
         """Whether ``node`` is part of its MoE call's node. Router and expert ops are, except data
@@ -150,16 +157,16 @@ class MoeRules:
             return in_leaf or not moves_data(functional_name(node.target), node.meta.get("val"))
         return not in_leaf and not in_params and call.group is not None and in_prod == {call.group}
 
-    def _continues_moe(self, in_leaf: bool, in_prod: frozenset[int], in_params: frozenset[str]) -> int | None:
+    def continues(self, in_leaf: bool, in_prod: frozenset[int], in_params: frozenset[str]) -> int | None:
         """The MoE node an op outside every MoE block belongs to, or None: a block that returns
         its pieces (expert outputs and their weights) leaves the weighted sum to its caller, and
         the caller's ops that read those pieces alone and no parameter are that combine."""
         if in_leaf or in_params or len(in_prod) != 1:
             return None
         (gid,) = in_prod
-        return gid if gid in self.open_moe_groups else None
+        return gid if gid in self.open_groups else None
 
-    def _moe_attrs(self, call: _MoeCall) -> dict[str, Any]:
+    def attrs(self, call: _MoeCall) -> dict[str, Any]:
         """num_experts (the dim the expert-choosing topk ranks), top_k (its k) and
         intermediate_size (the width entering each expert's last matrix product with a weight:
         the MLP's hidden size, after gating for SwiGLU experts)."""
@@ -172,21 +179,21 @@ class MoeRules:
         products = [
             n
             for n in call.experts
-            if functional_name(n.target) in _PRODUCT_ATEN and any(self._is_parameter(a) for a in n.all_input_nodes)
+            if functional_name(n.target) in _PRODUCT_ATEN and any(self.ctx.is_parameter(a) for a in n.all_input_nodes)
         ]
         last = products[-1] if products else None
         width = (
             None
             if last is None
             else next(
-                (a for a in last.all_input_nodes if not self._is_parameter(a) and is_float(a.meta.get("val"))), None
+                (a for a in last.all_input_nodes if not self.ctx.is_parameter(a) and is_float(a.meta.get("val"))), None
             )
         )
         k = topk_k(router) if name == "topk" else None
         if name == "gather":  # a table picked the experts: as many as the index holds
             k = int(router.args[2].meta["val"].shape[dim])
         if k is None:  # picked by maxes: the block says how many
-            k = first_attr(self.model.get_submodule(call.path), ("top_k", "num_experts_per_tok"))
+            k = first_attr(self.ctx.model.get_submodule(call.path), ("top_k", "num_experts_per_tok"))
         return {
             "num_experts": int(router.args[0].meta["val"].shape[dim]),
             "top_k": k,
