@@ -31,18 +31,16 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from graphkit.errors import ModelSourceError
-from graphkit.modelfile import ModelFile, load_model_file
-from graphkit.params import memory_shortfall
 
-#: the forms of a model source, as the commands' --help shows them
-FORMS = "MODEL.py | FOLDER | timm:NAME?key=value&... | hf:MODEL_TYPE?field=value&..."
+if TYPE_CHECKING:  # torch is imported where a model is built: the command line's --help reads this module
+    from torch import nn
+
+    from graphkit.modelfile import ModelFile
 #: weight files a folder may hold that graphkit never reads: pickles (which can run code on load)
 #: and other frameworks' formats
 UNREADABLE_WEIGHTS = (
@@ -81,6 +79,8 @@ def load_model_source(source: str | Path, *, weights: bool = True) -> ModelFile:
     Every failure is a one-line :class:`~graphkit.errors.ModelSourceError` (a
     :class:`~graphkit.errors.ModelFileError` for a MODEL.py) that names the source and what is
     accepted."""
+    from graphkit.modelfile import load_model_file  # noqa: PLC0415 (imports torch)
+
     text = str(source)
     path = Path(text)
     if _exists(path):
@@ -92,10 +92,8 @@ def load_model_source(source: str | Path, *, weights: bool = True) -> ModelFile:
             )
         return load_model_file(path)
     prefix, colon, spec = text.partition(":")
-    if colon and prefix == "timm":
-        return _load_timm(text, spec, weights)
-    if colon and prefix == "hf":
-        return _load_transformers_type(text, spec, weights)
+    if colon and prefix in PREFIXES:
+        return PREFIXES[prefix].load(text, spec, weights)
     if path.suffix == ".py":
         return load_model_file(path)  # its own "no such file"
     raise ModelSourceError(f"{text}: no such file or folder; a model is one of {FORMS}")
@@ -192,12 +190,16 @@ def _load_timm(source: str, spec: str, weights: bool) -> ModelFile:
             + _suggest(key, accepted, f"it takes: {', '.join(accepted)}" if accepted else "see its constructor")
         )
 
+    from graphkit.modelfile import ModelFile  # noqa: PLC0415
+
     return ModelFile(path=None, model=_built(build, weights, source, describe), source=source)
 
 
 def _constructor_keys(build_default: Callable[[], nn.Module]) -> list[str]:
     """The keyword arguments of the class that ``build_default()`` builds (on meta), for
     suggestions; empty where it cannot be built or takes none by name."""
+    import torch  # noqa: PLC0415
+
     try:
         with _quiet(), torch.device("meta"):
             model_class = type(build_default())
@@ -249,6 +251,8 @@ def _load_transformers_type(source: str, spec: str, weights: bool) -> ModelFile:
     except Exception as e:  # transformers validates its fields (types, ranges, combinations)
         raise _library_error(source, "transformers", config_class.__name__, e) from e
     model = _built(lambda: model_class(config), weights, source, _describer(source, model_class))
+    from graphkit.modelfile import ModelFile  # noqa: PLC0415
+
     return ModelFile(path=None, model=model, source=source)
 
 
@@ -302,6 +306,37 @@ def _config_fields(config_class: type) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# the prefixes
+
+
+@dataclass(frozen=True)
+class SourceForm:
+    """A model source named by a prefix (``timm:``, ``hf:``): how --help writes it, in full
+    (``usage``) and short (``metavar``), what it builds (``meaning``), and the loader,
+    ``load(source, spec, weights)`` with ``spec`` the text after the prefix's colon."""
+
+    usage: str
+    metavar: str
+    meaning: str
+    load: Callable[[str, str, bool], ModelFile]
+
+
+#: every prefix a model source may start with, and how to load it
+PREFIXES: dict[str, SourceForm] = {
+    "timm": SourceForm("timm:NAME?key=value&...", "timm:NAME?k=v", "timm.create_model", _load_timm),
+    "hf": SourceForm(
+        "hf:MODEL_TYPE?field=value&...",
+        "hf:TYPE?k=v",
+        "transformers' causal LM, or image classifier, of that model type",
+        _load_transformers_type,
+    ),
+}
+#: the forms of a model source, as the commands' --help shows them: in full, and as a metavar
+FORMS = " | ".join(["MODEL.py", "FOLDER", *(form.usage for form in PREFIXES.values())])
+METAVAR = "|".join(["MODEL.py", "FOLDER", *(form.metavar for form in PREFIXES.values())])
+
+
+# ---------------------------------------------------------------------------------------------
 # Hugging Face model folders
 
 
@@ -331,6 +366,8 @@ def _load_folder(folder: Path, weights: bool) -> ModelFile:
     if weights and present:  # else a config alone: the library's initialisation, as from_config gives
         load = lambda: _read_weights(folder, model_class, config)  # noqa: E731
     model = _built(lambda: model_class(config), weights, str(folder), _describer(str(folder), model_class), load)
+    from graphkit.modelfile import ModelFile  # noqa: PLC0415
+
     return ModelFile(path=folder, model=model, source=str(folder))
 
 
@@ -388,6 +425,8 @@ def _read_weights(folder: Path, model_class: type, config: Any) -> nn.Module:
     the model has read from the files, at the shape config.json gives it (and none left over).
     A shape mismatch is named here, with both shapes: transformers raises it as "look at the
     above report", a report its logging printed and graphkit keeps quiet."""
+    import torch  # noqa: PLC0415
+
     model, info = model_class.from_pretrained(
         folder,
         config=config,
@@ -445,6 +484,8 @@ def _describer(source: str, model_class: type) -> Callable[[Exception], ModelSou
 def _on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     """``build()`` on the meta device without running weight initialisation (nothing to fill),
     input embeddings tied to the output where the config says so, in eval mode."""
+    import torch  # noqa: PLC0415
+
     from graphkit.compat import skip_weight_init  # noqa: PLC0415
 
     with _quiet(), torch.device("meta"), skip_weight_init():
@@ -457,6 +498,10 @@ def _on_meta(build: Callable[[], nn.Module]) -> nn.Module:
 def _materialised(source: str, meta: nn.Module, build: Callable[[], nn.Module]) -> nn.Module:
     """``build()`` on the CPU, refused before it allocates when ``meta``'s float32 tensors do not
     fit in the memory available."""
+    import torch  # noqa: PLC0415
+
+    from graphkit.params import memory_shortfall  # noqa: PLC0415
+
     needed = sum(t.numel() * 4 for t in (*meta.parameters(), *meta.buffers()))
     available = memory_shortfall(needed, torch.device("cpu"))
     if available is not None:

@@ -12,8 +12,10 @@ import torch
 from safetensors.torch import load_file
 from test_cli_outputs import one_line_error, run
 
+from graphkit import sources
 from graphkit.compiler import read_params
 from graphkit.errors import ModelSourceError
+from graphkit.modelfile import ModelFile
 from graphkit.sources import load_model_source, parse_spec, parse_value
 
 TINY_LLAMA = (
@@ -315,3 +317,26 @@ def test_a_class_only_remote_code_defines_is_refused(tmp_path):
     )
     with pytest.raises(ModelSourceError, match="defines no model class 'MyLlama' and names remote code"):
         load_model_source(tmp_path, weights=False)
+
+
+def test_a_prefix_is_one_entry_of_the_table(monkeypatch, tmp_path):
+    """load_model_source reads prefixes from PREFIXES alone: a new entry is a new source, and a
+    path that exists is still read as a path whatever its name."""
+    seen = []
+
+    def load(source: str, spec: str, weights: bool) -> ModelFile:
+        seen.append((source, spec, weights))
+        return ModelFile(path=None, model=torch.nn.Linear(2, 2), source=source)
+
+    monkeypatch.setitem(sources.PREFIXES, "toy", sources.SourceForm("toy:N", "toy:N", "a toy", load))
+    assert isinstance(load_model_source("toy:7?a=1", weights=False).model, torch.nn.Linear)
+    assert seen == [("toy:7?a=1", "7?a=1", False)]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "toy:8").mkdir()
+    with pytest.raises(ModelSourceError, match="toy:8"):  # a folder, read as one (it has no config.json)
+        load_model_source("toy:8")
+    assert len(seen) == 1
+    with pytest.raises(
+        ModelSourceError, match=r"no such file or folder; a model is one of MODEL.py \| FOLDER \| timm:"
+    ):
+        load_model_source("nope:1")

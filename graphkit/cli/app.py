@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from graphkit import sources
 from graphkit.compat import is_usage_error
 from graphkit.errors import GraphkitError
 from graphkit.fileio import check_output_file, marked_json, marked_text, write_text_atomic
@@ -126,20 +127,16 @@ def command(fn: Callable) -> Callable:
     return wrapper
 
 
-#: the forms of the MODEL argument (graphkit.sources), as --help shows them
-MODEL_FORMS = "MODEL.py|FOLDER|timm:NAME?k=v|hf:TYPE?k=v"
-
-
 def model_argument(weights: str) -> Any:
-    """The MODEL argument of a command that takes a model, every form in its --help; ``weights``
-    says what the command does with the model's weights."""
+    """The MODEL argument of a command that takes a model, every form of :mod:`graphkit.sources`
+    in its --help; ``weights`` says what the command does with the model's weights."""
+    prefixed = " or ".join(f"{form.usage} ({form.meaning})" for form in sources.PREFIXES.values())
     return typer.Argument(
         ...,
-        metavar=MODEL_FORMS,
+        metavar=sources.METAVAR,
         help="A Python file defining `model` or `build_model()` (optionally `example_inputs()`), a Hugging Face "
-        "model folder (config.json and safetensors weights, from save_pretrained), timm:NAME?key=value&... "
-        "(timm.create_model) or hf:MODEL_TYPE?field=value&... (transformers' causal LM, or image classifier, "
-        f"of that model type); quote the last two in the shell. {weights}",
+        f"model folder (config.json and safetensors weights, from save_pretrained), {prefixed}; quote the "
+        f"prefixed forms in the shell. {weights}",
     )
 
 
@@ -234,7 +231,7 @@ def trace(
 def draw(
     source: str = typer.Argument(
         ...,
-        metavar=f"{MODEL_FORMS}|GRAPH.json|DATASET",
+        metavar=f"{sources.METAVAR}|GRAPH.json|DATASET",
         help="A model to trace, in any form `graphkit trace` takes (a folder, timm: and hf: are built on the meta "
         "device), a graph from `graphkit trace --out`, or a dataset folder followed by a record ID.",
     ),

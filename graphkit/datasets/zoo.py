@@ -445,12 +445,12 @@ def _warm_up() -> None:
         bundled_hypernetwork(name)
 
 
-def mini_outcome(kind: str, name: str) -> dict[str, Any]:
-    """Worker: the mini variant of the zoo model ``name`` (``kind`` "timm" or "transformers"):
+def mini_outcome(library: str, name: str) -> dict[str, Any]:
+    """Worker: the mini variant of the zoo model ``name`` (``library`` "timm" or "transformers"):
     the full model built and traced on meta, then each plan of its ladder built, traced and
     checked until one keeps every kind and trains. Its row (id and split set later), its family,
     the seconds each step took; or why no plan passed: the reason of the plan that got furthest
-    (built, then traced, then kept every kind, then trained), the first of those."""
+    (built, then traced, then kept every library, then trained), the first of those."""
     from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415 - the hypernetwork is not the dataset's
 
     seconds = dict.fromkeys(("build", "trace", "shrink", "check"), 0.0)
@@ -469,10 +469,10 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
         }
 
     family, reference = name, None
-    base = {"family": kind, "model": name} if kind == "timm" else {"family": kind, "model_type": name}
+    base = {"family": library, "model": name} if library == "timm" else {"family": library, "model_type": name}
     began = time.perf_counter()
     try:
-        if kind == "timm":
+        if library == "timm":
             family = timm_families().get(name, "timm")
             full, arguments = shrink.timm_arguments(name)
             plans = shrink.vision_plans(family, arguments)
@@ -517,7 +517,7 @@ def mini_outcome(kind: str, name: str) -> dict[str, Any]:
             continue
         began = time.perf_counter()
         try:
-            trained = shrink.trainability(build_zoo_model(config, "cpu"), "image" if kind == "timm" else "text")
+            trained = shrink.trainability(build_zoo_model(config, "cpu"), "image" if library == "timm" else "text")
         except Exception as e:
             trained = f"cannot be built on the CPU: {_first_error(e)}"
         lap("check", began)
