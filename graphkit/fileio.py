@@ -162,8 +162,8 @@ KINDS = {
 #: a version as graphkit's marks record one (PEP 440's shape: it starts with a number), so that
 #: a user's "# graphkit usage summary" is no mark
 _VERSION = r"[0-9]+(?:\.[0-9]+)*(?:[-.+!]?[0-9A-Za-z]+)*"
-#: the text of a mark: graphkit, its version, one of the kinds
-_MARK_TEXT = re.compile(rf"{MARK} ({_VERSION}) ({'|'.join(map(re.escape, KINDS))})")
+#: the text of a mark: graphkit, its version, a kind's name (one of :data:`KINDS`, checked apart)
+_MARK_TEXT = re.compile(rf"{MARK} ({_VERSION}) ([a-z][a-z0-9-]*)")
 #: the fields of a JSON mark; a folder saved in Hugging Face's format adds what it was made by
 _STAMP_FIELDS = {"kind", "version"}
 #: the file, by folder kind, whose mark says what a folder graphkit writes holds (a dataset by
@@ -175,6 +175,22 @@ FOLDER_MARKERS = {
     "finetune": "checkpoint/trainer_state.json",  # before model-folder: a run saved --format hf holds both
     "model-folder": "config.json",
 }
+
+
+def register_kind(kind: str, words: str, folder_marker: str | None = None) -> None:
+    """Make ``kind`` an output graphkit marks, replaces only over its own kind and refuses to
+    write over otherwise (``words``: how refusals name it, "a graph"); ``folder_marker`` is the
+    file inside a folder of this kind whose mark says what the folder holds. Registering a kind
+    again with other words or another marker is a bug, not a registration."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", kind):
+        raise ValueError(f"kind {kind!r}: lower-case letters, digits and '-', starting with a letter")
+    if KINDS.get(kind, words) != words or FOLDER_MARKERS.get(kind, folder_marker) != folder_marker:
+        raise ValueError(f"kind {kind!r} is registered already, as {KINDS[kind]!r}")
+    KINDS[kind] = words
+    if folder_marker is not None:
+        FOLDER_MARKERS[kind] = folder_marker
+
+
 #: files larger than this are never graphkit's JSON, and are not read whole to find out
 _MAX_JSON = 256 << 20
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -327,7 +343,7 @@ def _kind_in(text: bytes | str) -> str | None:
     if isinstance(text, bytes):
         text = text.decode("latin-1")
     match = _MARK_TEXT.fullmatch(text)
-    return match[2] if match else None
+    return match[2] if match and match[2] in KINDS else None
 
 
 def _json_kind(data: bytes) -> str | None:
@@ -490,6 +506,7 @@ __all__ = [
     "UNKNOWN_VERSION",
     "KINDS",
     "FOLDER_MARKERS",
+    "register_kind",
     "version",
     "mark",
     "marked_text",

@@ -13,6 +13,7 @@ from PIL import Image
 
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model, resolve_config
+from graphkit.training import data as sources
 from graphkit.training.data import DEFAULT_SOURCES, DataError, default_source, load_source, output_loss
 
 
@@ -328,3 +329,30 @@ def test_batches_run_through_real_tiny_models(digits):
     output = model(x)
     loss, acc = output_loss("text", output, y)
     assert output.logits.shape == (2, 32, 300) and loss.item() == pytest.approx(np.log(300), rel=0.1)
+
+
+def test_a_registered_source_is_one_call_away(monkeypatch, tmp_path):
+    """register_source adds a source every loader and error message knows; its argument is
+    checked as the built-in ones' are."""
+    monkeypatch.setattr(sources, "_TEXT", dict(sources._TEXT))
+    monkeypatch.setattr(sources, "_ARGS", dict(sources._ARGS))
+    seen = []
+
+    def poems(path):
+        seen.append(path)
+        return b"roses are red " * 200, b"violets are blue " * 50
+
+    sources.register_source("poems", poems, task="text", arg="PATH")
+    assert "poems:PATH" in sources.accepted_sources()
+    with pytest.raises(DataError, match=r"data source 'poems': write poems:PATH"):
+        load_source("poems")
+    with pytest.raises(DataError, match="does not exist"):
+        load_source(f"poems:{tmp_path / 'missing.txt'}")
+    (tmp_path / "book.txt").write_text("x")
+    source = load_source(f"poems:{tmp_path / 'book.txt'}", seq_len=16)
+    assert seen == [tmp_path / "book.txt"] and source.spec == f"poems:{tmp_path / 'book.txt'}"
+    for bad, message in [({"task": "audio"}, "task 'audio'; accepted: image, text"), ({"arg": "URL"}, "arg 'URL'")]:
+        with pytest.raises(DataError, match=message):
+            sources.register_source("other", poems, **{"task": "text", **bad})
+    with pytest.raises(DataError, match="unknown data source 'other'; accepted: digits, "):
+        load_source("other")

@@ -409,3 +409,25 @@ def test_a_source_checkout_that_is_not_installed_records_its_own_version(monkeyp
 
     monkeypatch.setattr(fileio, "installed", not_installed)
     assert fileio.version() == installed == importlib.metadata.version("graphkit") != "unknown"
+
+
+def test_a_registered_kind_is_marked_recognised_and_kept_apart(monkeypatch, tmp_path):
+    """register_kind makes a new output kind one call: its marks are recognised, a command
+    writing it replaces its own files and refuses another kind's, and its folders are told by
+    their marker file; an unregistered word in a mark is not graphkit's."""
+    monkeypatch.setattr(fileio, "KINDS", dict(fileio.KINDS))
+    monkeypatch.setattr(fileio, "FOLDER_MARKERS", dict(fileio.FOLDER_MARKERS))
+    report = write_text_atomic(tmp_path / "report.md", marked_text("summary", "x").replace("summary", "report-card"))
+    assert graphkit_kind(report) is None  # not a kind yet: a user's comment
+    fileio.register_kind("report-card", "a report card", folder_marker="card.md")
+    fileio.register_kind("report-card", "a report card", folder_marker="card.md")  # the same again: a no-op
+    assert graphkit_kind(report) == "report-card"
+    assert check_output_file(report, kind="report-card") == report
+    with pytest.raises(OutputError, match="holds graphkit's report card, not a graph summary"):
+        check_output_file(report, kind="summary")
+    (tmp_path / "cards").mkdir()
+    write_text_atomic(tmp_path / "cards" / "card.md", marked_text("report-card", "y"))
+    assert folder_kind(tmp_path / "cards") == "report-card"
+    for kind, words, error in [("Report", "x", "lower-case"), ("report-card", "a card", "registered already")]:
+        with pytest.raises(ValueError, match=error):
+            fileio.register_kind(kind, words)

@@ -10,7 +10,8 @@ training and tests never touch the network.
     >>> images, labels = source.batch(config, 32, torch.Generator().manual_seed(0))
 
 The sources live in ``images``, ``cifar`` and ``text``, on the base class in ``source``; this
-module names them (:data:`ACCEPTED`), loads one from its spec and scores a model's output.
+module names them (:func:`accepted_sources`), loads one from its spec and scores a model's output.
+A new source is one call of :func:`register_source`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from graphkit.training.data.text import TextSource, stdlib_text, text_file, wiki
 DEFAULT_SOURCES = FamilyTable("data")
 
 __all__ = [
-    "ACCEPTED",
     "DEFAULT_SOURCES",
     "SPLITS",
     "DataError",
@@ -44,8 +44,10 @@ __all__ = [
     "calibration_inputs",
     "data_config",
     "default_source",
+    "accepted_sources",
     "load_source",
     "output_loss",
+    "register_source",
     "source_for",
     "read_cifar_file",
 ]
@@ -110,14 +112,42 @@ _TEXT: dict[str, Callable[[Path | None], tuple[bytes, bytes]]] = {
     "wikitext": wikitext,
 }
 _ARGS = {"cifar10": "DIR", "cifar100": "DIR", "imagefolder": "DIR", "text": "PATH", "wikitext": "DIR"}
-ACCEPTED = ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in [*_IMAGE, *_TEXT])
+
+
+def register_source(
+    name: str,
+    load: Callable[[str, Path | None], ImageSource] | Callable[[Path | None], tuple[bytes, bytes]],
+    *,
+    task: str,
+    arg: str | None = None,
+) -> None:
+    """Make ``name`` a data source every command takes (``--data name``, or ``name:ARG`` when
+    ``arg`` says what its argument is: DIR, a folder, or PATH, a file, checked to exist before
+    ``load`` runs). An ``image`` source's ``load(spec, path)`` returns an
+    :class:`~graphkit.training.data.images.ImageSource`; a ``text`` source's ``load(path)``
+    returns its training and held-out bytes, which :class:`TextSource` windows."""
+    if task not in ("image", "text"):
+        raise DataError(f"data source {name!r}: task {task!r}; accepted: image, text")
+    if arg not in (None, "DIR", "PATH"):
+        raise DataError(f"data source {name!r}: arg {arg!r}; accepted: DIR, PATH or none")
+    if not name or ":" in name:
+        raise DataError(f"data source name {name!r}: a word without ':'")
+    (_IMAGE if task == "image" else _TEXT)[name] = load
+    if arg is not None:
+        _ARGS[name] = arg
+
+
+def accepted_sources() -> str:
+    """Every data source's spec, as errors and --help list them."""
+    return ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in [*_IMAGE, *_TEXT])
 
 
 def load_source(spec: str, seq_len: int = 64) -> DataSource:
-    """The source a spec names (see ACCEPTED); ``seq_len`` is the text window before clipping to a model's context."""
+    """The source a spec names (see :func:`accepted_sources`); ``seq_len`` is the text window
+    before clipping to a model's context."""
     name, _, arg = spec.partition(":")
     if name not in _IMAGE and name not in _TEXT:
-        raise DataError(f"unknown data source {spec!r}; accepted: {ACCEPTED}")
+        raise DataError(f"unknown data source {spec!r}; accepted: {accepted_sources()}")
     if bool(arg) != (name in _ARGS):
         raise DataError(
             f"data source {spec!r}: write {name}:{_ARGS[name]}"
