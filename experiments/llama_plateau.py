@@ -17,9 +17,9 @@ Arms:
   that it carries no vector common to every token, in training and in the probe. It must raise
   the token-varying share of the embedding's output.
 
-Copies (mirror a change there): ``spread`` wraps ``LowRankDecoder.products`` and
-``training.meta_batch_loss``; ``centred`` wraps ``LoGAH.forward`` (the parameters it returns) and
-applies the same centring after ``predict``.
+``spread`` is ``train-ghn --spread`` now (``TrainConfig.spread``, the decoder's ``Decoded.spread``).
+Copies (mirror a change there): ``centred`` wraps ``LoGAH.forward`` (the parameters it returns)
+and applies the same centring after ``predict``.
 
 Pools (``--pools 1 2 4 8``): the control's recipe on a pool of K LLaMA architectures of llamas-1k's
 space (:data:`SHAPES`, the probed 4 x 256 first, so K = 1 is the single-architecture control),
@@ -83,24 +83,6 @@ def centred(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v - v.mean(0, keepdim=True) if k.endswith(TOKEN_TABLE) else v for k, v in params.items()}
 
 
-def with_spread_penalty() -> None:
-    products, loss = ghn_model.LowRankDecoder.products, training.meta_batch_loss
-
-    def spread_products(self, nodes, batch):
-        out = products(self, nodes, batch)
-        m = out[0][batch.on(nodes.device)["is_weight_query"]].float()
-        gram = m.mT @ m
-        flat = gram.diagonal(dim1=1, dim2=2).sum(1).square().clamp_min(1e-30)
-        self.spread = (gram.square().sum((1, 2)) / flat).mean()
-        return out
-
-    def spread_loss(model, *args, **kwargs):
-        total, *rest = loss(model, *args, **kwargs)
-        return (total + SPREAD * getattr(model, "module", model).decoder.spread, *rest)
-
-    ghn_model.LowRankDecoder.products, training.meta_batch_loss = spread_products, spread_loss
-
-
 def with_centred_tables() -> None:
     forward = ghn_model.LoGAH.forward
 
@@ -127,13 +109,13 @@ def from_pool_of_4() -> None:
 def train_arm(arm: str, steps: int) -> Path:
     out = ROOT / "runs" / f"llama-{arm}-{steps}"
     wrappers = {
-        "spread": with_spread_penalty,
         "centred": with_centred_tables,
         "curriculum": from_pool_of_4,
-        "curriculum-spread": lambda: (from_pool_of_4(), with_spread_penalty()),
+        "curriculum-spread": from_pool_of_4,
     }
     wrappers.get(arm, lambda: None)()
-    training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps), progress=True)
+    spread = SPREAD if arm.endswith("spread") else 0.0  # train-ghn --spread
+    training.train(training.TrainConfig(**RECIPE, out=str(out), steps=steps, spread=spread), progress=True)
     return out
 
 

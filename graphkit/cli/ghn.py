@@ -102,6 +102,12 @@ def train_ghn(
     ),
     weight_decay: float = typer.Option(1e-2, "--weight-decay"),
     gamma: float = typer.Option(3e-5, "--gamma", help="Weight of the predicted-parameter norm penalty."),
+    spread: float = typer.Option(
+        0.0,
+        "--spread",
+        help="Weight of the penalty on predicted blocks with their energy in one direction (the low-rank "
+        "decoder's mean inverse participation ratio; 1.0 in the bundled LLaMA's second stage).",
+    ),
     clip: float = typer.Option(5.0, "--clip", help="Gradient-norm clipping."),
     amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", help="bf16 autocast (default: on with a GPU)."),
     seed: int = typer.Option(0, "--seed"),
@@ -146,6 +152,7 @@ def train_ghn(
         lr_fan_in=lr_fan_in,
         weight_decay=weight_decay,
         gamma=gamma,
+        spread=spread,
         clip=clip,
         amp=amp,
         seed=seed,

@@ -80,7 +80,7 @@ def decoded_feature_constancy(
     if head is None:
         return {}
     with torch.no_grad():
-        decoded, _ = ghn.decoder(nodes[: graph.num_nodes].detach().float(), [graph])  # per graph: parameters, norm
+        decoded = ghn.decoder(nodes[: graph.num_nodes].detach().float(), [graph]).params
     params = decoded[0]
     inputs, _ = source.batch(pool.records[index].config, batch_size, torch.Generator().manual_seed(seed))
     return {"feature_constancy": feature_constancy(pool.model(index), params, inputs.to(pool.device), head)}

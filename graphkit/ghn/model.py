@@ -152,6 +152,23 @@ class GraphEncoder(nn.Module):
 
 
 # -- decoders ----------------------------------------------------------------------------------
+class Decoded(NamedTuple):
+    """What a decoder gives for a batch of graphs."""
+
+    params: list[dict[str, torch.Tensor]]  # per graph, every parameter by state-dict name
+    norms: torch.Tensor  # (graphs,) the sum of each model's parameter L2 norms: GHN-3's regulariser
+    # the mean inverse participation ratio of the weight queries' r x r products (1 for rank 1,
+    # 1/r when flat): how far predicted blocks are from one shared direction (train-ghn --spread)
+    spread: torch.Tensor
+
+
+def inverse_participation(m: torch.Tensor) -> torch.Tensor:
+    """Per matrix of ``m`` (n, r, r), ``sum s^4 / (sum s^2)^2`` of its singular values, from its
+    Gram matrix without an SVD: 1 for a rank-1 matrix, 1/r for one whose singular values are equal."""
+    gram = m.float().mT @ m.float()
+    return gram.square().sum((1, 2)) / gram.diagonal(dim1=1, dim2=2).sum(1).square().clamp_min(1e-30)
+
+
 class LowRankDecoder(nn.Module):
     """LoGAH's decoder: per query two r x r matrices, mapped to A and B^T by one r -> K linear."""
 
@@ -180,11 +197,10 @@ class LowRankDecoder(nn.Module):
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
 
-    def forward(
-        self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]
-    ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
-        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), and
-        per graph the sum of its parameters' L2 norms (GHN-3's regulariser).
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
+        """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), per
+        graph the sum of its parameters' L2 norms (GHN-3's regulariser), and the weight queries'
+        mean :func:`inverse_participation`.
 
         The work is batched so that its kernel count does not grow with the number of parameters:
         weights are decoded one ``(role, rows, cols)`` group at a time across graphs, ``W[:rows] M
@@ -220,7 +236,10 @@ class LowRankDecoder(nn.Module):
             ]
             matrix = rows[0] if nr == 1 else torch.cat(rows, 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
-        return out, torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
+        norms = torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
+        weights = products[index["is_weight_query"]]
+        spread = inverse_participation(weights).mean() if len(weights) else nodes.new_zeros(())
+        return Decoded(out, norms, spread)
 
     def products(
         self, nodes: torch.Tensor, batch: _DecodeBatch
@@ -530,17 +549,16 @@ class TiledDecoder(nn.Module):
         self.fc = nn.Linear(d, 4 * d * c.spatial**2)
         self.conv = nn.Sequential(nn.Conv2d(4 * d, 8 * d, 1), nn.ReLU(), nn.Conv2d(8 * d, d * d, 1))
 
-    def forward(
-        self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]
-    ) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+    def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), one
         parameter at a time (the baseline's own cost), and per graph the sum of its parameters'
-        L2 norms."""
+        L2 norms; it has no low-rank products, so its spread is 0."""
         out, start = [], 0
         for g in graphs:
             out.append(self._decode(nodes[start : start + g.num_nodes], g.targets))
             start += g.num_nodes
-        return out, torch.stack([sum(p.float().norm() for p in params.values()) for params in out])
+        norms = torch.stack([sum(p.float().norm() for p in params.values()) for params in out])
+        return Decoded(out, norms, nodes.new_zeros(()))
 
     def _decode(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         d, s = self.config.hidden, self.config.spatial
@@ -577,6 +595,7 @@ class Prediction(NamedTuple):
     params: list[dict[str, torch.Tensor]]  # per graph, every parameter by state-dict name
     norms: torch.Tensor  # (graphs,) the sum of each model's parameter L2 norms: GHN-3's regulariser
     nodes: torch.Tensor  # (sum of N_i, d) the node embeddings, for the factor-similarity log
+    spread: torch.Tensor  # the decoder's (see :class:`Decoded`), for train-ghn --spread
 
 
 class LoGAH(nn.Module):
@@ -630,10 +649,11 @@ class LoGAH(nn.Module):
         """The parameters of several models at once (each graph from :meth:`encode`): one
         encoder pass over the padded batch of graphs, one decoder pass over all their targets.
         ``details=True`` returns a :class:`Prediction`, which adds what training needs without a
-        second pass: each model's parameter norms and the node embeddings the decoder saw."""
+        second pass: each model's parameter norms, the node embeddings the decoder saw and the
+        decoder's spread."""
         nodes = self.encoder(graphs)
-        params, norms = self.decoder(nodes, graphs)
-        return Prediction(params, norms, nodes) if details else params
+        decoded = self.decoder(nodes, graphs)
+        return Prediction(decoded.params, decoded.norms, nodes, decoded.spread) if details else decoded.params
 
     def encode(self, graph: ArchGraph) -> EncodedGraph:
         """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""

@@ -100,6 +100,7 @@ RESUMED_OPTIONS = (
     "lr_fan_in",
     "weight_decay",
     "gamma",
+    "spread",
     "clip",
     "amp",
     "seed",
@@ -114,6 +115,7 @@ UNRECORDED = {
     "role_key": LoGAHConfig.role_key,
     "max_roles": None,
     "role_rows": LoGAHConfig.role_rows,
+    "spread": 0.0,
 }
 
 
@@ -145,6 +147,9 @@ class TrainConfig:
     lr_fan_in: float = LR_FAN_IN  # Linear weights train at lr * min(1, lr_fan_in / fan-in)
     weight_decay: float = 1e-2
     gamma: float = 3e-5  # predicted-parameter norm penalty
+    # weight of the low-rank decoder's spread (Decoded.spread): a penalty on predicted blocks that
+    # put their energy in one direction (docs/experiments.md, "The curriculum with the spread penalty")
+    spread: float = 0.0
     clip: float = 5.0
     amp: bool | None = None  # bf16 autocast; None: on when training on a GPU
     deterministic: bool = False  # deterministic kernels on a GPU (see repeatable); CPU runs repeat without
@@ -162,7 +167,7 @@ class TrainConfig:
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
-        for name in ("weight_decay", "gamma"):
+        for name in ("weight_decay", "gamma", "spread"):
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
@@ -259,19 +264,20 @@ def meta_batch_loss(
     config: TrainConfig,
     generator: torch.Generator,
     amp: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One training step's forward: the loss (mean cross-entropy plus ``gamma`` times the mean
-    parameter norm), its parts (cross-entropy, metric, norm) and the node embeddings. ``model``
-    is the LoGAH, or its DDP wrapper; ``graphs`` are the encodings of ``indices``."""
+    parameter norm plus ``spread`` times the decoder's spread), its parts (cross-entropy, metric,
+    norm, spread) and the node embeddings. ``model`` is the LoGAH, or its DDP wrapper; ``graphs``
+    are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
-        predicted, norms, nodes = model(graphs, details=True)
+        predicted, norms, nodes, spread = model(graphs, details=True)
     # graphkit's families run in bf16 throughout; a zoo's models, as their libraries wrote them,
     # keep float32 buffers (batch norm's running statistics) and float32 arithmetic of their own
     # (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
     in_bf16 = amp and pool.family not in ZOO_FAMILIES
     ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None)
     penalty = norms.mean()
-    return ce + config.gamma * penalty, ce, metric, penalty, nodes
+    return ce + config.gamma * penalty + config.spread * spread, ce, metric, penalty, spread, nodes
 
 
 def run_models(
@@ -451,7 +457,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             generator = torch.Generator().manual_seed(seed)
             indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            loss, ce, metric, penalty, nodes = meta_batch_loss(
+            loss, ce, metric, penalty, spread, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
             )
             optimizer.zero_grad(set_to_none=True)
@@ -478,7 +484,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 schedule.step()  # a skipped step still counts: a resumed run's schedule stays where this one's is
             done = step + 1
             if logging:
-                values = torch.stack([loss.detach(), ce.detach(), metric.detach(), penalty.detach()])
+                values = torch.stack([t.detach().float() for t in (loss, ce, metric, penalty, spread)])
                 if world > 1:
                     dist.all_reduce(values)
                     values /= world
@@ -496,6 +502,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     "ce": values[1].item(),
                     "metric": values[2].item(),
                     "norm": values[3].item(),
+                    "spread": values[4].item(),
                     "lr": optimizer.param_groups[-1]["lr"],
                     "grad_norm": grad_norm.item(),
                     "archs_per_s": config.meta_batch * world * (done - start) / elapsed,
