@@ -28,7 +28,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from graphkit.datasets.builders import build_record_model  # noqa: E402
 from graphkit.datasets.shrink import decoder_plans  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
 from graphkit.ghn.checkpoint import (  # noqa: E402
@@ -116,7 +115,7 @@ def zoo_rows(source) -> list[str]:
         cells = []
         for tied in (True, False):
             torch.manual_seed(0)
-            model = build_record_model(zoo_config(model_type, tied), "cpu")
+            model = build_model(zoo_config(model_type, tied), "cpu")
             graph = trace(model)
             assert tied_embeddings(graph) is tied
             generator = torch.Generator().manual_seed(0)

@@ -146,7 +146,7 @@ class ShrinkError(GraphkitError):
     """A zoo model cannot be shrunk by these rules: the reason is a report line."""
 
 
-# raised by graphkit.datasets.builders
+# raised by graphkit.families.libraries (a library cannot build a model) and graphkit.datasets.zoo
 
 
 class ZooError(GraphkitError):

@@ -7,6 +7,7 @@ import torch
 from helpers import ExoticLM, meta
 
 import graphkit
+from graphkit.errors import ZooError
 from graphkit.families import FAMILIES, ConfigError, build_model, config_from_graph, num_params, resolve_config
 
 CONFIGS = {
@@ -65,8 +66,11 @@ def test_real_weights_on_cpu_run():
 @pytest.mark.parametrize(
     "config,message",
     [
-        (dict(num_layers=3), "config has no 'family' key; known families: gpt2, llama, vit"),
-        (dict(family="bert", num_layers=3), "unknown family 'bert'; known families: gpt2, llama, vit"),
+        (dict(num_layers=3), "config has no 'family' key; known families: gpt2, llama, timm, transformers, vit"),
+        (
+            dict(family="bert", num_layers=3),
+            "unknown family 'bert'; known families: gpt2, llama, timm, transformers, vit",
+        ),
         (dict(family="vit", num_layers=3, hidden=192, heads=3, depth=4), "unknown key 'depth'; accepted keys:"),
         (dict(family="gpt2", num_layers=3, heads=4), "missing key 'hidden'"),
         (dict(family="gpt2", num_layers=3, hidden=100, heads=8), "hidden 100 is not divisible by heads 8"),
@@ -162,4 +166,24 @@ def test_attention_is_part_of_the_config(family):
 
 
 def test_registry_lists_the_families():
-    assert set(FAMILIES) == {"vit", "gpt2", "llama"}
+    assert set(FAMILIES) == {"vit", "gpt2", "llama", "timm", "transformers"}
+
+
+def test_a_library_family_builds_a_zoo_record_as_build_model_builds_any():
+    """timm and transformers are families of the one registry: build_model builds a zoo record's
+    config, num_params counts it, and their configs are checked as any family's are."""
+    vit = build_model({"family": "timm", "model": "test_vit"})
+    assert type(vit).__name__ == "VisionTransformer" and next(vit.parameters()).is_meta and not vit.training
+    assert num_params({"family": "timm", "model": "test_vit"}) == sum(p.numel() for p in vit.parameters())
+    mini = {"family": "transformers", "model_type": "llama", "shrink": {"num_hidden_layers": 2, "hidden_size": 64}}
+    decoder = build_model({**mini, "vocab_size": 256, "context": 64, "zoo_family": "llama"}, "cpu")
+    assert len(decoder.model.layers) == 2 and not decoder.config.use_cache and decoder.lm_head.weight.abs().sum() > 0
+    for config, message in [
+        ({"family": "timm", "model": "test_vit", "depth": 2}, "timm config: unknown key 'depth'; accepted keys:"),
+        ({"family": "transformers"}, "transformers config: model_type must be the transformers name of a model"),
+        ({"family": "timm", "model": "test_vit", "shrink": [2]}, "timm config: shrink must be an object"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            build_model(config)
+    with pytest.raises(ZooError, match=r"^timm cannot build 'no_such_vit': RuntimeError: Unknown model"):
+        build_model({"family": "timm", "model": "no_such_vit"})

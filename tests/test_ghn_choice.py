@@ -17,7 +17,6 @@ from torch import nn
 from typer.testing import CliRunner
 
 from graphkit.cli import app
-from graphkit.datasets.builders import build_record_model
 from graphkit.datasets.shrink import decoder_plans
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import LoGAH, LoGAHConfig
@@ -304,7 +303,7 @@ def test_a_tied_language_model_is_predicted_below_the_unigram_loss_as_its_untied
     for tied in (True, False):
         torch.manual_seed(0)
         if isinstance(config, str):
-            model = build_record_model(zoo_decoder(config, tied), "cpu")
+            model = build_model(zoo_decoder(config, tied), "cpu")
         else:
             model = build_model({**config, "tied": tied}, "cpu")
         graph = trace(model)

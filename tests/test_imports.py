@@ -9,6 +9,7 @@ from pathlib import Path
 import networkx as nx
 
 import graphkit.errors
+from graphkit.families import FAMILIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "graphkit"
 
@@ -104,7 +105,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["graphkit.datasets", "graphkit.datasets.store", "graphkit.datasets.dataset", "graphkit.datasets.pyg"]
         + [
             "graphkit.datasets.shrink",
-            "graphkit.datasets.builders",
             "graphkit.datasets.runs",
             "graphkit.datasets.recipes",
         ],
@@ -183,3 +183,41 @@ def test_every_error_class_is_in_errors_py_under_the_one_base(tmp_path):
     assert all(issubclass(getattr(graphkit.errors, name), graphkit.errors.GraphkitError) for name in gathered)
     (tmp_path / "stray.py").write_text("class StrayError(ValueError):\n    pass\n")
     assert raised_classes(tmp_path / "stray.py") == ["StrayError"]  # the check finds one
+
+
+def family_name_comparisons(source: str, names: set[str]) -> list[int]:
+    """The lines of ``source`` that compare a value with one of ``names`` (``x == "vit"``,
+    ``family in ("timm", "transformers")``): a caller branching on a family instead of asking it.
+    A name looked up in a collection (``"transformers" in sys.modules``) is no such comparison."""
+
+    def literal(node: ast.expr, in_collection: bool) -> set[str]:
+        if not in_collection and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if in_collection and isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        return set()
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, sides, sides[1:]):
+            member = isinstance(op, (ast.In, ast.NotIn))
+            if (literal(right, member) | (set() if member else literal(left, False))) & names:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_caller_branches_on_a_family_name():
+    """Only a family's own file knows its name; everything else asks the registry (a Family's
+    fields, a library family's model_key and task) or a table keyed by it."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "families" not in path.parts
+        for line in family_name_comparisons(path.read_text(), set(FAMILIES))
+    ]
+    assert not found, "comparisons with a family's name: " + ", ".join(found)
+    spelled = 'if kind == "timm" or family in ("vit", "gpt2"):\n    pass\nif "vit" in sys.modules:\n    pass\n'
+    assert family_name_comparisons(spelled, {"timm", "vit"}) == [1, 1]

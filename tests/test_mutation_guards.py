@@ -10,7 +10,8 @@ from torch import nn
 
 import graphkit
 from graphkit.datasets import zoo as zoo_module
-from graphkit.datasets.zoo import ZOOS, Zoo, build_zoo_model, generate_zoo
+from graphkit.datasets.zoo import ZOOS, Zoo, generate_zoo
+from graphkit.families import build_model
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,7 @@ class OffVocabularyHead(nn.Module):
 
 
 def _one_model_off_the_vocabulary(config, device="meta"):
-    model = build_zoo_model({"family": "timm", "model": "test_vit"}, device)
+    model = build_model({"family": "timm", "model": "test_vit"}, device)
     if config["model"] == "off_vocabulary":
         model.head = nn.Sequential(model.head, OffVocabularyHead())
     return model
@@ -106,8 +107,8 @@ def test_a_zoo_model_with_an_op_outside_the_vocabulary_is_not_counted_as_clean(t
     """Coverage is the share of the models the library builds that trace with no ``other:`` op: a
     model that traces with one is a record, listed in the report with its ops, and not clean."""
     names = ["off_vocabulary", "test_vit"]
-    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
-    monkeypatch.setattr(zoo_module, "build_zoo_model", _one_model_off_the_vocabulary)
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names))
+    monkeypatch.setattr(zoo_module, "build_model", _one_model_off_the_vocabulary)
     result = generate_zoo("zoo-test", tmp_path / "z")
     report = result.report
     assert (report["traced"], report["clean"], report["records"], result.coverage) == (2, 1, 2, 0.5)

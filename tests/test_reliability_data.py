@@ -111,7 +111,7 @@ def test_recipe_name_cannot_escape_the_working_folder(tmp_path, monkeypatch):
             {"heads": [{"choices": [2], "size": 3}]},
             "heads[0]: unknown field 'size'; accepted fields: choices, hidden, min_head_dim",
         ),
-        ({"family": "rnn"}, "family: unknown family 'rnn'; known families: gpt2, llama, vit"),
+        ({"family": "rnn"}, "family: unknown family 'rnn'; known families: gpt2, llama, timm, transformers, vit"),
         (
             {"hidden": [8]},
             "unknown field 'hidden'; accepted fields: name, family, bins, heads, max_params, fixed, choices, "

@@ -28,7 +28,8 @@ from graphkit.datasets.shrink import (
     vision_plans,
 )
 from graphkit.datasets.store import write_dataset
-from graphkit.datasets.zoo import ZooError, build_zoo_model, generate_zoo, mini_outcome, trace_zoo_model
+from graphkit.datasets.zoo import ZooError, generate_zoo, mini_outcome, trace_zoo_model
+from graphkit.families import build_model
 from graphkit.ghn.checkpoint import load_checkpoint
 from graphkit.ghn.evaluate import EvalConfig, EvalError
 from graphkit.ghn.evaluate import evaluate as evaluate_ghn
@@ -56,15 +57,15 @@ def test_a_shrunk_zoo_model_keeps_every_kind_trains_and_rebuilds_from_its_record
     assert "row" in outcome, outcome.get("error")
     config = json.loads(outcome["row"]["config"])
     full = trace_zoo_model(
-        build_zoo_model({k: v for k, v in config.items() if k in ("family", "model", "model_type")}), config
+        build_model({k: v for k, v in config.items() if k in ("family", "model", "model_type")}), config
     )
-    small = trace_zoo_model(build_zoo_model(config), config)  # the record's config rebuilds it
+    small = trace_zoo_model(build_model(config), config)  # the record's config rebuilds it
     assert small.fingerprint() == outcome["row"]["fingerprint"]
     (full_ops, full_params), (ops, params) = kinds(full), kinds(small)
     assert full_ops <= ops and ops - full_ops <= MAY_ADD
     assert full_params <= params and {op for op, _ in params - full_params} <= MAY_ADD
     assert small.num_params < 6_000_000 < full.num_params
-    model = build_zoo_model(config, "cpu")
+    model = build_model(config, "cpu")
     assert trainability(model, "image" if kind == "timm" else "text") is None
     if kind == "timm":
         assert (config["image_size"], config["num_classes"]) == (32, 10)
@@ -119,9 +120,9 @@ def test_a_model_that_pools_32_pixels_to_one_token_is_shrunk_at_64_and_keeps_its
     assert outcome["plan"].endswith("image_size=64")
     config = json.loads(outcome["row"]["config"])
     assert (config["image_size"], config["shrink"]["img_size"]) == (64, 64)
-    model = build_zoo_model(config, "cpu")
+    model = build_model(config, "cpu")
     assert model.pretrained_cfg["input_size"] == (3, 64, 64)
-    graph = trace_zoo_model(build_zoo_model(config), config)
+    graph = trace_zoo_model(build_model(config), config)
     assert graph.fingerprint() == outcome["row"]["fingerprint"] and "tanh" in kinds(graph)[0]
     assert trainability(model, "image") is None
 
@@ -134,7 +135,7 @@ def test_pvt_v2_whose_keys_pool_to_one_at_32_pixels_is_shrunk_at_64():
     assert "row" in outcome, outcome.get("error")
     assert outcome["plan"].endswith("image_size=64")
     config = json.loads(outcome["row"]["config"])
-    graph = trace_zoo_model(build_zoo_model(config), config)
+    graph = trace_zoo_model(build_model(config), config)
     assert graph.fingerprint() == outcome["row"]["fingerprint"] and "attention" in kinds(graph)[0]
 
 
@@ -270,7 +271,7 @@ def test_a_zoo_decoder_trains_as_hypernetwork_training_calls_it_without_a_cache(
     ("get_seq_length can only be called on Attention layers") unless built without one."""
     small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
     config = {"family": "transformers", "model_type": "bamba", "shrink": {**small, "vocab_size": 256}}
-    model = build_zoo_model(config, "cpu").train()
+    model = build_model(config, "cpu").train()
     assert model.config.use_cache is False
     logits = model(torch.randint(0, 256, (2, 16))).logits
     assert logits.shape == (2, 16, 256) and torch.isfinite(logits).all()

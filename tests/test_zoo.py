@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from graphkit.cli import app
 from graphkit.datasets import load
 from graphkit.datasets import zoo as zoo_module
-from graphkit.datasets.zoo import TIMM_TRANSFORMER_MODULES, ZOOS, Zoo, ZooError, build_zoo_model, generate_zoo
+from graphkit.datasets.zoo import TIMM_TRANSFORMER_MODULES, ZOOS, Zoo, ZooError, generate_zoo
+from graphkit.families import ConfigError, build_model
 from graphkit.ghn import bundled_for, predict
 from graphkit.ghn.predict import prediction_refusal
 from graphkit.tracing import trace
@@ -64,16 +65,16 @@ def _hangs_or_dies(config, device="meta"):
         time.sleep(60)
     if config["model"] == "dies":
         os._exit(3)
-    return build_zoo_model({"family": "timm", "model": "test_vit"}, device)
+    return build_model({"family": "timm", "model": "test_vit"}, device)
 
 
 def test_a_model_that_hangs_or_kills_its_process_is_a_report_line(tmp_path, monkeypatch):
     monkeypatch.setitem(
         ZOOS,
         "zoo-test",
-        Zoo("zoo-test", "timm", "a test zoo", lambda: ["dies", "hangs", "test_vit"], ZOOS["zoo-vits"].config),
+        Zoo("zoo-test", "timm", "a test zoo", lambda: ["dies", "hangs", "test_vit"]),
     )
-    monkeypatch.setattr(zoo_module, "build_zoo_model", _hangs_or_dies)
+    monkeypatch.setattr(zoo_module, "build_model", _hangs_or_dies)
     monkeypatch.setattr(zoo_module, "MODEL_TIMEOUT", 5.0)
     result = generate_zoo("zoo-test", tmp_path / "z", workers=3)
     failed = {f["model"]: f["reason"] for f in result.report["failed"]}
@@ -106,16 +107,16 @@ def test_predict_works_on_a_zoo_model_or_says_why_not():
     (layer scale, pooling, shifted windows) and get the vision zoo checkpoint, and so does VOLO,
     whose fold the vision zoo checkpoint learnt once its family stayed in training; GhostNet-V3's
     hard sigmoid lies outside graphkit's vocabulary, and predict says so in one line."""
-    deit = build_zoo_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
+    deit = build_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
     assert prediction_refusal(trace(deit)) is None and bundled_for(trace(deit)).name == "logah-tiny-vits"
     params = predict(deit)
     assert all(torch.isfinite(p).all() for p in params.values())
     with torch.no_grad():
         assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
     for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224", "volo_d1_224"):
-        graph = trace(build_zoo_model({"family": "timm", "model": name}))
+        graph = trace(build_model({"family": "timm", "model": name}))
         assert prediction_refusal(graph) is None and bundled_for(graph).name == "logah-tiny-zoo-vision"
-    ghostnet = build_zoo_model({"family": "timm", "model": "ghostnetv3_050"})
+    ghostnet = build_model({"family": "timm", "model": "ghostnetv3_050"})
     nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-zoo-vision"
     assert prediction_refusal(trace(ghostnet)).startswith(f"{nearest}, never saw other:aten.hardsigmoid (bundled: ")
 
@@ -134,10 +135,10 @@ def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(Exception, match="is not empty and holds no graphkit dataset"):
         generate_zoo("zoo-vits", tmp_path / "project")
     assert (tmp_path / "project" / "README.md").read_text() == "mine" and not (tmp_path / "a").exists()
-    with pytest.raises(ZooError, match=r"not a zoo config"):
-        build_zoo_model({"family": "vit", "model": "x"})
+    with pytest.raises(ConfigError, match=r"vit config: unknown key 'model'"):  # one registry: vit is no library
+        build_model({"family": "vit", "model": "x"})
     with pytest.raises(ZooError, match=r"timm cannot build 'no_such_vit': RuntimeError: Unknown model"):
-        build_zoo_model({"family": "timm", "model": "no_such_vit"})
+        build_model({"family": "timm", "model": "no_such_vit"})
 
 
 @pytest.mark.parametrize(("model_type", "mixers"), [("mamba", 32), ("qwen3_next", 36), ("rwkv", 32)])
@@ -157,17 +158,15 @@ def test_squared_relu_is_a_vocabulary_op():
 def _library_cannot_build(config, device="meta"):
     if config["model"] == "broken":
         raise ZooError("timm cannot build 'broken': TypeError: unsupported operand type(s)")
-    return build_zoo_model({"family": "timm", "model": "test_vit"}, device)
+    return build_model({"family": "timm", "model": "test_vit"}, device)
 
 
 def test_a_model_its_library_cannot_build_is_reported_and_not_counted(tmp_path, monkeypatch):
     """Coverage is over the candidates the library builds: a reference config transformers itself
     cannot instantiate (Hunyuan's, whose head_dim is None) is listed apart and not held against
     the tracer."""
-    monkeypatch.setitem(
-        ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: ["broken", "test_vit"], ZOOS["zoo-vits"].config)
-    )
-    monkeypatch.setattr(zoo_module, "build_zoo_model", _library_cannot_build)
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: ["broken", "test_vit"]))
+    monkeypatch.setattr(zoo_module, "build_model", _library_cannot_build)
     result = generate_zoo("zoo-test", tmp_path / "z")
     report = result.report
     assert (report["candidates"], report["buildable"], report["clean"], report["coverage"]) == (2, 1, 1, 1.0)
@@ -187,7 +186,7 @@ def test_the_report_counts_predictable_models_and_the_refusals_by_missing_op(tmp
     scale by the vision zoo's); timm's test EfficientNet with EvoNorm has a variance outside the
     vocabulary and a pow no bundled vision hypernetwork trained on, and is counted under both."""
     names = ["test_vit", "test_vit2", "test_efficientnet_evos"]
-    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names, ZOOS["zoo-vits"].config))
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: names))
     report = generate_zoo("zoo-test", tmp_path / "z").report
     assert (report["traced"], report["predictable"]) == (3, 2)
     assert report["predict_refusals"] == {"missing ops: other:aten.var, pow": 1}

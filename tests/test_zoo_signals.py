@@ -29,8 +29,8 @@ ZOO_RUN = textwrap.dedent(
             raise zoo.ZooError("quick: the library cannot build it")
         time.sleep(600)
 
-    zoo.ZOOS["zoo-test"] = zoo.Zoo("zoo-test", "timm", "a test zoo", lambda: {names}, zoo.ZOOS["zoo-vits"].config)
-    zoo.build_zoo_model = build
+    zoo.ZOOS["zoo-test"] = zoo.Zoo("zoo-test", "timm", "a test zoo", lambda: {names})
+    zoo.build_model = build
     zoo._warm_up = lambda: None
     sys.argv = ["graphkit", "generate", "zoo-test", "--out", sys.argv[1], "--workers", "2"]
     main()
@@ -69,9 +69,9 @@ def launch(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["term", "int", "kill"])
 def test_a_stopped_zoo_run_ends_its_workers_and_resumes(signum, tmp_path, monkeypatch, launch):
-    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: NAMES, ZOOS["zoo-vits"].config))
+    monkeypatch.setitem(ZOOS, "zoo-test", Zoo("zoo-test", "timm", "a test zoo", lambda: NAMES))
     monkeypatch.setattr(zoo_module, "_warm_up", lambda: None)
-    monkeypatch.setattr(zoo_module, "build_zoo_model", unbuildable)
+    monkeypatch.setattr(zoo_module, "build_model", unbuildable)
     out = tmp_path / "zoo"
     cache = out / zoo_module.CACHE_DIR
     run, workers = launch(ZOO_RUN.format(names=NAMES), out, ready=lambda: any(cache.glob("quick-*.json")))

@@ -1,9 +1,10 @@
 """Graph datasets stored as Parquet in the Hugging Face layout.
 
 ``store`` holds the schema, the lossless graph <-> row conversion and the folder layout (shards,
-manifest, dataset card); ``dataset`` loads and browses a folder; ``builders`` builds the model a
-record describes (:func:`graphkit.datasets.builders.build_record_model`, which imports torch, so it
-is not imported here). Generation from recipes and zoos, and the CLI, build on them.
+manifest, dataset card); ``dataset`` loads and browses a folder, and a record's model is built by
+its family (:func:`graphkit.families.build_model`, which imports torch, so it is not imported
+here; a zoo's records name a library's family, ``timm`` or ``transformers``). Generation from
+recipes and zoos, and the CLI, build on them.
 """
 
 from graphkit.datasets.dataset import GraphDataset, Record, load

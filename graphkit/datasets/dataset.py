@@ -77,10 +77,10 @@ class Record:
 
     def build_model(self, device: str = "meta"):
         """The nn.Module of this architecture, on ``meta`` (no weights) or a real device
-        (:func:`graphkit.datasets.builders.build_record_model`)."""
-        from graphkit.datasets.builders import build_record_model  # noqa: PLC0415 (browsing needs no torch)
+        (:func:`graphkit.families.build_model`: a recipe's family, or a zoo's library)."""
+        from graphkit.families import build_model  # noqa: PLC0415 (browsing needs no torch)
 
-        return build_record_model(self.config, device)
+        return build_model(self.config, device)
 
 
 class GraphDataset:

@@ -37,14 +37,12 @@ a seed, among the families whose op kinds the others all have.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import inspect
 import math
-import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,14 +50,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphkit.errors import ShrinkError
+from graphkit.families.libraries import IMAGE_SIZE, NUM_CLASSES, watched_timm
 from graphkit.graph import ArchGraph
 from graphkit.validation import is_count
 
-#: the side of the images a vision mini model takes, and its classes
-IMAGE_SIZE = 32
 #: the sides of the last plans' images, for models whose deepest stage pools 32 pixels to one token
+#: (IMAGE_SIZE, the side of the images a vision mini model takes, and NUM_CLASSES are its builder's)
 LARGE_IMAGE_SIZES = (64, 128)
-NUM_CLASSES = 10
 #: the widest a vision mini model's stages may be
 VISION_MAX_WIDTH = 192
 #: byte ids 0..255: the text source's tokens (graphkit.training.data.text), no special token needed
@@ -243,68 +240,6 @@ FAMILY_WIDEST: dict[str, Callable[[Mapping[str, Any]], int]] = {
 
 # ---------------------------------------------------------------------------------------------
 # timm
-
-
-@contextlib.contextmanager
-def watched_timm(variant: str, overrides: Mapping[str, Any] | None = None) -> Iterator[list[tuple[type, dict]]]:
-    """For the block, every ``build_model_with_cfg`` call of timm's model modules is seen: the
-    list yielded gets (model class, the arguments it is built with), and with ``overrides``,
-    the call that builds ``variant`` gets them (:func:`apply_overrides`), 32-pixel images (or
-    the overrides' ``img_size``, also for a class that takes no such argument) and 10 classes first."""
-    import timm.models  # noqa: PLC0415 - the zoo's library, loaded when it is used
-    from timm.models import _builder  # noqa: PLC0415
-
-    original = _builder.build_model_with_cfg
-    seen: list[tuple[type, dict]] = []
-
-    def build(model_cls, name, pretrained, *args, **kwargs):
-        if overrides is not None and name == variant:
-            accepted = inspect.signature(model_cls).parameters
-            overlay = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
-            channels, side = kwargs.get("in_chans", 3), overrides.get("img_size", IMAGE_SIZE)
-            overlay.update(input_size=(channels, side, side), num_classes=NUM_CLASSES)
-            kwargs["pretrained_cfg_overlay"] = overlay
-            if "img_size" in accepted or "img_size" in kwargs:
-                kwargs["img_size"] = side
-            kwargs["num_classes"] = NUM_CLASSES
-            for key, value in overrides.items():
-                if key == "img_size":
-                    continue
-                current = kwargs.get(key, accepted[key].default if key in accepted else None)
-                kwargs[key] = apply_overrides(current, value)
-        seen.append((model_cls, dict(kwargs)))
-        return original(model_cls, name, pretrained, *args, **kwargs)
-
-    prefix = timm.models.__name__ + "."
-    saved = [  # every model module imported its own name for the builder
-        (module, module.build_model_with_cfg)
-        for name, module in list(sys.modules.items())
-        if name.startswith(prefix) and getattr(module, "build_model_with_cfg", None) is original
-    ]
-    for module, _ in saved:
-        module.build_model_with_cfg = build
-    try:
-        yield seen
-    finally:
-        for module, function in saved:
-            module.build_model_with_cfg = function
-
-
-def apply_overrides(current: Any, override: Any) -> Any:
-    """``override`` (JSON: lists and dicts) laid over the value it replaces: a dict rewrites a
-    config dataclass's (or a dict's) fields, a list of the same length element by element, and
-    a list replacing a tuple is a tuple."""
-    if isinstance(override, Mapping) and dataclasses.is_dataclass(current):
-        return dataclasses.replace(current, **{k: apply_overrides(getattr(current, k), v) for k, v in override.items()})
-    if isinstance(override, Mapping) and isinstance(current, Mapping):
-        return {**current, **{k: apply_overrides(current.get(k), v) for k, v in override.items()}}
-    if isinstance(override, list):
-        if isinstance(current, (tuple, list)) and len(current) == len(override):
-            items = [apply_overrides(c, o) for c, o in zip(current, override, strict=True)]
-        else:
-            items = [apply_overrides(None, o) for o in override]
-        return tuple(items) if isinstance(current, tuple) else items
-    return override
 
 
 def _fields(value: Any) -> dict[str, Any] | None:
@@ -725,8 +660,6 @@ __all__ = [
     "reference_config",
     "data_keys",
     "timm_arguments",
-    "watched_timm",
-    "apply_overrides",
     "vision_plans",
     "decoder_plans",
     "trainability",

@@ -49,7 +49,6 @@ import torch
 from torch import nn
 
 from graphkit.datasets import shrink
-from graphkit.datasets.builders import ZooError, build_zoo_model, first_line
 from graphkit.datasets.runs import LOCK_FILE, folder_lock
 from graphkit.datasets.store import (
     RUN_FILE,
@@ -59,7 +58,9 @@ from graphkit.datasets.store import (
     shard_name,
     write_shard,
 )
-from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError
+from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError, ZooError
+from graphkit.families import build_model, get_family
+from graphkit.families.libraries import first_line
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
@@ -129,22 +130,25 @@ CPU_BUILD_LIMIT = 500_000_000
 
 @dataclass(frozen=True)
 class Zoo:
-    """One zoo: which library it reads, how it lists its models and builds one on meta, and
-    the config a record stores (``build_zoo_model`` rebuilds the model from it). A worker makes
-    each model's ``outcome(zoo name, model name)`` (default: build and trace it on meta) after
-    ``warm_up()`` (default: the tracer's and the bundled hypernetworks' set-up), in processes
-    started by ``start_method``. A ``mini`` zoo splits its records by family
-    (:mod:`graphkit.datasets.shrink`), not by fingerprint."""
+    """One zoo: the library family its records name (``timm`` or ``transformers``,
+    :mod:`graphkit.families.libraries`, which builds each from the config a record stores) and
+    how it lists its models. A worker makes each model's ``outcome(zoo name, model name)``
+    (default: build and trace it on meta) after ``warm_up()`` (default: the tracer's and the
+    bundled hypernetworks' set-up), in processes started by ``start_method``. A ``mini`` zoo
+    splits its records by family (:mod:`graphkit.datasets.shrink`), not by fingerprint."""
 
     name: str
     library: str
     description: str
     candidates: Callable[[], list[str]]
-    config: Callable[[str], dict[str, Any]]
     outcome: Callable[[str, str], dict[str, Any]] | None = None
     warm_up: Callable[[], None] | None = None
     start_method: str = "fork"
     mini: bool = False
+
+    def config(self, model: str) -> dict[str, Any]:
+        """The config a record of ``model`` stores: the library's family and its name for the model."""
+        return {"family": self.library, get_family(self.library).model_key: model}
 
 
 def _timm_candidates() -> list[str]:
@@ -213,32 +217,66 @@ def _mini_outcome(zoo_name: str, name: str) -> dict[str, Any]:
     return mini_outcome(ZOOS[zoo_name].library, name)
 
 
+@dataclass(frozen=True)
+class Shrinker:
+    """How a mini zoo shrinks the models of one library family: ``family_of(name)``, the model's
+    architecture family (what the split holds out); ``ladder(name, family)``, the full model on
+    meta, its shrink plans from the smallest up and its reference config (None for timm, whose
+    plans read the constructor's arguments); ``warm_up()``, what a worker loads once."""
+
+    family_of: Callable[[str], str]
+    ladder: Callable[[str, str], tuple[nn.Module, list, dict[str, Any] | None]]
+    warm_up: Callable[[], None]
+
+
+def _timm_ladder(name: str, family: str) -> tuple[nn.Module, list, None]:
+    full, arguments = shrink.timm_arguments(name)
+    return full, shrink.vision_plans(family, arguments), None
+
+
+def _decoder_ladder(name: str, family: str) -> tuple[nn.Module, list, dict[str, Any]]:
+    reference = shrink.reference_config(name)
+    plans = shrink.decoder_plans(reference, name)
+    return build_model({"family": "transformers", "model_type": name}), plans, reference
+
+
+def _warm_up_timm() -> None:
+    importlib.import_module("timm")
+    timm_families()
+
+
+def _warm_up_transformers() -> None:
+    importlib.import_module("transformers")
+    importlib.import_module("transformers.modeling_utils")  # what every causal LM's build loads first
+    importlib.import_module("transformers.models.auto.modeling_auto")
+    # a spawned worker of its own: the library's notes on its reference kernels would fill the terminal
+    importlib.import_module("transformers.utils.logging").set_verbosity_error()
+
+
+#: per library family, how its mini zoo shrinks a model
+SHRINKERS: dict[str, Shrinker] = {
+    "timm": Shrinker(lambda name: timm_families().get(name, "timm"), _timm_ladder, _warm_up_timm),
+    "transformers": Shrinker(lambda name: name, _decoder_ladder, _warm_up_transformers),
+}
+
+
 def _mini_warm_up(library: str) -> Callable[[], None]:
     """What a mini zoo's worker pays once: the library, the tracer and the bundled hypernetworks."""
 
     def warm_up() -> None:
         _warm_up()
-        importlib.import_module(library)
-        if library == "timm":
-            timm_families()
-        else:  # what every causal LM's build loads first
-            importlib.import_module("transformers.modeling_utils")
-            importlib.import_module("transformers.models.auto.modeling_auto")
-            # a spawned worker of its own: the library's notes on its reference kernels would fill the terminal
-            importlib.import_module("transformers.utils.logging").set_verbosity_error()
+        SHRINKERS[library].warm_up()
 
     return warm_up
 
 
 def _mini_zoo(name: str, library: str, description: str, candidates: Callable[[], list[str]]) -> Zoo:
     """A mini zoo of ``library``'s models: each shrunk by a spawned worker, split by family."""
-    key = "model" if library == "timm" else "model_type"
     return Zoo(
         name,
         library,
         description,
         candidates,
-        lambda model: {"family": library, key: model},
         outcome=_mini_outcome,
         warm_up=_mini_warm_up(library),
         start_method="spawn",
@@ -252,14 +290,12 @@ ZOOS: dict[str, Zoo] = {
         "timm",
         "every vision-transformer architecture of timm's registry, built with pretrained=False",
         _timm_candidates,
-        lambda name: {"family": "timm", "model": name},
     ),
     "zoo-decoders": Zoo(
         "zoo-decoders",
         "transformers",
         "every decoder-only causal-LM architecture of transformers, at its reference config",
         _decoder_candidates,
-        lambda name: {"family": "transformers", "model_type": name},
     ),
     "zoo-vits-mini": _mini_zoo(
         "zoo-vits-mini",
@@ -285,7 +321,7 @@ def _outcome(zoo_name: str, name: str) -> dict[str, Any]:
     start = time.perf_counter()
     config = ZOOS[zoo_name].config(name)
     try:
-        model = build_zoo_model(config)
+        model = build_model(config)
     except ZooError as e:  # the library cannot build its own model: reported, not counted against the tracer
         return {"model": name, "error": str(e), "unbuildable": True, "seconds": round(time.perf_counter() - start, 2)}
     try:
@@ -326,7 +362,7 @@ def trace_zoo_model(model: nn.Module, config: Mapping[str, Any]) -> ArchGraph:
     except NeedsValuesError:
         if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
             raise
-        return _trace_all_branches(build_zoo_model(config, "cpu"))
+        return _trace_all_branches(build_model(config, "cpu"))
 
 
 #: tokens in the inputs that retry a model whose short inputs leave a branch untaken
@@ -450,7 +486,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
     the full model built and traced on meta, then each plan of its ladder built, traced and
     checked until one keeps every kind and trains. Its row (id and split set later), its family,
     the seconds each step took; or why no plan passed: the reason of the plan that got furthest
-    (built, then traced, then kept every library, then trained), the first of those."""
+    (built, then traced, then kept every kind, then trained), the first of those."""
     from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415 - the hypernetwork is not the dataset's
 
     seconds = dict.fromkeys(("build", "trace", "shrink", "check"), 0.0)
@@ -468,18 +504,12 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 2),
         }
 
-    family, reference = name, None
-    base = {"family": library, "model": name} if library == "timm" else {"family": library, "model_type": name}
+    shrinker, family = SHRINKERS[library], name
+    base = {"family": library, get_family(library).model_key: name}
     began = time.perf_counter()
     try:
-        if library == "timm":
-            family = timm_families().get(name, "timm")
-            full, arguments = shrink.timm_arguments(name)
-            plans = shrink.vision_plans(family, arguments)
-        else:
-            reference = shrink.reference_config(name)
-            plans = shrink.decoder_plans(reference, name)
-            full = build_zoo_model(base)
+        family = shrinker.family_of(name)
+        full, plans, reference = shrinker.ladder(name, family)
     except shrink.ShrinkError as e:
         lap("build", began)
         return result(error=f"not shrunk: {e}")
@@ -499,7 +529,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
         config = {**base, "shrink": overrides, "zoo_family": family, **shrink.data_keys(overrides, reference)}
         began = time.perf_counter()
         try:
-            small = build_zoo_model(config)
+            small = build_model(config)
         except Exception as e:
             lap("shrink", began)
             reasons.append((0, f"{plan.describe()}: {_first_error(e)}"))
@@ -517,7 +547,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
             continue
         began = time.perf_counter()
         try:
-            trained = shrink.trainability(build_zoo_model(config, "cpu"), "image" if library == "timm" else "text")
+            trained = shrink.trainability(build_model(config, "cpu"), get_family(library).task)
         except Exception as e:
             trained = f"cannot be built on the CPU: {_first_error(e)}"
         lap("check", began)
@@ -843,7 +873,6 @@ __all__ = [
     "ZooError",
     "ZooResult",
     "generate_zoo",
-    "build_zoo_model",
     "trace_zoo_model",
     "mini_outcome",
     "timm_families",

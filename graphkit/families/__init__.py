@@ -8,13 +8,15 @@ defined here and nowhere else.
 The :class:`Family` a file registers is everything graphkit knows about it, in one place: the
 builder and its config checks, the dataset recipes over it, the hypernetwork's default data
 source, the bundled hypernetwork checkpoint and the adapter that converts its attention. The
-tables other modules read (``RECIPES``, ``DEFAULT_SOURCES``, ``BUNDLED``) are live views of
-:data:`FAMILIES` (:class:`FamilyTable`), so adding a family is adding one file.
+libraries graphkit's zoos read are families too (``timm``, ``transformers``: ``libraries``), so
+a zoo's record builds as a recipe's does. The tables other modules read (``RECIPES``,
+``DEFAULT_SOURCES``, ``BUNDLED``) are live views of :data:`FAMILIES` (:class:`FamilyTable`), so
+adding a family is adding one file.
 
     >>> model = build_model({"family": "vit", "num_layers": 3, "hidden": 192, "heads": 3})
 """
 
-from graphkit.families import gpt2, llama, vit  # noqa: F401  (each registers itself)
+from graphkit.families import gpt2, libraries, llama, vit  # noqa: F401  (each registers itself)
 from graphkit.families.registry import (
     FAMILIES,
     ConfigError,

@@ -33,7 +33,7 @@ class Family:
 
     name: str
     build: Callable[[dict[str, Any], bool], nn.Module]
-    blocks: str  # path of the stack of ``num_layers`` identical blocks, e.g. "transformer.h"
+    blocks: str  # path of the stack of ``num_layers`` identical blocks, e.g. "transformer.h" ("" for a library's)
     required: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
@@ -51,6 +51,9 @@ class Family:
     # measured per family in docs/experiments.md ("keep_init")
     keep_init: bool = False
     attention_adapter: AttentionAdapter | None = None  # how GQA, MLA and the HF export handle its attention
+    # its models train in bf16 under train-ghn's autocast; a library's models (timm's,
+    # transformers') keep float32 buffers and arithmetic of their own that a bf16 parameter fails
+    bf16: bool = True
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The full config: defaults filled in, every key known, required keys present."""
@@ -219,7 +222,7 @@ def build_model(config: Mapping[str, Any], device: str | torch.device = "meta", 
     device = torch.device(device)
     with torch.device(device):
         model = get_family(full["family"]).build(full, device.type != "meta" if init is None else init)
-        if full["attention"] is not None:  # GQA or a key-driven variant, K/V mean-pooled
+        if full.get("attention") is not None:  # GQA or a key-driven variant, K/V mean-pooled
             convert(model, full["attention"], full["kv_heads"] or full["heads"])
     return model.eval()
 
@@ -227,10 +230,13 @@ def build_model(config: Mapping[str, Any], device: str | torch.device = "meta", 
 def num_params(config: Mapping[str, Any]) -> int:
     """Parameter count of the model a config describes (tied weights once).
 
-    Every family stacks ``num_layers`` identical blocks, so the count is linear in depth: it is
-    read off one cached meta build with a single block, so sweeping a search space costs one
-    build per width configuration rather than one per config."""
+    graphkit's families stack ``num_layers`` identical blocks, so the count is linear in depth:
+    it is read off one cached meta build with a single block, so sweeping a search space costs
+    one build per width configuration rather than one per config. A family without ``blocks``
+    (a library's) is counted on one meta build of the whole model."""
     full = resolve_config(config)
+    if not get_family(full["family"]).blocks:
+        return sum(p.numel() for p in build_model(full, "meta").parameters())
     base, block = _base_and_block(json.dumps({k: v for k, v in full.items() if k != "num_layers"}, sort_keys=True))
     return base + full["num_layers"] * block
 

@@ -33,8 +33,8 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.compiler import load_params
-from graphkit.datasets.builders import build_record_model
 from graphkit.errors import EvalError
+from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
@@ -186,7 +186,7 @@ def evaluate(
         made["keep_init"] = made["predicted"]
         if teacher is not None:
             torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill
-            made["selected"] = _pack(select_params(teacher, build_record_model(record.config, "cpu")))
+            made["selected"] = _pack(select_params(teacher, build_model(record.config, "cpu")))
         generator = torch.Generator().manual_seed(config.seed)
         held_out = _stack(
             [
@@ -244,7 +244,7 @@ def _selection_source(config: EvalConfig, source: Any) -> dict[str, torch.Tensor
     steps = config.select_steps or config.steps
     batches = [source.batch(smallest.config, config.batch_size, generator) for _ in range(steps)]
     torch.manual_seed(config.seed)
-    model = build_record_model(smallest.config, "cpu")
+    model = build_model(smallest.config, "cpu")
     fine_tune(model, batches, source.task, config.lr)
     return {name: value.detach() for name, value in model.state_dict().items()}
 
@@ -273,9 +273,7 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
 
     device = torch.device(job.device)
     torch.manual_seed(job.seed)  # every initialisation draws the same random init first
-    model = initialise(
-        build_record_model(job.config, "cpu"), job.init, _unpack(job.predicted) if job.predicted else None
-    )
+    model = initialise(build_model(job.config, "cpu"), job.init, _unpack(job.predicted) if job.predicted else None)
     if job.graph is not None and job.init == "predicted":
         calibrate(model, job.graph)
     model = model.to(device)

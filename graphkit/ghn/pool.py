@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from graphkit.datasets import load
-from graphkit.datasets.builders import build_record_model
 from graphkit.errors import TrainError
+from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles
 
@@ -58,7 +58,7 @@ class ArchPool:
         """Architecture ``index``'s parameters as its library initialises them at construction,
         drawn afresh from the global generator (a training step seeds it, so a resumed step draws
         the same), by state-dict name with tied aliases: the ``W0`` of ``--keep-init``."""
-        model = build_record_model(self.records[index].config, self.device)
+        model = build_model(self.records[index].config, self.device)
         return {name: param.detach() for name, param in model.named_parameters(remove_duplicate=False)}
 
     def ops(self) -> list[str]:
@@ -76,7 +76,7 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
     ``functional_call`` that allocates no weights but has real buffers (rotary tables, masks).
     A zoo record's config (a mini zoo's: small) is built by its library, which initialises it."""
 
-    model = build_record_model(config, device, init=False)  # a zoo's library initialises; the values are dropped
+    model = build_model(config, device, init=False)  # a zoo's library initialises; the values are dropped
     metas: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):

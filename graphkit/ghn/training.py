@@ -34,8 +34,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from graphkit.datasets.builders import ZOO_FAMILIES
 from graphkit.errors import CheckpointError, TrainError
+from graphkit.families import get_family
 from graphkit.ghn.checkpoint import load_checkpoint, save_checkpoint
 from graphkit.ghn.config import DECODERS, LOGAH_VARIANTS, ROLE_KEYS, LoGAHConfig
 from graphkit.ghn.diagnostics import (
@@ -271,10 +271,10 @@ def meta_batch_loss(
     are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
         predicted, norms, nodes, spread = model(graphs, details=True)
-    # graphkit's families run in bf16 throughout; a zoo's models, as their libraries wrote them,
-    # keep float32 buffers (batch norm's running statistics) and float32 arithmetic of their own
-    # (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
-    in_bf16 = amp and pool.family not in ZOO_FAMILIES
+    # graphkit's families run in bf16 throughout; a library's models (a zoo's), as the library
+    # wrote them, keep float32 buffers (batch norm's running statistics) and float32 arithmetic of
+    # their own (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
+    in_bf16 = amp and get_family(pool.family).bf16
     ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None)
     penalty = norms.mean()
     return ce + config.gamma * penalty + config.spread * spread, ce, metric, penalty, spread, nodes
