@@ -720,7 +720,8 @@ def test_logging_reuses_the_steps_node_embeddings(vits, tmp_path, monkeypatch):
     last = train(quick(vits, tmp_path / "run", steps=3, log_every=1, checkpoint_every=3), progress=False)
     assert calls == [2, 2, 2] and 0 < last["factor_similarity"] < 1
     ghn, graphs = LoGAH.from_variant("tiny"), [ArchPool(vits).encoded(i, LoGAH().config) for i in (0, 1)]
-    params, _, nodes = ghn(graphs, details=True)
+    prediction = ghn(graphs, details=True)
+    params, nodes = prediction.params, prediction.nodes
     assert torch.equal(nodes, ghn.encoder(graphs)) and all(
         torch.equal(params[0][k], v) for k, v in ghn(graphs)[0].items()
     )
