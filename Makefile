@@ -25,10 +25,11 @@ run: $(STAMP)
 	$(BIN)/graphkit predict examples/vit_b16.py --out out/vit_b16-predicted.safetensors
 
 # ruff first (pyproject.toml's [tool.ruff]: import order, imports at the top, 120 columns, the
-# format), then every test
+# format), then mypy on graphkit/ ([tool.mypy]), then every test
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # the everyday lane: every test but the ones marked slow (training, generation, subprocesses)

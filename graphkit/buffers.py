@@ -56,10 +56,10 @@ def _owners(model: nn.Module, names: Collection[str] | None) -> Iterator[tuple[s
 def _rebuilder(model: nn.Module, name: str, module: nn.Module) -> tuple[str, Callable[[], None]] | None:
     """How the library defining ``module`` (at ``name`` in ``model``) recomputes its buffers, with
     its name for messages; None when no library does."""
-    if callable(getattr(module, "init_non_persistent_buffers", None)):
-        return "its init_non_persistent_buffers()", module.init_non_persistent_buffers
-    if callable(getattr(module, "reset_running_stats", None)):
-        return "its reset_running_stats()", module.reset_running_stats
+    if callable(init := getattr(module, "init_non_persistent_buffers", None)):
+        return "its init_non_persistent_buffers()", init
+    if callable(reset := getattr(module, "reset_running_stats", None)):
+        return "its reset_running_stats()", reset
     parts = name.split(".") if name else []
     for depth in range(len(parts), -1, -1):  # the nearest enclosing transformers model
         owner = model.get_submodule(".".join(parts[:depth]))

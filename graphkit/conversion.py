@@ -165,14 +165,16 @@ def convert_attention(
             ) from None
         calibration = calibration_inputs(shape, config.data)
     if mla and config.hf:
+        assert config.kv_rank is not None and config.rope_dims is not None, "ConvertConfig requires both here"
         model = to_deepseek(model, config.kv_rank, config.rope_dims, calibration)
-        metadata = {
+        metadata: dict[str, Any] = {
             "attention": "mla",
             "kv_rank": config.kv_rank,
             "rope_dims": config.rope_dims,
             "rope": "shared (RoRoPE)",
         }
     elif mla:
+        assert config.kv_rank is not None, "ConvertConfig requires kv_rank with mla"
         model = to_mla(model, config.kv_rank, rope_dims=config.rope_dims, calibration=calibration)
         metadata = mla_metadata(model)
     else:

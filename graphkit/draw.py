@@ -20,7 +20,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,22 +35,38 @@ class NodeLike(Protocol):
     """What a drawing reads from a node (:class:`graphkit.graph.Node`). ``ArchGraph.draw`` calls
     this module, so it names the graph's parts by what it needs instead of importing them back."""
 
-    name: str
-    op: str
-    module: str
-    params: dict[str, tuple[int, ...]]
-    attrs: dict[str, Any]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def op(self) -> str: ...
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, tuple[int, ...]]: ...
+
+    @property
+    def attrs(self) -> dict[str, Any]: ...
 
     @property
     def num_params(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class GraphLike(Protocol):
     """What a drawing reads from a graph (:class:`graphkit.graph.ArchGraph`)."""
 
-    nodes: list[NodeLike]
-    edges: list[tuple[int, int]]
-    meta: dict[str, Any]
+    @property
+    def nodes(self) -> Sequence[NodeLike]: ...
+
+    @property
+    def edges(self) -> Sequence[tuple[int, int]]: ...
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
 
     @property
     def num_params(self) -> int: ...
@@ -187,7 +203,7 @@ def _relative(value: Any, stack: str, index: int) -> Any:
 
 
 def _block_signature(
-    nodes: list[NodeLike], members: list[int], edges: set[tuple[int, int]], stack: str, index: int
+    nodes: Sequence[NodeLike], members: list[int], edges: set[tuple[int, int]], stack: str, index: int
 ) -> str:
     """What must match for two blocks to fold: their nodes with the block path made relative,
     and the edges among them."""
@@ -219,7 +235,8 @@ def _acyclic(alive: set[int], edges: set[tuple[int, int]]) -> bool:
 def _runs(signatures: list[str]) -> list[tuple[int, int, int]]:
     """(start, period, repeats) of every run of at least two repeats of one block (period 1)
     or of a pair of blocks (period 2), left to right."""
-    runs, i = [], 0
+    runs: list[tuple[int, int, int]] = []
+    i = 0
     while i < len(signatures):
         for period in (1, 2):
             unit = signatures[i : i + period]
@@ -367,7 +384,7 @@ def _box(node: NodeLike) -> Box:
 def build_scene(graph: GraphLike, expand: bool = False) -> Scene:
     """The boxes, edges and frames to draw, before layout."""
     if expand:
-        kept, edges, frames = list(range(len(graph.nodes))), list(graph.edges), []
+        kept, edges, frames = list(range(len(graph.nodes))), list(graph.edges), list[Frame]()
     else:
         kept, edges, frames = fold_repeats(graph)
     boxes = [_box(graph.nodes[n]) for n in kept]
@@ -393,7 +410,8 @@ def _grandalf_layout(scene: Scene) -> None:
 
     class View:
         def __init__(self, w: float = 0.0, h: float = 0.0) -> None:
-            self.w, self.h, self.xy, self.path = w, h, (0.0, 0.0), []
+            self.w, self.h, self.xy = w, h, (0.0, 0.0)
+            self.path: list[Point] = []
 
         def setpath(self, points: list[Point]) -> None:
             self.path = points
@@ -621,6 +639,7 @@ def _matplotlib(scene: Scene, path: Path, format: str) -> None:
     from matplotlib.path import Path as MplPath
 
     scale = _png_scale(scene) if format == "png" else 1.0
+    assert scale is not None, "draw() refuses a PNG too large to read before it gets here"
     fig = Figure(figsize=(scene.width / 72, scene.height / 72), dpi=72 * scale)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, scene.width)

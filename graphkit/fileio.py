@@ -492,7 +492,7 @@ def check_output_dir(path: str | Path, what: str = "--out", *, kind: str | None 
         raise OutputError(f"{what} {path}: is a file, not a folder")
     _check_parents(path, what)
     found = folder_kind(path) if kind is not None else None
-    if found not in (None, kind):
+    if kind is not None and found is not None and found != kind:
         raise OutputError(
             f"{what} {path}: holds graphkit's {describe_kind(found, article=False)}, not {describe_kind(kind)}; "
             "refusing to write into it (choose another folder)"

@@ -162,7 +162,7 @@ def finetune(
     resume: bool = False,
     example_inputs: Any = None,
     progress: bool = True,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Up-train ``model`` (in place, on ``config.device``) as ``config`` says, in the run folder
     ``folder`` (checked by :func:`~graphkit.training.run_folder.run_folder`), on data shaped for it
     (:func:`~graphkit.training.data.data_config`: any transformers language model, graphkit's

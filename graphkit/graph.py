@@ -226,12 +226,12 @@ class ArchGraph:
         if params is not None:
             expected = {k: tuple(int(d) for d in s) for k, s in params.items()}
             owned = {p: s for node in self.nodes for p, s in node.params.items()}
-            for p, s in expected.items():
+            for p, shape in expected.items():
                 if p not in owned:
                     raise GraphError(f"parameter {p!r} of the model is owned by no node")
-                if owned[p] != s:
+                if owned[p] != shape:
                     raise GraphError(
-                        f"parameter {p!r} has shape {list(owned[p])} in the graph but {list(s)} in the model"
+                        f"parameter {p!r} has shape {list(owned[p])} in the graph but {list(shape)} in the model"
                     )
             extra = sorted(set(owned) - set(expected))
             if extra:

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from graphkit.errors import ModelSourceError
 
@@ -266,7 +266,7 @@ def _buildable_types() -> list[str]:
     )
 
 
-def _default_class(model_type: str) -> type[nn.Module] | None:
+def _default_class(model_type: str) -> Any:  # a transformers model class, or None
     """The class hf: builds for ``model_type`` (and a folder whose config names none): its causal
     LM, else its image classifier (ViT, DeiT, Swin), else None."""
     from transformers.models.auto import modeling_auto  # noqa: PLC0415
@@ -276,11 +276,11 @@ def _default_class(model_type: str) -> type[nn.Module] | None:
         modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
     ):
         if model_type in mapping:
-            return _transformers_class(mapping[model_type])
+            return _transformers_class(cast(str, mapping[model_type]))
     return None
 
 
-def _transformers_class(name: str) -> type[nn.Module] | None:
+def _transformers_class(name: str) -> Any:  # a transformers model class, or None
     """The model class transformers defines under ``name``, or None: a name from a config file
     is only ever looked up, never imported from elsewhere."""
     import transformers  # noqa: PLC0415
@@ -291,7 +291,7 @@ def _transformers_class(name: str) -> type[nn.Module] | None:
     return None
 
 
-def _config_fields(config_class: type) -> list[str]:
+def _config_fields(config_class: Any) -> list[str]:  # a transformers PretrainedConfig subclass
     """The fields a config class takes: its defaults' entries, its aliases (GPT-2's
     ``hidden_size`` for ``n_embd``) and its constructor's named arguments, less those that
     describe a saved file."""
@@ -384,7 +384,7 @@ def _read_config(config_file: Path) -> dict[str, Any]:
     return raw
 
 
-def _folder_classes(config_file: Path, raw: dict[str, Any]) -> tuple[type, type[nn.Module]]:
+def _folder_classes(config_file: Path, raw: dict[str, Any]) -> tuple[Any, Any]:  # config and model classes
     """The config class of the folder's ``model_type`` and the model class its ``architectures``
     names (where it names none, the one hf: would build). A type or class that transformers does
     not define is refused: it needs remote code, which graphkit never runs."""
@@ -420,7 +420,7 @@ def _folder_classes(config_file: Path, raw: dict[str, Any]) -> tuple[type, type[
     return CONFIG_MAPPING[model_type], model_class
 
 
-def _read_weights(folder: Path, model_class: type, config: Any) -> nn.Module:
+def _read_weights(folder: Path, model_class: Any, config: Any) -> nn.Module:
     """``from_pretrained`` on the folder: offline, safetensors only, float32, and every tensor
     the model has read from the files, at the shape config.json gives it (and none left over).
     A shape mismatch is named here, with both shapes: transformers raises it as "look at the
@@ -490,8 +490,8 @@ def _on_meta(build: Callable[[], nn.Module]) -> nn.Module:
 
     with _quiet(), torch.device("meta"), skip_weight_init():
         model = build()
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
+    if callable(tie := getattr(model, "tie_weights", None)):
+        tie()
     return model.eval()
 
 

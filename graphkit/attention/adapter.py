@@ -20,6 +20,11 @@ from typing import Any
 
 from torch import nn
 
+#: a library's attention module as the hooks read it: by its attributes (``num_heads``,
+#: ``q_proj``, ``c_attn``, its config), which are the library's own; a type checker sees only
+#: ``nn.Module``'s ``Tensor | Module`` there, so the hooks take it duck-typed
+LibraryModule = Any
+
 
 @dataclass(frozen=True)
 class AttentionAdapter:
@@ -50,12 +55,12 @@ class AttentionAdapter:
     ``o_proj``, which the export reads), or else says why it has no stock class."""
 
     claims: Callable[[nn.Module], bool]
-    check: Callable[[str, nn.Module, int | None], None]
-    convert: Callable[[str, nn.Module, int | None, str, dict, list[list[int]] | None], nn.Module]
-    capture: Callable[[nn.Module, Callable[..., None]], list]
-    mla_rank: Callable[[str, nn.Module, int | None], int]
-    to_mla: Callable[[nn.Module, int, int | None, nn.Module | None, Sequence[Any] | None], nn.Module]
-    kv_values: Callable[[nn.Module], int]
+    check: Callable[[str, LibraryModule, int | None], None]
+    convert: Callable[[str, LibraryModule, int | None, str, dict, list[list[int]] | None], nn.Module]
+    capture: Callable[[LibraryModule, Callable[..., None]], list]
+    mla_rank: Callable[[str, LibraryModule, int | None], int]
+    to_mla: Callable[[LibraryModule, int, int | None, LibraryModule | None, Sequence[Any] | None], nn.Module]
+    kv_values: Callable[[LibraryModule], int]
     causal: bool = False
     rotary: bool = False
     hf_refusal: str | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.adapter import AttentionAdapter, register_adapter
+from graphkit.attention.adapter import AttentionAdapter, LibraryModule, register_adapter
 from graphkit.attention.convert import GPT2GroupedAttention, ViTGroupedAttention
 from graphkit.attention.core import GroupedQueryAttention
 from graphkit.attention.grouping import Calibration, contiguous_groups, permute_heads, pool_heads, query_order
@@ -41,7 +41,7 @@ def _capture_fused(projection: str, output: str):
     ``c_attn``): its output's Q, K and V thirds, as (batch, positions, heads, head_dim), and the
     output projection's weight as (out, in) (GPT-2's ``Conv1D`` stores it transposed)."""
 
-    def capture(module: nn.Module, store: Callable[..., None]) -> list:
+    def capture(module: LibraryModule, store: Callable[..., None]) -> list:
         heads = module.num_heads
         w_o = getattr(module, output).weight.detach()
         w_o = w_o.t() if type(getattr(module, output)).__name__ == "Conv1D" else w_o
@@ -58,11 +58,11 @@ def _capture_fused(projection: str, output: str):
 # timm's ViT Attention
 
 
-def _is_timm(module: nn.Module) -> bool:
+def _is_timm(module: LibraryModule) -> bool:
     return type(module).__name__ == "Attention" and type(module).__module__.startswith("timm.")
 
 
-def _refuse_timm_extras(path: str, module: nn.Module, error: type[Exception], conversion: str) -> None:
+def _refuse_timm_extras(path: str, module: LibraryModule, error: type[Exception], conversion: str) -> None:
     """Refuse, with ``error`` naming ``conversion``, a timm ``Attention`` with qk-norm, a scale
     norm or gating: the converted modules compute plain attention and would silently drop them."""
     plain = all(isinstance(getattr(module, n, None), (nn.Identity, type(None))) for n in ("q_norm", "k_norm", "norm"))
@@ -73,23 +73,25 @@ def _refuse_timm_extras(path: str, module: nn.Module, error: type[Exception], co
         )
 
 
-def _check_timm(path: str, module: nn.Module, kv_heads: int | None) -> None:
+def _check_timm(path: str, module: LibraryModule, kv_heads: int | None) -> None:
     _refuse_timm_extras(path, module, ConvertError, "convert()")
     _check_kv(path, module.num_heads, kv_heads)
 
 
-def _convert_timm(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
+def _convert_timm(
+    path: str, module: LibraryModule, kv_heads: int | None, variant: str, options: dict, groups
+) -> nn.Module:
     return ViTGroupedAttention.from_timm(
         module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options
     )
 
 
-def _timm_mla_rank(path: str, module: nn.Module, rope_dims: int | None) -> int:
+def _timm_mla_rank(path: str, module: LibraryModule, rope_dims: int | None) -> int:
     _refuse_timm_extras(path, module, MLAError, "to_mla")
     return module.qkv.in_features
 
 
-def _timm_to_mla(module: nn.Module, kv_rank: int, *_: Any) -> nn.Module:
+def _timm_to_mla(module: LibraryModule, kv_rank: int, *_: Any) -> nn.Module:
     return ViTLatentAttention.from_timm(module, kv_rank)
 
 
@@ -110,27 +112,29 @@ TIMM_ATTENTION = register_adapter(
 # Hugging Face GPT-2
 
 
-def _is_gpt2(module: nn.Module) -> bool:
+def _is_gpt2(module: LibraryModule) -> bool:
     return type(module).__name__ == "GPT2Attention"
 
 
-def _check_gpt2(path: str, module: nn.Module, kv_heads: int | None) -> None:
+def _check_gpt2(path: str, module: LibraryModule, kv_heads: int | None) -> None:
     if module.is_cross_attention:
         raise ConvertError(f"module '{path}' (GPT2Attention) is cross-attention, which convert() does not handle")
     _check_kv(path, module.num_heads, kv_heads)
 
 
-def _convert_gpt2(path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups) -> nn.Module:
+def _convert_gpt2(
+    path: str, module: LibraryModule, kv_heads: int | None, variant: str, options: dict, groups
+) -> nn.Module:
     return GPT2GroupedAttention.from_hf(module, _check_kv(path, module.num_heads, kv_heads), variant, groups, **options)
 
 
-def _gpt2_mla_rank(path: str, module: nn.Module, rope_dims: int | None) -> int:
+def _gpt2_mla_rank(path: str, module: LibraryModule, rope_dims: int | None) -> int:
     if module.is_cross_attention:
         raise MLAError(f"module '{path}' (GPT2Attention) is cross-attention, which to_mla does not handle")
     return module.embed_dim
 
 
-def _gpt2_to_mla(module: nn.Module, kv_rank: int, *_: Any) -> nn.Module:
+def _gpt2_to_mla(module: LibraryModule, kv_rank: int, *_: Any) -> nn.Module:
     return GPT2LatentAttention.from_hf(module, kv_rank)
 
 
@@ -153,7 +157,7 @@ GPT2_ATTENTION = register_adapter(
 
 
 def _graphkit_attention(
-    module: nn.Module,
+    module: LibraryModule,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -187,11 +191,11 @@ def _register_hf_attention(path: str) -> None:
     AttentionMaskInterface.register("graphkit", sdpa_mask)  # masks (causal, sliding window) as for SDPA
 
 
-def _is_llama(module: nn.Module) -> bool:
+def _is_llama(module: LibraryModule) -> bool:
     return all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "config", "head_dim"))
 
 
-def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
+def _check_llama(path: str, module: LibraryModule, kv_heads: int | None) -> None:
     heads = module.config.num_attention_heads
     current = module.k_proj.out_features // module.head_dim
     kv = _check_kv(path, heads, kv_heads)
@@ -201,7 +205,7 @@ def _check_llama(path: str, module: nn.Module, kv_heads: int | None) -> None:
 
 
 def _convert_llama(
-    path: str, module: nn.Module, kv_heads: int | None, variant: str, options: dict, groups
+    path: str, module: LibraryModule, kv_heads: int | None, variant: str, options: dict, groups
 ) -> nn.Module:
     heads = module.config.num_attention_heads
     current = module.k_proj.out_features // module.head_dim
@@ -230,7 +234,7 @@ def _convert_llama(
     return module
 
 
-def _capture_llama(module: nn.Module, store: Callable[..., None]) -> list:
+def _capture_llama(module: LibraryModule, store: Callable[..., None]) -> list:
     """A capture for LLaMA-style attention: ``q_proj``'s, ``k_proj``'s and ``v_proj``'s outputs,
     before RoPE, as (batch, positions, heads, head_dim). RoPE does not change the similarity
     groupings (see :mod:`~graphkit.attention.grouping`); ``search`` scores without it."""
@@ -247,7 +251,7 @@ def _capture_llama(module: nn.Module, store: Callable[..., None]) -> list:
     return [getattr(module, f"{n}_proj").register_forward_hook(hook(n)) for n in ("q", "k", "v")]
 
 
-def _llama_mla_rank(path: str, module: nn.Module, rope_dims: int | None) -> int:
+def _llama_mla_rank(path: str, module: LibraryModule, rope_dims: int | None) -> int:
     """Per-head query and key norms (Qwen3's ``q_norm`` and ``k_norm``) are refused: a key
     normalised per token and head is not a linear function of the input, so no latent can hold
     it. The latent's rank is at most the model's width or the stacked K/V projections' rows
@@ -270,7 +274,7 @@ def _llama_mla_rank(path: str, module: nn.Module, rope_dims: int | None) -> int:
 
 
 def _llama_to_mla(
-    module: nn.Module,
+    module: LibraryModule,
     kv_rank: int,
     rope_dims: int | None,
     rotary: nn.Module | None,
@@ -278,6 +282,7 @@ def _llama_to_mla(
 ) -> nn.Module:
     """MLA with the rotary pairs :func:`~graphkit.attention.mla.rope_pairs` keeps, read from the
     calibration queries and keys when there are some."""
+    assert rotary is not None, "to_mla hands a rotary adapter the model's rotary embedding"
     pairs = None
     if rope_dims is not None:
         q, k = (torch.cat([getattr(b, n).flatten(0, 1) for b in calibration]) if calibration else None for n in "qk")

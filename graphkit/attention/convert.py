@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.adapter import AttentionAdapter, adapter_for
+from graphkit.attention.adapter import AttentionAdapter, LibraryModule, adapter_for
 from graphkit.attention.core import ATTENTION_VARIANTS, GroupedQueryAttention
 from graphkit.attention.grouping import (
     GROUPINGS,
@@ -79,7 +79,12 @@ class ViTGroupedAttention(nn.Module):
 
     @classmethod
     def from_timm(
-        cls, attn: nn.Module, kv_heads: int, variant: str, groups: list[list[int]] | None = None, **variant_options: Any
+        cls,
+        attn: LibraryModule,
+        kv_heads: int,
+        variant: str,
+        groups: list[list[int]] | None = None,
+        **variant_options: Any,
     ) -> ViTGroupedAttention:
         """Convert a timm ``Attention`` by mean-pooling its K/V heads over ``groups`` (default:
         neighbours), its query heads reordered to match."""
@@ -116,6 +121,9 @@ class GPT2AttentionCall(nn.Module):
     attention_mask)`` returns ``(c_proj output after dropout, None)``. transformers up to 5.1x
     hands the KV cache over as ``past_key_values``, later ones as ``cache``; both are taken.
     Subclasses compute the attention before ``c_proj`` in :meth:`attend`."""
+
+    c_proj: Any  # the subclass's output projection (transformers' Conv1D, imported where it is built)
+    resid_dropout: nn.Module
 
     def forward(
         self,
@@ -174,7 +182,12 @@ class GPT2GroupedAttention(GPT2AttentionCall):
 
     @classmethod
     def from_hf(
-        cls, attn: nn.Module, kv_heads: int, variant: str, groups: list[list[int]] | None = None, **variant_options: Any
+        cls,
+        attn: LibraryModule,
+        kv_heads: int,
+        variant: str,
+        groups: list[list[int]] | None = None,
+        **variant_options: Any,
     ) -> GPT2GroupedAttention:
         """Convert a ``GPT2Attention`` by mean-pooling its K/V heads (columns of the Conv1D weight)
         over ``groups`` (default: neighbours), its query heads reordered to match."""
@@ -288,7 +301,7 @@ def convert(
     check_grouping(variant, grouping)
     if grouping in MEASURED and not calibration:
         raise ConvertError(f"grouping {grouping} reads keys and values on calibration inputs; none were given")
-    plan = []
+    plan: list[tuple[str, nn.Module, AttentionAdapter]] = []
     for path, module in model.named_modules():
         if any(path.startswith(p + ".") for p, _, _ in plan) or isinstance(module, _CONVERTED):
             continue

@@ -37,6 +37,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +52,7 @@ _FASTEST: dict[tuple, str] = {}
 #: PGQA's off-diagonal masks by (length, d, dtype, device); see _off_diagonal
 _MASKS: dict[tuple, torch.Tensor] = {}
 #: KDGQA's compiled allocation ("index"), or "failed" once compiling did not work; see kdgqa_index
-_COMPILED: dict[str, object] = {}
+_COMPILED: dict[str, Any] = {}
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, path: str, **kwargs) -> torch.Tensor:
@@ -93,7 +94,7 @@ def fastest_gqa_path(
     key = (str(q.device), q.dtype, tuple(q.shape), tuple(k.shape), is_causal, mask)
     if key not in _FASTEST:
         sync = torch.cuda.synchronize if q.is_cuda else (lambda: None)
-        sdpa = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
+        sdpa: dict[str, Any] = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
         times = {}
         with torch.no_grad():
             for path in ("enable_gqa", "repeat"):
@@ -106,7 +107,7 @@ def fastest_gqa_path(
                     sync()
                     samples.append(time.perf_counter() - start)
                 times[path] = statistics.median(samples)
-        _FASTEST[key] = min(times, key=times.get)
+        _FASTEST[key] = min(times, key=times.__getitem__)
     return _FASTEST[key]
 
 
@@ -141,6 +142,10 @@ def kdgqa_index(norms: torch.Tensor, heads: int, allow_empty: bool = False, *, f
 
 class GroupedQueryAttention(nn.Module):
     """Scaled dot-product attention with ``heads`` query heads over ``kv_heads`` K/V heads."""
+
+    counts: torch.Tensor  # DGQA's buffers: queries per K/V head, the cached key norms, the step
+    cached_norms: torch.Tensor
+    step: torch.Tensor
 
     def __init__(
         self,
@@ -199,7 +204,7 @@ class GroupedQueryAttention(nn.Module):
             index = kdgqa_index(key_norms(k), self.heads, self.allow_empty, fused=_measurable(q))
         if self.variant in ("kdgqa", "dgqa"):
             k, v = k[:, index], v[:, index]  # one gather each (advanced indexing beats index_select on CPU)
-        sdpa = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
+        sdpa: dict[str, Any] = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
         path = self.path
         if path == "auto":
             path = fastest_gqa_path(q, k, v, **sdpa) if k.shape[1] != q.shape[1] and _measurable(q) else "enable_gqa"
@@ -212,7 +217,7 @@ class GroupedQueryAttention(nn.Module):
         if not self.training:
             return self.counts
         norms = key_norms(k)
-        first = self.step == 0
+        first = self.step.eq(0)
         if self.evolution == "ema":
             cache = torch.where(first, norms, self.alpha * norms + (1 - self.alpha) * self.cached_norms)
             importance = cache

@@ -75,7 +75,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.attention.adapter import adapter_for
+from graphkit.attention.adapter import LibraryModule, adapter_for
 from graphkit.attention.convert import run_calibration
 from graphkit.errors import ExportError
 from graphkit.fileio import MARK, OutputError, check_output_dir, graphkit_kind, version, write_folder
@@ -162,7 +162,7 @@ class _Stop(Exception):
     """Raised by a hook to end a probing forward pass once it has what it reads."""
 
 
-def check_deepseek(model: nn.Module, kv_rank: Any, rope_dims: Any) -> DecoderPlan:
+def check_deepseek(model: LibraryModule, kv_rank: Any, rope_dims: Any) -> DecoderPlan:
     """Check, before any work, that ``model`` is a LLaMA-style decoder DeepSeek's format holds
     and that ``kv_rank`` (1 to the width) and ``rope_dims`` (even, dividing head_dim) fit it;
     returns what the conversion reads. One ExportError line naming the module, option or config
@@ -347,7 +347,7 @@ class _Layer:
     o_bias: torch.Tensor | None
 
     @classmethod
-    def read(cls, attn: nn.Module, norm: torch.Tensor, plan: DecoderPlan) -> _Layer:
+    def read(cls, attn: LibraryModule, norm: torch.Tensor, plan: DecoderPlan) -> _Layer:
         def weight(linear: nn.Linear, heads: int) -> torch.Tensor:
             return (linear.weight.detach().double().cpu() * norm).view(heads, plan.head_dim, plan.width)
 
@@ -379,7 +379,7 @@ def _folded_pairs(plan: DecoderPlan, rope_dims: int, fold: int) -> torch.Tensor:
     return _kept_pairs(plan, rope_dims).unsqueeze(1) + torch.arange(fold)
 
 
-def default_fold(model: nn.Module, plan: DecoderPlan, rope_dims: int) -> int:
+def default_fold(model: LibraryModule, plan: DecoderPlan, rope_dims: int) -> int:
     """How many neighbouring frequency pairs each pair of the rotary key holds by default: the
     kept pair and those after it, up to the next kept one, that turn at least :data:`FOLD_RATIO`
     times as fast as it does in every group (the source's own frequencies, ``inv_freq``). Rotated at
@@ -424,7 +424,7 @@ def _weight_moments(layer: _Layer, pairs: torch.Tensor) -> torch.Tensor:
     return _pair_moments(torch.cat(keys), pairs)
 
 
-def _key_moments(model: nn.Module, plan: DecoderPlan, pairs: torch.Tensor, calibration: Sequence[Any]) -> list:
+def _key_moments(model: LibraryModule, plan: DecoderPlan, pairs: torch.Tensor, calibration: Sequence[Any]) -> list:
     """Per layer, :func:`_pair_moments` of the keys the source computes on ``calibration``
     (``k_proj``'s output: before RoPE, which turns all heads alike), summed over its tokens."""
     layers = model.model.layers
@@ -443,7 +443,7 @@ def _key_moments(model: nn.Module, plan: DecoderPlan, pairs: torch.Tensor, calib
     return totals
 
 
-def _latent_rms(model: nn.Module, plan: DecoderPlan, downs: list[torch.Tensor], calibration: Sequence[Any]) -> list:
+def _latent_rms(model: LibraryModule, plan: DecoderPlan, downs: list[torch.Tensor], calibration: Sequence[Any]) -> list:
     """Per layer, the mean RMS of the latent ``down @ x̂`` over the calibration tokens (1 without
     them: ``x̂`` has unit RMS and ``down`` orthonormal rows), the weight ``kv_a_layernorm`` gets.
     A token whose hidden state is zero (a padding row as transformers initialises it) is left out:
@@ -542,7 +542,7 @@ def _attention_tensors(
     return {name: t.contiguous() for name, t in tensors.items()}, down
 
 
-def deepseek_config(model: nn.Module, plan: DecoderPlan, kv_rank: int, rope_dims: int) -> Any:
+def deepseek_config(model: LibraryModule, plan: DecoderPlan, kv_rank: int, rope_dims: int) -> Any:
     """The ``DeepseekV3Config`` of ``model`` converted with ``kv_rank`` and ``rope_dims``: every
     layer dense, the source's vocabulary, context, RoPE parameters and special tokens."""
     from transformers import DeepseekV3Config
@@ -579,7 +579,7 @@ def deepseek_config(model: nn.Module, plan: DecoderPlan, kv_rank: int, rope_dims
 
 
 def to_deepseek(
-    model: nn.Module,
+    model: LibraryModule,
     kv_rank: int,
     rope_dims: int,
     calibration: Sequence[Any] = (),
@@ -643,7 +643,7 @@ def to_deepseek(
     return new
 
 
-def _check_frequencies(source: nn.Module, config: Any, pairs: torch.Tensor) -> None:
+def _check_frequencies(source: LibraryModule, config: Any, pairs: torch.Tensor) -> None:
     """Refuse a conversion whose rotary key would not turn at the kept pairs' own frequencies: what
     DeepSeek's rotary embedding computes from ``config`` (built alone, with no layers), against
     the source's frequencies at ``pairs``."""
@@ -714,7 +714,7 @@ def hf_info(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return info
 
 
-def save_hf(model: nn.Module, out: str | Path, info: dict[str, Any], *, in_place: bool = False) -> Path:
+def save_hf(model: LibraryModule, out: str | Path, info: dict[str, Any], *, in_place: bool = False) -> Path:
     """Write ``model`` (a transformers model) as ``save_pretrained`` does (config.json, the
     safetensors weights, generation_config.json when it has one) into the folder ``out``,
     atomically, with graphkit's mark in config.json: ``"graphkit": {"version": ..., **info}``

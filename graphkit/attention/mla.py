@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphkit.attention.adapter import AttentionAdapter, adapter_for
+from graphkit.attention.adapter import AttentionAdapter, LibraryModule, adapter_for
 from graphkit.attention.convert import (
     GPT2AttentionCall,
     GPT2GroupedAttention,
@@ -67,6 +67,7 @@ class LatentKV(nn.Module):
     tracer records on the attention node."""
 
     attention_variant = "mla"
+    k_rope: nn.Linear  # the rotary keys' projection, where LlamaLatentAttention keeps rope_dims out of the latent
 
     def __init__(self, dim: int, width: int, kv_rank: int, bias: bool, v_width: int | None = None) -> None:
         super().__init__()
@@ -97,7 +98,7 @@ class LatentKV(nn.Module):
             new.down.weight.copy_(vh[:kv_rank].to(w_k.dtype))
             new.k_up.weight.copy_(up[:width])
             new.v_up.weight.copy_(up[width:])
-            if b_k is not None:
+            if b_k is not None and b_v is not None:  # both or neither: the module has biases or not
                 new.k_up.bias.copy_(b_k)
                 new.v_up.bias.copy_(b_v)
         return new
@@ -153,7 +154,7 @@ def latent_attention(
         mask, causal = _causal_mask(n, keys, q.device), False
     if form == "expanded":
         k, v = _heads(latent.k_up(c), kv_heads), _heads(latent.v_up(c), kv_heads)
-        if k_rope is not None:
+        if q_rope is not None and k_rope is not None:  # both or neither: decoupled RoPE or not
             q, k = torch.cat([q_rope, q], dim=-1), torch.cat([k_rope, k], dim=-1)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=kv_heads != heads
@@ -161,7 +162,7 @@ def latent_attention(
     group = heads // kv_heads
     q_latent = q.reshape(b, kv_heads, group * n, d_k) @ latent.k_up.weight.view(kv_heads, d_k, rank)
     scores = (q_latent.view(b, heads * n, rank) @ c.transpose(1, 2)).view(b, kv_heads, group * n, keys)
-    if k_rope is not None:
+    if q_rope is not None and k_rope is not None:
         scores = scores + q_rope.reshape(b, kv_heads, group * n, d_rope) @ k_rope.transpose(-1, -2)
     scores = scores.view(b, heads, n, keys) * ((d_k + d_rope) ** -0.5 if scale is None else scale)
     if mask is not None:
@@ -191,7 +192,7 @@ class ViTLatentAttention(nn.Module):
         return self.proj(y.transpose(1, 2).flatten(2))
 
     @classmethod
-    def from_timm(cls, attn: nn.Module, kv_rank: int) -> ViTLatentAttention:
+    def from_timm(cls, attn: LibraryModule, kv_rank: int) -> ViTLatentAttention:
         """Convert a timm ``Attention``: Q and ``proj`` copied, K/V factored through the latent."""
         dim = attn.qkv.in_features
         has_bias = attn.qkv.bias is not None
@@ -202,7 +203,7 @@ class ViTLatentAttention(nn.Module):
         new.kv = LatentKV.factor(w_k, w_v, b_k, b_v, kv_rank)
         with torch.no_grad():
             new.q.weight.copy_(w_q)
-            if has_bias:
+            if b_q is not None:
                 new.q.bias.copy_(b_q)
             new.proj.load_state_dict(attn.proj.state_dict())
         return new
@@ -235,7 +236,7 @@ class GPT2LatentAttention(GPT2AttentionCall):
         return y.transpose(1, 2).flatten(2)
 
     @classmethod
-    def from_hf(cls, attn: nn.Module, kv_rank: int) -> GPT2LatentAttention:
+    def from_hf(cls, attn: LibraryModule, kv_rank: int) -> GPT2LatentAttention:
         """Convert a ``GPT2Attention`` (``Conv1D`` weights stored (in, out)): Q and ``c_proj``
         copied, K/V factored through the latent."""
         dim = attn.embed_dim
@@ -270,7 +271,7 @@ def rope_pairs(
     head_dim), before RoPE or after alike (a rotation keeps each pair's length); without them, the
     highest frequencies (LLaMA's first pairs)."""
     keep = rope_dims // 2
-    if q is None:
+    if q is None or k is None:
         return torch.arange(keep).expand(kv_heads, keep).clone()
     half = head_dim // 2
 
@@ -294,9 +295,9 @@ class LlamaLatentAttention(nn.Module):
 
     def __init__(
         self,
-        attn: nn.Module,
+        attn: LibraryModule,
         kv_rank: int,
-        rotary: nn.Module,
+        rotary: LibraryModule,
         rope_dims: int | None = None,
         pairs: torch.Tensor | None = None,
     ) -> None:
@@ -313,6 +314,7 @@ class LlamaLatentAttention(nn.Module):
             self.kv = LatentKV.factor(w_k, w_v, b_k, b_v, kv_rank)
             self._rotary = [rotary]  # the model's own rotary embedding, shared, not a submodule of each layer
             return
+        assert pairs is not None, "rope_dims comes with the pairs rope_pairs chose"
         half = self.head_dim // 2
         kept = torch.zeros(self.kv_heads, half, dtype=torch.bool)
         kept.scatter_(1, pairs, True)
@@ -405,7 +407,7 @@ class LlamaLatentAttention(nn.Module):
 def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, AttentionAdapter]]:
     """Every attention module of ``model`` ``to_mla`` would replace, with its adapter: an
     attention no adapter claims is an MLAError naming it."""
-    found = []
+    found: list[tuple[str, nn.Module, AttentionAdapter]] = []
     for path, module in model.named_modules():
         name = type(module).__name__
         if any(path.startswith(p + ".") for p, _, _ in found) or isinstance(
@@ -431,8 +433,8 @@ def kv_cache_bytes(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, LatentKV):
             total += module.kv_rank + (module.k_rope.out_features if module.rope_dims else 0)
-        elif hasattr(module, "kv_a_proj_with_mqa"):  # DeepSeek's MLA: the latent and the rotary key all heads share
-            total += module.kv_a_proj_with_mqa.out_features
+        elif isinstance(latent := getattr(module, "kv_a_proj_with_mqa", None), nn.Linear):  # DeepSeek's MLA:
+            total += latent.out_features  # the latent and the rotary key all heads share
         elif isinstance(module, (ViTGroupedAttention, GPT2GroupedAttention)):
             total += 2 * module.core.kv_heads * module.head_dim
         elif (adapter := adapter_for(module)) is not None:  # unconverted, or converted in place (LLaMA's GQA)

@@ -59,8 +59,9 @@ def _usage_errors_in_one_line() -> Iterator[None]:
     except Exception as e:
         if not is_usage_error(e):
             raise
-        print_error(e.format_message().rstrip("."))
-        raise typer.Exit(e.exit_code) from None
+        usage: Any = e  # click's UsageError, which typer vendors privately: read by its methods
+        print_error(usage.format_message().rstrip("."))
+        raise typer.Exit(usage.exit_code) from None
 
 
 class OneLineUsageErrors(TyperGroup):

@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -234,7 +234,7 @@ def list_records(
     dataset = _load_warning_if_incomplete(path)
     if split is not None and split not in dataset.splits:
         raise GraphkitError(f"--split {split}: {path} has no such split; its splits: {', '.join(dataset.splits)}")
-    conditions = {
+    conditions: dict[str, Any] = {
         k: v for k, v in dict(split=split, num_layers=layers, hidden=hidden, heads=heads).items() if v is not None
     }
     if min_params is not None or max_params is not None:
@@ -365,7 +365,8 @@ def compile_record(
     from graphkit.params import check_params_output, read_params
 
     check_params_output(out, kind="compiled-weights")
-    carried, mla = {}, None
+    carried: dict[str, Any] = {}
+    mla: dict[str, Any] | None = None
     if params is not None:
         _, metadata = read_params(params, tensors=False)
         recorded = metadata.get("graphkit_attention"), metadata.get("graphkit_kv_heads")

@@ -225,7 +225,7 @@ def predict(
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)
     chosen = bundled_for(graph) if ghn is None else None
-    hypernet = load_checkpoint(ghn if ghn is not None else chosen)
+    hypernet = load_checkpoint(chosen if chosen is not None else str(ghn))
     check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
     if chosen is not None:  # chosen by what the model is: say which, since it need not be its family's
         task = checkpoint_task(hypernet.info)

@@ -130,6 +130,7 @@ def compile_model(
     if mla:
         from graphkit.attention.mla import to_mla  # noqa: PLC0415 - the converted attentions import the families
 
+        assert kv_rank is not None, "checked above: mla takes kv_rank"
         to_mla(model, kv_rank, rope_dims=rope_dims)
     if params is not None:
         load_params(model, params, strict=strict)

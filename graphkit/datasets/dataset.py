@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +23,9 @@ import pyarrow.dataset as pads
 from graphkit.datasets.store import METADATA_COLUMNS, SCHEMA, StoreError, hub_columns, open_shard, row_to_graph
 from graphkit.errors import RecordNotFound
 from graphkit.graph import ArchGraph
+
+if TYPE_CHECKING:  # torch_geometric, imported where a dataset is converted
+    from graphkit.datasets.pyg import PygGraphDataset
 
 Condition = Any  # a value (equality), a (low, high) range with None for open ends, or a list/set of values
 
@@ -68,7 +71,7 @@ class Record:
         """The graph as a networkx DiGraph."""
         return self.graph.to_networkx()
 
-    def to_pyg(self):
+    def to_pyg(self) -> PygGraphDataset:
         """The graph as a torch_geometric Data (see ArchGraph.to_pyg), with the record's ``id``
         and ``fingerprint``."""
         data = self.graph.to_pyg()
@@ -156,7 +159,7 @@ class GraphDataset:
             combined = part if combined is None else combined & part
         return GraphDataset(self.root, self.files, combined)
 
-    def to_pyg(self):
+    def to_pyg(self) -> PygGraphDataset:
         """Every record as a torch_geometric ``InMemoryDataset`` of :meth:`Record.to_pyg` data,
         ready for ``torch_geometric.loader.DataLoader``. Datasets repeat architectures (vits-1k
         holds 160 in 1,000 records), so records of one fingerprint share one conversion: only

@@ -298,7 +298,8 @@ def _damage(out: Path, j: int, n_parts: int, rows: list[tuple[str, dict[str, Any
 def resume_hint(out: str | Path) -> str:
     """The command that finishes the interrupted dataset ``out``, for warnings."""
     run = recorded_run(out) or {}
-    recipe = run.get("recipe") if isinstance(run.get("recipe"), dict) else {}
+    recipe = run.get("recipe")
+    recipe = recipe if isinstance(recipe, dict) else {}
     attention = run.get("attention") or "mha"
     base = str(recipe.get("name", "RECIPE"))
     if attention != "mha" and base.endswith(f"-{attention}"):

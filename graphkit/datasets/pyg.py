@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from graphkit.compat import pyg_data
 from graphkit.datasets.store import StoreError
 
-_pyg = pyg_data()
-Data, InMemoryDataset = _pyg.Data, _pyg.InMemoryDataset
+if TYPE_CHECKING:  # the classes as a type checker reads them; at run time, loaded as compat loads them
+    from torch_geometric.data import Data, InMemoryDataset  # noqa: TID253
+else:
+    _pyg = pyg_data()
+    Data, InMemoryDataset = _pyg.Data, _pyg.InMemoryDataset
 
 
 class PygGraphDataset(InMemoryDataset):

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import yaml
 
@@ -190,7 +190,8 @@ class Recipe:
             get_family(self.family)
         except ConfigError as e:
             raise RecipeError(f"recipe {self.name!r}: family: {e}") from None
-        for key, entries in (("bins", self.bins), ("heads", self.heads)):
+        drawn: tuple[tuple[str, tuple[Bin | HeadRule, ...]], ...] = (("bins", self.bins), ("heads", self.heads))
+        for key, entries in drawn:
             if not isinstance(entries, tuple) or not entries:
                 self._refuse(key, "a non-empty list", entries)
             for i, entry in enumerate(entries):
@@ -324,12 +325,12 @@ class Recipe:
         if rule.choices == "divisors":
             counts = divisors(hidden)
         else:
-            counts = list(rule.choices)
+            counts = list(cast(tuple[int, ...], rule.choices))  # not "divisors": the counts themselves
         return [h for h in counts if hidden % h == 0 and hidden // h >= rule.min_head_dim]
 
     def _kv_choices(self, heads: int, attention: str | None) -> list[int | None]:
         if self.kv_heads == "divisors" and (attention is not None or get_family(self.family).grouped):
-            return divisors(heads)
+            return list[int | None](divisors(heads))
         return [None]
 
     def _width_settings(self, hidden: int) -> list[tuple[int, str | None, int | None, int | None]]:

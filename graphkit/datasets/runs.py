@@ -31,6 +31,7 @@ def flock(path: Path, mode: int, refusal: GraphkitError | None = None) -> Iterat
         try:
             fcntl.flock(handle, mode | (fcntl.LOCK_NB if refusal else 0))
         except BlockingIOError:
+            assert refusal is not None, "only a lock taken with a refusal does not wait"
             raise refusal from None
         try:
             yield

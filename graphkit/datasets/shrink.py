@@ -43,7 +43,7 @@ import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +249,15 @@ def _fields(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, Mapping) else None
 
 
+def _each_fields(value: Any) -> list[dict[str, Any]] | None:
+    """The fields of each element of a non-empty tuple or list of config dataclasses or dicts
+    (a model's per-stage configs), else None."""
+    if not isinstance(value, (tuple, list)) or not value:
+        return None
+    each = [_fields(v) for v in value]
+    return [f for f in each if f is not None] if all(f is not None for f in each) else None
+
+
 def _widest(fields: Mapping[str, Any], rules: Mapping[str, Rule]) -> int:
     """The largest width among ``fields`` (nested configs included)."""
     widest = 0
@@ -256,8 +265,8 @@ def _widest(fields: Mapping[str, Any], rules: Mapping[str, Rule]) -> int:
         nested = _fields(value)
         if nested is not None:
             widest = max(widest, _widest(nested, rules))
-        elif isinstance(value, (tuple, list)) and value and all(_fields(v) is not None for v in value):
-            widest = max(widest, *(_widest(_fields(v), rules) for v in value))
+        elif (parts := _each_fields(value)) is not None:
+            widest = max(widest, *(_widest(part, rules) for part in parts))
         elif rules.get(key) is _width and key in (*WIDTH_KEYS, "c"):
             widths = _flat_ints(value)
             stages = next((len(fields[k]) for k in STAGE_KEYS if isinstance(fields.get(k), (tuple, list))), 1)
@@ -287,8 +296,8 @@ def _rewrite(fields: Mapping[str, Any], plan: Plan, rules: Mapping[str, Rule]) -
             inner = _rewrite(nested, plan, rules)
             if inner:
                 out[key] = inner
-        elif isinstance(value, (tuple, list)) and value and all(_fields(v) is not None for v in value):
-            items = [_rewrite(_fields(v), plan, rules) for v in value]
+        elif (parts := _each_fields(value)) is not None:
+            items = [_rewrite(part, plan, rules) for part in parts]
             if any(items):
                 out[key] = items
         elif key in rules:
@@ -395,10 +404,10 @@ def _cap(limit: int) -> Rule:
 
 def _mla_head(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
     """MLA's query-key head: its no-rotary part and its rotary part, each shrunk."""
-    parts = [fields.get("qk_nope_head_dim"), fields.get("qk_rope_head_dim")]
-    if not all(isinstance(p, int) for p in parts):
+    nope, rope = fields.get("qk_nope_head_dim"), fields.get("qk_rope_head_dim")
+    if not isinstance(nope, int) or not isinstance(rope, int):
         return value
-    return sum(min(p, 16) for p in parts)
+    return min(nope, 16) + min(rope, 16)
 
 
 def _period(plan: Plan, value: Any, _: Mapping[str, Any]) -> Any:
@@ -545,7 +554,7 @@ def trainability(model: nn.Module, task: str) -> str | None:
             output = model(inputs)
             expected: tuple[int, ...] = (CHECK_BATCH, NUM_CLASSES)
         else:
-            vocab = model.config.vocab_size
+            vocab = cast(Any, model).config.vocab_size  # a transformers model: its config
             tokens = torch.randint(BYTE_VOCAB, (CHECK_BATCH, CHECK_TOKENS + 1), generator=generator)
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
             output = model(input_ids=inputs, use_cache=False)

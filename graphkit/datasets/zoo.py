@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -59,8 +59,8 @@ from graphkit.datasets.store import (
     write_shard,
 )
 from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError, ZooError
-from graphkit.families import build_model, get_family
-from graphkit.families.libraries import first_line
+from graphkit.families import build_model
+from graphkit.families.libraries import first_line, library_family
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
@@ -148,7 +148,7 @@ class Zoo:
 
     def config(self, model: str) -> dict[str, Any]:
         """The config a record of ``model`` stores: the library's family and its name for the model."""
-        return {"family": self.library, get_family(self.library).model_key: model}
+        return {"family": self.library, library_family(self.library).model_key: model}
 
 
 def _timm_candidates() -> list[str]:
@@ -417,12 +417,14 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
     child of a process whose thread pool had run can crash), each importing the libraries once."""
     methods = multiprocessing.get_all_start_methods()
     method = zoo.start_method if zoo.start_method in methods else "spawn"
-    context = multiprocessing.get_context(method)
+    context: Any = multiprocessing.get_context(method)  # a start method's context: its Process and Pipe
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; the processes share the cores
     if names and method == "fork":
         (zoo.warm_up or _warm_up)()
-    pending, idle, busy = list(names), [], {}
+    pending = list(names)
+    idle: list[tuple[Any, Connection]] = []
+    busy: dict[Connection, tuple[Any, str, float]] = {}
 
     def start() -> tuple[Any, Connection]:
         mine, theirs = context.Pipe(duplex=True)
@@ -444,7 +446,8 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
                 pipe.send(name)
                 busy[pipe] = (process, name, time.monotonic())
             finished = []
-            for pipe in wait(list(busy), timeout=1.0):
+            for ready in wait(list(busy), timeout=1.0):
+                pipe = cast(Connection, ready)  # wait() returns what it was given: the busy pipes
                 process, name, started = busy.pop(pipe)
                 try:
                     finished.append(pipe.recv())
@@ -505,7 +508,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
         }
 
     shrinker, family = SHRINKERS[library], name
-    base = {"family": library, get_family(library).model_key: name}
+    base = {"family": library, library_family(library).model_key: name}
     began = time.perf_counter()
     try:
         family = shrinker.family_of(name)
@@ -547,7 +550,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
             continue
         began = time.perf_counter()
         try:
-            trained = shrink.trainability(build_model(config, "cpu"), get_family(library).task)
+            trained = shrink.trainability(build_model(config, "cpu"), library_family(library).task)
         except Exception as e:
             trained = f"cannot be built on the CPU: {_first_error(e)}"
         lap("check", began)
@@ -734,8 +737,8 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
             config=json.dumps(config, sort_keys=True, separators=(",", ":")), split="eval" if held_out else "train"
         )
         rows.append(row)
-    for split in ("train", "eval"):
-        write_shard([r for r in rows if r["split"] == split], out / "data" / shard_name(split, 0, 1))
+    for part in ("train", "eval"):
+        write_shard([r for r in rows if r["split"] == part], out / "data" / shard_name(part, 0, 1))
     unbuildable = [{"model": o["model"], "reason": o["error"]} for o in outcomes if o.get("unbuildable")]
     failed = [
         {"model": o["model"], "reason": o["error"]} for o in outcomes if "error" in o and not o.get("unbuildable")

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import ConfigError, ZooError
-from graphkit.families.registry import Family, register_family
+from graphkit.families.registry import FAMILIES, Family, get_family, register_family
 
 #: the image side and class count a mini zoo's timm models are built with
 IMAGE_SIZE = 32
@@ -55,6 +55,16 @@ class LibraryFamily(Family):
         if not isinstance(config.get("shrink"), (Mapping, type(None))):
             raise ConfigError(f"{self.name} config: shrink must be an object of overrides")
         return {"family": self.name, **config}
+
+
+def library_family(name: str) -> LibraryFamily:
+    """The library family called ``name`` (``timm``, ``transformers``: a zoo's records are built
+    by one); a ConfigError names the library families otherwise."""
+    family = get_family(name)
+    if not isinstance(family, LibraryFamily):
+        libraries = sorted(n for n, f in FAMILIES.items() if isinstance(f, LibraryFamily))
+        raise ConfigError(f"family {name!r} is not a library's; library families: {', '.join(libraries)}")
+    return family
 
 
 def first_line(error: BaseException) -> str:
@@ -150,24 +160,24 @@ def watched_timm(variant: str, overrides: Mapping[str, Any] | None = None) -> It
 
     prefix = timm.models.__name__ + "."
     saved = [  # every model module imported its own name for the builder
-        (module, module.build_model_with_cfg)
+        (module, original)
         for name, module in list(sys.modules.items())
         if name.startswith(prefix) and getattr(module, "build_model_with_cfg", None) is original
     ]
     for module, _ in saved:
-        module.build_model_with_cfg = build
+        setattr(module, "build_model_with_cfg", build)  # a module attribute: ModuleType declares none
     try:
         yield seen
     finally:
         for module, function in saved:
-            module.build_model_with_cfg = function
+            setattr(module, "build_model_with_cfg", function)
 
 
 def apply_overrides(current: Any, override: Any) -> Any:
     """``override`` (JSON: lists and dicts) laid over the value it replaces: a dict rewrites a
     config dataclass's (or a dict's) fields, a list of the same length element by element, and
     a list replacing a tuple is a tuple."""
-    if isinstance(override, Mapping) and dataclasses.is_dataclass(current):
+    if isinstance(override, Mapping) and dataclasses.is_dataclass(current) and not isinstance(current, type):
         return dataclasses.replace(current, **{k: apply_overrides(getattr(current, k), v) for k, v in override.items()})
     if isinstance(override, Mapping) and isinstance(current, Mapping):
         return {**current, **{k: apply_overrides(current.get(k), v) for k, v in override.items()}}

@@ -11,7 +11,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -119,7 +119,7 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
-def build_hf(model_class: type[nn.Module], config: Any, init: bool) -> nn.Module:
+def build_hf(model_class: Any, config: Any, init: bool) -> nn.Module:  # a PreTrainedModel subclass
     """A Hugging Face model, skipping weight initialisation unless ``init``; transformers'
     ``no_init_weights`` also skips tying the LM head to the embedding, so ties are redone."""
     if init:
@@ -193,7 +193,7 @@ def family_default(graph: ArchGraph, flag: str, choice: bool | None = None) -> b
     this way."""
     if choice is not None:
         return choice
-    family = FAMILIES.get(graph.meta.get("family"))
+    family = FAMILIES.get(str(graph.meta.get("family")))
     return bool(family is not None and getattr(family, flag))
 
 
@@ -246,7 +246,8 @@ def _base_and_block(key: str) -> tuple[int, int]:
     config = {**json.loads(key), "num_layers": 1}
     model = build_model(config, "meta")
     total = sum(p.numel() for p in model.parameters())
-    block = sum(p.numel() for p in model.get_submodule(get_family(config["family"]).blocks)[0].parameters())
+    blocks = cast(nn.ModuleList, model.get_submodule(get_family(config["family"]).blocks))
+    block = sum(p.numel() for p in blocks[0].parameters())
     return total - block, block
 
 

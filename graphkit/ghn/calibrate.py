@@ -33,7 +33,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -216,7 +216,7 @@ def calibrate(
         targets[index][branch] = _rms(stream + output)
         return output
 
-    with _hooks(reference, list(reference.get_submodule(blocks_path)), writers, record):
+    with _hooks(reference, list(cast(nn.ModuleList, reference.get_submodule(blocks_path))), writers, record):
         init_logits = _logits(_run(reference.eval(), inputs))
     result = Calibration()
 
@@ -225,7 +225,7 @@ def calibrate(
         result.factors[writers[index][branch]] = a
         return output * a
 
-    block_list = list(model.get_submodule(blocks_path))
+    block_list = list(cast(nn.ModuleList, model.get_submodule(blocks_path)))
     before_stream, before_logits = _measure(model, block_list, inputs)
     with _hooks(model, block_list, writers, shrink):
         logits = _logits(_run(model, inputs))

@@ -181,7 +181,7 @@ def _check_size(file: Path, config: LoGAHConfig) -> None:
 def bundled_checkpoint(family: str | None) -> Path:
     """The folder of the checkpoint that ships for ``family`` (vit, gpt2 or llama): a dataset's
     own, for ``eval-ghn``. A model is matched by :func:`bundled_for`."""
-    if family not in BUNDLED:
+    if family is None or family not in BUNDLED:
         raise CheckpointError(
             f"no bundled hypernetwork for {family or 'this'} models (bundled: {', '.join(BUNDLED)}); "
             "train one with `graphkit train-ghn` and pass --ghn"
@@ -239,7 +239,7 @@ def bundled_for(graph: ArchGraph) -> Path:
     candidates = same_task or names
     ops = {node.op for node in graph.nodes}
     missing = {name: _missing_ops(infos[name], ops) for name in candidates}
-    own = BUNDLED.get(graph.meta.get("family"))
+    own = BUNDLED.get(str(graph.meta.get("family")))
     # a family's checkpoint, measured on its held-out architectures, before one trained across families
     # (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance, issue #45)
     best = min(candidates, key=lambda n: (len(missing[n]), n in ZOO_BUNDLED, n != own, space_distance(infos[n], graph)))

@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 from graphkit.fileio import save_figure
 from graphkit.ghn.encoding import EncodedGraph
-from graphkit.ghn.model import LoGAH
+from graphkit.ghn.model import LoGAH, LowRankDecoder
 from graphkit.ghn.pool import ArchPool
 
 
@@ -39,7 +39,7 @@ def gradient_norms(ghn: LoGAH) -> dict[str, float]:
 def factor_similarity(ghn: LoGAH, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> dict[str, float]:
     """The step's factor similarity from the node embeddings its forward made (no second encoder
     pass); {} for the GHN-3 baseline, which has no factors."""
-    if not hasattr(ghn.decoder, "factor_similarity"):
+    if not isinstance(ghn.decoder, LowRankDecoder):
         return {}
     return {"factor_similarity": ghn.decoder.factor_similarity(nodes.detach().float(), graphs)}
 

@@ -207,7 +207,10 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     plan = targets(graph, config.max_slots)
     role_index = {role: i + 1 for i, role in enumerate(config.roles)}
     roles = tuple(role_index.get(role_of(t.name, config.role_key), 0) for t in plan)  # unseen: 0, shared
-    queries, first, grid, groups = [], [], [], {}
+    queries: list[tuple[int, int, int, int]] = []
+    first: list[int] = []
+    grid: list[tuple[int, int]] = []
+    groups: dict[tuple[str, int, int, int], list[int]] = {}
     for t, role in zip(plan, roles):
         rows, cols = t.matrix_shape
         grid.append((math.ceil(rows / k), math.ceil(cols / k)))

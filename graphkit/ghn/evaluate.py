@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from rich.progress import Progress
@@ -101,10 +101,12 @@ def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] |
     ``predicted`` holds the parameters of ``predicted``, ``keep_init`` (the same prediction) and
     ``selected``."""
 
+    if init in ("predicted", "selected", "keep_init") and predicted is None:
+        raise ValueError(f"initialisation {init!r} needs the parameters made for the model")
     if init in ("predicted", "selected"):  # parameters made for this model: the hypernetwork's or the selection's
-        load_params(model, predicted)
+        load_params(model, cast(dict[str, torch.Tensor], predicted))
     elif init == "keep_init":  # the framework's init kept, the prediction added (graphkit.ghn.keep_init)
-        add_prediction(model, predicted)
+        add_prediction(model, cast(dict[str, torch.Tensor], predicted))
     elif init == "orthogonal":
         with torch.no_grad():
             for param in model.parameters():
@@ -163,7 +165,8 @@ def evaluate(
         ghn = load_checkpoint(config.ghn or bundled_checkpoint(pool.family))
     ghn = ghn.to(device)
     source = load_source(config.data or default_source(pool.family), seq_len=config.seq_len)
-    chosen, refusals = [], []
+    chosen: list[Any] = []  # the pool's records evaluated
+    refusals: list[str] = []
     for record in pool.records:
         if len(chosen) == config.archs:
             break
@@ -179,7 +182,8 @@ def evaluate(
         raise EvalError(f"no architecture of {config.dataset} ({config.split}) can be evaluated: {refusals[0]}")
     at = horizons(config.steps)
     teacher = _selection_source(config, source) if "selected" in config.inits else None
-    tasks, rows = [], {}
+    tasks: list[_FineTuning] = []
+    rows: dict[int, dict[str, Any]] = {}
     for record in chosen:
         source.check(record.config)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}

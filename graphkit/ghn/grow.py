@@ -230,10 +230,12 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
     if wide:
         if config["hidden"] != size["width"]:
             return None
-        config = _narrower(config, space, size["depth"] or 0)
-        if config is None:
+        narrowed = _narrower(config, space or {}, size["depth"] or 0)
+        if narrowed is None:
             return None
+        config = narrowed
     if repatch and config.get("patch_size") == size["patch"]:
+        assert patches is not None and size["patch"] is not None, "what repatch says"
         patch = min(max(size["patch"], patches[0]), patches[1])
         config = {**config, "patch_size": patch, "image_size": config["image_size"] // size["patch"] * patch}
     return config
@@ -268,7 +270,9 @@ def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
     twin_graph = trace(build_model(config, "meta"))
     with torch.no_grad():
         params = ghn.predict(twin_graph)
-    return GrownDecoding(graph, params, extent(graph)["width"], config["hidden"], ghn.config.max_slots)
+    width = extent(graph)["width"]
+    assert width is not None, "a twin is made for a model with a width"
+    return GrownDecoding(graph, params, width, config["hidden"], ghn.config.max_slots)
 
 
 __all__ = [

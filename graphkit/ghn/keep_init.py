@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -100,8 +101,9 @@ def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) ->
     for module in model.modules():
         own = list(module.parameters(recurse=False))
         unfilled = any(p.isnan().any() for p in own if id(p) in new)
-        if unfilled and all(id(p) in new for p in own) and callable(getattr(module, "reset_parameters", None)):
-            module.reset_parameters()
+        reset = getattr(module, "reset_parameters", None)
+        if unfilled and all(id(p) in new for p in own) and callable(reset):
+            reset()
     left = next((name for name, p in params.items() if p.isnan().any()), None)
     if left is not None:
         raise KeepInitError(
@@ -111,7 +113,7 @@ def initialise_as_built(model: nn.Module, params: Mapping[str, torch.Tensor]) ->
         )
 
 
-def _takes_no_arguments(function: object) -> bool:
+def _takes_no_arguments(function: object) -> TypeGuard[Callable[[], object]]:
     """Whether ``function`` is callable with no arguments (a method whose parameters all have defaults)."""
     if not callable(function):
         return False

@@ -49,7 +49,7 @@ import itertools
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -219,8 +219,8 @@ class LowRankDecoder(nn.Module):
         if batch.vector_queries:
             width = max(batch.vector_lengths)
             runs = products[index["vector_queries"]].split([n for _, n in batch.vector_roles])
-            values = [(m @ head(role, 1)[0]) @ head(role, width).t() for (role, _), m in zip(batch.vector_roles, runs)]
-            values = values[0] if len(values) == 1 else torch.cat(values)
+            parts = [(m @ head(role, 1)[0]) @ head(role, width).t() for (role, _), m in zip(batch.vector_roles, runs)]
+            values = parts[0] if len(parts) == 1 else torch.cat(parts)
             values = torch.where(index["is_norm"].unsqueeze(1), activate("norm", values), activate("bias", values))
             flat = values.flatten()[index["vector_entries"]]  # each query's first C values, end to end
             square = torch.zeros_like(norms).index_add(0, index["entry_owner"], flat.float().square())
@@ -230,11 +230,11 @@ class LowRankDecoder(nn.Module):
         out: list[dict[str, torch.Tensor]] = [{} for _ in graphs]
         for (graph, t), q, (nr, nc) in zip(batch.targets, batch.first_query, batch.grid):
             # one copy at most: a row of one block is not concatenated on its own first
-            rows = [
+            pieces = [
                 blocks[q + i * nc] if nc == 1 else torch.cat(blocks[q + i * nc : q + (i + 1) * nc], -1)
                 for i in range(nr)
             ]
-            matrix = rows[0] if nr == 1 else torch.cat(rows, 0)
+            matrix = pieces[0] if nr == 1 else torch.cat(pieces, 0)
             out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
         norms = torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
         weights = products[index["is_weight_query"]]
@@ -261,18 +261,18 @@ class LowRankDecoder(nn.Module):
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
-        w, maps = self.low_rank.weight[: batch.max_size], self.role_maps
+        w, maps = self.low_rank.weight[: batch.max_size], cast(torch.Tensor | None, self.role_maps)
         if torch.is_autocast_enabled(device.type):  # one cast of each map, not one per slice and product
             dtype = torch.get_autocast_dtype(device.type)
             w, maps = w.to(dtype), (None if maps is None else maps.to(dtype))
-        maps = () if maps is None else maps.unbind(0)  # one backward op, not one per role
+        tables = () if maps is None else maps.unbind(0)  # one backward op, not one per role
         rows_of: dict[tuple[int, int], torch.Tensor] = {}
 
         def head(role: int, size: int) -> torch.Tensor:  # role map ``role``'s first rows, made once per (role, size)
             if (role, size) not in rows_of:
                 rows = w[:size]
                 if role:
-                    own = maps[role - 1][: len(rows)]
+                    own = tables[role - 1][: len(rows)]
                     rows = own if len(own) == len(rows) else torch.cat([own, rows[len(own) :]])
                 rows_of[role, size] = rows
             return rows_of[role, size]
@@ -601,11 +601,15 @@ class Prediction(NamedTuple):
 class LoGAH(nn.Module):
     """Graph hypernetwork: graphs -> node embeddings -> every parameter of each model."""
 
+    info: dict[str, Any]  # a loaded checkpoint's config.json (graphkit.ghn.checkpoint.load_checkpoint)
+
     def __init__(self, config: LoGAHConfig = LoGAHConfig()) -> None:
         super().__init__()
         self.config = config
         self.encoder = GraphEncoder(config)
-        self.decoder = LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
+        self.decoder: LowRankDecoder | TiledDecoder = (
+            LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
+        )
 
     @classmethod
     def from_variant(

@@ -201,7 +201,7 @@ def predict(
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
     check_params(model, {t.name: torch.empty(t.shape, device="meta") for t in plan}, source=f"{type(model).__name__}: ")
-    destinations = {t.name: model.get_parameter(t.name) for t in plan}
+    destinations: dict[str, torch.Tensor] = {t.name: model.get_parameter(t.name) for t in plan}
     new = {id(p): p for p in destinations.values() if p.is_meta}.values()
     wanted = None if buffers == "all" or calibrate else set(persistent_buffers(model))  # calibration runs it
     meta = {name: b for name, b in meta_buffers(model).items() if wanted is None or name in wanted}

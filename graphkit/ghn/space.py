@@ -109,7 +109,7 @@ def input_task(graph: ArchGraph) -> str | None:
     frontier = [i for i, node in enumerate(graph.nodes) if node.op == "input"]
     seen = set(frontier)
     while frontier:  # breadth first, through parameter-free ops (a pad, a cast, a scaling)
-        after = []
+        after: list[int] = []
         for i in frontier:
             node = graph.nodes[i]
             if node.op in TASK_READERS:

@@ -388,7 +388,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
 
     rank, world, device = _distributed(config.device)
     out = run_folder(config.out, resume, RUN_FILES, "hypernetwork", config.dataset)
-    initial = None
+    initial: LoGAH | None = None
     if config.initial_checkpoint is not None and not resume:  # a resume continues its own checkpoint
         try:
             initial = load_checkpoint(config.initial_checkpoint)
@@ -411,7 +411,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         role_rows=config.role_rows,
         role_key=config.role_key,
     ).to(device)
-    if initial is not None:
+    if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
     optimizer = make_optimizer(ghn, config)
     start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
@@ -439,7 +439,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     metrics_file = out / "metrics.jsonl"
     if resume and rank == 0:
         trim_metrics(metrics_file, start)
-    last: dict[str, float] = {}
+    last: dict[str, Any] = {}
     columns = (
         TextColumn("train-ghn"),
         BarColumn(),
@@ -554,9 +554,9 @@ def _distributed(device: str | None) -> tuple[int, int, torch.device]:
     """(rank, world size, device); joins the process group torchrun describes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(device or default_device(TrainError, local))
+    chosen = torch.device(device or default_device(TrainError, local))
     if world > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return (dist.get_rank() if world > 1 else 0), world, device
+        if chosen.type == "cuda":
+            torch.cuda.set_device(chosen)
+        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+    return (dist.get_rank() if world > 1 else 0), world, chosen

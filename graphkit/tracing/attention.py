@@ -15,7 +15,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx, nn
@@ -207,7 +207,7 @@ class AttentionRules:
                 continue
             if side == 1 and functional_name(node.target) != "einsum" and _keys_moved_to(to_softmax) != -2:
                 continue  # V on the left (``v @ probs.mT``) contracts the keys only when they are moved there
-            logits = to_softmax[-1].args[0]
+            logits = cast(fx.Node, to_softmax[-1].args[0])
             through = [logits] if _is_log_softmax(logits) else []  # exp(log_softmax(s)) is softmax(s)
             to_scores = _path_back(
                 logits.args[0] if through else logits,
@@ -215,7 +215,7 @@ class AttentionRules:
                 self._score_op,
             )
             core = None if to_scores is None else _eager_layout(node, side, to_softmax[-1], to_scores[-1])
-            if core is not None:
+            if core is not None and to_scores is not None:
                 return core, [node, *to_softmax, *through, *to_scores]
         return None
 
@@ -340,7 +340,8 @@ class AttentionRules:
         the probabilities from those, where they count as one (a learned gate that mixes two
         softmaxes, ConViT's, or a talking-heads map after the softmax, hides no key), so that only
         what masks the probabilities after the softmax hides more."""
-        zeros = {o: _zeros(o) for o in _product_operands(core.scores)}  # baddbmm keeps the mask it adds
+        assert core.scores is not None and core.softmax is not None and core.probs is not None, "an eager core"
+        zeros = {o: _zeros(o) for o in _product_operands(core.scores) or ()}  # baddbmm keeps the mask it adds
         heads_maps = {n for n in group.fx if self._is_score_linear(n) and _keeps_shape(n)}
         softmaxes = {n for n in group.fx if functional_name(n.target) in _SOFTMAX_ATEN} | {core.softmax}
         normalised = {s: self.ctx.constants.evaluate(s, zeros, live, through=heads_maps) for s in softmaxes}
@@ -402,7 +403,7 @@ class AttentionRules:
         ``rotate_half`` is a ``cat``, and talking heads or a learned bias are parameters."""
         name = functional_name(node.target)
         if name in ("cat", "concat"):
-            return any(isinstance(a, fx.Node) and self.ctx.is_parameter(a) for a in node.args[0])
+            return any(isinstance(a, fx.Node) and self.ctx.is_parameter(a) for a in cast(Sequence, node.args[0]))
         if name == "logsumexp":
             return any(self.ctx.is_parameter(a) for user in node.users for a in user.all_input_nodes)
         return False
@@ -426,7 +427,7 @@ class AttentionRules:
 
     def _sources(self, value: fx.Node, group: Group) -> set[int]:
         """The groups outside the attention ``group`` that ``value``, an op inside it, is computed from."""
-        inside, seen, found = set(group.fx), set(), set()
+        inside, seen, found = set(group.fx), set[fx.Node](), set[int]()
         stack = [value]
         while stack:
             node = stack.pop()
@@ -464,7 +465,7 @@ def _sdpa_core(anchor: fx.Node) -> _Core:
     code the tracer cannot read."""
     arguments = call_arguments(anchor)
     query, key, value = (
-        arguments.get(n, anchor.args[i] if i < len(anchor.args) else None)
+        cast(fx.Node, arguments.get(n, anchor.args[i] if i < len(anchor.args) else None))
         for i, n in enumerate(("query", "key", "value"))
     )
     q, v = query.meta["val"], value.meta["val"]
@@ -492,6 +493,8 @@ def _eager_layout(anchor: fx.Node, side: int, softmax: fx.Node, scores: fx.Node)
     letter the scores take from the query's tokens. None for a product that is not shaped like
     attention."""
     operands = _product_operands(anchor)
+    if operands is None:
+        return None
     probs, value = operands[side], operands[1 - side]
     p, v = probs.meta["val"], value.meta["val"]
     if functional_name(anchor.target) != "einsum":  # probs @ v, or v @ probs.mT (keys at -2 of probs)
@@ -545,7 +548,10 @@ def _score_layout(
     probabilities, ``probs``, where they keep the scores' layout), and the query letter is, of
     the query's letters the key lacks, the last whose dimension holds token positions
     (``bhqd,bkd->bhqk``: q, not h; :mod:`graphkit.tracing.dims`)."""
-    first, second = _product_operands(scores)
+    operands = _product_operands(scores)
+    if operands is None:
+        return None
+    first, second = operands
     s = scores.meta["val"]
     if functional_name(scores.target) != "einsum":  # the query's last dimension is contracted
         return first, second, tuple(range(first.meta["val"].dim() - 2)), s.dim() - 2
@@ -607,12 +613,16 @@ def _product_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     name = functional_name(node.target)
     if name == "einsum":
         operands = node.args[1] if len(node.args) > 1 else ()
-        ok = (
-            isinstance(operands, (list, tuple)) and len(operands) == 2 and all(isinstance(o, fx.Node) for o in operands)
-        )
-        return tuple(operands) if ok else None
-    args = node.args[1:3] if name == "baddbmm" else node.args[:2]
-    return tuple(args) if len(args) == 2 and all(isinstance(a, fx.Node) for a in args) else None
+        if not isinstance(operands, (list, tuple)):
+            return None
+        args = tuple(operands)
+    else:
+        args = node.args[1:3] if name == "baddbmm" else node.args[:2]
+    return (
+        cast(tuple[fx.Node, fx.Node], tuple(args))
+        if len(args) == 2 and all(isinstance(a, fx.Node) for a in args)
+        else None
+    )
 
 
 def _path_back(
@@ -631,8 +641,8 @@ def _path_back(
                 continue
             if match(n):
                 path = [n]
-                while came_from[path[-1]] is not None:
-                    path.append(came_from[path[-1]])
+                while (came := came_from[path[-1]]) is not None:
+                    path.append(came)
                 return path[::-1]
             if passes(n):
                 for a in n.all_input_nodes:
@@ -696,7 +706,7 @@ def _keys_moved_to(path: list[fx.Node]) -> int | None:
             a, b = args[1] % rank, args[2] % rank
             key = b if key == a else a if key == b else key
         elif name == "permute":
-            key = [d % rank for d in args[1]].index(key)
+            key = [d % rank for d in cast(list[int], args[1])].index(key)
         elif name not in _KEEPS_DIMS:
             return None
     return key - rank

@@ -23,7 +23,7 @@ docs/tracer.md gives every rule with its reason.
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import fx, nn
@@ -68,7 +68,7 @@ class _GraphBuilder:
     """Builds one exported model's graph; it is the :class:`~graphkit.tracing.state.BuildContext`
     its attention and MoE rules read."""
 
-    INPUT = 0
+    INPUT: ClassVar[int] = 0
 
     def __init__(
         self, model: nn.Module, program: torch.export.ExportedProgram, inputs: tuple[tuple, dict] | None
@@ -259,11 +259,11 @@ class _GraphBuilder:
             self.param_src[node] = in_params  # q and v biases): the op consuming it owns it
             self.prod[node] = frozenset()
             return
-        op = self._single_op(node, name, in_nodes, in_params)
-        if op is None:  # arithmetic with constants: folded into its input
+        single = self._single_op(node, name, in_nodes, in_params)
+        if single is None:  # arithmetic with constants: folded into its input
             self.prod[node], self.param_src[node] = in_prod, in_params
             return
-        self.groups.append(Group(op, self.scope(node), live=True))
+        self.groups.append(Group(single, self.scope(node), live=True))
         self._absorb(len(self.groups) - 1, node, in_prod, in_params)
 
     def _write_through(self, root: fx.Node, writer: fx.Node) -> None:
@@ -426,7 +426,7 @@ class _GraphBuilder:
     def _attrs(self, g: Group) -> dict[str, Any]:
         """Op attributes worth a hypernetwork's or a compiler's attention."""
         attrs: dict[str, Any] = {}
-        module = None
+        module: Any = None  # the leaf module, read by its attributes (kernel_size, eps, ...)
         if g.fx and self.leaf(g.fx[0]) is not None:
             module = self.model.get_submodule(g.module)
         if g.op in ("linear", "head"):

@@ -20,6 +20,8 @@ they are the distinct K/V slices).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import fx
@@ -123,7 +125,7 @@ def _followed_input(node: fx.Node) -> fx.Node | None:
     if name in SHAPE_ONLY_ATEN:
         return first
     if name in ("cat", "concat"):
-        pieces = node.args[0] if node.args else ()
+        pieces = node.args[0] if node.args and isinstance(node.args[0], (list, tuple)) else ()
         return next((p for p in pieces if isinstance(p, fx.Node) and is_float(p.meta.get("val"))), None)
     # an op that keeps the shape (scaling, rotary application, a norm): its input of that shape
     return next((a for a in node.all_input_nodes if is_float(a.meta.get("val")) and _shape(a) == shape), None)
@@ -140,8 +142,12 @@ def _depthwise(conv: fx.Node) -> bool:
     """Whether a convolution filters each channel alone (MViT pools its queries so): weights of
     one input channel per group, as many channels out as in."""
     weight = conv.args[1] if len(conv.args) > 1 and isinstance(conv.args[1], fx.Node) else None
-    shape = _shape(weight) if weight is not None else None
-    return shape is not None and shape[1] == 1 and _shape(conv)[1] == _shape(conv.args[0])[1]
+    shape, out, source = (
+        _shape(weight) if weight is not None else None,
+        _shape(conv),
+        _shape(cast(fx.Node, conv.args[0])),
+    )
+    return shape is not None and shape[1] == 1 and out is not None and source is not None and out[1] == source[1]
 
 
 def _computed_origins(node: fx.Node) -> list[Factors]:
@@ -178,8 +184,8 @@ def _carried(op: fx.Node, source: fx.Node, origins: list[Factors]) -> list[Facto
     """The origins of ``op``'s value, from those of ``source``, the input it carries."""
     out, before = _shape(op), _shape(source)
     name = functional_name(op.target)
-    if name == "getitem" and functional_name(op.args[0].target) not in _SPLITS:
-        op = op.args[0]  # the multi-output op whose output this is
+    if name == "getitem" and functional_name(cast(fx.Node, op.args[0]).target) not in _SPLITS:
+        op = cast(fx.Node, op.args[0])  # the multi-output op whose output this is
         name = functional_name(op.target)
     if out is None or before is None or len(origins) != len(before):
         raise Untraced(f"aten.{name}")
@@ -198,8 +204,8 @@ def _carried(op: fx.Node, source: fx.Node, origins: list[Factors]) -> list[Facto
     if name in ("expand", "expand_as"):
         return _broadcast(origins, before, out)
     if name == "repeat":
-        reps = list(op.args[1])
-        padded = [[]] * (len(reps) - len(origins)) + origins
+        reps = list(cast(list[int], op.args[1]))
+        padded: list[Factors] = [[]] * (len(reps) - len(origins)) + origins
         return [([(r, COPIES)] if r > 1 else []) + o for r, o in zip(reps, padded, strict=True)]
     if name == "repeat_interleave":
         repeats, dim = (list(op.args[1:3]) + [None, None])[:2]
@@ -220,7 +226,7 @@ def _reduced(op: fx.Node, origins: list[Factors], out: tuple[int, ...]) -> list[
     """Origins after a reduction over ``dim`` (removed, or kept as size 1 with ``keepdim``)."""
     dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim")
     keepdim = op.args[2] if len(op.args) > 2 else op.kwargs.get("keepdim", False)
-    reduced = {d % len(origins) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
+    reduced = {cast(int, d) % len(origins) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
     kept = [[] if d in reduced else o for d, o in enumerate(origins) if keepdim or d not in reduced]
     if len(kept) != len(out):
         raise Untraced(f"aten.{functional_name(op.target)}")
@@ -257,12 +263,12 @@ def _permutation(op: fx.Node, shape: tuple[int, ...]) -> list[int]:
     on a meta tensor whose dimensions have distinct sizes."""
     probe = torch.empty(tuple(range(2, len(shape) + 2)), device="meta")
     args = [probe, *op.args[1:]]
-    return [s - 2 for s in op.target(*args, **op.kwargs).shape]
+    return [s - 2 for s in cast(Callable, op.target)(*args, **op.kwargs).shape]
 
 
 def _broadcast(origins: list[Factors], before: tuple[int, ...], out: tuple[int, ...]) -> list[Factors]:
     """Origins after ``expand``: dimensions of size 1 (or new ones) grown into copies."""
-    padded = [[]] * (len(out) - len(before)) + origins
+    padded: list[Factors] = [[]] * (len(out) - len(before)) + origins
     sizes = (1,) * (len(out) - len(before)) + before
     return [o if s == n else [(n, COPIES)] for o, s, n in zip(padded, sizes, out, strict=True)]
 
@@ -272,12 +278,12 @@ def _without_selected(op: fx.Node, origins: list[Factors]) -> list[Factors]:
     name = functional_name(op.target)
     if name == "select":
         dim = op.args[1]
-    elif name == "getitem" and functional_name(op.args[0].target) == "unbind":
-        unbind = op.args[0]
+    elif name == "getitem" and functional_name(cast(fx.Node, op.args[0]).target) == "unbind":
+        unbind = cast(fx.Node, op.args[0])
         dim = unbind.args[1] if len(unbind.args) > 1 else unbind.kwargs.get("dim", 0)
     else:
         raise Untraced(f"aten.{name}")
-    dim %= len(origins)
+    dim = cast(int, dim) % len(origins)
     return origins[:dim] + origins[dim + 1 :]
 
 

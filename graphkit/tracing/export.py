@@ -46,7 +46,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.
     return program
 
 
-def _mixes_meta(error: BaseException) -> bool:
+def _mixes_meta(error: BaseException | None) -> bool:
     """Whether an export failed because the forward made a tensor on another device than the
     model's meta weights (XLNet builds its relative positions on the CPU): on the CPU it would run."""
     while error is not None:

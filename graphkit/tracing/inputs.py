@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -43,9 +43,9 @@ def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
         if "use_cache" in parameters or (takes_kwargs and hasattr(config, "use_cache")):
             kwargs["use_cache"] = False  # a returned cache is no output (GraniteMoE takes it through **kwargs)
         return (), kwargs
-    length = _token_length(model)
-    if length is not None:
-        return (torch.zeros(2, length, dtype=torch.long, device=device),), {}
+    tokens = _token_length(model)
+    if tokens is not None:
+        return (torch.zeros(2, tokens, dtype=torch.long, device=device),), {}
     raise TraceError(
         f"cannot guess example inputs for {type(model).__name__}: it is neither an image model "
         "(no img_size / image_size) nor a language model (no config.vocab_size, and its first layer "
@@ -113,7 +113,7 @@ def _token_length(model: nn.Module) -> int | None:
         if b.dim() >= 1 and any(key in name.rsplit(".", 1)[-1].lower() for key in _ROTARY_BUFFER)
     ]
     for owner in (model, *(getattr(model, name, None) for name in ("config", "args", "params"))):
-        limits += [value for key in _LENGTH_ATTRIBUTES if is_count(value := getattr(owner, key, None))]
+        limits += [cast(int, value) for key in _LENGTH_ATTRIBUTES if is_count(value := getattr(owner, key, None))]
     return max(1, min(limits))
 
 
@@ -126,7 +126,8 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         channels = getattr(getattr(patch, "proj", None), "in_channels", 3)
         if getattr(patch, "backbone", None) is not None and isinstance(cfg, Mapping) and cfg.get("input_size"):
             channels = cfg["input_size"][0]
-        return (int(channels), *(int(s) for s in patch.img_size))
+        height, width = (int(s) for s in patch.img_size)
+        return int(channels), height, width
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "image_size", None):
         size = config.image_size

@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -108,7 +108,7 @@ class ConstantEvaluator:
             if node in overrides or node.op == "placeholder" or self.learned(node):
                 continue
             if node in through:
-                stack.append(node.args[0])
+                stack.append(cast(fx.Node, node.args[0]))
                 continue
             if node.op != "call_function":
                 raise Unknown(f"it reads {node.op} {node.name!r}")
@@ -127,7 +127,7 @@ class ConstantEvaluator:
         with torch.device("cpu"):  # also inside a caller's `with torch.device("meta")`
             for node in sorted(needed, key=lambda n: n.meta["_gk_pos"]):
                 if node in through and node not in overrides:
-                    env[node] = env[node.args[0]]
+                    env[node] = env[cast(fx.Node, node.args[0])]
                 else:
                     self._run(node, env, overrides, fill)
         if isinstance(env[target], _Missing):
@@ -205,7 +205,7 @@ class ConstantEvaluator:
         args = fx.node.map_aggregate(node.args, lambda a: _on_cpu(env[a] if isinstance(a, fx.Node) else a))
         kwargs = fx.node.map_aggregate(node.kwargs, lambda a: _on_cpu(env[a] if isinstance(a, fx.Node) else a))
         try:
-            result = node.target(*args, **kwargs)
+            result = cast(Callable, node.target)(*args, **kwargs)
         except Exception as e:  # an op that runs on fake tensors may still refuse these values
             raise Unknown(f"{name} could not be computed ({type(e).__name__})") from e
         if node.target is not operator.getitem and isinstance(result, torch.Tensor) and result.is_meta:

@@ -22,9 +22,9 @@ whose output is added to the ``moe`` node's (docs/tracer.md says why).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import fx, nn
 
@@ -141,9 +141,9 @@ class MoeRules:
             # their router scores before the experts)
             feeding = _closure(experts, lambda n: [a for a in n.all_input_nodes if a in inside])
             returned = {n for n in ops if is_float(n.meta.get("val")) and any(u not in inside for u in n.users)}
-            call = _MoeCall(path, router, experts, set(experts) | routing | (routed & feeding), open=len(returned) > 1)
+            moe = _MoeCall(path, router, experts, set(experts) | routing | (routed & feeding), open=len(returned) > 1)
             for n in ops:
-                call_of[n] = call
+                call_of[n] = moe
         return call_of
 
     def joins(
@@ -191,18 +191,18 @@ class MoeRules:
         )
         k = topk_k(router) if name == "topk" else None
         if name == "gather":  # a table picked the experts: as many as the index holds
-            k = int(router.args[2].meta["val"].shape[dim])
+            k = int(cast(fx.Node, router.args[2]).meta["val"].shape[dim])
         if k is None:  # picked by maxes: the block says how many
             k = first_attr(self.ctx.model.get_submodule(call.path), ("top_k", "num_experts_per_tok"))
         return {
-            "num_experts": int(router.args[0].meta["val"].shape[dim]),
+            "num_experts": int(cast(fx.Node, router.args[0]).meta["val"].shape[dim]),
             "top_k": k,
             "intermediate_size": int(width.meta["val"].shape[-1]) if width is not None else None,
         }
 
 
 def _closure(
-    start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], stop: set[fx.Node] = frozenset()
+    start: list[fx.Node], step: Callable[[fx.Node], list[fx.Node]], stop: Set[fx.Node] = frozenset()
 ) -> set[fx.Node]:
     """``start`` and every node reached from it by ``step``, not entering ``stop``."""
     seen, todo = set(), [n for n in start if n not in stop]

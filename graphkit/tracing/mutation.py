@@ -48,12 +48,13 @@ def _viewed(node: fx.Node) -> tuple[fx.Node | None, bool]:
     returned = schema.returns[0].alias_info
     for i, argument in enumerate(schema.arguments):
         info = argument.alias_info
-        if info is None or i >= len(node.args) or not isinstance(node.args[i], fx.Node):
+        source = node.args[i] if i < len(node.args) else None
+        if info is None or not isinstance(source, fx.Node):
             continue
         if returned is not None and returned.before_set & info.before_set:
-            return node.args[i], False
+            return source, False
         if "*" in info.after_set:  # Tensor(a -> *): every element of the returned list is a view
-            return node.args[i], True
+            return source, True
     return None, False
 
 

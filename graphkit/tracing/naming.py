@@ -9,6 +9,8 @@ live in :mod:`graphkit.ops`, which the hypernetwork imports without the tracer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -122,7 +124,7 @@ def _named_op(class_name: str) -> str | None:
     return None
 
 
-def _is_patchify(conv: nn.Module) -> bool:
+def _is_patchify(conv: Any) -> bool:  # a convolution module, read by its attributes
     kernel, stride = tuple(conv.kernel_size), tuple(conv.stride)
     padding = conv.padding if isinstance(conv.padding, str) else tuple(conv.padding)
     return kernel == stride and kernel != (1,) * len(kernel) and padding in ((0,) * len(kernel), "valid")

@@ -20,7 +20,7 @@ the mean over the pooled dims: ``mean_pool`` with those ``dim``, as ``x.mean(dim
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from torch import fx
 
@@ -89,7 +89,7 @@ def spatial_attrs(node: fx.Node, op: str) -> dict[str, Any]:
     pool (the last dims of its input)."""
     name = functional_name(node.target)
     if op == "mean_pool":
-        rank = node.args[0].meta["val"].dim()
+        rank = cast(fx.Node, node.args[0]).meta["val"].dim()
         return {"dim": list(range(rank - _ADAPTIVE_AVG_POOL_ATEN[name], rank))}
     if name in _WINDOWED:
         _, at_kernel, at_stride = _WINDOWED[name]
@@ -102,8 +102,8 @@ def spatial_attrs(node: fx.Node, op: str) -> dict[str, Any]:
         return {"dim": _dims(node)}
     if op == "interpolate":  # upsample_bicubic2d, _upsample_bilinear2d_aa, upsample_nearest2d, ...
         return {"mode": name.lstrip("_").removeprefix("upsample_").rstrip("123d").removesuffix("_aa")}
-    amount = node.args[1] if len(node.args) > 1 else node.kwargs[_AMOUNT[op]]
-    attrs = {_AMOUNT[op]: [int(a) for a in amount] if isinstance(amount, (list, tuple)) else [int(amount)]}
+    amount: Any = node.args[1] if len(node.args) > 1 else node.kwargs[_AMOUNT[op]]
+    attrs: dict[str, Any] = {_AMOUNT[op]: _ints(amount)}
     value = _pad_value(node) if op == "pad" else None
     if value:  # NesT pads with -inf before a max pool: the fill is architecture
         attrs["value"] = value if math.isfinite(value) else str(value)
@@ -121,7 +121,7 @@ def _dims(node: fx.Node) -> list[int] | None:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dim is None or isinstance(dim, fx.Node) or dim == []:
         return None
-    rank = node.args[0].meta["val"].dim()
+    rank = cast(fx.Node, node.args[0]).meta["val"].dim()
     return [d % rank for d in _ints(dim)]
 
 
@@ -135,7 +135,7 @@ def _pad_value(node: fx.Node) -> float | None:
         value = args[1] if len(args) > 1 else node.kwargs.get("value")
     else:
         mode, value = "constant", args[0] if args else node.kwargs.get("value", 0)
-    if mode != "constant" or isinstance(value, fx.Node):
+    if mode != "constant" or not isinstance(value, (int, float, type(None))):  # a tensor (an fx Node) is no fill
         return None
     return float(value or 0)
 

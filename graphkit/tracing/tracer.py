@@ -74,15 +74,15 @@ def _traced(model: nn.Module, args: tuple, kwargs: dict, cache: dict | None, fol
         if key in cache:
             return cache[key]
     graph = graph_from_export(model, export_program(model, args, kwargs), (args, kwargs))
-    if key is not None:
+    if cache is not None and key is not None:
         cache[key] = graph
     return graph
 
 
 def _family(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None):
-        return str(config.model_type)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type:
+        return str(model_type)
     module = type(model).__module__
     if module.startswith("timm."):
         base = module.rsplit(".", 1)[-1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +53,9 @@ __all__ = [
 ]
 
 
-def default_source(family: str) -> str:
+def default_source(family: str | None) -> str:
     """The bundled source for a family's models (used when the user names none)."""
-    if family not in DEFAULT_SOURCES:
+    if family is None or family not in DEFAULT_SOURCES:
         raise DataError(f"no default data for family {family!r}; families with one: {', '.join(DEFAULT_SOURCES)}")
     return DEFAULT_SOURCES[family]
 
@@ -100,13 +100,15 @@ def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor
     return loss, (logits.detach().argmax(-1) == targets).float().mean()
 
 
-_IMAGE: dict[str, Callable[[str, Path | None], ImageSource]] = {
+# each loader takes (spec, path) for an image source, (path) for a text one; path is None for a
+# source without an argument, a Path for one whose argument (_ARGS) was checked
+_IMAGE: dict[str, Callable[..., ImageSource]] = {
     "digits": digits,
     "cifar10": cifar,
     "cifar100": cifar,
     "imagefolder": image_folder,
 }
-_TEXT: dict[str, Callable[[Path | None], tuple[bytes, bytes]]] = {
+_TEXT: dict[str, Callable[..., tuple[bytes, bytes]]] = {
     "stdlib-text": stdlib_text,
     "text": text_file,
     "wikitext": wikitext,
@@ -116,7 +118,7 @@ _ARGS = {"cifar10": "DIR", "cifar100": "DIR", "imagefolder": "DIR", "text": "PAT
 
 def register_source(
     name: str,
-    load: Callable[[str, Path | None], ImageSource] | Callable[[Path | None], tuple[bytes, bytes]],
+    load: Callable[..., ImageSource] | Callable[..., tuple[bytes, bytes]],
     *,
     task: str,
     arg: str | None = None,
@@ -132,7 +134,10 @@ def register_source(
         raise DataError(f"data source {name!r}: arg {arg!r}; accepted: DIR, PATH or none")
     if not name or ":" in name:
         raise DataError(f"data source name {name!r}: a word without ':'")
-    (_IMAGE if task == "image" else _TEXT)[name] = load
+    if task == "image":
+        _IMAGE[name] = cast(Callable[..., ImageSource], load)
+    else:
+        _TEXT[name] = cast(Callable[..., tuple[bytes, bytes]], load)
     if arg is not None:
         _ARGS[name] = arg
 
@@ -159,7 +164,7 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
     path = Path(arg).expanduser() if arg else None
     if path is not None and not path.exists():
         raise DataError(f"data source {spec!r}: {path} does not exist")
-    if _ARGS.get(name) == "DIR" and not path.is_dir():
+    if _ARGS.get(name) == "DIR" and path is not None and not path.is_dir():
         raise DataError(f"data source {spec!r}: {path} is not a folder")
     try:
         if name in _IMAGE:

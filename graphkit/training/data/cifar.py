@@ -62,7 +62,7 @@ def _cifar_globals() -> dict[tuple[str, str], Any]:
     try:
         from numpy._core import multiarray, numeric  # noqa: PLC0415 (the name differs by numpy version)
     except ImportError:  # numpy 1
-        from numpy.core import multiarray, numeric  # noqa: PLC0415
+        from numpy.core import multiarray, numeric  # type: ignore[no-redef]  # noqa: PLC0415
     allowed: dict[tuple[str, str], Any] = {
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
@@ -71,7 +71,7 @@ def _cifar_globals() -> dict[tuple[str, str], Any]:
     for package in ("numpy.core", "numpy._core"):
         allowed[f"{package}.multiarray", "_reconstruct"] = multiarray._reconstruct
         allowed[f"{package}.multiarray", "scalar"] = multiarray.scalar
-        allowed[f"{package}.numeric", "_frombuffer"] = numeric._frombuffer
+        allowed[f"{package}.numeric", "_frombuffer"] = numeric._frombuffer  # type: ignore[attr-defined]  # private
     return allowed
 
 
