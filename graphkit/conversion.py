@@ -36,8 +36,13 @@ from graphkit.errors import ConfigError, ConvertError
 from graphkit.params import check_params_output, first_non_finite, save_params
 from graphkit.training.data import calibration_inputs, data_config, load_source
 
-#: what a model's attention converts to: GQA and its key-driven variants, and MLA
-VARIANTS = (*ATTENTION_VARIANTS, "mla")
+
+def conversions() -> tuple[str, ...]:
+    """What a model's attention converts to: GQA and its key-driven variants (every registered
+    :data:`~graphkit.attention.core.ATTENTION_VARIANTS`), and MLA."""
+    return (*ATTENTION_VARIANTS, "mla")
+
+
 #: the formats a conversion is saved in: graphkit's parameters file, or a Hugging Face folder
 FORMATS = ("graphkit", "hf")
 #: the kind of parameters file a conversion in graphkit's format is (:func:`~graphkit.params.save_params`)
@@ -46,7 +51,7 @@ CONVERTED = "converted-weights"
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """A conversion to ``attention`` (:data:`VARIANTS`) saved in ``format`` (:data:`FORMATS`):
+    """A conversion to ``attention`` (:func:`conversions`) saved in ``format`` (:data:`FORMATS`):
     ``kv_heads`` K/V heads per layer (GQA and the key-driven variants; None: as many as heads),
     DGQA's ``window``, ``evolution`` and ``alpha``, the ``grouping`` of GQA's heads, ``data`` for
     calibration (a ``--data`` spec; None: the family's bundled data), and MLA's ``kv_rank`` and
@@ -64,8 +69,8 @@ class ConvertConfig:
     rope_dims: int | None = None
 
     def __post_init__(self) -> None:
-        if self.attention not in VARIANTS:
-            raise ConvertError(f"unknown attention {self.attention!r}; accepted: {', '.join(VARIANTS)}")
+        if self.attention not in conversions():
+            raise ConvertError(f"unknown attention {self.attention!r}; accepted: {', '.join(conversions())}")
         if self.format not in FORMATS:
             raise ConvertError(f"unknown --format {self.format!r}; accepted: {', '.join(FORMATS)}")
         mla = self.attention == "mla"
@@ -205,7 +210,7 @@ def save_conversion(conversion: Conversion, out: str | Path, config: ConvertConf
 __all__ = [
     "CONVERTED",
     "FORMATS",
-    "VARIANTS",
+    "conversions",
     "Conversion",
     "ConvertConfig",
     "check_convert_output",

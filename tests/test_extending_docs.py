@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graphkit import fileio, sources
-from graphkit.attention import adapter
+from graphkit.attention import adapter, core
 from graphkit.families import registry
 from graphkit.training import data
 
@@ -20,6 +20,7 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 TABLES = [
     registry.FAMILIES,
     adapter.ADAPTERS,
+    core.ATTENTION_VARIANTS,
     sources.PREFIXES,
     data._IMAGE,
     data._TEXT,
@@ -43,12 +44,21 @@ def restored_tables():
 
 
 def test_the_page_shows_one_block_per_registration():
-    assert len(BLOCKS) == 5
-    for call in ("register_family(", "register_adapter(", "PREFIXES[", "register_source(", "register_kind("):
+    assert len(BLOCKS) == 6
+    for call in (
+        "register_family(",
+        "register_adapter(",
+        "register_variant(",
+        "PREFIXES[",
+        "register_source(",
+        "register_kind(",
+    ):
         assert sum(call in block for block in BLOCKS) == 1, call
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=["family", "attention", "source-prefix", "data-source", "output-kind"])
+@pytest.mark.parametrize(
+    "block", BLOCKS, ids=["family", "attention", "variant", "source-prefix", "data-source", "output-kind"]
+)
 def test_each_block_runs(block, tmp_path, monkeypatch, restored_tables):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a block's temporary folders go under tmp_path
     exec(compile(block, str(PAGE), "exec"), {"__name__": "extending"})

@@ -12,13 +12,15 @@ from torch import nn
 
 from graphkit.attention.adapter import ADAPTERS, adapter_for, register_adapter
 from graphkit.attention.builtin import LLAMA_ATTENTION, TIMM_ATTENTION
-from graphkit.attention.convert import ViTGroupedAttention, convert
+from graphkit.attention.convert import ViTGroupedAttention, check_variant_options, conversion_metadata, convert
+from graphkit.attention.core import ATTENTION_VARIANTS, AttentionVariant, GroupedQueryAttention, register_variant
 from graphkit.attention.hf_format import check_hf_export
 from graphkit.attention.mla import ViTLatentAttention, kv_cache_bytes, to_mla
 from graphkit.datasets.recipes import RECIPES, get_recipe
 from graphkit.errors import ConvertError, ExportError, MLAError
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import BUNDLED
+from graphkit.tracing import trace
 from graphkit.training.data import DEFAULT_SOURCES, default_source
 
 RECIPE = {
@@ -162,3 +164,54 @@ def test_the_adapter_registered_last_decides(mixer_adapter):
     finally:
         ADAPTERS.remove(claims_llama)
     assert adapter_for(llama().model.layers[0].self_attn) is LLAMA_ATTENTION
+
+
+@pytest.fixture
+def halved_gqa():
+    """A registered attention variant with an option of its own (``share``: the output scaled by
+    it), a route (every query head reads K/V head 0) and what a file records of it; removed
+    afterwards."""
+    variant = register_variant(
+        AttentionVariant(
+            "first-kv",
+            options=("share",),
+            route=lambda core, q, k: torch.zeros(core.heads, dtype=torch.long, device=k.device),
+            adjust=lambda core, out: out * core.options.get("share", 1.0),
+            metadata=lambda core: {"graphkit_share": str(core.options.get("share", 1.0))},
+        )
+    )
+    yield variant
+    del ATTENTION_VARIANTS["first-kv"]
+
+
+def test_a_registered_variant_runs_everywhere_a_built_in_one_does(halved_gqa, mixer_adapter):
+    x = torch.randn(2, 5, 32)
+    model = convert(mixer(), "first-kv", 2, share=0.5)
+    core = model[0].core
+    assert core.variant == "first-kv" and core.options == {"share": 0.5}
+    with torch.no_grad():
+        # every query head reads K/V head 0: what K/V head 1 holds changes nothing
+        before = model(x)
+        for layer in model:
+            layer.qkv.weight[32 + 8 : 32 + 16].normal_()  # the K rows of K/V head 1 (queries: rows 0-31)
+        assert torch.allclose(model(x), before)
+        half, whole = (convert(mixer(layers=1), "first-kv", 2, share=s) for s in (0.5, 1.0))
+        bias = half[0].proj.bias
+        assert torch.allclose(half(x) - bias, 0.5 * (whole(x) - bias), atol=1e-6)  # the output scaled by share
+    assert conversion_metadata(model)["graphkit_share"] == "0.5"
+    attention = [n for n in trace(model, (x,)).nodes if n.op == "attention"]
+    assert [n.attrs["variant"] for n in attention] == ["first-kv", "first-kv"]
+    llama_model = convert(llama(), "first-kv", 1)  # through the HF attention implementation that holds it
+    assert llama_model.model.layers[0].self_attn.config.num_key_value_heads == 1
+    llama_model(torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ConvertError, match="--share applies only to first-kv, not gqa"):
+        check_variant_options("gqa", {"share": 1.0}, prefix="--")
+    with pytest.raises(ValueError, match="attention variant gqa takes no option 'share'"):
+        GroupedQueryAttention(4, 2, "gqa", share=1.0)
+    built = build_model({"family": "llama", "num_layers": 1, "hidden": 64, "heads": 4, "attention": "first-kv"}, "cpu")
+    assert [n.attrs["variant"] for n in trace(built).nodes if n.op == "attention"] == ["first-kv"]
+
+
+def test_a_variant_cannot_take_the_name_of_another_attention():
+    with pytest.raises(ValueError, match="mha and mla name other attentions"):
+        register_variant(AttentionVariant("mla"))

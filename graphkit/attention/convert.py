@@ -17,6 +17,7 @@ unconverted.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -220,21 +221,24 @@ def conversion_metadata(model: nn.Module) -> dict[str, str]:
     groups = {path: m.groups for path, m in model.named_modules() if isinstance(m, GroupedQueryAttention)}
     if any(g is not None for g in groups.values()):
         metadata["graphkit_groups"] = json.dumps(groups, separators=(",", ":"))
-    if core.variant == "dgqa":
-        metadata.update(graphkit_window=str(core.update_every), graphkit_evolution=core.evolution)
-        if core.evolution == "ema":
-            metadata["graphkit_alpha"] = repr(float(core.alpha))
+    spec = ATTENTION_VARIANTS[core.variant]
+    if spec.metadata is not None:
+        metadata.update(spec.metadata(core))
     return metadata
 
 
-#: the variants each option of :class:`GroupedQueryAttention` applies to
-VARIANT_OPTIONS = {
-    "window": ("dgqa",),
-    "evolution": ("dgqa",),
-    "alpha": ("dgqa",),
-    "allow_empty": ("kdgqa", "dgqa"),
-    "perturb_in_eval": ("pgqa",),
-}
+def variant_options() -> dict[str, tuple[str, ...]]:
+    """Each option of :class:`GroupedQueryAttention` and the variants that read it
+    (``AttentionVariant.options``, registered ones included), the module's own options in the
+    order its signature names them, a registered variant's after them."""
+    found: dict[str, tuple[str, ...]] = {}
+    for name, variant in ATTENTION_VARIANTS.items():
+        for option in variant.options:
+            found[option] = (*found.get(option, ()), name)
+    order = list(inspect.signature(GroupedQueryAttention).parameters)
+    return dict(sorted(found.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
+
+
 EVOLUTIONS = ("ema", "difference")
 
 
@@ -244,11 +248,12 @@ def check_variant_options(variant: str, options: dict[str, Any], prefix: str = "
     ignored) or a value it cannot use: DGQA's ``window`` is a whole number of training steps
     >= 1, ``evolution`` is ema or difference, and ``alpha``, eq. 7's weight of the current key
     norms in the EMA (KDGQA paper, arXiv 2408.08454), is a number in [0, 1] used by ema only."""
+    readers = variant_options()
     for name in options:
-        if name not in VARIANT_OPTIONS:
-            raise ConvertError(f"unknown attention option {name!r}; accepted: {', '.join(VARIANT_OPTIONS)}")
-        if variant not in VARIANT_OPTIONS[name]:
-            raise ConvertError(f"{prefix}{name} applies only to {' and '.join(VARIANT_OPTIONS[name])}, not {variant}")
+        if name not in readers:
+            raise ConvertError(f"unknown attention option {name!r}; accepted: {', '.join(readers)}")
+        if variant not in readers[name]:
+            raise ConvertError(f"{prefix}{name} applies only to {' and '.join(readers[name])}, not {variant}")
     window, evolution, alpha = options.get("window"), options.get("evolution"), options.get("alpha")
     if window is not None and not is_count(window):
         raise ConvertError(f"{prefix}window {window!r}: must be a whole number of training steps >= 1")

@@ -14,6 +14,12 @@ and values (batch, kv_heads, S, d) to (batch, heads, L, d):
   to each group's output mean and standard deviation, with its diagonal zeroed, is subtracted
   from the output (eq. 9).
 
+Each variant is an :class:`AttentionVariant` in :data:`ATTENTION_VARIANTS`, what
+:func:`register_variant` adds to: the options it reads, the state it keeps, how it routes query
+heads to K/V heads in a forward pass and what it does to the output. GQA is the variant with none
+of them; the other three are registered below the module, and a new one is one more
+registration (docs/extending.md).
+
 Non-uniform groups gather K/V once by a head index built with ``repeat_interleave`` and make one
 SDPA call: no Python loop over heads or groups.
 
@@ -37,6 +43,8 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,7 +53,40 @@ from torch import nn
 
 from graphkit.attention.allocation import allocate_queries, key_norms, query_groups
 
-ATTENTION_VARIANTS = ("gqa", "kdgqa", "dgqa", "pgqa")
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """How one variant of grouped-query attention departs from GQA, as
+    :class:`GroupedQueryAttention` runs it; every hook is optional.
+
+    ``options``: the keyword options of ``GroupedQueryAttention`` it reads (``convert`` refuses
+    another variant's). ``setup(core)``: makes the state it keeps (DGQA's buffers), once, when
+    the module is built. ``route(core, q, k)``: the K/V head each query head reads in this
+    forward pass, a (heads,) index (None: contiguous groups of ``heads // kv_heads``).
+    ``adjust(core, out)``: the attention's output changed (PGQA's perturbation). ``metadata(core)``:
+    what a converted model's safetensors file records of it beyond the variant and the K/V heads."""
+
+    name: str
+    options: tuple[str, ...] = ()
+    setup: Callable[[GroupedQueryAttention], None] | None = None
+    route: Callable[[GroupedQueryAttention, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    adjust: Callable[[GroupedQueryAttention, torch.Tensor], torch.Tensor] | None = None
+    metadata: Callable[[GroupedQueryAttention], dict[str, str]] | None = None
+
+
+#: every variant by name (gqa, kdgqa, dgqa, pgqa and those registered since)
+ATTENTION_VARIANTS: dict[str, AttentionVariant] = {}
+
+
+def register_variant(variant: AttentionVariant) -> AttentionVariant:
+    """Make ``variant`` an attention ``convert``, ``compile``, recipes and datasets accept by its
+    name (replacing one of that name); returns it."""
+    if not variant.name or variant.name in ("mha", "mla"):
+        raise ValueError(f"attention variant name {variant.name!r}: mha and mla name other attentions")
+    ATTENTION_VARIANTS[variant.name] = variant
+    return variant
+
+
 #: how uniform groups reach SDPA; "auto" measures them on a GPU (see the module docstring)
 GQA_PATHS = ("auto", "enable_gqa", "repeat")
 _FASTEST: dict[tuple, str] = {}
@@ -159,10 +200,15 @@ class GroupedQueryAttention(nn.Module):
         allow_empty: bool = False,
         perturb_in_eval: bool = False,
         path: str = "auto",
+        **options: Any,
     ) -> None:
         super().__init__()
         if variant not in ATTENTION_VARIANTS:
             raise ValueError(f"unknown attention variant {variant!r}; accepted: {', '.join(ATTENTION_VARIANTS)}")
+        spec = ATTENTION_VARIANTS[variant]
+        foreign = next((name for name in options if name not in spec.options), None)
+        if foreign is not None:
+            raise ValueError(f"attention variant {variant} takes no option {foreign!r}; its options: {spec.options}")
         if kv_heads < 1 or heads % kv_heads:
             raise ValueError(f"kv_heads must divide heads ({heads}), got {kv_heads}")
         if evolution not in ("ema", "difference"):
@@ -173,12 +219,11 @@ class GroupedQueryAttention(nn.Module):
         self.heads, self.kv_heads, self.variant = heads, kv_heads, variant
         self.update_every, self.evolution, self.alpha = window, evolution, alpha
         self.allow_empty, self.perturb_in_eval = allow_empty, perturb_in_eval
+        self.options = options  # a registered variant's own options (the built-in ones are above)
         #: which K/V heads of the original model each K/V head pools (set by ``convert``; None: neighbours)
         self.groups: list[list[int]] | None = None
-        if variant == "dgqa":
-            self.register_buffer("counts", torch.full((kv_heads,), heads // kv_heads, dtype=torch.long))
-            self.register_buffer("cached_norms", torch.zeros(kv_heads))
-            self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        if spec.setup is not None:
+            spec.setup(self)
 
     @property
     def attention_variant(self) -> str:
@@ -198,20 +243,16 @@ class GroupedQueryAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         scale: float | None = None,
     ) -> torch.Tensor:
-        if self.variant == "dgqa":
-            index = query_groups(self._dgqa_counts(k), self.heads)
-        elif self.variant == "kdgqa":
-            index = kdgqa_index(key_norms(k), self.heads, self.allow_empty, fused=_measurable(q))
-        if self.variant in ("kdgqa", "dgqa"):
+        spec = ATTENTION_VARIANTS[self.variant]
+        if spec.route is not None:
+            index = spec.route(self, q, k)
             k, v = k[:, index], v[:, index]  # one gather each (advanced indexing beats index_select on CPU)
         sdpa: dict[str, Any] = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale}
         path = self.path
         if path == "auto":
             path = fastest_gqa_path(q, k, v, **sdpa) if k.shape[1] != q.shape[1] and _measurable(q) else "enable_gqa"
         out = _sdpa(q, k, v, path, **sdpa)
-        if self.variant == "pgqa" and (self.training or self.perturb_in_eval):
-            out = self._perturbed(out)
-        return out
+        return out if spec.adjust is None else spec.adjust(self, out)
 
     def _dgqa_counts(self, k: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -250,6 +291,45 @@ class GroupedQueryAttention(nn.Module):
         return torch.addcmul(grouped, noise, _off_diagonal(length, d, out.dtype, out.device), value=-1).reshape(
             b, h, length, d
         )
+
+
+def _dgqa_state(core: GroupedQueryAttention) -> None:
+    core.register_buffer("counts", torch.full((core.kv_heads,), core.heads // core.kv_heads, dtype=torch.long))
+    core.register_buffer("cached_norms", torch.zeros(core.kv_heads))
+    core.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+
+def _dgqa_metadata(core: GroupedQueryAttention) -> dict[str, str]:
+    recorded = {"graphkit_window": str(core.update_every), "graphkit_evolution": core.evolution}
+    if core.evolution == "ema":
+        recorded["graphkit_alpha"] = repr(float(core.alpha))
+    return recorded
+
+
+register_variant(AttentionVariant("gqa"))
+register_variant(
+    AttentionVariant(
+        "kdgqa",
+        options=("allow_empty",),
+        route=lambda core, q, k: kdgqa_index(key_norms(k), core.heads, core.allow_empty, fused=_measurable(q)),
+    )
+)
+register_variant(
+    AttentionVariant(
+        "dgqa",
+        options=("window", "evolution", "alpha", "allow_empty"),
+        setup=_dgqa_state,
+        route=lambda core, q, k: query_groups(core._dgqa_counts(k), core.heads),
+        metadata=_dgqa_metadata,
+    )
+)
+register_variant(
+    AttentionVariant(
+        "pgqa",
+        options=("perturb_in_eval",),
+        adjust=lambda core, out: core._perturbed(out) if core.training or core.perturb_in_eval else out,
+    )
+)
 
 
 def _off_diagonal(length: int, d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
