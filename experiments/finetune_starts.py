@@ -1,0 +1,145 @@
+"""Where a prediction's head start goes during fine-tuning (issue #45, items 3 and 5): the
+held-out architectures of ``eval-ghn``, fine-tuned from starts that mix the prediction with the
+model's own initialisation.
+
+``eval-ghn`` compares the prediction ``P`` with the own init ``W0`` at 0, 100 and 300 steps. The
+bundled LLaMA checkpoint wins at 0 and 100 and loses at 300 on most of them: fine-tuning from
+``P`` falls slower than from ``W0``. Whether the full-rank random part is what the low-rank
+prediction lacks is one experiment: start from ``P + alpha W0`` (every parameter of two or more
+dimensions; norms and biases as predicted) for several ``alpha``. ``alpha = 1`` is ``keep_init``;
+``alpha = 0`` is the prediction alone. A mix that helps must beat the prediction at 300 steps and
+keep its lead over the own init at 0 and 100. Which part of the prediction holds fine-tuning back
+is a second: the predicted blocks on the own init's embeddings and head (``blocks``), the
+reverse (``outer``), the prediction with its norm gains reset to 1 (``unit-norms``), and with
+each block matrix's largest singular directions taken out (``deflate:K``), and with its logits
+scaled (``head:S``).
+
+Every start sees the same batches and the same random init ``W0`` as ``eval-ghn`` draws them
+(seed 0, batches of ``--batch-size``, AdamW at ``--lr``), so the rows for ``own`` and
+``predicted`` repeat what ``eval-ghn`` records.
+
+    .venv/bin/python experiments/finetune_starts.py --archs 2 --part 0/2   # and 1/2 beside it: 30 min on 2 cores
+    .venv/bin/python experiments/finetune_starts.py --archs 2 --starts own predicted blocks outer unit-norms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from graphkit.families import build_model
+from graphkit.ghn import load_checkpoint
+from graphkit.ghn.checkpoint import bundled_checkpoint
+from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.predict import predicted_params
+from graphkit.training.data import default_source, load_source
+from graphkit.training.loop import up_train
+
+ROOT = Path(__file__).resolve().parents[1]
+AT = (0, 50, 100, 200, 300)
+
+
+def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.nn.Module:
+    """The model of ``config`` with its own init ``W0`` drawn from seed 0, then set as ``kind``
+    says: ``own`` (W0), ``predicted`` (P), ``mix:A`` (``P + A W0`` for every parameter of two or
+    more dimensions, ``P`` for the rest), ``blocks`` (P in the blocks, W0 elsewhere: the
+    embeddings, the head, the final norm), ``outer`` (the reverse), ``unit-norms`` (P with every
+    norm gain 1, as the init has it), ``deflate:K`` (P with each block matrix's K largest singular
+    directions taken out), ``head:S`` (P with the final norm's gain scaled by S: logits S times
+    as large, the head being tied to the embeddings), ``shrink:L`` (``L P + W0``, shrink and
+    perturb: Ash & Adams, 2020)."""
+    torch.manual_seed(0)
+    model = build_model(config, "cpu")
+    alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if kind.startswith("shrink:") else 0.0
+    shrink = float(kind.split(":")[1]) if kind.startswith("shrink:") else 1.0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            in_block = ".layers." in name or ".h." in name or ".blocks." in name
+            if kind == "own" or (kind == "blocks" and not in_block) or (kind == "outer" and in_block):
+                continue
+            value = predicted[name].to(param.dtype)
+            if kind == "unit-norms" and param.dim() == 1 and "norm" in name and "bias" not in name:
+                value = torch.ones_like(value)
+            if kind.startswith("head:") and name.endswith(("model.norm.weight", "ln_f.weight")):  # tied heads
+                value = value * float(kind.split(":")[1])
+            if kind.startswith("deflate:") and in_block and value.dim() == 2:
+                u, s, vh = torch.linalg.svd(value.double(), full_matrices=False)
+                k = int(kind.split(":")[1])
+                value = (value.double() - (u[:, :k] * s[:k]) @ vh[:k]).to(param.dtype)
+            param.copy_(shrink * value + alpha * param if param.dim() >= 2 else value)
+    return model
+
+
+def rms_ratios(model: torch.nn.Module, predicted: dict[str, torch.Tensor]) -> dict[str, float]:
+    """RMS(P) / RMS(W0) per role (a parameter name's last two parts), mean over layers: whether
+    AdamW's steps, about lr per weight, are small against the prediction's scale."""
+    ratios: dict[str, list[float]] = {}
+    for name, param in model.named_parameters():
+        if param.dim() >= 2:
+            role = ".".join(name.split(".")[-2:])
+            ratios.setdefault(role, []).append(
+                (predicted[name].float().pow(2).mean() / param.pow(2).mean()).sqrt().item()
+            )
+    return {role: round(statistics.mean(values), 2) for role, values in ratios.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default=str(ROOT / "out" / "llamas-1k"))
+    parser.add_argument("--ghn", default=None, help="checkpoint folder; default: the bundled one of the family")
+    parser.add_argument("--archs", type=int, default=4)
+    parser.add_argument("--part", default="0/1", help="I/N: only every N-th architecture from the I-th")
+    parser.add_argument(
+        "--starts", nargs="*", default=["own", "predicted", "mix:0.25", "mix:0.5", "mix:1"], help="see start()"
+    )
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--summary", type=Path, help="print the means and wins of a file of this script's rows")
+    args = parser.parse_args()
+    if args.summary:
+        summary([json.loads(line) for line in args.summary.read_text().splitlines() if line.startswith("{")])
+        return
+    torch.set_num_threads(1)
+    index, parts = (int(n) for n in args.part.split("/"))
+    pool = ArchPool(args.dataset, "eval")
+    ghn = load_checkpoint(args.ghn or bundled_checkpoint(pool.family))
+    source = load_source(default_source(pool.family), seq_len=64)
+    at = [h for h in AT if h <= args.steps]
+    for number, record in enumerate(pool.records[: args.archs]):
+        if number % parts != index:
+            continue
+        generator = torch.Generator().manual_seed(0)
+        held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
+        batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
+        predicted = predicted_params(ghn, record.graph)
+        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(start(record.config, predicted, "own"), predicted)}))
+        for kind in args.starts:
+            model = start(record.config, predicted, kind)
+            _, scores = up_train(model, source.task, batches.__getitem__, args.steps, args.lr, held_out=held_out, at=at)
+            row = {"id": record.id, "start": kind}
+            row.update({str(h): round(scores[h][0], 4) for h in at})
+            print(json.dumps(row), flush=True)
+
+
+def summary(lines: list[dict]) -> None:
+    """Mean loss per start and horizon, and how often each start beats the own init."""
+    by_id: dict[str, dict] = {}
+    for row in lines:
+        by_id.setdefault(row["id"], {})[row["start"]] = row
+    starts = sorted({row["start"] for row in lines}, key=str)
+    horizons = [k for k in lines[0] if k not in ("id", "start")]
+    for s in starts:
+        means = [statistics.mean(r[s][h] for r in by_id.values() if s in r) for h in horizons]
+        wins = [
+            statistics.mean(r[s][h] < r["own"][h] for r in by_id.values() if s in r and "own" in r) for h in horizons
+        ]
+        print(s, " ".join(f"{m:.3f}" for m in means), "wins", " ".join(f"{w:.0%}" for w in wins))
+
+
+if __name__ == "__main__":
+    main()
