@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--ghn", default=None, help="checkpoint folder; default: the bundled one of the family")
     parser.add_argument("--archs", type=int, default=4)
     parser.add_argument("--part", default="0/1", help="I/N: only every N-th architecture from the I-th")
+    parser.add_argument("--ids", nargs="*", help="only these architectures (of the first --archs)")
     parser.add_argument(
         "--starts", nargs="*", default=["own", "predicted", "mix:0.25", "mix:0.5", "mix:1"], help="see start()"
     )
@@ -110,7 +111,8 @@ def main() -> None:
     ghn = load_checkpoint(args.ghn or bundled_checkpoint(pool.family))
     source = load_source(default_source(pool.family), seq_len=64)
     at = [h for h in AT if h <= args.steps]
-    for number, record in enumerate(pool.records[: args.archs]):
+    chosen = [r for r in pool.records[: args.archs] if not args.ids or r.id in args.ids]
+    for number, record in enumerate(chosen):
         if number % parts != index:
             continue
         generator = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -31,7 +31,7 @@ def is_count(value: Any, least: int = 1, most: int | None = None) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least and (most is None or value <= most)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     """A finite int or float, not a bool (NaN compares false to everything, so a range test alone
     lets it through)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

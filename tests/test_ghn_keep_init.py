@@ -1,5 +1,5 @@
 """``keep_init``: the prediction added onto the model's own initialisation (weight matrices
-``W0 + P``, norms and biases ``P``), in ``predict``, the CLI and ``eval-ghn``."""
+``W0 + P``, or ``W0 + shrink * P``; norms and biases ``P``), in ``predict``, the CLI and ``eval-ghn``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from graphkit.cli import app
 from graphkit.families import build_model
 from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.checkpoint import bundled_checkpoint
-from graphkit.ghn.evaluate import EvalConfig, initialise, summarize
-from graphkit.ghn.keep_init import KeepInitError, add_prediction, initialise_as_built, should_keep_init
+from graphkit.ghn.evaluate import EvalConfig, EvalError, initialise, summarize
+from graphkit.ghn.keep_init import KeepInitError, add_prediction, initialise_as_built, should_keep_init, shrunk
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import predicted_params, residual_writers
 from graphkit.training.data import load_source
@@ -26,6 +26,7 @@ from graphkit.training.data import load_source
 GPT2 = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64)
 VIT = dict(family="vit", num_layers=2, hidden=64, heads=2, image_size=8, patch_size=2, num_classes=10)
 LLAMA = dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=256)
+TIED_LLAMA = {**LLAMA, "tied": True}
 runner = CliRunner()
 
 
@@ -35,9 +36,11 @@ def ghn(request):
     return LoGAH.from_variant("tiny", decoder=request.param).eval()
 
 
-def expected(init: dict[str, torch.Tensor], prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The keep-init rule written out: matrices init + prediction, 1-D parameters the prediction."""
-    return {name: init[name] + p if p.dim() >= 2 else p for name, p in prediction.items()}
+def expected(
+    init: dict[str, torch.Tensor], prediction: dict[str, torch.Tensor], shrink: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """The keep-init rule written out: matrices init + shrink x prediction, 1-D parameters the prediction."""
+    return {name: init[name] + shrink * p if p.dim() >= 2 else p for name, p in prediction.items()}
 
 
 @pytest.mark.slow
@@ -57,6 +60,77 @@ def test_keep_init_writes_the_init_plus_the_prediction(ghn, config):
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == storage  # in place, no copy
     for name, value in expected(init, prediction).items():
         torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [GPT2, TIED_LLAMA], ids=["gpt2", "tied-llama"])
+def test_shrink_adds_the_scaled_prediction_and_implies_keep_init(ghn, config):
+    """``W0 + shrink * P`` with ``P`` as predict writes it (GPT-2's residual branches scaled, so
+    their weights get both factors), the head tied to the embeddings shrunk once, and the
+    LLaMA, whose family does not keep its init, keeping it because shrink asks for it."""
+    torch.manual_seed(1)
+    model = build_model(config, "cpu")
+    init = {name: p.detach().clone() for name, p in model.named_parameters()}
+    graph = graphkit.trace(model)
+    prediction = predicted_params(ghn, graph)
+    predict(model, ghn, graph=graph, shrink=0.25)
+    for name, value in expected(init, prediction, 0.25).items():
+        torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
+    if config is TIED_LLAMA:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize("shrink", [0, -0.5, 1.5, math.nan, math.inf, "half", True])
+def test_shrink_must_be_a_number_above_0_and_at_most_1(shrink):
+    with pytest.raises(PredictError, match=r"^shrink must be a number above 0 and at most 1 .*; got "):
+        predict(build_model(GPT2), shrink=shrink)
+
+
+def test_shrink_needs_the_init_kept():
+    with pytest.raises(PredictError, match="shrink scales the prediction added onto the model's own init; it needs"):
+        predict(build_model(GPT2), shrink=0.5, keep_init=False)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--shrink", "0"], "shrink must be a number above 0 and at most 1"),
+        (["--shrink", "nan"], "shrink must be a number above 0 and at most 1"),
+        (["--shrink", "0.5", "--no-keep-init"], "it needs keep_init, which is off"),
+    ],
+)
+def test_the_cli_refuses_a_bad_shrink_before_loading_the_model(tmp_path, flags, message):
+    """Before the model file is read: this one does not exist, and the error is the option's."""
+    result = runner.invoke(app, ["predict", str(tmp_path / "absent.py"), *flags])
+    assert result.exit_code == 1 and message in one_line_error(result), result.output
+
+
+@pytest.mark.slow
+def test_the_cli_writes_a_shrunk_prediction_onto_the_init(tmp_path):
+    """``predict --shrink 0.5`` on a LLaMA (its family does not keep its init; the file builds it
+    on meta, so the init is drawn as transformers draws it): it says so, and the weights it
+    writes are that init plus half the prediction, the norms as predicted."""
+    model_file = tmp_path / "small_llama.py"
+    model_file.write_text(
+        "import graphkit.families as families\n\n\n"
+        f"def build_model():\n    return families.build_model({LLAMA!r}, 'meta')\n"
+    )
+    files = {}
+    for flags in (["--no-keep-init"], ["--shrink", "0.5"]):
+        out = tmp_path / f"{flags[-1]}.safetensors"
+        result = runner.invoke(app, ["predict", str(model_file), "--out", str(out), *flags])
+        assert result.exit_code == 0, result.output
+        said = "adding the prediction x 0.5 onto small_llama.py's own initialisation" in result.stdout
+        assert said == (flags[0] == "--shrink"), result.stdout
+        files[flags[0]] = load_file(out)
+    alone, shrunk_ = files["--no-keep-init"], files["--shrink"]
+    for name, value in alone.items():
+        if value.dim() >= 2:  # what is left once half the prediction is taken out: transformers' init, std 0.02,
+            left = shrunk_[name] - 0.5 * value  # and nothing of the prediction (a whole one would leave half)
+            correlation = torch.corrcoef(torch.stack([left.flatten(), value.flatten()]))[0, 1]
+            assert 0.018 < left.std() < 0.022 and abs(correlation) < 0.1, (name, left.std(), correlation)
+        else:
+            assert torch.equal(shrunk_[name], value), name
 
 
 @pytest.mark.slow
@@ -201,6 +275,22 @@ def test_eval_keep_init_is_the_random_init_plus_the_prediction():
     assert add_prediction(random, prediction) is random
 
 
+def test_eval_keep_init_shrinks_the_prediction_it_adds():
+    """eval-ghn --shrink: the keep_init row starts from random's init plus the prediction times
+    the factor, as predict(shrink=...) writes it; the factor is checked where it enters."""
+    prediction = {"w": torch.ones(3, 2), "b": torch.full((3,), 2.0)}
+    assert (
+        torch.equal(shrunk(prediction, 0.5)["w"], torch.full((3, 2), 0.5))
+        and shrunk(prediction, 0.5)["b"] is prediction["b"]
+    )
+    inits = ("predicted", "random", "orthogonal", "keep_init")
+    assert EvalConfig(dataset="-", inits=inits, shrink=0.5).shrink == 0.5
+    with pytest.raises(EvalError, match="shrink must be a number above 0 and at most 1 .*; got nan"):
+        EvalConfig(dataset="-", inits=inits, shrink=math.nan)
+    with pytest.raises(EvalError, match="shrink 0.5 scales the keep_init row; add keep_init to inits"):
+        EvalConfig(dataset="-", shrink=0.5)
+
+
 def test_eval_summary_reports_keep_init_beside_the_others_and_stays_as_it_was_without():
     assert EvalConfig(dataset="-", inits=("predicted", "random", "orthogonal", "keep_init")).inits[-1] == "keep_init"
     scores = {"accuracy_0": 0.0, "accuracy_5": 0.0, "accuracy": 0.0}
@@ -213,5 +303,7 @@ def test_eval_summary_reports_keep_init_beside_the_others_and_stays_as_it_was_wi
     summary = summarize(rows)
     assert summary["keep_init_wins"]["5"] == {"predicted": 0.5, "random": 1.0, "orthogonal": 1.0}
     assert summary["keep_init_beats_random"] == 1.0 and summary["predicted_beats_keep_init"] == 0.5
+    assert summary["shrink"] == 1.0  # rows written before shrink existed added the prediction whole
+    assert summarize([r | {"shrink": 0.5} if r["init"] == "keep_init" else r for r in rows])["shrink"] == 0.5
     without = summarize([r for r in rows if r["init"] != "keep_init"])
     assert "keep_init_wins" not in without and set(without["wins"]["5"]) == {"random", "orthogonal"}

@@ -661,6 +661,18 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
         "fine-tuning steps it beats random on 100%"
     ), line
     assert "predicted parameters alone 0.61" in describe(load_checkpoint(tmp_path / "run"))
+    # a record of the prediction added whole says nothing of it shrunk, and one measured shrunk says so
+    assert describe(load_checkpoint(tmp_path / "run"), keep_init=True, shrink=0.5).endswith(
+        "not on the prediction x 0.5 added onto the init as predict writes it here (graphkit eval-ghn "
+        "--inits predicted,random,orthogonal,keep_init --shrink 0.5 --record measures that)"
+    )
+    record_evaluation(
+        tmp_path / "run", {**summary, **added, "shrink": 0.5}, dataset="out/gpts-1k", split="eval", data="stdlib-text"
+    )
+    assert "the prediction x 0.5 added onto their init 0.31 accuracy" in describe(
+        load_checkpoint(tmp_path / "run"), keep_init=True, shrink=0.5
+    )
+    assert "not on the prediction added onto" in describe(load_checkpoint(tmp_path / "run"), keep_init=True)
 
 
 @pytest.mark.parametrize(
@@ -672,6 +684,8 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
         ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
         ("--lr", "nan", "lr must be a positive number; got nan"),
         ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
+        ("--shrink", "0", "shrink must be a number above 0 and at most 1 (W0 + shrink * prediction); got 0.0"),
+        ("--shrink", "0.5", "shrink 0.5 scales the keep_init row; add keep_init to inits"),
     ]
     + (
         [("--device", "cuda", "device 'cuda': no CUDA GPU is available here; use --device cpu")]
@@ -759,6 +773,14 @@ def test_eval_ghn_compares_the_prediction_kept_on_the_init(gpts, tmp_path):
     summary = report["summary"]
     assert summary["keep_init_beats_random"] == summary["keep_init_wins"]["2"]["random"]
     assert "keep_init beats random after 2 steps on" in result.stdout and "keep_init wins" in result.stdout
+    assert summary["shrink"] == 1.0
+    # --shrink 0.5: the same random init, half the prediction added
+    result = run("eval-ghn", *args, "--inits", "predicted,random,orthogonal,keep_init", "--shrink", "0.5")
+    assert result.exit_code == 0 and "keep_init: random's init plus the prediction x 0.5" in result.stdout
+    report = json.loads((out / "eval.json").read_text())
+    halved = {r["init"]: r["loss_0"] for r in report["rows"]}
+    assert halved["random"] == losses["random"] and halved["keep_init"] != losses["keep_init"]
+    assert report["summary"]["shrink"] == 0.5 and report["config"]["shrink"] == 0.5
 
 
 def test_keep_init_training_adds_the_prediction_onto_a_fresh_init_each_step(gpts):

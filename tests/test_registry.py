@@ -167,7 +167,7 @@ def test_the_adapter_registered_last_decides(mixer_adapter):
 
 
 @pytest.fixture
-def halved_gqa():
+def first_kv_variant():
     """A registered attention variant with an option of its own (``share``: the output scaled by
     it), a route (every query head reads K/V head 0) and what a file records of it; removed
     afterwards."""
@@ -184,7 +184,7 @@ def halved_gqa():
     del ATTENTION_VARIANTS["first-kv"]
 
 
-def test_a_registered_variant_runs_everywhere_a_built_in_one_does(halved_gqa, mixer_adapter):
+def test_a_registered_variant_runs_everywhere_a_built_in_one_does(first_kv_variant, mixer_adapter):
     x = torch.randn(2, 5, 32)
     model = convert(mixer(), "first-kv", 2, share=0.5)
     core = model[0].core

@@ -302,6 +302,7 @@ def record_evaluation(
             "alone": {"loss": summary["keep_init"]["loss_0"], "accuracy": summary["keep_init"]["accuracy_0"]},
             "beats_random": summary["keep_init_beats_random"],
             "final": {"loss": summary["keep_init"]["loss"], "accuracy": summary["keep_init"]["accuracy"]},
+            "shrink": summary.get("shrink", 1.0),
         }
     config = read_json(path / "config.json", "hypernetwork checkpoint")
     config["evaluation"] = record
@@ -314,13 +315,13 @@ def record_evaluation(
     return record
 
 
-def describe(ghn: LoGAH, keep_init: bool = False) -> str:
+def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
     """One line on what a checkpoint was trained on and its recorded held-out effect, e.g.
     "LoGAH-tiny trained on vits-digits with digits (400 steps); held out: 8 architectures, the
     predicted parameters alone 0.62 accuracy; after 300 fine-tuning steps they beat random on 88%
     and orthogonal on 50%". With ``keep_init`` (predict adds the prediction onto the model's own
-    init), the recorded effect of that instead, or, where none was recorded, a note that the
-    scores are the prediction alone's."""
+    init, times ``shrink``), the recorded effect of that instead, or, where none was recorded with
+    that ``shrink``, a note that the scores are the prediction alone's."""
     info = getattr(ghn, "info", {})
     trained = (
         f"LoGAH-{info.get('variant', 'custom')} trained on {Path(str(info.get('dataset', '?'))).name} "
@@ -332,10 +333,11 @@ def describe(ghn: LoGAH, keep_init: bool = False) -> str:
     try:
         scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
         held_out = f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}"
-        if keep_init and "keep_init" in record:
+        times = "" if shrink == 1 else f" x {shrink:g}"
+        if keep_init and "keep_init" in record and record["keep_init"].get("shrink", 1.0) == shrink:
             added = record["keep_init"]
             return (
-                f"{held_out}, the prediction added onto their init {added['alone']['accuracy']:.2f} accuracy "
+                f"{held_out}, the prediction{times} added onto their init {added['alone']['accuracy']:.2f} accuracy "
                 f"(loss {added['alone']['loss']:.2f}); after {record['steps']} fine-tuning steps it beats random on "
                 f"{100 * added['beats_random']:.0f}%"
             )
@@ -346,8 +348,9 @@ def describe(ghn: LoGAH, keep_init: bool = False) -> str:
             f"{100 * record['predicted_beats_random']:.0f}% and orthogonal on "
             f"{100 * record['predicted_beats_orthogonal']:.0f}%"
         ) + (
-            "; measured on the prediction alone, not on the prediction added onto the init as predict writes it "
-            "here (graphkit eval-ghn --inits predicted,random,orthogonal,keep_init --record measures that)"
+            f"; measured on the prediction alone, not on the prediction{times} added onto the init as predict "
+            "writes it here (graphkit eval-ghn --inits predicted,random,orthogonal,keep_init"
+            f"{'' if shrink == 1 else f' --shrink {shrink:g}'} --record measures that)"
             if keep_init
             else ""
         )

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import torch
 from rich.progress import Progress
@@ -38,7 +38,7 @@ from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
-from graphkit.ghn.keep_init import add_prediction
+from graphkit.ghn.keep_init import add_prediction, check_shrink, shrunk
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
@@ -76,6 +76,7 @@ class EvalConfig:
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
     inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
+    shrink: float = 1.0  # keep_init adds the prediction times this (W0 + shrink P), as predict(shrink=...) does
 
     def __post_init__(self) -> None:
         self.inits = tuple(self.inits)
@@ -94,6 +95,9 @@ class EvalConfig:
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
         check_flag("calibrate", self.calibrate, EvalError)
+        self.shrink = check_shrink(self.shrink, EvalError)
+        if self.shrink != 1 and "keep_init" not in self.inits:
+            raise EvalError(f"shrink {self.shrink:g} scales the keep_init row; add keep_init to inits")
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -101,12 +105,12 @@ def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] |
     ``predicted`` holds the parameters of ``predicted``, ``keep_init`` (the same prediction) and
     ``selected``."""
 
-    if init in ("predicted", "selected", "keep_init") and predicted is None:
-        raise ValueError(f"initialisation {init!r} needs the parameters made for the model")
-    if init in ("predicted", "selected"):  # parameters made for this model: the hypernetwork's or the selection's
-        load_params(model, cast(dict[str, torch.Tensor], predicted))
-    elif init == "keep_init":  # the framework's init kept, the prediction added (graphkit.ghn.keep_init)
-        add_prediction(model, cast(dict[str, torch.Tensor], predicted))
+    if init in ("predicted", "selected", "keep_init"):
+        if predicted is None:
+            raise ValueError(f"initialisation {init!r} needs the parameters made for the model")
+        # parameters made for this model (the hypernetwork's or the selection's), or, for keep_init,
+        # the framework's init kept and the prediction added (graphkit.ghn.keep_init)
+        (add_prediction if init == "keep_init" else load_params)(model, predicted)
     elif init == "orthogonal":
         with torch.no_grad():
             for param in model.parameters():
@@ -187,7 +191,9 @@ def evaluate(
     for record in chosen:
         source.check(record.config)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
-        made["keep_init"] = made["predicted"]
+        made["keep_init"] = (
+            made["predicted"] if config.shrink == 1 else _pack(shrunk(_unpack(made["predicted"]), config.shrink))
+        )
         if teacher is not None:
             torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill
             made["selected"] = _pack(select_params(teacher, build_model(record.config, "cpu")))
@@ -225,6 +231,8 @@ def evaluate(
                 "calibrated": config.calibrate and init == "predicted",
                 "horizons": at,
             }
+            if init == "keep_init":
+                rows[len(tasks) - 1]["shrink"] = config.shrink
     workers = 1 if device.type != "cpu" else min(config.workers or len(os.sched_getaffinity(0)), len(tasks))
     order = sorted(tasks, key=lambda t: -rows[t.number]["num_params"])  # largest first: no long task at the end
     with ended_by_sigterm(), Progress(disable=not progress) as bar:  # SIGTERM, like Ctrl-C, kills the workers
@@ -349,7 +357,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random``
     / ``predicted_beats_orthogonal`` (and ``_selected``, ``_keep_init``) are the verdicts at the
     final step. With ``keep_init`` rows, ``keep_init_wins`` holds its fractions as ``wins`` holds
-    predicted's (against predicted and the others) and ``keep_init_beats_random`` its verdict."""
+    predicted's (against predicted and the others), ``keep_init_beats_random`` its verdict and
+    ``shrink`` the factor its prediction was added with."""
     at = rows[0]["horizons"]
     keys = [f"{m}_{h}" for h in at for m in ("loss", "accuracy")] + ["loss", "accuracy"]
     summary: dict[str, Any] = {"horizons": at}
@@ -364,6 +373,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
+    if "keep_init" in inits:
+        summary["shrink"] = next(r.get("shrink", 1.0) for r in rows if r["init"] == "keep_init")
     for init in ("predicted", "keep_init") if "keep_init" in inits else ("predicted",):
         key = "wins" if init == "predicted" else f"{init}_wins"
         summary[key] = {

@@ -13,6 +13,7 @@ on the unigram plateau for some 150 steps (docs/experiments.md has the measureme
 With ``keep_init`` the prediction is added onto the model's own initialisation instead of
 replacing it (:mod:`graphkit.ghn.keep_init`: weight matrices ``W0 + P``, norms and biases as
 predicted), still one parameter at a time; GPT-2 does so by default (``Family.keep_init``).
+``shrink`` scales the prediction so added, ``W0 + shrink * P``: a start for fine-tuning.
 
 A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
 to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
@@ -35,7 +36,7 @@ from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, growth
-from graphkit.ghn.keep_init import adds_onto_init, initialise_as_built, should_keep_init
+from graphkit.ghn.keep_init import adds_onto_init, initialise_as_built, keep_init_choice, should_keep_init
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
 from graphkit.params import (
@@ -48,7 +49,6 @@ from graphkit.params import (
     tied_names,
 )
 from graphkit.tracing import trace
-from graphkit.validation import check_flag
 
 
 def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
@@ -154,6 +154,7 @@ def predict(
     calibrate: bool = False,
     buffers: str = "all",
     keep_init: bool | None = None,
+    shrink: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Trace ``model``, predict every parameter with ``ghn`` (default: the bundled LoGAH-tiny
     that fits the model, :func:`~graphkit.ghn.checkpoint.bundled_for`) and write the
@@ -186,12 +187,14 @@ def predict(
     (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2). A model with weights keeps the
     ones it holds; a meta one's are first allocated and initialised as its library builds them
     (:func:`~graphkit.ghn.keep_init.initialise_as_built`), and a parameter no library fills is
-    refused (KeepInitError) with the model left on meta."""
+    refused (KeepInitError) with the model left on meta. ``shrink`` (above 0, at most 1) adds
+    the prediction scaled by it, ``W0 + shrink * P``, and implies ``keep_init``: shrink and
+    perturb (Ash & Adams, 2020), a start that fine-tunes faster than the prediction once its
+    head start is spent (:mod:`graphkit.ghn.keep_init`); None: 1."""
 
     if buffers not in ("all", "saved"):
         raise PredictError(f"buffers must be 'all' or 'saved', got {buffers!r}")
-    if keep_init is not None:
-        check_flag("keep_init", keep_init, PredictError)
+    keep_init, factor = keep_init_choice(keep_init, shrink, PredictError)
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_for(graph))
@@ -226,14 +229,15 @@ def predict(
         if should_keep_init(graph, keep_init, getattr(ghn, "info", None))
         else set()
     )
-    if scaled and onto:  # W0 / s + P, scaled below, is W0 + s P: the init kept as it was
-        writers = residual_writers(graph)
-        with torch.no_grad():
-            for name in onto & set(writers):
-                destinations[name].mul_(len(writers) ** 0.5)
+    # W0 / c + P, multiplied by c below, is W0 + c P: the init kept as it was, the prediction scaled
+    # by c (shrink, times the residual scale on a residual branch's weights when they are scaled)
+    writers = residual_writers(graph) if scaled else []
+    residual = {name: len(writers) ** -0.5 for name in onto & set(writers)}
+    _multiply(destinations, {name: 1 / (factor * residual.get(name, 1.0)) for name in onto})
     written = prediction.write_into(destinations, onto)
     if scaled:
         scale_residuals(graph, written)
+    _multiply(written, dict.fromkeys(onto, factor))
     if new:  # swap the new tensors in under every tied name
         canonical = {id(p): name for name, p in model.named_parameters()}
         names = tied_names(model)
@@ -244,6 +248,17 @@ def predict(
     if calibrate:
         calibrate_stream(model, graph)
     return {name: model.get_parameter(name).detach() for name in destinations}
+
+
+@torch.no_grad()
+def _multiply(tensors: dict[str, torch.Tensor], factors: dict[str, float]) -> None:
+    """Multiply each tensor named in ``factors`` by its factor, in place, once per tensor (tied
+    names share one); factors of 1 are skipped."""
+    done: set[int] = set()
+    for name, factor in factors.items():
+        if factor != 1 and id(tensors[name]) not in done:
+            done.add(id(tensors[name]))
+            tensors[name].mul_(factor)
 
 
 def _onto_init(
