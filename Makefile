@@ -25,12 +25,12 @@ run: $(STAMP)
 	$(BIN)/graphkit predict examples/vit_b16.py --out out/vit_b16-predicted.safetensors
 
 # ruff first (pyproject.toml's [tool.ruff]: import order, imports at the top, 120 columns, the
-# format), then mypy on graphkit/ ([tool.mypy]), then every test
+# format), then mypy on graphkit/ ([tool.mypy]), then every test (the 15 slowest listed: where a slower run went)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # the everyday lane: every test but the ones marked slow (training, generation, subprocesses)
 test-fast: $(STAMP)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,11 +15,18 @@ from typer.testing import CliRunner
 
 import graphkit
 from graphkit.cli import app
-from graphkit.families import build_model
+from graphkit.families import FAMILIES, build_model
 from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.checkpoint import bundled_checkpoint
 from graphkit.ghn.evaluate import EvalConfig, EvalError, initialise, summarize
-from graphkit.ghn.keep_init import KeepInitError, add_prediction, initialise_as_built, should_keep_init, shrunk
+from graphkit.ghn.keep_init import (
+    KeepInitError,
+    add_prediction,
+    default_shrink,
+    initialise_as_built,
+    should_keep_init,
+    shrunk,
+)
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import predicted_params, residual_writers
 from graphkit.training.data import load_source
@@ -63,11 +71,11 @@ def test_keep_init_writes_the_init_plus_the_prediction(ghn, config):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [GPT2, TIED_LLAMA], ids=["gpt2", "tied-llama"])
+@pytest.mark.parametrize("config", [GPT2, TIED_LLAMA, VIT], ids=["gpt2", "tied-llama", "vit"])
 def test_shrink_adds_the_scaled_prediction_and_implies_keep_init(ghn, config):
     """``W0 + shrink * P`` with ``P`` as predict writes it (GPT-2's residual branches scaled, so
-    their weights get both factors), the head tied to the embeddings shrunk once, and the
-    LLaMA, whose family does not keep its init, keeping it because shrink asks for it."""
+    their weights get both factors), the head tied to the embeddings shrunk once, and the ViT,
+    whose family does not keep its init, keeping it because shrink asks for it."""
     torch.manual_seed(1)
     model = build_model(config, "cpu")
     init = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -78,6 +86,24 @@ def test_shrink_adds_the_scaled_prediction_and_implies_keep_init(ghn, config):
         torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
     if config is TIED_LLAMA:
         assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_the_family_sets_the_shrink_unless_told_or_trained_onto_the_init(monkeypatch):
+    """``Family.shrink`` is predict's factor when none is given (with the init kept, by the
+    family or by the caller); a hypernetwork trained onto the init predicts corrections at full
+    scale, so it gets 1 whatever its family says; a given shrink wins over both."""
+    ghn = load_checkpoint(bundled_checkpoint("llama"))
+    graph = graphkit.trace(build_model(LLAMA))
+    monkeypatch.setitem(FAMILIES, "llama", replace(FAMILIES["llama"], shrink=0.5))
+    assert default_shrink(graph) == 0.5 and default_shrink(graph, {"train": {"keep_init": True}}) == 1.0
+    prediction = predicted_params(ghn, graph)
+    for given, factor in ((None, 0.5), (0.25, 0.25)):
+        torch.manual_seed(0)
+        model = build_model(LLAMA, "cpu")
+        init = {name: p.detach().clone() for name, p in model.named_parameters()}
+        predict(model, ghn, graph=graph, keep_init=True, shrink=given)
+        for name, value in expected(init, prediction, factor).items():
+            torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("shrink", [0, -0.5, 1.5, math.nan, math.inf, "half", True])
@@ -107,23 +133,28 @@ def test_the_cli_refuses_a_bad_shrink_before_loading_the_model(tmp_path, flags, 
 
 @pytest.mark.slow
 def test_the_cli_writes_a_shrunk_prediction_onto_the_init(tmp_path):
-    """``predict --shrink 0.5`` on a LLaMA (its family does not keep its init; the file builds it
-    on meta, so the init is drawn as transformers draws it): it says so, and the weights it
-    writes are that init plus half the prediction, the norms as predicted."""
+    """``predict`` on a LLaMA keeps its init with half the prediction, its family's default (the
+    file builds it on meta, so the init is drawn as transformers draws it): it says so, and the
+    weights it writes are that init plus half the prediction, the norms as predicted;
+    ``--shrink 0.25`` says its factor."""
     model_file = tmp_path / "small_llama.py"
     model_file.write_text(
         "import graphkit.families as families\n\n\n"
         f"def build_model():\n    return families.build_model({LLAMA!r}, 'meta')\n"
     )
-    files = {}
-    for flags in (["--no-keep-init"], ["--shrink", "0.5"]):
-        out = tmp_path / f"{flags[-1]}.safetensors"
+    files, said = {}, {}
+    for flags in ([], ["--no-keep-init"], ["--shrink", "0.25"]):
+        out = tmp_path / f"{''.join(flags) or 'default'}.safetensors"
         result = runner.invoke(app, ["predict", str(model_file), "--out", str(out), *flags])
         assert result.exit_code == 0, result.output
-        said = "adding the prediction x 0.5 onto small_llama.py's own initialisation" in result.stdout
-        assert said == (flags[0] == "--shrink"), result.stdout
-        files[flags[0]] = load_file(out)
-    alone, shrunk_ = files["--no-keep-init"], files["--shrink"]
+        said[tuple(flags)] = next((line for line in result.stdout.splitlines() if "adding the" in line), None)
+        files[tuple(flags)] = load_file(out)
+    assert said[()] == (
+        "adding the prediction x 0.5 onto small_llama.py's own initialisation (its family's default; "
+        "--no-keep-init: the prediction alone)"
+    )
+    assert said[("--no-keep-init",)] is None and "x 0.25 onto" in said[("--shrink", "0.25")]
+    alone, shrunk_ = files[("--no-keep-init",)], files[()]
     for name, value in alone.items():
         if value.dim() >= 2:  # what is left once half the prediction is taken out: transformers' init, std 0.02,
             left = shrunk_[name] - 0.5 * value  # and nothing of the prediction (a whole one would leave half)
@@ -136,14 +167,16 @@ def test_the_cli_writes_a_shrunk_prediction_onto_the_init(tmp_path):
 @pytest.mark.slow
 def test_the_family_decides_unless_told():
     gpt2, vit, llama = (graphkit.trace(build_model(c)) for c in (GPT2, VIT, LLAMA))
-    assert should_keep_init(gpt2) and not should_keep_init(vit) and not should_keep_init(llama)
+    assert should_keep_init(gpt2) and not should_keep_init(vit) and should_keep_init(llama)
     assert not should_keep_init(gpt2, False) and should_keep_init(vit, True)
+    assert (default_shrink(gpt2), default_shrink(vit), default_shrink(llama)) == (1.0, 1.0, 0.5)
 
 
 @pytest.mark.slow
 def test_predict_follows_the_family_default():
-    """GPT-2 keeps its init by default; a ViT gets the prediction alone, as before."""
-    for config, kept in ((GPT2, True), (VIT, False)):
+    """GPT-2 keeps its init by default, a LLaMA keeps it with half the prediction (shrink and
+    perturb); a ViT gets the prediction alone."""
+    for config, kept in ((GPT2, 1.0), (LLAMA, 0.5), (VIT, 0.0)):
         ghn = load_checkpoint(bundled_checkpoint(config["family"]))
         torch.manual_seed(0)
         model = build_model(config, "cpu")
@@ -151,7 +184,7 @@ def test_predict_follows_the_family_default():
         graph = graphkit.trace(model)
         prediction = predicted_params(ghn, graph)
         predict(model, ghn, graph=graph)
-        want = expected(init, prediction) if kept else prediction
+        want = expected(init, prediction, kept) if kept else prediction
         for name, value in want.items():
             torch.testing.assert_close(model.get_parameter(name).detach(), value, rtol=1e-5, atol=1e-6, msg=name)
 

@@ -206,15 +206,16 @@ def predict(
         "--keep-init/--no-keep-init",
         help="Add the prediction onto the model's own initialisation (weight matrices init + prediction, "
         "norms and biases as predicted) rather than replace it (default: for families where it fine-tunes "
-        "better, GPT-2; docs/experiments.md).",
+        "better, GPT-2 and LLaMA; docs/experiments.md).",
     ),
     shrink: Optional[float] = typer.Option(
         None,
         "--shrink",
         help="Add the prediction scaled by this factor (above 0, at most 1) onto the model's own "
         "initialisation: init + shrink x prediction, a start for fine-tuning rather than a model to use "
-        "as it is (shrink and perturb; on held-out LLaMAs 0.5 beats the own init at 0, 100 and 300 "
-        "steps, docs/experiments.md). Implies --keep-init.",
+        "as it is (shrink and perturb). Implies --keep-init. Default: the family's factor, 0.5 for LLaMA "
+        "(on 8 held-out LLaMAs it beats the own init after 0, 100 and 300 steps on 7, 8 and 8; "
+        "docs/experiments.md), 1 for the others.",
     ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
@@ -223,12 +224,12 @@ def predict(
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of, twin_phrase
-    from graphkit.ghn.keep_init import keep_init_choice, should_keep_init, trained_onto_init
+    from graphkit.ghn.keep_init import default_shrink, keep_init_choice, should_keep_init, trained_onto_init
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
 
-    keep_init, _ = keep_init_choice(keep_init, shrink, PredictError)  # before the model is loaded
+    keep_init, shrink = keep_init_choice(keep_init, shrink, PredictError)  # before the model is loaded
     if out is not None:
         check_params_output(out, kind="predicted-weights")
     loaded = load_model_source(model, weights=False)
@@ -245,8 +246,9 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    factor = shrink if shrink is not None else default_shrink(graph, hypernet.info)
     console.print(
-        describe(hypernet, should_keep_init(graph, keep_init, hypernet.info), shrink or 1.0),
+        describe(hypernet, should_keep_init(graph, keep_init, hypernet.info), factor),
         highlight=False,
         soft_wrap=True,
     )
@@ -268,7 +270,7 @@ def predict(
         )
     if should_keep_init(graph, keep_init, hypernet.info):
         console.print(
-            f"adding the prediction{'' if shrink is None else f' x {shrink:g}'} onto {loaded.name}'s own initialisation"
+            f"adding the prediction{'' if factor == 1 else f' x {factor:g}'} onto {loaded.name}'s own initialisation"
             + (
                 ""
                 if keep_init is not None
@@ -371,11 +373,11 @@ def eval_ghn(
     select_steps: Optional[int] = typer.Option(
         None, "--select-steps", help="Training steps of the model `selected` selects from (default: --steps)."
     ),
-    shrink: float = typer.Option(
-        1.0,
+    shrink: Optional[float] = typer.Option(
+        None,
         "--shrink",
         help="keep_init adds the prediction times this factor (above 0, at most 1) onto random's init, "
-        "as `predict --shrink` does.",
+        "as `predict --shrink` does (default: as `predict` does, the family's factor).",
     ),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation (and weight
@@ -439,8 +441,8 @@ def eval_ghn(
         + ("; keep_init wins: where keep_init has a lower one than random)" if "keep_init" in config.inits else ")"),
         highlight=False,
     )
-    if config.shrink != 1:
-        console.print(f"keep_init: random's init plus the prediction x {config.shrink:g}", highlight=False)
+    if summary.get("shrink", 1) != 1:
+        console.print(f"keep_init: random's init plus the prediction x {summary['shrink']:g}", highlight=False)
     if "selected" in config.inits:
         console.print(
             f"selected: weight selection from the train split's smallest model, trained for "

@@ -50,6 +50,9 @@ class Family:
     # a prediction is added onto the model's own init by default (graphkit.ghn.keep_init);
     # measured per family in docs/experiments.md ("keep_init")
     keep_init: bool = False
+    # the factor a prediction kept on the init is added with by default, W0 + shrink * P (shrink
+    # and perturb: graphkit.ghn.keep_init); measured in docs/experiments.md ("Where the head start goes")
+    shrink: float = 1.0
     attention_adapter: AttentionAdapter | None = None  # how GQA, MLA and the HF export handle its attention
     # its models train in bf16 under train-ghn's autocast; a library's models (timm's,
     # transformers') keep float32 buffers and arithmetic of their own that a bf16 parameter fails
@@ -193,8 +196,15 @@ def family_default(graph: ArchGraph, flag: str, choice: bool | None = None) -> b
     this way."""
     if choice is not None:
         return choice
+    return bool(family_value(graph, flag, False))
+
+
+def family_value(graph: ArchGraph, name: str, fallback: Any) -> Any:
+    """The field ``name`` of the ``Family`` ``graph`` was traced from (``graph.meta["family"]``),
+    or ``fallback`` for a model of no graphkit family: a per-family default of ``predict`` that is
+    not a flag (``shrink``)."""
     family = FAMILIES.get(str(graph.meta.get("family")))
-    return bool(family is not None and getattr(family, flag))
+    return getattr(family, name) if family is not None else fallback
 
 
 def config_from_graph(graph: ArchGraph) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
-from graphkit.ghn.keep_init import add_prediction, check_shrink, shrunk
+from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
@@ -76,7 +76,7 @@ class EvalConfig:
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
     inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
-    shrink: float = 1.0  # keep_init adds the prediction times this (W0 + shrink P), as predict(shrink=...) does
+    shrink: float | None = None  # keep_init adds the prediction times this (W0 + shrink P); None: as predict does
 
     def __post_init__(self) -> None:
         self.inits = tuple(self.inits)
@@ -95,9 +95,10 @@ class EvalConfig:
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
         check_flag("calibrate", self.calibrate, EvalError)
-        self.shrink = check_shrink(self.shrink, EvalError)
-        if self.shrink != 1 and "keep_init" not in self.inits:
-            raise EvalError(f"shrink {self.shrink:g} scales the keep_init row; add keep_init to inits")
+        if self.shrink is not None:
+            self.shrink = check_shrink(self.shrink, EvalError)
+            if "keep_init" not in self.inits:
+                raise EvalError(f"shrink {self.shrink:g} scales the keep_init row; add keep_init to inits")
 
 
 def initialise(model: nn.Module, init: str, predicted: dict[str, torch.Tensor] | None = None) -> nn.Module:
@@ -191,9 +192,8 @@ def evaluate(
     for record in chosen:
         source.check(record.config)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
-        made["keep_init"] = (
-            made["predicted"] if config.shrink == 1 else _pack(shrunk(_unpack(made["predicted"]), config.shrink))
-        )
+        factor = config.shrink if config.shrink is not None else default_shrink(record.graph, ghn.info)
+        made["keep_init"] = made["predicted"] if factor == 1 else _pack(shrunk(_unpack(made["predicted"]), factor))
         if teacher is not None:
             torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill
             made["selected"] = _pack(select_params(teacher, build_model(record.config, "cpu")))
@@ -232,7 +232,7 @@ def evaluate(
                 "horizons": at,
             }
             if init == "keep_init":
-                rows[len(tasks) - 1]["shrink"] = config.shrink
+                rows[len(tasks) - 1]["shrink"] = factor
     workers = 1 if device.type != "cpu" else min(config.workers or len(os.sched_getaffinity(0)), len(tasks))
     order = sorted(tasks, key=lambda t: -rows[t.number]["num_params"])  # largest first: no long task at the end
     with ended_by_sigterm(), Progress(disable=not progress) as bar:  # SIGTERM, like Ctrl-C, kills the workers

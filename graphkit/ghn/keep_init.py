@@ -8,15 +8,16 @@ random full-rank matrix the low-rank prediction cannot hold, and what a fine-tun
 random starts from; a sum keeps both. A norm's gain is 1 at init and near 1 predicted, so adding
 them would double every norm's output; a bias is 0 at init, so adding changes nothing there.
 docs/experiments.md has the measurements behind the rule and behind each family's default
-(``Family.keep_init``: GPT-2 keeps its init, ViTs do not).
+(``Family.keep_init``: GPT-2 and LLaMA keep their init, ViTs do not).
 
 ``shrink`` scales the prediction before it is added: ``W0 + shrink * P`` (norms and biases still
 ``P``). Why: fine-tuning from a prediction, like any warm start, falls more slowly than from a
 random init once its head start is spent (Ash & Adams, 2020, "On warm-starting neural network
 training"); their remedy, shrink the warm weights and add fresh noise, is this sum with the
-model's own init as the noise. On held-out LLaMAs half the prediction on the own init beats the
-own init at 0, 100 and 300 fine-tuning steps where the prediction alone loses at 300
-(docs/experiments.md, "Where the head start goes").
+model's own init as the noise. On the 8 held-out LLaMAs of the bundled checkpoint's evaluation,
+half the prediction on the own init beats the own init after 0, 100 and 300 fine-tuning steps
+on 7, 8 and 8 of them, the prediction alone on 8, 7 and 2 (docs/experiments.md, "Where the head
+start goes"): LLaMA's default (``Family.shrink``).
 
 A model built on the meta device has no initialisation yet: its parameters are allocated and
 initialised the way its library does at construction (:func:`initialise_as_built`) before the
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError, KeepInitError
-from graphkit.families import family_default
+from graphkit.families import family_default, family_value
 from graphkit.graph import ArchGraph
 from graphkit.validation import check_flag, is_number
 
@@ -60,17 +61,26 @@ def check_shrink(shrink: object, error: type[GraphkitError]) -> float:
 
 def keep_init_choice(
     keep_init: bool | None, shrink: float | None, error: type[GraphkitError]
-) -> tuple[bool | None, float]:
-    """``predict``'s ``keep_init`` and ``shrink`` checked together: ``shrink`` implies keeping the
-    init (``keep_init`` None becomes True, False is refused) and defaults to 1. Raises ``error``."""
+) -> tuple[bool | None, float | None]:
+    """``predict``'s ``keep_init`` and ``shrink`` checked together: a ``shrink`` given implies
+    keeping the init (``keep_init`` None becomes True, False is refused); None stays None, for
+    :func:`default_shrink` to fill once the model is traced. Raises ``error``."""
     if keep_init is not None:
         check_flag("keep_init", keep_init, error)
     if shrink is None:
-        return keep_init, 1.0
+        return keep_init, None
     shrink = check_shrink(shrink, error)
     if keep_init is False:
         raise error("shrink scales the prediction added onto the model's own init; it needs keep_init, which is off")
     return True, shrink
+
+
+def default_shrink(graph: ArchGraph, info: Mapping | None = None) -> float:
+    """The factor a prediction kept on ``graph``'s init is added with when none is given: 1 for a
+    hypernetwork trained onto the init (``info``, its config.json: its predictions are
+    corrections at full scale), else the family's (``Family.shrink``), 1 for a model of no
+    graphkit family."""
+    return 1.0 if trained_onto_init(info) else float(family_value(graph, "shrink", 1.0))
 
 
 def shrunk(predicted: Mapping[str, torch.Tensor], shrink: float) -> dict[str, torch.Tensor]:
@@ -168,6 +178,7 @@ __all__ = [
     "add_prediction",
     "adds_onto_init",
     "check_shrink",
+    "default_shrink",
     "keep_init_choice",
     "initialise_as_built",
     "onto_init",

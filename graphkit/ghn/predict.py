@@ -36,7 +36,13 @@ from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, growth
-from graphkit.ghn.keep_init import adds_onto_init, initialise_as_built, keep_init_choice, should_keep_init
+from graphkit.ghn.keep_init import (
+    adds_onto_init,
+    default_shrink,
+    initialise_as_built,
+    keep_init_choice,
+    should_keep_init,
+)
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
 from graphkit.graph import ArchGraph
 from graphkit.params import (
@@ -190,11 +196,12 @@ def predict(
     refused (KeepInitError) with the model left on meta. ``shrink`` (above 0, at most 1) adds
     the prediction scaled by it, ``W0 + shrink * P``, and implies ``keep_init``: shrink and
     perturb (Ash & Adams, 2020), a start that fine-tunes faster than the prediction once its
-    head start is spent (:mod:`graphkit.ghn.keep_init`); None: 1."""
+    head start is spent (:mod:`graphkit.ghn.keep_init`); None: the family's
+    (:func:`~graphkit.ghn.keep_init.default_shrink`, ``Family.shrink``)."""
 
     if buffers not in ("all", "saved"):
         raise PredictError(f"buffers must be 'all' or 'saved', got {buffers!r}")
-    keep_init, factor = keep_init_choice(keep_init, shrink, PredictError)
+    keep_init, shrink = keep_init_choice(keep_init, shrink, PredictError)
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_for(graph))
@@ -231,6 +238,7 @@ def predict(
     )
     # W0 / c + P, multiplied by c below, is W0 + c P: the init kept as it was, the prediction scaled
     # by c (shrink, times the residual scale on a residual branch's weights when they are scaled)
+    factor = shrink if shrink is not None else default_shrink(graph, getattr(ghn, "info", None))
     writers = residual_writers(graph) if scaled else []
     residual = {name: len(writers) ** -0.5 for name in onto & set(writers)}
     _multiply(destinations, {name: 1 / (factor * residual.get(name, 1.0)) for name in onto})
