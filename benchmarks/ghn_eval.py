@@ -58,7 +58,7 @@ def table(family: str, write: bool, device: str | None = None, selected: bool = 
         steps=run["steps"],
         batch_size=run["batch_size"],
         device=device,
-        # keep_init where predict writes it by default (GPT-2), so the record holds what predict gives
+        # keep_init where predict writes it by default (GPT-2, LLaMA), so the record holds what predict gives
         inits=INITS if selected else DEFAULT_INITS + ("keep_init",) * get_family(family).keep_init,
     )
     tic = time.perf_counter()
@@ -86,7 +86,9 @@ def table(family: str, write: bool, device: str | None = None, selected: bool = 
         f"steps predicted beats random on **{100 * summary['predicted_beats_random']:.0f}%** of them and orthogonal "
         f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss)"
         + (
-            f"; keep_init (the model's init plus the prediction, what `predict` writes for this family) beats "
+            f"; keep_init (the model's init plus the prediction"
+            f"{'' if summary.get('shrink', 1) == 1 else ' x ' + format(summary['shrink'], 'g')}, what `predict` "
+            "writes for this family) beats "
             f"random on **{100 * summary['keep_init_beats_random']:.0f}%**."
             if "keep_init" in summary
             else "."
