@@ -17,7 +17,7 @@ from graphkit.attention.core import ATTENTION_VARIANTS, AttentionVariant, Groupe
 from graphkit.attention.hf_format import check_hf_export
 from graphkit.attention.mla import ViTLatentAttention, kv_cache_bytes, to_mla
 from graphkit.datasets.recipes import RECIPES, get_recipe
-from graphkit.errors import ConvertError, ExportError, MLAError
+from graphkit.errors import ConfigError, ConvertError, ExportError, MLAError
 from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import BUNDLED
 from graphkit.tracing import trace
@@ -73,6 +73,13 @@ def bare_copy(base: str, name: str, **changes):
         **{"name": name, "recipes": (), "data": None, "bundled_ghn": None, "attention_adapter": None, "traced_as": ()}
         | changes,
     )
+
+
+def test_a_family_with_a_shrink_predict_cannot_use_is_refused_unregistered():
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match=rf"family 'bad-shrink': shrink must be .*; got {bad}"):
+            register_family(dataclasses.replace(FAMILIES["llama"], name="bad-shrink", shrink=bad))
+    assert "bad-shrink" not in FAMILIES
 
 
 def test_tables_are_live_views():

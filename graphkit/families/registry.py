@@ -136,7 +136,12 @@ def build_hf(model_class: Any, config: Any, init: bool) -> nn.Module:  # a PreTr
 
 def register_family(family: Family) -> Family:
     """Add a family to :data:`FAMILIES` (``build_model``, recipes and the hypernetwork find it
-    there) and its attention adapter to every conversion's (:func:`graphkit.attention.adapter.register_adapter`)."""
+    there) and its attention adapter to every conversion's (:func:`graphkit.attention.adapter.register_adapter`).
+    ConfigError, with nothing registered, for a ``shrink`` outside (0, 1]: ``predict`` divides by it."""
+    if not is_number(family.shrink) or not 0 < family.shrink <= 1:
+        raise ConfigError(
+            f"family {family.name!r}: shrink must be a number above 0 and at most 1; got {family.shrink!r}"
+        )
     FAMILIES[family.name] = family
     if family.attention_adapter is not None:
         register_adapter(family.attention_adapter)
