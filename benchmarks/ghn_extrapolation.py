@@ -49,6 +49,7 @@ from graphkit.ghn import load_checkpoint, predict
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint
 from graphkit.ghn.evaluate import fine_tune, initialise
+from graphkit.ghn.keep_init import keep_init_as_is
 from graphkit.ghn.predict import predicted_params
 from graphkit.tracing import trace
 from graphkit.training.data import default_source, load_source, output_loss
@@ -247,7 +248,7 @@ def propagation(family: str) -> str:
         model = copy.deepcopy(
             init_model
         )  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
-        predict(model, ghn, graph=graph)
+        predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph))  # the prediction as a model
         raw = stream_statistics(model.eval(), family, inputs)
         cells = [f"{r:.2f} ({r / i:.1f}x) / {{}} / {i:.2f}" for r, i in zip(raw, init)]
         if text:

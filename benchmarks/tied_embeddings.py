@@ -37,6 +37,7 @@ from graphkit.ghn.checkpoint import (  # noqa: E402
     bundled_names,
     checkpoint_task,
 )
+from graphkit.ghn.keep_init import keep_init_as_is  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import tied_embeddings  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
@@ -85,7 +86,7 @@ def losses(config: dict, batches: list) -> tuple[float, dict[str, float], str]:
         if checkpoint_task(info) != "text" or not ops <= set(info["trained_ops"]):
             continue
         model = built(config)
-        predict(model, bundled_hypernetwork(name), graph=graph)
+        predict(model, bundled_hypernetwork(name), graph=graph, keep_init=keep_init_as_is(graph))
         predicted[name] = score(model, batches, "text")[0]
     return own, predicted, bundled_for(graph).name
 
@@ -121,7 +122,7 @@ def zoo_rows(source) -> list[str]:
             generator = torch.Generator().manual_seed(0)
             batches = [source.batch(data_config(model), BATCH_SIZE, generator, "eval") for _ in range(BATCHES)]
             own = score(model, batches, "text")[0]
-            predict(model, ghn, graph=graph)
+            predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph))
             cells += [f"{own:.2f}", f"{score(model, batches, 'text')[0]:.2f}"]
         rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)

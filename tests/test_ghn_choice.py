@@ -32,7 +32,7 @@ from graphkit.ghn.checkpoint import (
     checkpoint_task,
     load_checkpoint,
 )
-from graphkit.ghn.keep_init import default_shrink
+from graphkit.ghn.keep_init import keep_init_as_is
 from graphkit.ghn.predict import predict, prediction_refusal, reason_of, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
 from graphkit.sources import load_model_source
@@ -314,8 +314,7 @@ def test_a_tied_language_model_is_predicted_below_the_unigram_loss_as_its_untied
         generator = torch.Generator().manual_seed(0)
         batches = [source.batch(data_config(model), 8, generator, "eval") for _ in range(2)]
         own = score(model, batches, "text")[0]
-        # the family's default form, but for a shrunk one (LLaMA's), a start for fine-tuning: its prediction alone
-        predict(model, load_checkpoint(checkpoint), graph=graph, keep_init=False if default_shrink(graph) < 1 else None)
+        predict(model, load_checkpoint(checkpoint), graph=graph, keep_init=keep_init_as_is(graph))
         losses[tied] = score(model, batches, "text")[0]
         assert losses[tied] < min(own - 2, source.unigram_loss()), (tied, losses[tied], own)
     assert abs(losses[True] - losses[False]) < 0.4, losses

@@ -83,6 +83,14 @@ def default_shrink(graph: ArchGraph, info: Mapping | None = None) -> float:
     return 1.0 if trained_onto_init(info) else float(family_value(graph, "shrink", 1.0))
 
 
+def keep_init_as_is(graph: ArchGraph, info: Mapping | None = None) -> bool | None:
+    """The ``keep_init`` of :func:`~graphkit.ghn.predict.predict` for a prediction scored as a
+    model, with no fine-tuning (a step-0 loss, the stream it propagates): None, the family's
+    default, unless that default shrinks the prediction (LLaMA's), a start made for fine-tuning
+    whose step-0 loss is near the init's; then False, the prediction alone."""
+    return False if default_shrink(graph, info) < 1 else None
+
+
 def shrunk(predicted: Mapping[str, torch.Tensor], shrink: float) -> dict[str, torch.Tensor]:
     """``predicted`` with every parameter the keep-init rule adds onto the init (two or more
     dimensions) multiplied by ``shrink``, the rest as predicted: what :func:`add_prediction` adds
@@ -179,6 +187,7 @@ __all__ = [
     "adds_onto_init",
     "check_shrink",
     "default_shrink",
+    "keep_init_as_is",
     "keep_init_choice",
     "initialise_as_built",
     "onto_init",
