@@ -20,6 +20,8 @@ Every start sees the same batches and the same random init ``W0`` as ``eval-ghn`
 
     .venv/bin/python experiments/finetune_starts.py --archs 2 --part 0/2   # and 1/2 beside it: 30 min on 2 cores
     .venv/bin/python experiments/finetune_starts.py --archs 2 --starts own predicted blocks outer unit-norms
+    .venv/bin/python experiments/finetune_starts.py --dataset out/zoo-decoders-mini --ghn logah-tiny-zoo-decoders \
+        --data stdlib-text --archs 20 --starts own predicted shrink:0.5
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pathlib import Path
 
 import torch
 
+from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
-from graphkit.ghn.checkpoint import bundled_checkpoint
+from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.predict import predicted_params
 from graphkit.training.data import default_source, load_source
@@ -91,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default=str(ROOT / "out" / "llamas-1k"))
     parser.add_argument("--ghn", default=None, help="checkpoint folder; default: the bundled one of the family")
+    parser.add_argument("--data", default=None, help="data source; default: the family's (a mini zoo needs one)")
     parser.add_argument("--archs", type=int, default=4)
     parser.add_argument("--part", default="0/1", help="I/N: only every N-th architecture from the I-th")
     parser.add_argument("--ids", nargs="*", help="only these architectures (of the first --archs)")
@@ -109,11 +113,16 @@ def main() -> None:
     index, parts = (int(n) for n in args.part.split("/"))
     pool = ArchPool(args.dataset, "eval")
     ghn = load_checkpoint(args.ghn or bundled_checkpoint(pool.family))
-    source = load_source(default_source(pool.family), seq_len=64)
+    source = load_source(args.data or default_source(pool.family), seq_len=64)
     at = [h for h in AT if h <= args.steps]
     chosen = [r for r in pool.records[: args.archs] if not args.ids or r.id in args.ids]
     for number, record in enumerate(chosen):
         if number % parts != index:
+            continue
+        try:  # a mini zoo's held-out family may have an op the checkpoint never trained on
+            check_graph(ghn, record.graph)
+        except GraphkitError as e:
+            print(json.dumps({"id": record.id, "skipped": str(e)}), flush=True)
             continue
         generator = torch.Generator().manual_seed(0)
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]

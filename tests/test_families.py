@@ -178,10 +178,17 @@ def test_a_library_family_builds_a_zoo_record_as_build_model_builds_any():
     mini = {"family": "transformers", "model_type": "llama", "shrink": {"num_hidden_layers": 2, "hidden_size": 64}}
     decoder = build_model({**mini, "vocab_size": 256, "context": 64, "zoo_family": "llama"}, "cpu")
     assert len(decoder.model.layers) == 2 and not decoder.config.use_cache and decoder.lm_head.weight.abs().sum() > 0
+    # a zoo record of several models of one architecture names the others (zoo-decoders-mini's granite: llama)
+    aliased = build_model({**mini, "vocab_size": 256, "context": 64, "aliases": ["granite"]})
+    assert len(aliased.model.layers) == 2
     for config, message in [
         ({"family": "timm", "model": "test_vit", "depth": 2}, "timm config: unknown key 'depth'; accepted keys:"),
         ({"family": "transformers"}, "transformers config: model_type must be the transformers name of a model"),
         ({"family": "timm", "model": "test_vit", "shrink": [2]}, "timm config: shrink must be an object"),
+        (
+            {"family": "timm", "model": "test_vit", "aliases": "vit_tiny"},
+            "timm config: aliases must be a list of model",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message):
             build_model(config)

@@ -43,8 +43,10 @@ class LibraryFamily(Family):
     data_keys: tuple[str, ...] = ()
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """The config as it is, after checking it names one model and its overrides are an object."""
-        known = {"family", self.model_key, "shrink", "zoo_family", *self.data_keys}
+        """The config as it is, after checking it names one model and its overrides are an object.
+        A zoo record's ``aliases`` (the other models of the same architecture) are names, not
+        build options: accepted, so that such a record builds like any other."""
+        known = {"family", self.model_key, "shrink", "zoo_family", "aliases", *self.data_keys}
         unknown = sorted(set(config) - known)
         if unknown:
             raise ConfigError(
@@ -54,6 +56,9 @@ class LibraryFamily(Family):
             raise ConfigError(f"{self.name} config: {self.model_key} must be the {self.name} name of a model")
         if not isinstance(config.get("shrink"), (Mapping, type(None))):
             raise ConfigError(f"{self.name} config: shrink must be an object of overrides")
+        aliases = config.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise ConfigError(f"{self.name} config: aliases must be a list of model names")
         return {"family": self.name, **config}
 
 
