@@ -25,16 +25,20 @@ run: $(STAMP)
 	$(BIN)/graphkit predict examples/vit_b16.py --out out/vit_b16-predicted.safetensors
 
 # ruff first (pyproject.toml's [tool.ruff]: import order, imports at the top, 120 columns, the
-# format), then mypy on graphkit/ ([tool.mypy]), then every test (the 15 slowest listed: where a slower run went)
+# format), then mypy on graphkit/ ([tool.mypy]), then every test (the 15 slowest listed: where a slower run went).
+# pytest-xdist runs one worker a core, each torch on one thread (two torch processes with a thread
+# a core each slow each other down), handed 4 tests at a time so the slow tests, which conftest.py
+# puts first, spread over the workers; `pytest` alone runs the suite in one process
+PYTEST_PARALLEL = -n auto --maxschedchunk 4
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 # the everyday lane: every test but the ones marked slow (training, generation, subprocesses)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # Mutation testing, outside CI (docs/tracer.md, "Mutation testing"): mutmut plants one small bug
 # at a time in graphkit/attention and graphkit/tracing and runs the not-slow tests that reach the

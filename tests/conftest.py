@@ -34,6 +34,13 @@ def _import_libraries() -> None:
 _import_libraries()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow run first, each group in its collection order: under pytest-xdist
+    (``make test``) the workers then share the long tests at the start and even out on the short
+    ones at the end, where a long test left last would keep one worker busy while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_process_state():
     """Every test leaves the process as it found it: signal handlers, environment, working

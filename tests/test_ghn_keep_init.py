@@ -96,6 +96,7 @@ def test_the_family_sets_the_shrink_unless_told_or_trained_onto_the_init(monkeyp
     graph = graphkit.trace(build_model(LLAMA))
     monkeypatch.setitem(FAMILIES, "llama", replace(FAMILIES["llama"], shrink=0.5))
     assert default_shrink(graph) == 0.5 and default_shrink(graph, {"train": {"keep_init": True}}) == 1.0
+    assert default_shrink(graph, {"train": {"keep_init": True}}, 0.25) == 0.25  # a choice wins over both
     prediction = predicted_params(ghn, graph)
     for given, factor in ((None, 0.5), (0.25, 0.25)):
         torch.manual_seed(0)

@@ -246,7 +246,7 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    factor = shrink if shrink is not None else default_shrink(graph, hypernet.info)
+    factor = default_shrink(graph, hypernet.info, shrink)
     console.print(
         describe(hypernet, should_keep_init(graph, keep_init, hypernet.info), factor),
         highlight=False,

@@ -192,7 +192,7 @@ def evaluate(
     for record in chosen:
         source.check(record.config)
         made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
-        factor = config.shrink if config.shrink is not None else default_shrink(record.graph, ghn.info)
+        factor = default_shrink(record.graph, ghn.info, config.shrink)
         made["keep_init"] = made["predicted"] if factor == 1 else _pack(shrunk(_unpack(made["predicted"]), factor))
         if teacher is not None:
             torch.manual_seed(config.seed)  # the random init the workers draw: selection keeps what it cannot fill

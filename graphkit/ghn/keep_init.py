@@ -75,11 +75,14 @@ def keep_init_choice(
     return True, shrink
 
 
-def default_shrink(graph: ArchGraph, info: Mapping | None = None) -> float:
-    """The factor a prediction kept on ``graph``'s init is added with when none is given: 1 for a
-    hypernetwork trained onto the init (``info``, its config.json: its predictions are
+def default_shrink(graph: ArchGraph, info: Mapping | None = None, choice: float | None = None) -> float:
+    """The factor a prediction kept on ``graph``'s init is added with: ``choice`` when given
+    (``shrink`` of :func:`~graphkit.ghn.predict.predict`, checked by :func:`check_shrink`), else 1
+    for a hypernetwork trained onto the init (``info``, its config.json: its predictions are
     corrections at full scale), else the family's (``Family.shrink``), 1 for a model of no
     graphkit family."""
+    if choice is not None:
+        return choice
     return 1.0 if trained_onto_init(info) else float(family_value(graph, "shrink", 1.0))
 
 

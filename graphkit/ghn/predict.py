@@ -238,7 +238,7 @@ def predict(
     )
     # W0 / c + P, multiplied by c below, is W0 + c P: the init kept as it was, the prediction scaled
     # by c (shrink, times the residual scale on a residual branch's weights when they are scaled)
-    factor = shrink if shrink is not None else default_shrink(graph, getattr(ghn, "info", None))
+    factor = default_shrink(graph, getattr(ghn, "info", None), shrink)
     writers = residual_writers(graph) if scaled else []
     residual = {name: len(writers) ** -0.5 for name in onto & set(writers)}
     _multiply(destinations, {name: 1 / (factor * residual.get(name, 1.0)) for name in onto})
