@@ -66,7 +66,9 @@ def table(args) -> str:
         rows.append(
             f"| {name} | {report['candidates']} | {report['clean']} | {len(report['failed'])} "
             f"(+{len(report['unbuildable'])} unbuildable) | {report['records']} "
-            f"({len(split['held_out_families'])} of {split['families']}) | {wall_text} | " + " | ".join(cells) + " |"
+            f"({len(split['held_out_zoo_families'])} of {split['zoo_families']}) | {wall_text} | "
+            + " | ".join(cells)
+            + " |"
         )
         print(rows[-1], flush=True)
         reasons = _reasons(report["failed"])

@@ -107,7 +107,8 @@ def main() -> None:
     parser.add_argument("--summary", type=Path, help="print the means and wins of a file of this script's rows")
     args = parser.parse_args()
     if args.summary:
-        summary([json.loads(line) for line in args.summary.read_text().splitlines() if line.startswith("{")])
+        rows = [json.loads(line) for line in args.summary.read_text().splitlines() if line.startswith("{")]
+        summary([row for row in rows if "start" in row])  # not the RMS ratios, nor what was skipped
         return
     torch.set_num_threads(1)
     index, parts = (int(n) for n in args.part.split("/"))

@@ -1,6 +1,6 @@
 """The mini zoos (graphkit.datasets.shrink): zoo models shrunk through their own constructor or
 config keep every op kind and parameter kind, train, rebuild from their record, and are split
-by family."""
+by zoo family (timm module, model type)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,22 @@ from graphkit.datasets.shrink import (
     Plan,
     data_keys,
     decoder_plans,
-    held_out_families,
+    held_out_zoo_families,
     kinds,
     trainability,
     vision_plans,
 )
-from graphkit.datasets.store import write_dataset
-from graphkit.datasets.zoo import ZooError, generate_zoo, mini_outcome, trace_zoo_model
+from graphkit.datasets.store import RUN_FILE, write_dataset
+from graphkit.datasets.zoo import (
+    CACHE_DIR,
+    ZOOS,
+    ZooError,
+    _cache_path,
+    generate_zoo,
+    library_versions,
+    mini_outcome,
+    trace_zoo_model,
+)
 from graphkit.families import build_model
 from graphkit.ghn.checkpoint import load_checkpoint
 from graphkit.ghn.evaluate import EvalConfig, EvalError
@@ -180,38 +189,54 @@ def test_the_trainability_check_names_a_wrong_output_or_a_loss_that_is_not_finit
     assert trainability(_Classifier(10, float("inf")), "image").startswith("the loss is nan")
 
 
-def test_the_family_split_holds_out_whole_families_deterministically():
+def test_the_split_holds_out_whole_zoo_families_deterministically():
     families = [f"family-{i}" for i in range(20)]
-    held = held_out_families(families, seed=0)
+    held = held_out_zoo_families(families, seed=0)
     assert len(held) >= HELD_OUT_SHARE * len(families) and len(held) == 3
-    assert held == held_out_families(list(reversed(families)) * 2, seed=0)  # order and repeats do not matter
-    assert held != held_out_families(families, seed=1)
-    assert held_out_families(["one"]) == [] and len(held_out_families(["a", "b"])) == 1
-    # a family with an op kind no other family has stays in training: held out, it could not be
+    assert held == held_out_zoo_families(list(reversed(families)) * 2, seed=0)  # order and repeats do not matter
+    assert held != held_out_zoo_families(families, seed=1)
+    assert held_out_zoo_families(["one"]) == [] and len(held_out_zoo_families(["a", "b"])) == 1
+    # a zoo family with an op kind no other has stays in training: held out, it could not be
     # evaluated, and the hypernetwork would refuse that op on every model (MaxViT's tanh)
     architectures = [({f}, {"linear", "unique"} if f == held[0] else {"linear"}) for f in families]
-    covered = held_out_families(families, seed=0, architectures=architectures)
+    covered = held_out_zoo_families(families, seed=0, architectures=architectures)
     assert held[0] not in covered and len(covered) == len(held) and set(held[1:]) <= set(covered)
-    # an architecture two families share leaves training with either: its op is no cover
+    # an architecture two zoo families share leaves training with either: its op is no cover
     twins = [({held[0], "family-x"}, {"shared"}), *(({f}, {"linear"}) for f in families)]
-    assert held[0] not in held_out_families([*families, "family-x"], seed=0, architectures=twins)
-    # fewer are held out when too few families leave their ops to others
-    assert held_out_families(families, seed=0, architectures=[({f}, {f}) for f in families]) == []
+    assert held[0] not in held_out_zoo_families([*families, "family-x"], seed=0, architectures=twins)
+    # fewer are held out when too few zoo families leave their ops to others
+    assert held_out_zoo_families(families, seed=0, architectures=[({f}, {f}) for f in families]) == []
 
 
 @pytest.mark.slow
-def test_a_tiny_mini_zoo_is_generated_split_by_family_and_its_records_train(tmp_path):
+def test_a_tiny_mini_zoo_is_generated_split_by_zoo_family_and_its_records_train(tmp_path):
     out = tmp_path / "mini"
-    result = CliRunner().invoke(app, ["generate", "zoo-vits-mini", "--num", "3", "--out", str(out), "--seed", "0"])
+    generate = ["generate", "zoo-vits-mini", "--num", "3", "--out", str(out), "--seed", "0", "--resume"]
+    # a run an earlier graphkit started and saved one model of, under the key it wrote then
+    # ("family", now "zoo_family": issue #47): resumed, that model is not traced again
+    zoo, first = ZOOS["zoo-vits-mini"], ZOOS["zoo-vits-mini"].candidates()[0]
+    identity = {"zoo": zoo.name, "limit": 3, "libraries": library_versions(zoo), "seed": 0}
+    (out / CACHE_DIR).mkdir(parents=True)
+    (out / RUN_FILE).write_text(json.dumps(identity))
+    saved = {"family" if key == "zoo_family" else key: value for key, value in mini_outcome("timm", first).items()}
+    _cache_path(out, first).write_text(json.dumps(saved))
+    result = CliRunner().invoke(app, generate)
     assert result.exit_code == 0, result.output
-    assert "1 of 3 families held out whole" in result.output
+    assert "(2 traced now, 1 from an earlier run)" in result.output
+    assert "1 of 3 zoo families held out whole" in result.output
     report = json.loads((out / "report.json").read_text())
     assert (report["candidates"], report["records"], report["failed"]) == (3, 3, [])
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["held_out_families"] == report["split"]["held_out_families"] and manifest["seed"] == 0
+    assert manifest["held_out_zoo_families"] == report["split"]["held_out_zoo_families"] and manifest["seed"] == 0
     dataset = load(out)
     by_split = {s: {r.config["zoo_family"] for r in dataset.filter(split=s)} for s in ("train", "eval")}
-    assert by_split["eval"] == set(manifest["held_out_families"]) and not by_split["eval"] & by_split["train"]
+    assert by_split["eval"] == set(manifest["held_out_zoo_families"]) and not by_split["eval"] & by_split["train"]
+    # a finished run's report in the earlier keys: resumed, it is read as now
+    split = report["split"]
+    report["split"] = {"families": split["zoo_families"], "held_out_families": split["held_out_zoo_families"]}
+    (out / "report.json").write_text(json.dumps(report))
+    finished = CliRunner().invoke(app, generate)
+    assert finished.exit_code == 0 and "1 of 3 zoo families held out whole" in finished.output, finished.output
     assert len(by_split["train"]) == 2
     record = dataset[0]
     model = record.build_model(device="cpu")

@@ -184,7 +184,8 @@ def _generate_zoo(name: str, out: Path | None, limit: int | None, workers: int, 
     split = result.report.get("split")
     if split:
         console.print(
-            f"{len(split['held_out_families'])} of {split['families']} families held out whole (eval split)",
+            f"{len(split['held_out_zoo_families'])} of {split['zoo_families']} zoo families held out whole "
+            "(eval split)",
             highlight=False,
         )
     console.print(f"{result.path} (report: {result.path / 'report.md'})", highlight=False, soft_wrap=True)

@@ -24,15 +24,16 @@ A zoo model is shrunk through its own constructor or config, never by editing th
   ``sliding_window_pattern``) shrink with the depth.
 
 The rules are data (:data:`VISION_RULES`, :data:`DECODER_RULES`) plus a small table of
-families that need their own (:data:`FAMILY_RULES`). Each model gets a short ladder of plans,
+timm modules that need their own (:data:`TIMM_MODULE_RULES`). Each model gets a short ladder of plans,
 from the smallest to the least shrunk; the first whose model builds, traces on meta, keeps
 every op kind and parameter kind of the full model (:func:`kinds`) and passes the
 trainability check (:func:`trainability`) is the model's mini variant. A model for which no
 plan passes is reported with the last plan's reason.
 
-The split holds out whole families (timm's model module, transformers' ``model_type``):
-:func:`held_out_families` picks up to :data:`HELD_OUT_SHARE` of them, deterministically from
-a seed, among the families whose op kinds the others all have.
+The split holds out whole zoo families (timm's model module, transformers' ``model_type``;
+"family" alone is a graphkit model family, :mod:`graphkit.families`):
+:func:`held_out_zoo_families` picks up to :data:`HELD_OUT_SHARE` of them, deterministically from
+a seed, among the zoo families whose op kinds the others all have.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ BYTE_VOCAB = 256
 DECODER_WIDTH = 128
 DECODER_HEAD_DIM = 32
 DECODER_CONTEXT = 256
-#: this share of the families is held out whole, or less where too few leave their ops to others
+#: this share of the zoo families is held out whole, or less where too few leave their ops to others
 HELD_OUT_SHARE = 0.15
 #: the batch of the trainability check: the smallest that batch norm trains on
 CHECK_BATCH = 2
@@ -222,8 +223,8 @@ WIDTH_KEYS = tuple(k for k, rule in VISION_RULES.items() if rule is _width and k
 #: the per-stage depth lists: a single width beside one of them is the first stage's, doubled each stage
 STAGE_KEYS = ("depths", "stages")
 
-#: families whose own arguments mean something the generic names do not say
-FAMILY_RULES: dict[str, dict[str, Rule]] = {
+#: timm modules whose models' own arguments mean something the generic names do not say
+TIMM_MODULE_RULES: dict[str, dict[str, Rule]] = {
     # ConViT's embed_dim is per head (the model is embed_dim x num_heads wide): only heads shrink
     "convit": {"embed_dim": lambda plan, value, fields: value},
     # iFormer's attention comes in groups of three blocks at the end of a stage: one group each
@@ -232,8 +233,8 @@ FAMILY_RULES: dict[str, dict[str, Rule]] = {
         "depths": lambda plan, value, fields: _ints(value, lambda n: min(n, max(plan.depth, 3))),
     },
 }
-#: how wide a family's model is, where its arguments do not say it by the generic names
-FAMILY_WIDEST: dict[str, Callable[[Mapping[str, Any]], int]] = {
+#: how wide a timm module's model is, where its arguments do not say it by the generic names
+TIMM_MODULE_WIDEST: dict[str, Callable[[Mapping[str, Any]], int]] = {
     "convit": lambda arguments: arguments["embed_dim"] * arguments["num_heads"],
 }
 
@@ -336,11 +337,11 @@ def timm_arguments(name: str) -> tuple[nn.Module, dict[str, Any]]:
     return model, {**defaults, **kwargs}
 
 
-def vision_plans(family: str, arguments: Mapping[str, Any]) -> list[tuple[Plan, dict[str, Any]]]:
-    """The ladder of (plan, overrides) for a timm model of ``family`` built with ``arguments``,
-    smallest first; the same overrides twice are tried once."""
-    rules = {**VISION_RULES, **FAMILY_RULES.get(family, {})}
-    widest = FAMILY_WIDEST[family](arguments) if family in FAMILY_WIDEST else _widest(arguments, rules)
+def vision_plans(module: str, arguments: Mapping[str, Any]) -> list[tuple[Plan, dict[str, Any]]]:
+    """The ladder of (plan, overrides) for a model of the timm module ``module`` built with
+    ``arguments``, smallest first; the same overrides twice are tried once."""
+    rules = {**VISION_RULES, **TIMM_MODULE_RULES.get(module, {})}
+    widest = TIMM_MODULE_WIDEST[module](arguments) if module in TIMM_MODULE_WIDEST else _widest(arguments, rules)
     halvings = max(0, math.ceil(math.log2(widest / VISION_MAX_WIDTH))) if widest > VISION_MAX_WIDTH else 0
     fewer = range(halvings, max(-1, halvings - 3), -1)  # widths a model's own ratios accept (heads of 32)
     ladder = [Plan(2, h, small_patches=small) for h in fewer for small in (True, False)]
@@ -480,7 +481,7 @@ def _ssm_heads(plan: Plan, value: Any, fields: Mapping[str, Any]) -> Any:
 
 
 #: model types whose fields mean something the generic names do not say
-DECODER_FAMILY_RULES: dict[str, dict[str, Rule]] = {
+DECODER_MODEL_TYPE_RULES: dict[str, dict[str, Rule]] = {
     "mamba2": {"num_heads": _ssm_heads},  # the SSM's heads, not attention's
 }
 
@@ -518,10 +519,10 @@ def _per_layer(reference: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     return out
 
 
-def decoder_plans(reference: Mapping[str, Any], family: str = "") -> list[tuple[Plan, dict[str, Any]]]:
+def decoder_plans(reference: Mapping[str, Any], model_type: str = "") -> list[tuple[Plan, dict[str, Any]]]:
     """The ladder of (plan, config overrides) for a transformers reference config (as a dict) of
-    the model type ``family``, smallest first."""
-    rules = {**DECODER_RULES, **DECODER_FAMILY_RULES.get(family, {})}
+    the model type ``model_type``, smallest first."""
+    rules = {**DECODER_RULES, **DECODER_MODEL_TYPE_RULES.get(model_type, {})}
     ladder = [Plan(2), Plan(3), Plan(4), Plan(2, width=2 * DECODER_WIDTH), Plan(4, width=2 * DECODER_WIDTH)]
     plans, seen = [], []
     for plan in ladder:
@@ -578,23 +579,24 @@ def trainability(model: nn.Module, task: str) -> str | None:
 # the split
 
 
-def held_out_families(
-    families: Sequence[str],
+def held_out_zoo_families(
+    zoo_families: Sequence[str],
     seed: int = 0,
     architectures: Iterable[tuple[Iterable[str], Iterable[str]]] | None = None,
 ) -> list[str]:
-    """The families a mini zoo holds out whole: up to ceil(HELD_OUT_SHARE x their number), taken
-    in the order of sha256(seed:family), so the same families and seed give the same split. At
-    least one family is left to train on: a single family is not split.
+    """The zoo families (timm modules, transformers model types) a mini zoo holds out whole: up
+    to ceil(HELD_OUT_SHARE x their number), taken in the order of sha256(seed:zoo family), so the
+    same zoo families and seed give the same split. At least one is left to train on: a single
+    zoo family is not split.
 
-    With ``architectures`` (each: the families that share it, its op kinds), a family is passed
-    over when holding it out would leave an op kind of a held-out family to no architecture left
-    in training (an architecture that a held-out family shares is held out with it), and fewer
-    are held out when too few others remain. Why: a hypernetwork refuses an op it never trained
-    on, so such a family could not be evaluated as held out, and its op (MaxViT's tanh, VOLO's
+    With ``architectures`` (each: the zoo families that share it, its op kinds), a zoo family is
+    passed over when holding it out would leave an op kind of a held-out one to no architecture
+    left in training (an architecture that a held-out zoo family shares is held out with it), and
+    fewer are held out when too few others remain. Why: a hypernetwork refuses an op it never
+    trained on, so such a zoo family could not be evaluated as held out, and its op (MaxViT's tanh, VOLO's
     fold, Apertus's xielu) would be refused on every model that has it, the full-size ones
     users bring included."""
-    distinct = sorted(set(families))
+    distinct = sorted(set(zoo_families))
     count = min(math.ceil(HELD_OUT_SHARE * len(distinct)), len(distinct) - 1) if distinct else 0
     ranked = sorted(distinct, key=lambda f: hashlib.sha256(f"{seed}:{f}".encode()).hexdigest())
     if architectures is None:
@@ -602,13 +604,13 @@ def held_out_families(
     shared = [(frozenset(owners), frozenset(ops)) for owners, ops in architectures]
     kinds = {f: frozenset().union(*(ops for owners, ops in shared if f in owners)) for f in distinct}
     held: list[str] = []
-    for family in ranked:
+    for candidate in ranked:
         if len(held) == count:
             break
-        out = {*held, family}
+        out = {*held, candidate}
         trained = frozenset().union(*(ops for owners, ops in shared if not owners & out))
         if all(kinds[f] <= trained for f in out):
-            held.append(family)
+            held.append(candidate)
     return sorted(held)
 
 
@@ -662,8 +664,8 @@ __all__ = [
     "ShrinkError",
     "VISION_RULES",
     "DECODER_RULES",
-    "FAMILY_RULES",
-    "DECODER_FAMILY_RULES",
+    "TIMM_MODULE_RULES",
+    "DECODER_MODEL_TYPE_RULES",
     "kinds",
     "missing_kinds",
     "reference_config",
@@ -672,5 +674,5 @@ __all__ = [
     "vision_plans",
     "decoder_plans",
     "trainability",
-    "held_out_families",
+    "held_out_zoo_families",
 ]

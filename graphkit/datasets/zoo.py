@@ -135,7 +135,8 @@ class Zoo:
     how it lists its models. A worker makes each model's ``outcome(zoo name, model name)``
     (default: build and trace it on meta) after ``warm_up()`` (default: the tracer's and the
     bundled hypernetworks' set-up), in processes started by ``start_method``. A ``mini`` zoo
-    splits its records by family (:mod:`graphkit.datasets.shrink`), not by fingerprint."""
+    splits its records by zoo family (timm module, model type: :mod:`graphkit.datasets.shrink`),
+    not by fingerprint."""
 
     name: str
     library: str
@@ -158,22 +159,22 @@ def _timm_candidates() -> list[str]:
 
 
 @functools.cache
-def timm_families() -> dict[str, str]:
-    """Every zoo-vits model's family: the timm module that defines it."""
+def timm_modules() -> dict[str, str]:
+    """Every zoo-vits model's zoo family: the timm module that defines it."""
     import timm  # noqa: PLC0415 - the zoo's library, loaded when it is used
 
     return {name: module for module in TIMM_TRANSFORMER_MODULES for name in timm.list_models(module=module)}
 
 
-def _timm_candidates_by_family() -> list[str]:
-    """zoo-vits' models taken a family at a time: the first of each timm module, then the
-    second of each, and so on, so that the first N (``--num``) span as many families as they can."""
-    families = timm_families()
-    by_family: dict[str, list[str]] = {}
+def _timm_candidates_by_module() -> list[str]:
+    """zoo-vits' models taken a timm module at a time: the first of each, then the second of
+    each, and so on, so that the first N (``--num``) span as many modules as they can."""
+    modules = timm_modules()
+    by_module: dict[str, list[str]] = {}
     for name in _timm_candidates():
-        by_family.setdefault(families[name], []).append(name)
-    rounds = max(map(len, by_family.values()), default=0)
-    return [names[i] for i in range(rounds) for names in by_family.values() if i < len(names)]
+        by_module.setdefault(modules[name], []).append(name)
+    rounds = max(map(len, by_module.values()), default=0)
+    return [names[i] for i in range(rounds) for names in by_module.values() if i < len(names)]
 
 
 #: sub-configs that make a model more than a decoder: an image, audio or image-token tower
@@ -219,22 +220,22 @@ def _mini_outcome(zoo_name: str, name: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Shrinker:
-    """How a mini zoo shrinks the models of one library family: ``family_of(name)``, the model's
-    architecture family (what the split holds out); ``ladder(name, family)``, the full model on
+    """How a mini zoo shrinks the models of one library family: ``zoo_family_of(name)``, the
+    model's zoo family (what the split holds out); ``ladder(name, zoo_family)``, the full model on
     meta, its shrink plans from the smallest up and its reference config (None for timm, whose
     plans read the constructor's arguments); ``warm_up()``, what a worker loads once."""
 
-    family_of: Callable[[str], str]
+    zoo_family_of: Callable[[str], str]
     ladder: Callable[[str, str], tuple[nn.Module, list, dict[str, Any] | None]]
     warm_up: Callable[[], None]
 
 
-def _timm_ladder(name: str, family: str) -> tuple[nn.Module, list, None]:
+def _timm_ladder(name: str, module: str) -> tuple[nn.Module, list, None]:
     full, arguments = shrink.timm_arguments(name)
-    return full, shrink.vision_plans(family, arguments), None
+    return full, shrink.vision_plans(module, arguments), None
 
 
-def _decoder_ladder(name: str, family: str) -> tuple[nn.Module, list, dict[str, Any]]:
+def _decoder_ladder(name: str, model_type: str) -> tuple[nn.Module, list, dict[str, Any]]:
     reference = shrink.reference_config(name)
     plans = shrink.decoder_plans(reference, name)
     return build_model({"family": "transformers", "model_type": name}), plans, reference
@@ -242,7 +243,7 @@ def _decoder_ladder(name: str, family: str) -> tuple[nn.Module, list, dict[str, 
 
 def _warm_up_timm() -> None:
     importlib.import_module("timm")
-    timm_families()
+    timm_modules()
 
 
 def _warm_up_transformers() -> None:
@@ -255,7 +256,7 @@ def _warm_up_transformers() -> None:
 
 #: per library family, how its mini zoo shrinks a model
 SHRINKERS: dict[str, Shrinker] = {
-    "timm": Shrinker(lambda name: timm_families().get(name, "timm"), _timm_ladder, _warm_up_timm),
+    "timm": Shrinker(lambda name: timm_modules().get(name, "timm"), _timm_ladder, _warm_up_timm),
     "transformers": Shrinker(lambda name: name, _decoder_ladder, _warm_up_transformers),
 }
 
@@ -271,7 +272,7 @@ def _mini_warm_up(library: str) -> Callable[[], None]:
 
 
 def _mini_zoo(name: str, library: str, description: str, candidates: Callable[[], list[str]]) -> Zoo:
-    """A mini zoo of ``library``'s models: each shrunk by a spawned worker, split by family."""
+    """A mini zoo of ``library``'s models: each shrunk by a spawned worker, split by zoo family."""
     return Zoo(
         name,
         library,
@@ -303,7 +304,7 @@ ZOOS: dict[str, Zoo] = {
         "every zoo-vits architecture shrunk through its own constructor: 32-pixel images (64 or 128 where "
         "a last stage would see one token), 10 classes, a few blocks, width at most 192, every op kind and "
         "parameter kind of the full model",
-        _timm_candidates_by_family,
+        _timm_candidates_by_module,
     ),
     "zoo-decoders-mini": _mini_zoo(
         "zoo-decoders-mini",
@@ -487,7 +488,7 @@ def _warm_up() -> None:
 def mini_outcome(library: str, name: str) -> dict[str, Any]:
     """Worker: the mini variant of the zoo model ``name`` (``library`` "timm" or "transformers"):
     the full model built and traced on meta, then each plan of its ladder built, traced and
-    checked until one keeps every kind and trains. Its row (id and split set later), its family,
+    checked until one keeps every kind and trains. Its row (id and split set later), its zoo family,
     the seconds each step took; or why no plan passed: the reason of the plan that got furthest
     (built, then traced, then kept every kind, then trained), the first of those."""
     from graphkit.ghn.predict import refusal_reason  # noqa: PLC0415 - the hypernetwork is not the dataset's
@@ -501,18 +502,18 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
     def result(**fields: Any) -> dict[str, Any]:
         return {
             "model": name,
-            "family": family,
+            "zoo_family": zoo_family,
             **fields,
             "timings": {k: round(v, 3) for k, v in seconds.items()},
             "seconds": round(time.perf_counter() - start, 2),
         }
 
-    shrinker, family = SHRINKERS[library], name
+    shrinker, zoo_family = SHRINKERS[library], name
     base = {"family": library, library_family(library).model_key: name}
     began = time.perf_counter()
     try:
-        family = shrinker.family_of(name)
-        full, plans, reference = shrinker.ladder(name, family)
+        zoo_family = shrinker.zoo_family_of(name)
+        full, plans, reference = shrinker.ladder(name, zoo_family)
     except shrink.ShrinkError as e:
         lap("build", began)
         return result(error=f"not shrunk: {e}")
@@ -529,7 +530,7 @@ def mini_outcome(library: str, name: str) -> dict[str, Any]:
     lap("trace", began)
     reasons: list[tuple[int, str]] = []  # (how far the plan got, why it stopped): the furthest is reported
     for plan, overrides in plans:
-        config = {**base, "shrink": overrides, "zoo_family": family, **shrink.data_keys(overrides, reference)}
+        config = {**base, "shrink": overrides, "zoo_family": zoo_family, **shrink.data_keys(overrides, reference)}
         began = time.perf_counter()
         try:
             small = build_model(config)
@@ -622,8 +623,8 @@ def generate_zoo(
     after each model. Options and the folder are checked before anything is written; the folder
     is locked while the run writes it (a second run is refused, as recipes' are), and SIGTERM or
     Ctrl-C stops every tracing process and leaves the folder for ``resume``
-    (:mod:`graphkit.datasets.runs`, :mod:`graphkit.workers`). A mini zoo holds out whole families, chosen by ``seed``
-    (:func:`graphkit.datasets.shrink.held_out_families`); a full zoo's split is by fingerprint and
+    (:mod:`graphkit.datasets.runs`, :mod:`graphkit.workers`). A mini zoo holds out whole zoo families, chosen by
+    ``seed`` (:func:`graphkit.datasets.shrink.held_out_zoo_families`); a full zoo's split is by fingerprint and
     takes no seed."""
     start = time.perf_counter()
     if name not in ZOOS:
@@ -671,6 +672,8 @@ def _locked_run(
             )
     if resume and (out / "report.json").is_file() and not (out / CACHE_DIR).is_dir():  # finished before
         report = json.loads((out / "report.json").read_text())
+        if "split" in report:
+            report["split"] = _renamed(report["split"])
         return ZooResult(
             path=out,
             candidates=report["candidates"],
@@ -690,7 +693,7 @@ def _locked_run(
         saved = _cache_path(out, candidate)
         if saved.is_file():
             try:
-                outcomes[candidate] = json.loads(saved.read_text())
+                outcomes[candidate] = _renamed(json.loads(saved.read_text()))
             except ValueError:  # a file cut short by a kill: trace that model again
                 saved.unlink()
     resumed = len(outcomes)
@@ -716,6 +719,22 @@ def _locked_run(
     )
 
 
+#: keys an earlier graphkit wrote in a mini zoo's saved outcomes and its report's split, and their
+#: names now: "family" alone names a graphkit model family (issue #47), a zoo's is a "zoo family"
+RENAMED_KEYS = {
+    "family": "zoo_family",
+    "families": "zoo_families",
+    "held_out_families": "held_out_zoo_families",
+    "train_families": "train_zoo_families",
+}
+
+
+def _renamed(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (an outcome or a report's split, as a run wrote it) with the keys renamed since
+    under their names now, so that ``resume`` finishes a run an earlier graphkit started."""
+    return {RENAMED_KEYS.get(key, key): value for key, value in saved.items()}
+
+
 def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> dict[str, Any]:
     """Write the records (one per fingerprint, aliases in the config), the manifest, the card and
     the report; return the report."""
@@ -723,18 +742,18 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     for outcome in outcomes:
         if "row" in outcome:
             by_fingerprint.setdefault(outcome["row"]["fingerprint"], []).append(outcome)
-    held_families = set(_held_out_families(zoo, outcomes, identity))
+    held_out = set(_held_out_zoo_families(zoo, outcomes, identity))
     rows = []
     for fingerprint, same in sorted(by_fingerprint.items(), key=lambda item: item[1][0]["model"]):
         first, aliases = same[0], [o["model"] for o in same[1:]]
         row = dict(first["row"])
         config = {**json.loads(row["config"]), **({"aliases": aliases} if aliases else {})}
-        if zoo.mini:  # an architecture a held-out family shares with another is held out with it
-            held_out = any(o["family"] in held_families for o in same)
+        if zoo.mini:  # an architecture a held-out zoo family shares with another is held out with it
+            in_eval = any(o["zoo_family"] in held_out for o in same)
         else:
-            held_out = int(hashlib.sha256(fingerprint.encode()).hexdigest(), 16) % EVAL_EVERY == 0
+            in_eval = int(hashlib.sha256(fingerprint.encode()).hexdigest(), 16) % EVAL_EVERY == 0
         row.update(
-            config=json.dumps(config, sort_keys=True, separators=(",", ":")), split="eval" if held_out else "train"
+            config=json.dumps(config, sort_keys=True, separators=(",", ":")), split="eval" if in_eval else "train"
         )
         rows.append(row)
     for part in ("train", "eval"):
@@ -774,12 +793,12 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     }
     split: dict[str, Any] = {}
     if zoo.mini:
-        families = sorted({o["family"] for o in traced})
+        zoo_families = sorted({o["zoo_family"] for o in traced})
         split = {
             "seed": identity["seed"],
-            "families": len(families),
-            "held_out_families": sorted(held_families),
-            "train_families": [f for f in families if f not in held_families],
+            "zoo_families": len(zoo_families),
+            "held_out_zoo_families": sorted(held_out),
+            "train_zoo_families": [f for f in zoo_families if f not in held_out],
         }
         report.update(
             split=split,
@@ -796,19 +815,19 @@ def _assemble(zoo: Zoo, out: Path, outcomes: list[dict[str, Any]], identity: Map
     return report
 
 
-def _held_out_families(zoo: Zoo, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> list[str]:
-    """A mini zoo's held-out families, among those with a record, each of whose op kinds a
-    training family has too; none for a full zoo."""
+def _held_out_zoo_families(zoo: Zoo, outcomes: list[dict[str, Any]], identity: Mapping[str, Any]) -> list[str]:
+    """A mini zoo's held-out zoo families, among those with a record, each of whose op kinds a
+    training one has too; none for a full zoo."""
     if not zoo.mini:
         return []
-    by_fingerprint: dict[str, tuple[set[str], set[str]]] = {}  # an architecture: its families, its ops
+    by_fingerprint: dict[str, tuple[set[str], set[str]]] = {}  # an architecture: its zoo families, its ops
     for outcome in outcomes:
         if "row" in outcome:
             owners, ops = by_fingerprint.setdefault(outcome["row"]["fingerprint"], (set(), set()))
-            owners.add(outcome["family"])
+            owners.add(outcome["zoo_family"])
             ops.update(outcome["row"]["node_op"])
-    families = [family for owners, _ in by_fingerprint.values() for family in owners]
-    return shrink.held_out_families(families, identity["seed"], by_fingerprint.values())
+    zoo_families = [owner for owners, _ in by_fingerprint.values() for owner in owners]
+    return shrink.held_out_zoo_families(zoo_families, identity["seed"], by_fingerprint.values())
 
 
 def _report_markdown(report: Mapping[str, Any]) -> str:
@@ -856,10 +875,11 @@ def _report_markdown(report: Mapping[str, Any]) -> str:
     if "split" in report:
         split, timings = report["split"], report["timings"]
         lines += [
-            "## Split by family",
+            "## Split by zoo family",
             "",
-            f"{len(split['held_out_families'])} of {split['families']} families held out whole (seed "
-            f"{split['seed']}), their records in the eval split: {', '.join(split['held_out_families']) or 'none'}.",
+            f"{len(split['held_out_zoo_families'])} of {split['zoo_families']} zoo families (timm modules, model "
+            f"types) held out whole (seed {split['seed']}), their records in the eval split: "
+            f"{', '.join(split['held_out_zoo_families']) or 'none'}.",
             "",
             "## Seconds spent, all models together",
             "",
@@ -878,6 +898,6 @@ __all__ = [
     "generate_zoo",
     "trace_zoo_model",
     "mini_outcome",
-    "timm_families",
+    "timm_modules",
     "TIMM_TRANSFORMER_MODULES",
 ]
