@@ -248,7 +248,7 @@ def propagation(family: str) -> str:
         model = copy.deepcopy(
             init_model
         )  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
-        predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph))  # the prediction as a model
+        predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph, ghn.info))  # the prediction as a model
         raw = stream_statistics(model.eval(), family, inputs)
         cells = [f"{r:.2f} ({r / i:.1f}x) / {{}} / {i:.2f}" for r, i in zip(raw, init)]
         if text:

@@ -86,7 +86,7 @@ def losses(config: dict, batches: list) -> tuple[float, dict[str, float], str]:
         if checkpoint_task(info) != "text" or not ops <= set(info["trained_ops"]):
             continue
         model = built(config)
-        predict(model, bundled_hypernetwork(name), graph=graph, keep_init=keep_init_as_is(graph))
+        predict(model, bundled_hypernetwork(name), graph=graph, keep_init=keep_init_as_is(graph, info))
         predicted[name] = score(model, batches, "text")[0]
     return own, predicted, bundled_for(graph).name
 
@@ -122,7 +122,7 @@ def zoo_rows(source) -> list[str]:
             generator = torch.Generator().manual_seed(0)
             batches = [source.batch(data_config(model), BATCH_SIZE, generator, "eval") for _ in range(BATCHES)]
             own = score(model, batches, "text")[0]
-            predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph))
+            predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph, ghn.info))
             cells += [f"{own:.2f}", f"{score(model, batches, 'text')[0]:.2f}"]
         rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)

@@ -314,7 +314,8 @@ def test_a_tied_language_model_is_predicted_below_the_unigram_loss_as_its_untied
         generator = torch.Generator().manual_seed(0)
         batches = [source.batch(data_config(model), 8, generator, "eval") for _ in range(2)]
         own = score(model, batches, "text")[0]
-        predict(model, load_checkpoint(checkpoint), graph=graph, keep_init=keep_init_as_is(graph))
+        ghn = load_checkpoint(checkpoint)
+        predict(model, ghn, graph=graph, keep_init=keep_init_as_is(graph, ghn.info))
         losses[tied] = score(model, batches, "text")[0]
         assert losses[tied] < min(own - 2, source.unigram_loss()), (tied, losses[tied], own)
     assert abs(losses[True] - losses[False]) < 0.4, losses

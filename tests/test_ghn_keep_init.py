@@ -151,7 +151,7 @@ def test_the_cli_writes_a_shrunk_prediction_onto_the_init(tmp_path):
         said[tuple(flags)] = next((line for line in result.stdout.splitlines() if "adding the" in line), None)
         files[tuple(flags)] = load_file(out)
     assert said[()] == (
-        "adding the prediction x 0.5 onto small_llama.py's own initialisation (its family's default; "
+        "adding the prediction x 0.5 onto small_llama.py's own initialisation (the default for llama models; "
         "--no-keep-init: the prediction alone)"
     )
     assert said[("--no-keep-init",)] is None and "x 0.25 onto" in said[("--shrink", "0.25")]
@@ -171,6 +171,25 @@ def test_the_family_decides_unless_told():
     assert should_keep_init(gpt2) and not should_keep_init(vit) and should_keep_init(llama)
     assert not should_keep_init(gpt2, False) and should_keep_init(vit, True)
     assert (default_shrink(gpt2), default_shrink(vit), default_shrink(llama)) == (1.0, 1.0, 0.5)
+
+
+def test_the_start_follows_the_checkpoints_family_then_the_models(monkeypatch):
+    """A start is measured for a checkpoint on the held-out models of its own pool, so the family
+    its config.json names decides: the zoo-decoders checkpoint's ``transformers`` for a Qwen2 it
+    predicts, which is of no graphkit family, the LLaMA one's for a Mistral; a checkpoint of no
+    registered family leaves it to the model's; a choice wins over both."""
+    monkeypatch.setitem(FAMILIES, "transformers", replace(FAMILIES["transformers"], keep_init=True, shrink=0.25))
+    graph = graphkit.trace(build_model(LLAMA))
+    graph.meta["family"] = "qwen2"  # a transformers decoder, traced as its model type
+    assert not should_keep_init(graph) and default_shrink(graph) == 1.0  # no family of its own
+    zoo = {"family": "transformers"}
+    assert should_keep_init(graph, None, zoo) and default_shrink(graph, zoo) == 0.25
+    assert not should_keep_init(graph, False, zoo) and default_shrink(graph, zoo, 0.75) == 0.75
+    graph.meta["family"] = "mistral"
+    assert should_keep_init(graph, None, {"family": "llama"}) and default_shrink(graph, {"family": "llama"}) == 0.5
+    assert not should_keep_init(graph, None, {"family": "nobody"}) and default_shrink(graph, {"family": "nobody"}) == 1
+    graph.meta["family"] = "gpt2"  # the model's family where the checkpoint names none registered
+    assert should_keep_init(graph, None, {"family": "nobody"}) and default_shrink(graph, {}) == 1.0
 
 
 @pytest.mark.slow
@@ -282,7 +301,7 @@ def test_the_cli_keeps_the_init_for_gpt2_unless_told_not_to(tmp_path):
         assert result.exit_code == 0, result.output
         kept = "adding the prediction onto small_gpt2.py's own initialisation" in result.stdout
         assert kept == (flag != "--no-keep-init"), result.stdout
-        assert ("its family's default" in result.stdout) == (flag == ""), result.stdout
+        assert ("the default for gpt2 models" in result.stdout) == (flag == ""), result.stdout
         files[flag] = load_file(out)
     alone, kept = files["--no-keep-init"], files[""]
     for name, value in alone.items():

@@ -224,7 +224,13 @@ def predict(
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
     from graphkit.ghn.grow import twin_of, twin_phrase
-    from graphkit.ghn.keep_init import default_shrink, keep_init_choice, should_keep_init, trained_onto_init
+    from graphkit.ghn.keep_init import (
+        default_shrink,
+        keep_init_choice,
+        should_keep_init,
+        start_family,
+        trained_onto_init,
+    )
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
@@ -269,15 +275,17 @@ def predict(
             soft_wrap=True,
         )
     if should_keep_init(graph, keep_init, hypernet.info):
+        family = start_family(graph, hypernet.info)  # the one whose default it is, when no option chose
+        why = (
+            "the way this hypernetwork trained"
+            if trained_onto_init(hypernet.info)
+            else f"the default for {family.name} models"
+            if family is not None
+            else None
+        )
         console.print(
             f"adding the prediction{'' if factor == 1 else f' x {factor:g}'} onto {loaded.name}'s own initialisation"
-            + (
-                ""
-                if keep_init is not None
-                else " (the way this hypernetwork trained; --no-keep-init: the prediction alone)"
-                if trained_onto_init(hypernet.info)
-                else " (its family's default; --no-keep-init: the prediction alone)"
-            ),
+            + ("" if keep_init is not None or why is None else f" ({why}; --no-keep-init: the prediction alone)"),
             highlight=False,
             soft_wrap=True,
         )

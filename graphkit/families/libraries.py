@@ -217,5 +217,11 @@ TRANSFORMERS = register_family(
         model_key="model_type",
         task="text",
         data_keys=("vocab_size", "context"),
+        # the start predict writes for what the zoo-decoders checkpoint predicts (its config.json's
+        # family): fine-tuned from half the prediction on its own init, a held-out decoder of
+        # zoo-decoders-mini beats its own init at 0, 100 and 300 steps on 100, 88 and 76% of the 17
+        # measured; from the prediction alone on 100, 76 and 29% (docs/experiments.md, "The zoo's decoders")
+        keep_init=True,
+        shrink=0.5,
     )
 )

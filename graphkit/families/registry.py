@@ -47,7 +47,8 @@ class Family:
     # its own init scales the weights that write each residual branch by 1 / sqrt(branches)
     # (GPT-2's 1 / sqrt(2 n_layer)); predicted parameters follow it (graphkit.ghn.predict)
     scaled_residuals: bool = False
-    # a prediction is added onto the model's own init by default (graphkit.ghn.keep_init);
+    # a prediction is added onto the model's own init by default (graphkit.ghn.keep_init), for a
+    # checkpoint trained on the family (its config.json's "family"), else for the family's models;
     # measured per family in docs/experiments.md ("keep_init")
     keep_init: bool = False
     # the factor a prediction kept on the init is added with by default, W0 + shrink * P (shrink

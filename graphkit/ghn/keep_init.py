@@ -8,7 +8,9 @@ random full-rank matrix the low-rank prediction cannot hold, and what a fine-tun
 random starts from; a sum keeps both. A norm's gain is 1 at init and near 1 predicted, so adding
 them would double every norm's output; a bias is 0 at init, so adding changes nothing there.
 docs/experiments.md has the measurements behind the rule and behind each family's default
-(``Family.keep_init``: GPT-2 and LLaMA keep their init, ViTs do not).
+(``Family.keep_init``: GPT-2, LLaMA and transformers' decoders keep their init, ViTs and timm's
+models do not), read for the family the checkpoint trained on, else the model's
+(:func:`start_family`).
 
 ``shrink`` scales the prediction before it is added: ``W0 + shrink * P`` (norms and biases still
 ``P``). Why: fine-tuning from a prediction, like any warm start, falls more slowly than from a
@@ -17,7 +19,9 @@ training"); their remedy, shrink the warm weights and add fresh noise, is this s
 model's own init as the noise. On the 8 held-out LLaMAs of the bundled checkpoint's evaluation,
 half the prediction on the own init beats the own init after 0, 100 and 300 fine-tuning steps
 on 7, 8 and 8 of them, the prediction alone on 8, 7 and 2 (docs/experiments.md, "Where the head
-start goes"): LLaMA's default (``Family.shrink``).
+start goes"): LLaMA's default (``Family.shrink``), and transformers' (the zoo-decoders
+checkpoint's: 100, 88 and 76% of 17 held-out decoders of zoo-decoders-mini, the prediction alone
+100, 76 and 29%).
 
 A model built on the meta device has no initialisation yet: its parameters are allocated and
 initialised the way its library does at construction (:func:`initialise_as_built`) before the
@@ -29,13 +33,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError, KeepInitError
-from graphkit.families import family_default, family_value
+from graphkit.families import FAMILIES, Family
 from graphkit.graph import ArchGraph
 from graphkit.validation import check_flag, is_number
 
@@ -44,11 +48,28 @@ def should_keep_init(graph: ArchGraph, choice: bool | None = None, info: Mapping
     """Whether ``graph``'s prediction is added onto the model's own initialisation: ``choice``
     when given (``keep_init`` of :func:`~graphkit.ghn.predict.predict`), else always for a
     hypernetwork trained that way (``train-ghn --keep-init``, recorded in its config.json,
-    ``info``), else whether the family ``graph`` was traced from does so by default
-    (``Family.keep_init``: GPT-2)."""
-    if choice is None and trained_onto_init(info):
-        return True
-    return family_default(graph, "keep_init", choice)
+    ``info``), else whether the start's family does so by default (``Family.keep_init``: GPT-2,
+    LLaMA, transformers' decoders; :func:`start_default`)."""
+    if choice is not None:
+        return choice
+    return trained_onto_init(info) or bool(start_default(graph, info, "keep_init", False))
+
+
+def start_family(graph: ArchGraph, info: Mapping | None = None) -> Family | None:
+    """The family whose start :func:`predict` writes by default (``Family.keep_init``,
+    ``Family.shrink``): the family the hypernetwork trained on (``info["family"]``, its
+    config.json's, where that is a registered family), else the one ``graph`` was traced from;
+    None for neither. Why the checkpoint's first: a start is measured for a checkpoint on the
+    held-out models of its own pool (docs/experiments.md), and the models a zoo checkpoint
+    predicts (a Qwen2-MoE, an EXAONE) are of no graphkit family but of its library's
+    (``transformers``); a family's own checkpoint predicts its family's models, where both agree."""
+    return FAMILIES.get(str((info or {}).get("family"))) or FAMILIES.get(str(graph.meta.get("family")))
+
+
+def start_default(graph: ArchGraph, info: Mapping | None, name: str, fallback: Any) -> Any:
+    """The field ``name`` (``keep_init``, ``shrink``) of :func:`start_family`, else ``fallback``."""
+    family = start_family(graph, info)
+    return getattr(family, name) if family is not None else fallback
 
 
 def check_shrink(shrink: object, error: type[GraphkitError]) -> float:
@@ -83,7 +104,7 @@ def default_shrink(graph: ArchGraph, info: Mapping | None = None, choice: float 
     graphkit family."""
     if choice is not None:
         return choice
-    return 1.0 if trained_onto_init(info) else float(family_value(graph, "shrink", 1.0))
+    return 1.0 if trained_onto_init(info) else float(start_default(graph, info, "shrink", 1.0))
 
 
 def keep_init_as_is(graph: ArchGraph, info: Mapping | None = None) -> bool | None:
@@ -196,5 +217,7 @@ __all__ = [
     "onto_init",
     "should_keep_init",
     "shrunk",
+    "start_default",
+    "start_family",
     "trained_onto_init",
 ]
