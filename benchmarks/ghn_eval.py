@@ -41,32 +41,28 @@ from graphkit.ghn.evaluate import DEFAULT_INITS, INITS, EvalConfig, evaluate, pl
 from graphkit.training.data import default_source
 
 #: per bundled checkpoint's family (its config.json's): the dataset whose eval split it is measured
-#: on (a recipe, or a mini zoo), its graphkit family (a zoo's: the library), the data source
+#: on (a recipe, or a mini zoo), the label, the batch; a zoo's also its records' graphkit family
+#: (the library) and data source. Every run: 8 architectures, 300 steps
 RUNS = {
-    "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", archs=8, steps=300, batch_size=32),
-    "gpt2": dict(recipe="gpts-1k", label="GPT-2s (gpts-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8),
-    "llama": dict(
-        recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", archs=8, steps=300, batch_size=8
-    ),
+    "vit": dict(recipe="vits-digits", label="ViTs (vits-digits eval split, digits)", batch_size=32),
+    "gpt2": dict(recipe="gpts-1k", label="GPT-2s (gpts-1k eval split, stdlib text)", batch_size=8),
+    "llama": dict(recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", batch_size=8),
     "zoo-vision": dict(
         recipe="zoo-vits-mini",
         label="timm's ViTs, shrunk (zoo-vits-mini's held-out zoo families, digits)",
+        batch_size=32,
         family="timm",
         data="digits",
-        archs=8,
-        steps=300,
-        batch_size=32,
     ),
     "zoo-decoders": dict(
         recipe="zoo-decoders-mini",
         label="transformers' decoders, shrunk (zoo-decoders-mini's held-out zoo families, stdlib text)",
+        batch_size=8,
         family="transformers",
         data="stdlib-text",
-        archs=8,
-        steps=300,
-        batch_size=8,
     ),
 }
+ARCHS, STEPS = 8, 300
 
 
 def table(
@@ -98,8 +94,8 @@ def table(
         dataset=str(dataset),
         ghn=checkpoint,
         data=data,
-        archs=archs or run["archs"],
-        steps=run["steps"],
+        archs=archs or ARCHS,
+        steps=STEPS,
         batch_size=run["batch_size"],
         device=device,
         inits=INITS if selected else DEFAULT_INITS + keep_init,
@@ -109,7 +105,7 @@ def table(
     rows = evaluate(config)  # a progress bar: the slower families take an hour on 2 cores
     minutes = (time.perf_counter() - tic) / 60
     summary = summarize(rows)
-    steps, at = run["steps"], summary["horizons"]
+    steps, at = STEPS, summary["horizons"]
     scaled = (
         ", residual branches scaled as the family's init does (`predict`'s default)"
         if summary["residual_scale"]
