@@ -49,14 +49,14 @@ RUNS = {
     "llama": dict(recipe="llamas-1k", label="LLaMAs (llamas-1k eval split, stdlib text)", batch_size=8),
     "zoo-vision": dict(
         recipe="zoo-vits-mini",
-        label="timm's ViTs, shrunk (zoo-vits-mini's held-out zoo families, digits)",
+        label="timm's ViTs (zoo-vits-mini eval split, digits)",
         batch_size=32,
         family="timm",
         data="digits",
     ),
     "zoo-decoders": dict(
         recipe="zoo-decoders-mini",
-        label="transformers' decoders, shrunk (zoo-decoders-mini's held-out zoo families, stdlib text)",
+        label="transformers' decoders (zoo-decoders-mini eval split, stdlib text)",
         batch_size=8,
         family="transformers",
         data="stdlib-text",
