@@ -54,11 +54,14 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.
     norm gain 1, as the init has it), ``deflate:K`` (P with each block matrix's K largest singular
     directions taken out), ``head:S`` (P with the final norm's gain scaled by S: logits S times
     as large, the head being tied to the embeddings), ``shrink:L`` (``L P + W0``, shrink and
-    perturb: Ash & Adams, 2020)."""
+    perturb: Ash & Adams, 2020), ``outer-alone:L`` (``L P + W0`` in the blocks, ``P`` alone
+    outside them: the embeddings, the head and the final norm as predicted, a start that might
+    keep some of the prediction's step-0 loss)."""
     torch.manual_seed(0)
     model = build_model(config, "cpu")
-    alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if kind.startswith("shrink:") else 0.0
-    shrink = float(kind.split(":")[1]) if kind.startswith("shrink:") else 1.0
+    shrunk = kind.startswith(("shrink:", "outer-alone:"))
+    alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
+    shrink = float(kind.split(":")[1]) if shrunk else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             in_block = ".layers." in name or ".h." in name or ".blocks." in name
@@ -73,7 +76,10 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.
                 u, s, vh = torch.linalg.svd(value.double(), full_matrices=False)
                 k = int(kind.split(":")[1])
                 value = (value.double() - (u[:, :k] * s[:k]) @ vh[:k]).to(param.dtype)
-            param.copy_(shrink * value + alpha * param if param.dim() >= 2 else value)
+            if kind.startswith("outer-alone:") and not in_block:
+                param.copy_(value)
+            else:
+                param.copy_(shrink * value + alpha * param if param.dim() >= 2 else value)
     return model
 
 
