@@ -198,19 +198,14 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def family_default(graph: ArchGraph, flag: str, choice: bool | None = None) -> bool:
     """``choice`` when the caller made one, else the boolean field ``flag`` of the ``Family``
     ``graph`` was traced from (``graph.meta["family"]``); False for a model of no graphkit
-    family. The per-family defaults of ``predict`` (``scaled_residuals``, ``keep_init``) are read
-    this way."""
+    family. A per-family default of ``predict`` that is the model's own is read this way
+    (``scaled_residuals``: how its init scales residual branches); the start's defaults
+    (``keep_init``, ``shrink``) follow the checkpoint's family first
+    (:func:`graphkit.ghn.keep_init.start_family`)."""
     if choice is not None:
         return choice
-    return bool(family_value(graph, flag, False))
-
-
-def family_value(graph: ArchGraph, name: str, fallback: Any) -> Any:
-    """The field ``name`` of the ``Family`` ``graph`` was traced from (``graph.meta["family"]``),
-    or ``fallback`` for a model of no graphkit family: a per-family default of ``predict`` that is
-    not a flag (``shrink``)."""
     family = FAMILIES.get(str(graph.meta.get("family")))
-    return getattr(family, name) if family is not None else fallback
+    return bool(getattr(family, flag)) if family is not None else False
 
 
 def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
