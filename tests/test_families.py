@@ -8,7 +8,15 @@ from helpers import ExoticLM, meta
 
 import graphkit
 from graphkit.errors import ZooError
-from graphkit.families import FAMILIES, ConfigError, build_model, config_from_graph, num_params, resolve_config
+from graphkit.families import (
+    FAMILIES,
+    ConfigError,
+    build_model,
+    config_from_graph,
+    num_params,
+    resolve_config,
+    traced_family,
+)
 
 CONFIGS = {
     "vit": dict(family="vit", num_layers=4, hidden=256, heads=8),
@@ -55,6 +63,8 @@ def test_llama_with_sliding_window_is_mistral():
     config = dict(CONFIGS["llama"], sliding_window=16)
     graph = graphkit.trace(build_model(config))
     assert {n.attrs["window"] for n in graph.nodes if n.op == "attention"} == {16}
+    # it traces as transformers' mistral, which the llama family lists: its defaults are llama's
+    assert graph.meta["family"] == "mistral" and traced_family(graph) is FAMILIES["llama"]
 
 
 def test_real_weights_on_cpu_run():
@@ -147,6 +157,7 @@ def test_config_is_read_back_from_the_graph(config):
 def test_graph_of_an_unknown_family():
 
     graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
+    assert traced_family(graph) is None
     with pytest.raises(
         ConfigError,
         match="cannot read a config from a graph of family 'custom'; readable families: gpt2, llama, mistral, vit",

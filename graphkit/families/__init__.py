@@ -31,6 +31,7 @@ from graphkit.families.registry import (
     num_params,
     register_family,
     resolve_config,
+    traced_family,
 )
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigError",
     "build_model",
     "family_default",
+    "traced_family",
     "resolve_config",
     "num_params",
     "register_family",

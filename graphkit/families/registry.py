@@ -195,16 +195,27 @@ def resolve_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return get_family(config["family"]).resolve(config)
 
 
+def traced_family(graph: ArchGraph) -> Family | None:
+    """The ``Family`` the model behind ``graph`` belongs to: the one whose ``traced_as`` lists the
+    name it traced as (``graph.meta["family"]``: a Mistral traces as ``mistral``, which the llama
+    family lists), else the family of that name; None for a model of no graphkit family (a timm
+    module, a transformers model type). The one place a graph's family is looked up, so that a
+    config read back (:func:`config_from_graph`) and a default of the family agree."""
+    traced = str(graph.meta.get("family"))
+    listed = (family for family in FAMILIES.values() if traced in family.traced_as)
+    return next(listed, None) or FAMILIES.get(traced)
+
+
 def family_default(graph: ArchGraph, flag: str, choice: bool | None = None) -> bool:
     """``choice`` when the caller made one, else the boolean field ``flag`` of the ``Family``
-    ``graph`` was traced from (``graph.meta["family"]``); False for a model of no graphkit
+    ``graph`` was traced from (:func:`traced_family`); False for a model of no graphkit
     family. A per-family default of ``predict`` that is the model's own is read this way
     (``scaled_residuals``: how its init scales residual branches); the start's defaults
     (``keep_init``, ``shrink``) follow the checkpoint's family first
     (:func:`graphkit.ghn.keep_init.start_family`)."""
     if choice is not None:
         return choice
-    family = FAMILIES.get(str(graph.meta.get("family")))
+    family = traced_family(graph)
     return bool(getattr(family, flag)) if family is not None else False
 
 
@@ -212,12 +223,12 @@ def config_from_graph(graph: ArchGraph) -> dict[str, Any]:
     """The resolved config of the model a graph was traced from (graphs of graphkit's families);
     ConfigError if no family reads it."""
     traced = graph.meta.get("family")
-    for family in FAMILIES.values():
-        if family.from_graph is not None and traced in family.traced_as:
-            try:
-                return resolve_config(family.from_graph(graph))
-            except (KeyError, StopIteration, IndexError) as e:
-                raise ConfigError(f"graph of family {traced!r} lacks what a {family.name} config needs ({e})") from e
+    family = traced_family(graph)
+    if family is not None and family.from_graph is not None:
+        try:
+            return resolve_config(family.from_graph(graph))
+        except (KeyError, StopIteration, IndexError) as e:
+            raise ConfigError(f"graph of family {traced!r} lacks what a {family.name} config needs ({e})") from e
     readable = sorted(t for f in FAMILIES.values() for t in f.traced_as)
     raise ConfigError(
         f"cannot read a config from a graph of family {traced!r}; readable families: {', '.join(readable)}"

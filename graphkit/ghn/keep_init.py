@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from graphkit.errors import GraphkitError, KeepInitError
-from graphkit.families import FAMILIES, Family
+from graphkit.families import FAMILIES, Family, traced_family
 from graphkit.graph import ArchGraph
 from graphkit.validation import check_flag, is_number
 
@@ -58,12 +58,13 @@ def should_keep_init(graph: ArchGraph, choice: bool | None = None, info: Mapping
 def start_family(graph: ArchGraph, info: Mapping | None = None) -> Family | None:
     """The family whose start :func:`predict` writes by default (``Family.keep_init``,
     ``Family.shrink``): the family the hypernetwork trained on (``info["family"]``, its
-    config.json's, where that is a registered family), else the one ``graph`` was traced from;
-    None for neither. Why the checkpoint's first: a start is measured for a checkpoint on the
-    held-out models of its own pool (docs/experiments.md), and the models a zoo checkpoint
-    predicts (a Qwen2-MoE, an EXAONE) are of no graphkit family but of its library's
-    (``transformers``); a family's own checkpoint predicts its family's models, where both agree."""
-    return FAMILIES.get(str((info or {}).get("family"))) or FAMILIES.get(str(graph.meta.get("family")))
+    config.json's, where that is a registered family), else the one ``graph`` was traced from
+    (:func:`graphkit.families.traced_family`); None for neither. Why the checkpoint's first: a
+    start is measured for a checkpoint on the held-out models of its own pool
+    (docs/experiments.md), and the models a zoo checkpoint predicts (a Qwen2-MoE, an EXAONE) are
+    of no graphkit family but of its library's (``transformers``); a family's own checkpoint
+    predicts its family's models, where both agree."""
+    return FAMILIES.get(str((info or {}).get("family"))) or traced_family(graph)
 
 
 def start_default(graph: ArchGraph, info: Mapping | None, name: str, fallback: Any) -> Any:
