@@ -200,8 +200,8 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
     outside = run("predict", ROOT / "examples" / "vit_b16.py")
     assert outside.exit_code == 0
     assert (
-        "predicting it as its 256-wide twin (4 heads), grown to its width, its patch embedding resized from the "
-        "twin's patch 2 at 28 px (the same 14 x 14 tokens)" in outside.stdout
+        "predicting it as its 256-wide twin (4 heads), grown to its width, its patch embedding and position table "
+        "resized from the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens" in outside.stdout
     )
     assert "calibrating" not in outside.stdout
     calibrated = run("predict", ROOT / "examples" / "vit_b16.py", "--calibrate")
@@ -211,7 +211,7 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
         "warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
         "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
         "28x the largest trained (8 px), patch size 16 px is 8.0x the largest trained (2 px), token grid 14 tokens "
-        "a side is 3.5x the largest trained (4 tokens a side), where predictions are expected to start worse than the "
+        "a side is 3.5x the largest trained (4 tokens a side), where predictions may start worse than the "
         "model's own init; the scores above were measured inside that space, not on this model"
     )
 

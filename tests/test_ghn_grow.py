@@ -4,12 +4,22 @@ they compute (graphkit.ghn.grow)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import timm_vit
 
 import graphkit
 from graphkit.families import build_model, resolve_config
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.encoding import targets
-from graphkit.ghn.grow import GrowError, GrownDecoding, axis_map, resize_patches, twin_config, twin_of, twin_phrase
+from graphkit.ghn.grow import (
+    GrowError,
+    GrownDecoding,
+    axis_map,
+    resize_patches,
+    resize_positions,
+    twin_config,
+    twin_of,
+    twin_phrase,
+)
 from graphkit.ghn.predict import predict, predicted_params
 from graphkit.ghn.space import GRID_CAVEAT, extent, outside_training_space, training_space, widest_at_depth
 
@@ -172,7 +182,7 @@ def test_the_space_records_the_patch_size_and_the_token_grid():
     assert (extent(text)["patch"], extent(text)["grid"]) == (None, None)
 
 
-def test_a_patch_size_outside_the_space_is_predicted_at_a_trained_one_with_its_own_token_grid(vits):
+def test_a_patch_size_or_token_grid_outside_the_space_is_predicted_at_trained_ones(vits):
     def twin(**shape):
         graph = graphkit.trace(build_model(dict(VIT, **shape), "meta"))
         found = twin_of(vits, graph)
@@ -186,13 +196,39 @@ def test_a_patch_size_outside_the_space_is_predicted_at_a_trained_one_with_its_o
         "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without changing "
         "what it computes",
     )
+    # a grid coarser than the trained keeps its own (2 x 2); a finer one is predicted at the trained 4 x 4
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=8, patch_size=4) == (
+        384,
+        2,
+        4,
+        "its twin with patch 2 at 4 px (the same 2 x 2 tokens), its patch embedding resized without changing what "
+        "it computes",
+    )
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=2) == (
+        384,
+        2,
+        8,
+        "its twin with patch 2 at 8 px (4 x 4 tokens), its position table resized to its 16 x 16 tokens",
+    )
     assert twin(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16) == (
         256,
         2,
-        28,
-        "its 256-wide twin (4 heads), grown to its width, its patch embedding resized from the twin's patch 2 at "
-        "28 px (the same 14 x 14 tokens) without changing what it computes",
+        8,
+        "its 256-wide twin (4 heads), grown to its width, its patch embedding and position table resized from "
+        "the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens",
     )
+
+
+@pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "vit_base_patch32_clip_224"])
+def test_a_model_with_parts_its_family_config_lacks_has_no_twin_and_is_decoded_directly(vits, name):
+    """A distilled DeiT's distillation token and a CLIP ViT's pre-norm are no part of a ``vit``
+    config: a twin read back from the graph would lack them (predict raised KeyError)."""
+    model = timm_vit(name, num_classes=10)
+    graph = graphkit.trace(model)
+    assert twin_of(vits, graph) is None
+    written = predict(model, vits, graph=graph)
+    assert written.keys() == {name for name, _ in model.named_parameters()}
+    torch.testing.assert_close(written["pos_embed"], predicted_params(vits, graph, grow=False)["pos_embed"])
 
 
 def test_a_resized_patch_embedding_gives_the_twins_tokens_on_a_patch_upscaled_as_the_data_is():
@@ -202,6 +238,20 @@ def test_a_resized_patch_embedding_gives_the_twins_tokens_on_a_patch_upscaled_as
     resized = resize_patches(weight, (8, 8))
     assert resized.shape == (16, 3, 8, 8)
     torch.testing.assert_close(F.conv2d(upscaled, resized), F.conv2d(patches, weight), rtol=1e-4, atol=1e-4)
+
+
+def test_a_resized_position_table_keeps_its_prefix_and_interpolates_its_grid():
+    ramp = torch.linspace(0, 1, 4).repeat(4)  # 4 x 4 grid, rising left to right
+    table = torch.stack([ramp, torch.ones(16)], dim=1)  # a column that varies, one that is constant
+    table = torch.cat([torch.tensor([[7.0, -7.0]]), table]).unsqueeze(0)  # a class token first
+    resized = resize_positions(table, 1 + 8 * 8, 8)
+    assert resized.shape == (1, 65, 2) and resized[0, 0].tolist() == [7.0, -7.0]
+    grid = resized[0, 1:].reshape(8, 8, 2)
+    torch.testing.assert_close(grid[..., 1], torch.ones(8, 8))  # constant stays constant
+    assert (grid[:, 1:, 0] >= grid[:, :-1, 0] - 1e-6).all() and grid[0, -1, 0] > grid[0, 0, 0] + 0.5  # still a ramp
+    torch.testing.assert_close(grid[0, :, 0], grid[7, :, 0])  # the same along the other axis
+    with pytest.raises(GrowError, match=r"cannot resize a position table of shape \(1, 17, 2\) to 49 tokens"):
+        resize_positions(table, 49, 7)  # no prefix: its 17 rows are no square grid
 
 
 def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_the_rest(vits):
@@ -215,6 +265,20 @@ def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_t
         expected = resize_patches(twin[name], (4, 4)) if name == "patch_embed.proj.weight" else twin[name]
         torch.testing.assert_close(value, expected)
     assert not torch.allclose(direct["patch_embed.proj.weight"], params["patch_embed.proj.weight"])
+
+
+def test_predict_resizes_the_position_table_of_the_twins_prediction_on_a_new_token_grid(vits):
+    config = resolve_config(dict(VIT, num_layers=3, hidden=384, heads=6, image_size=32, patch_size=4))
+    graph = graphkit.trace(build_model(config, "meta"))
+    twin = predicted_params(vits, graphkit.trace(build_model(twin_of(vits, graph), "meta")))
+    params = predicted_params(vits, graph)
+    assert params["pos_embed"].shape == (1, 65, 384) and twin["pos_embed"].shape == (1, 17, 384)
+    torch.testing.assert_close(params["pos_embed"], resize_positions(twin["pos_embed"], 65, 8))
+    torch.testing.assert_close(
+        params["patch_embed.proj.weight"], resize_patches(twin["patch_embed.proj.weight"], (4, 4))
+    )
+    for name in params.keys() - {"pos_embed", "patch_embed.proj.weight"}:
+        torch.testing.assert_close(params[name], twin[name], msg=name)
 
 
 def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expected_to_be_better(vits):

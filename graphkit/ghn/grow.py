@@ -49,11 +49,21 @@ of the image resize (``timm.layers.resample_patch_embed``), so that a patch of a
 upscaled by the same factor gives the token the twin's patch gives. The bundled ViT
 hypernetwork trained at patch 2 on 8-pixel digits; decoded directly at 16 px with patch 4 (the
 same 4 x 4 tokens) its prediction scored 3.81 on held-out digits at step 0, resized 0.86, where
-patch 2 at 8 px scores 0.85 (BENCHMARKS.md, "Resolutions and patch sizes"). A token grid the
-hypernetwork never saw has no such resize, and stays the model's own."""
+patch 2 at 8 px scores 0.85 (BENCHMARKS.md, "Resolutions and patch sizes").
+
+A token grid outside the trained ones has no exact resize, but the one timm uses to move a ViT
+to a new resolution helps: the twin is predicted at the nearest trained grid and patch size
+(ViT-B/16 at 224 px: patch 2 at 8 px, 4 x 4 tokens, for the bundled checkpoint), its patch
+embedding resized as above and its position table's grid interpolated bicubically to the
+model's (``timm.layers.resample_abs_pos_embed``), the class token's row kept. On held-out
+digits at step 0, ViT-S at 32 px, patch 4 (8 x 8 tokens) scored 1.83 / 0.47 (loss / accuracy)
+this way, 4.10 / 0.20 decoded directly, 2.35 / 0.16 from its own init; ViT-B/16 at 224 px
+2.23 / 0.30, 3.55 / 0.11 and 2.43 / 0.09. The model no longer computes what the twin does:
+each token sees a smaller part of the image than the twin's did."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -134,18 +144,41 @@ def resize_patches(value: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor
     return resample_patch_embed(value.float(), list(kernel), interpolation="bilinear", antialias=False).to(value.dtype)
 
 
+def resize_positions(value: torch.Tensor, tokens: int, grid: int) -> torch.Tensor:
+    """A position table ``value`` (1, prefix + g x g, width) resized to ``tokens`` rows on a
+    ``grid`` x ``grid`` token grid: the prefix rows (class and register tokens) kept, the grid's
+    interpolated bicubically as timm resizes a ViT to a new resolution
+    (``timm.layers.resample_abs_pos_embed``). GrowError when the rows are no prefix plus a
+    square grid."""
+    from timm.layers import resample_abs_pos_embed
+
+    prefix = tokens - grid * grid
+    old = math.isqrt(max(value.shape[1] - prefix, 0))
+    if value.dim() != 3 or prefix < 0 or old * old != value.shape[1] - prefix or old == 0:
+        raise GrowError(
+            f"cannot resize a position table of shape {tuple(value.shape)} to {tokens} tokens on a {grid} x {grid} grid"
+        )
+    resized = resample_abs_pos_embed(
+        value.float(), [grid, grid], [old, old], num_prefix_tokens=prefix, interpolation="bicubic", antialias=True
+    )
+    return resized.to(value.dtype)
+
+
 def grow(
     target: Target, value: torch.Tensor, graph: ArchGraph, width: int, twin: int, tied_norms: set[int] | None = None
 ) -> torch.Tensor:
     """The twin's ``value`` of ``target`` grown to the target's shape in ``graph`` (width
     ``width``, twin width ``twin``): a patch embedding's kernel resized (:func:`resize_patches`),
-    then copied along every axis that differs; along a read axis each value is split among its
-    copies at random shares that sum to one, drawn from seed 0 (the same model, the same
-    prediction)."""
+    a position table's grid resized (:func:`resize_positions`), then copied along every axis
+    that differs; along a read axis each value is split among its copies at random shares that
+    sum to one, drawn from seed 0 (the same model, the same prediction)."""
     tied_norms = _tied_head_norms(graph) if tied_norms is None else tied_norms
     reads = _input_axis(target, graph)
-    if graph.nodes[target.node].op == "patch_embed" and len(target.shape) == 4 and value.shape[2:] != target.shape[2:]:
+    op = graph.nodes[target.node].op
+    if op == "patch_embed" and len(target.shape) == 4 and value.shape[2:] != target.shape[2:]:
         value = resize_patches(value, target.shape[2:])
+    if op == "pos_embedding" and len(target.shape) == 3 and value.shape[1] != target.shape[1]:
+        value = resize_positions(value, target.shape[1], extent(graph)["grid"] or 0)
     generator = torch.Generator().manual_seed(0)
     for axis, (size, twin_size) in enumerate(zip(target.shape, value.shape)):
         if size == twin_size:
@@ -210,18 +243,26 @@ def _narrower(config: dict[str, Any], space: Mapping[str, Any], depth: int) -> d
 def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
     """The config of ``graph``'s twin inside the space ``ghn`` trained on (its
     ``info["space"]``): at the widest width trained at its depth when it is wider than any
-    trained, and at the nearest trained patch size, with its own token grid, when its patch
-    size lies outside the trained ones. None when neither applies, when the checkpoint records
+    trained, at the nearest trained patch size when its own lies outside the trained ones, and
+    at the finest trained token grid when its own is finer. None when neither applies, when the checkpoint records
     no space, when the graph is not one of graphkit's families (nothing to build a twin from),
-    or when a wide graph has no width up to the widest trained at its depth that holds whole
-    heads and kv groups of its own size."""
+    when the twin would lack or add parameters (the model has parts its family's config does
+    not describe: a distilled DeiT's distillation token), or when a wide graph has no width up
+    to the widest trained at its depth that holds whole heads and kv groups of its own size."""
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
-    widths, patches = trained_bounds(space, "width"), trained_bounds(space, "patch")
+    widths = trained_bounds(space, "width")
     wide = widths is not None and size["width"] is not None and size["width"] > widths[1]
-    repatch = patches is not None and size["patch"] is not None and not patches[0] <= size["patch"] <= patches[1]
-    if not (wide or repatch):
+    # a grid finer than any trained is predicted at the finest trained and its position table
+    # upsampled; a coarser one keeps its own (downsampled from 4 x 4 to 2 x 2, the bundled ViT's
+    # prediction fine-tuned worse: 0.65 after 100 steps on digits against 0.32 at its own grid)
+    patches, grids = trained_bounds(space, "patch"), trained_bounds(space, "grid")
+    patch, grid = size["patch"], size["grid"]
+    patch = patch if patches is None or patch is None else min(max(patch, patches[0]), patches[1])
+    grid = grid if grids is None or grid is None else min(grid, grids[1])
+    regrid = (patch, grid) != (size["patch"], size["grid"])
+    if not (wide or regrid):
         return None
     try:
         config = config_from_graph(graph)
@@ -234,30 +275,45 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
         if narrowed is None:
             return None
         config = narrowed
-    if repatch and config.get("patch_size") == size["patch"]:
-        assert patches is not None and size["patch"] is not None, "what repatch says"
-        patch = min(max(size["patch"], patches[0]), patches[1])
-        config = {**config, "patch_size": patch, "image_size": config["image_size"] // size["patch"] * patch}
-    return config
+    if regrid and config.get("patch_size") == size["patch"]:
+        assert patch is not None and grid is not None, "a patch size and a grid are read together"
+        config = {**config, "patch_size": patch, "image_size": grid * patch}
+    # a config read back describes the model's family, not every part a library adds to it (a
+    # distilled DeiT's distillation token, a CLIP ViT's pre-norm): such a twin lacks parameters
+    twin_names = {name for name, _ in build_model(config, "meta").named_parameters()}
+    return config if twin_names == {name for node in graph.nodes for name in node.params} else None
 
 
 def twin_phrase(graph: ArchGraph, twin: Mapping[str, Any]) -> str:
     """How ``graph`` is predicted through its ``twin`` (a :func:`twin_of` config), for predict's
-    output: "its 512-wide twin (8 heads), grown to its width", "its twin with patch 2 at 28 px
-    (the same 14 x 14 tokens), its patch embedding resized", or both."""
+    output: "its 512-wide twin (8 heads), grown to its width without changing what it
+    computes", "its twin with patch 2 at 28 px (the same 14 x 14 tokens), its patch embedding
+    resized without changing what it computes", "its twin with patch 2 at 8 px (4 x 4 tokens),
+    its patch embedding and position table resized to its 14 x 14 tokens", or a width and one
+    of those."""
     size = extent(graph)
     parts = []
     if twin["hidden"] != size["width"]:
         parts.append(f"its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width")
-    if twin.get("patch_size") not in (None, size["patch"]):
-        grid = size["grid"]
-        what = f"patch {twin['patch_size']} at {twin['image_size']} px (the same {grid} x {grid} tokens)"
-        parts.append(
-            f"its patch embedding resized from the twin's {what}"
-            if parts
-            else f"its twin with {what}, its patch embedding resized"
+    if twin.get("patch_size") is None or (twin["patch_size"], twin["image_size"]) == (
+        size["patch"],
+        size["resolution"],
+    ):
+        return ", ".join(parts) + " without changing what it computes"
+    grid, twin_grid = size["grid"], twin["image_size"] // twin["patch_size"]
+    where = f"patch {twin['patch_size']} at {twin['image_size']} px"
+    if twin_grid == grid:
+        resized = "its patch embedding resized"
+        what, after = f"{where} (the same {grid} x {grid} tokens)", " without changing what it computes"
+    else:
+        resized = (
+            "its position table resized"
+            if twin["patch_size"] == size["patch"]
+            else "its patch embedding and position table resized"
         )
-    return ", ".join(parts) + " without changing what it computes"
+        what, after = f"{where} ({twin_grid} x {twin_grid} tokens)", f" to its {grid} x {grid} tokens"
+    parts.append(f"{resized} from the twin's {what}" if parts else f"its twin with {what}, {resized}")
+    return ", ".join(parts) + after
 
 
 def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:

@@ -18,8 +18,10 @@ Each extent is read off the graph, so it means the same for any model:
 
 A patch size outside the space is a solved resize: :mod:`graphkit.ghn.grow` predicts such a ViT
 at a trained patch size with its own token grid and resizes the patch embedding as FlexiViT
-does. A token grid outside it is not: predictions there are worse than the model's own init
-(BENCHMARKS.md, "Resolutions and patch sizes"), and the warning says so.
+does. A token grid outside it is not: ``grow`` predicts the model at a trained grid and
+interpolates its position table, which beats decoding it directly but can still start worse
+than the model's own init (BENCHMARKS.md, "Resolutions and patch sizes"), and the warning says
+so.
 
 The space also records ``width_by_depth``: per depth, the narrowest and widest width trained.
 LoGAH's datasets make deeper models narrower, and the hypernetwork predicts well only near
@@ -57,10 +59,11 @@ EXTENTS = {
     "grid": ("token grid", " tokens a side"),
 }
 
-#: said after a token grid outside the space: the bundled ViT checkpoint trained on 4 x 4 tokens
-#: and, on digits at 2 x 2, 8 x 8, 14 x 14 and 16 x 16, every prediction started worse than the
-#: model's own init (after 100 fine-tuning steps the measured ones were ahead: BENCHMARKS.md)
-GRID_CAVEAT = "where predictions are expected to start worse than the model's own init"
+#: said after a token grid outside the space: the bundled ViT checkpoint trained on 4 x 4 tokens;
+#: on digits at step 0, with the position table resized (graphkit.ghn.grow), ViT-B/16 at 224 px
+#: and a ViT-S at 8 x 8 tokens started ahead of their own init, ViT-S/16 at 224 px, 16 x 16 and
+#: 2 x 2 tokens behind it (BENCHMARKS.md, "Resolutions and patch sizes")
+GRID_CAVEAT = "where predictions may start worse than the model's own init"
 
 
 def extent(graph: ArchGraph) -> dict[str, int | None]:
