@@ -190,9 +190,10 @@ def predict(
     grow: bool = typer.Option(
         True,
         "--grow/--no-grow",
-        help="Predict a model wider than any the hypernetwork trained on, or with a patch size it never "
-        "trained on, as its twin inside the training space, grown to its width (Net2Net) and its patch "
-        "embedding resized (FlexiViT) without changing what it computes; --no-grow decodes it directly.",
+        help="Predict a model wider than any the hypernetwork trained on, or with a patch size or a finer "
+        "token grid it never trained on, as its twin inside the training space, grown to its width (Net2Net), "
+        "its patch embedding resized (FlexiViT) and its position table resized to its grid; --no-grow "
+        "decodes it directly.",
     ),
     calibrate: bool = typer.Option(
         False,

@@ -17,7 +17,9 @@ predicted), still one parameter at a time; GPT-2 does so by default (``Family.ke
 
 A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
 to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
-the rows past the trained width make it confidently wrong."""
+the rows past the trained width make it confidently wrong. A ViT with a patch size or a finer
+token grid than any trained is predicted as its twin at trained ones, its patch embedding and
+position table resized."""
 
 from __future__ import annotations
 
@@ -78,8 +80,9 @@ def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[s
 
 def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool = True) -> LowRankDecoding | DecodedParams | GrownDecoding:
     """``ghn``'s prediction of ``graph``, ready to be checked (``first_non_finite``) and written
-    (``write_into``): grown from the graph's narrow twin when ``grow`` and the graph is wider
-    than any width ``ghn`` trained on (:func:`graphkit.ghn.grow.growth`), else decoded directly."""
+    (``write_into``): grown from the graph's twin when ``grow`` and the graph is wider than any
+    width ``ghn`` trained on, or a ViT outside its patch sizes or token grids
+    (:func:`graphkit.ghn.grow.growth`), else decoded directly."""
     grown = growth(ghn, graph) if grow else None
     return grown if grown is not None else ghn.decoding(graph)
 
@@ -183,8 +186,9 @@ def predict(
     already holds the model's graph. ``residual_scale`` scales the residual branches' weights
     as the family's own init does (:func:`scale_residuals`); None: when the family does
     (:func:`should_scale_residuals`, GPT-2). ``grow`` predicts a model wider than any the
-    hypernetwork trained on as its narrow twin, grown (:mod:`graphkit.ghn.grow`); False
-    decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
+    hypernetwork trained on as its narrow twin, grown, and a ViT outside the trained patch sizes
+    or finer than the trained token grids at trained ones, resized (:mod:`graphkit.ghn.grow`);
+    False decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
     so that the stream and logits are no larger than the family's init gives
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
     graphkit family. ``keep_init`` adds the prediction onto the model's own initialisation
