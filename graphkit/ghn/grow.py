@@ -43,23 +43,24 @@ is, because the decoder extrapolates in depth (12-layer ViTs predicted from 3- t
 score 0.29-0.69 on digits from the predicted parameters alone).
 
 A patch size is resized the same way (FlexiViT, Beyer et al., 2023): the twin keeps the model's
-token grid at the nearest trained patch size (ViT-B/16 at 224 px: patch 2 at 28 px, the same
-14 x 14 tokens), and its patch embedding is resized to the model's kernel by the pseudo-inverse
+token grid at the nearest trained patch size (a ViT at 16 px with patch 4: patch 2 at 8 px, the
+same 4 x 4 tokens), and its patch embedding is resized to the model's kernel by the pseudo-inverse
 of the image resize (``timm.layers.resample_patch_embed``), so that a patch of an image
 upscaled by the same factor gives the token the twin's patch gives. The bundled ViT
 hypernetwork trained at patch 2 on 8-pixel digits; decoded directly at 16 px with patch 4 (the
 same 4 x 4 tokens) its prediction scored 3.81 on held-out digits at step 0, resized 0.86, where
 patch 2 at 8 px scores 0.85 (BENCHMARKS.md, "Resolutions and patch sizes").
 
-A token grid outside the trained ones has no exact resize, but the one timm uses to move a ViT
-to a new resolution helps: the twin is predicted at the nearest trained grid and patch size
-(ViT-B/16 at 224 px: patch 2 at 8 px, 4 x 4 tokens, for the bundled checkpoint), its patch
+A token grid finer than the trained ones has no exact resize, but the one timm uses to move a
+ViT to a new resolution helps: the twin is predicted at the finest trained grid and a trained
+patch size (ViT-B/16 at 224 px: patch 2 at 8 px, 4 x 4 tokens, for the bundled checkpoint), its patch
 embedding resized as above and its position table's grid interpolated bicubically to the
 model's (``timm.layers.resample_abs_pos_embed``), the class token's row kept. On held-out
 digits at step 0, ViT-S at 32 px, patch 4 (8 x 8 tokens) scored 1.83 / 0.47 (loss / accuracy)
 this way, 4.10 / 0.20 decoded directly, 2.35 / 0.16 from its own init; ViT-B/16 at 224 px
 2.23 / 0.30, 3.55 / 0.11 and 2.43 / 0.09. The model no longer computes what the twin does:
-each token sees a smaller part of the image than the twin's did."""
+each token sees a smaller part of the image than the twin's did. A coarser grid keeps its own
+(downsampled, the table fine-tuned worse: :func:`twin_of`)."""
 
 from __future__ import annotations
 
@@ -244,11 +245,12 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
     """The config of ``graph``'s twin inside the space ``ghn`` trained on (its
     ``info["space"]``): at the widest width trained at its depth when it is wider than any
     trained, at the nearest trained patch size when its own lies outside the trained ones, and
-    at the finest trained token grid when its own is finer. None when neither applies, when the checkpoint records
-    no space, when the graph is not one of graphkit's families (nothing to build a twin from),
-    when the twin would lack or add parameters (the model has parts its family's config does
-    not describe: a distilled DeiT's distillation token), or when a wide graph has no width up
-    to the widest trained at its depth that holds whole heads and kv groups of its own size."""
+    at the finest trained token grid when its own is finer. None when neither applies, when the
+    checkpoint records no space, when the graph is not one of graphkit's families (nothing to
+    build a twin from), when the twin would lack or add parameters (the model has parts its
+    family's config does not describe: a distilled DeiT's distillation token), or when a wide
+    graph has no width up to the widest trained at its depth that holds whole heads and kv
+    groups of its own size."""
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
@@ -287,7 +289,7 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
 def twin_phrase(graph: ArchGraph, twin: Mapping[str, Any]) -> str:
     """How ``graph`` is predicted through its ``twin`` (a :func:`twin_of` config), for predict's
     output: "its 512-wide twin (8 heads), grown to its width without changing what it
-    computes", "its twin with patch 2 at 28 px (the same 14 x 14 tokens), its patch embedding
+    computes", "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding
     resized without changing what it computes", "its twin with patch 2 at 8 px (4 x 4 tokens),
     its patch embedding and position table resized to its 14 x 14 tokens", or a width and one
     of those."""
