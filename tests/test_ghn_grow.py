@@ -13,6 +13,7 @@ from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import (
     GrowError,
     GrownDecoding,
+    Twin,
     axis_map,
     resize_patches,
     resize_positions,
@@ -147,20 +148,31 @@ def vits():
 def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
     def twin(**shape):
         found = twin_of(vits, graphkit.trace(build_model(dict(VIT, **shape), "meta")))
-        return found and (found["hidden"], found["heads"])
+        return found and (found.config["hidden"], found.config["heads"])
 
     assert twin(num_layers=3, hidden=512, heads=8) is None  # inside: decoded directly
     assert twin(num_layers=3, hidden=768, heads=12) == (512, 8)  # the widest trained at 3 layers
     assert twin(num_layers=12, hidden=768, heads=12) == (256, 4)  # 9 layers, the deepest trained, are at most 256 wide
 
 
+def test_a_twin_the_caller_passes_is_the_one_grown(vits):
+    graph = graphkit.trace(build_model(dict(VIT, num_layers=3, hidden=768, heads=12), "meta"))
+    narrower = resolve_config(dict(VIT, num_layers=3, hidden=256, heads=4))  # twin_of's would be 512 wide
+    twin = Twin(narrower, build_model(narrower, "meta"))
+    expected = predicted_params(vits, graphkit.trace(twin.model))["cls_token"]
+    grown = predicted_params(vits, graph, grow=twin)["cls_token"]
+    assert grown.shape == (1, 1, 768)
+    torch.testing.assert_close(grown[..., :256], expected)  # the stream's first 256 coordinates are the twin's
+    assert not torch.allclose(predicted_params(vits, graph)["cls_token"][..., :256], expected)
+
+
 @pytest.mark.slow
 def test_predict_grows_a_wide_model_from_its_twins_prediction(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=1024, heads=16))
     model = build_model(config, "meta")
-    predict(model, vits)
-    twin_cfg = twin_of(vits, graphkit.trace(build_model(config, "meta")))
-    twin = build_model(twin_cfg, "meta")
+    found = twin_of(vits, graphkit.trace(build_model(config, "meta")))
+    predict(model, vits, grow=found)  # the twin the caller found is the one grown, traced as it is
+    twin = found.model
     predict(twin, vits)
     inputs = torch.randn(4, 3, 8, 8)
     torch.testing.assert_close(logits(model.eval(), inputs), logits(twin.eval(), inputs), rtol=1e-4, atol=1e-4)
@@ -186,7 +198,12 @@ def test_a_patch_size_or_token_grid_outside_the_space_is_predicted_at_trained_on
     def twin(**shape):
         graph = graphkit.trace(build_model(dict(VIT, **shape), "meta"))
         found = twin_of(vits, graph)
-        return found and (found["hidden"], found["patch_size"], found["image_size"], twin_phrase(graph, found))
+        return found and (
+            found.config["hidden"],
+            found.config["patch_size"],
+            found.config["image_size"],
+            twin_phrase(graph, found),
+        )
 
     assert twin(num_layers=3, hidden=384, heads=6) is None  # 8 px, patch 2: inside
     assert twin(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == (
@@ -257,7 +274,7 @@ def test_a_resized_position_table_keeps_its_prefix_and_interpolates_its_grid():
 def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_the_rest(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4))
     graph = graphkit.trace(build_model(config, "meta"))
-    twin = predicted_params(vits, graphkit.trace(build_model(twin_of(vits, graph), "meta")))
+    twin = predicted_params(vits, graphkit.trace(twin_of(vits, graph).model))
     params = predicted_params(vits, graph)
     direct = predicted_params(vits, graph, grow=False)
     assert params.keys() == twin.keys()
@@ -270,7 +287,7 @@ def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_t
 def test_predict_resizes_the_position_table_of_the_twins_prediction_on_a_new_token_grid(vits):
     config = resolve_config(dict(VIT, num_layers=3, hidden=384, heads=6, image_size=32, patch_size=4))
     graph = graphkit.trace(build_model(config, "meta"))
-    twin = predicted_params(vits, graphkit.trace(build_model(twin_of(vits, graph), "meta")))
+    twin = predicted_params(vits, graphkit.trace(twin_of(vits, graph).model))
     params = predicted_params(vits, graph)
     assert params["pos_embed"].shape == (1, 65, 384) and twin["pos_embed"].shape == (1, 17, 384)
     torch.testing.assert_close(params["pos_embed"], resize_positions(twin["pos_embed"], 65, 8))

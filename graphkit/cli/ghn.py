@@ -301,7 +301,7 @@ def predict(
         hypernet,
         graph=graph,
         residual_scale=residual_scale,
-        grow=grow,
+        grow=twin if twin is not None else grow,  # the twin found above is built once
         calibrate=calibrate,
         buffers="saved",
         keep_init=keep_init,

@@ -66,9 +66,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 
 from graphkit.errors import GrowError
 from graphkit.families import ConfigError, build_model, config_from_graph
@@ -241,16 +242,23 @@ def _narrower(config: dict[str, Any], space: Mapping[str, Any], depth: int) -> d
     return None
 
 
-def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
-    """The config of ``graph``'s twin inside the space ``ghn`` trained on (its
-    ``info["space"]``): at the widest width trained at its depth when it is wider than any
-    trained, at the nearest trained patch size when its own lies outside the trained ones, and
-    at the finest trained token grid when its own is finer. None when neither applies, when the
-    checkpoint records no space, when the graph is not one of graphkit's families (nothing to
-    build a twin from), when the twin would lack or add parameters (the model has parts its
-    family's config does not describe: a distilled DeiT's distillation token), or when a wide
-    graph has no width up to the widest trained at its depth that holds whole heads and kv
-    groups of its own size."""
+class Twin(NamedTuple):
+    """A model's twin inside a hypernetwork's training space (:func:`twin_of`): its config and
+    the twin itself, built on the meta device once, to be checked, traced and described."""
+
+    config: dict[str, Any]
+    model: nn.Module
+
+
+def twin_of(ghn, graph: ArchGraph) -> Twin | None:
+    """``graph``'s twin inside the space ``ghn`` trained on (its ``info["space"]``): at the
+    widest width trained at its depth when it is wider than any trained, at the nearest trained
+    patch size when its own lies outside the trained ones, and at the finest trained token grid
+    when its own is finer. None when neither applies, when the checkpoint records no space, when
+    the graph is not one of graphkit's families (nothing to build a twin from), when the twin
+    would lack or add parameters (the model has parts its family's config does not describe: a
+    distilled DeiT's distillation token), or when a wide graph has no width up to the widest
+    trained at its depth that holds whole heads and kv groups of its own size."""
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
@@ -282,35 +290,36 @@ def twin_of(ghn, graph: ArchGraph) -> dict[str, Any] | None:
         config = {**config, "patch_size": patch, "image_size": grid * patch}
     # a config read back describes the model's family, not every part a library adds to it (a
     # distilled DeiT's distillation token, a CLIP ViT's pre-norm): such a twin lacks parameters
-    twin_names = {name for name, _ in build_model(config, "meta").named_parameters()}
-    return config if twin_names == {name for node in graph.nodes for name in node.params} else None
+    model = build_model(config, "meta")
+    twin_names = {name for name, _ in model.named_parameters()}
+    return Twin(config, model) if twin_names == {name for node in graph.nodes for name in node.params} else None
 
 
-def twin_phrase(graph: ArchGraph, twin: Mapping[str, Any]) -> str:
-    """How ``graph`` is predicted through its ``twin`` (a :func:`twin_of` config), for predict's
+def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
+    """How ``graph`` is predicted through its ``twin`` (:func:`twin_of`'s), for predict's
     output: "its 512-wide twin (8 heads), grown to its width without changing what it
     computes", "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding
     resized without changing what it computes", "its twin with patch 2 at 8 px (4 x 4 tokens),
     its patch embedding and position table resized to its 14 x 14 tokens", or a width and one
     of those."""
-    size = extent(graph)
+    size, config = extent(graph), twin.config
     parts = []
-    if twin["hidden"] != size["width"]:
-        parts.append(f"its {twin['hidden']}-wide twin ({twin['heads']} heads), grown to its width")
-    if twin.get("patch_size") is None or (twin["patch_size"], twin["image_size"]) == (
+    if config["hidden"] != size["width"]:
+        parts.append(f"its {config['hidden']}-wide twin ({config['heads']} heads), grown to its width")
+    if config.get("patch_size") is None or (config["patch_size"], config["image_size"]) == (
         size["patch"],
         size["resolution"],
     ):
         return ", ".join(parts) + " without changing what it computes"
-    grid, twin_grid = size["grid"], twin["image_size"] // twin["patch_size"]
-    where = f"patch {twin['patch_size']} at {twin['image_size']} px"
+    grid, twin_grid = size["grid"], config["image_size"] // config["patch_size"]
+    where = f"patch {config['patch_size']} at {config['image_size']} px"
     if twin_grid == grid:
         resized = "its patch embedding resized"
         what, after = f"{where} (the same {grid} x {grid} tokens)", " without changing what it computes"
     else:
         resized = (
             "its position table resized"
-            if twin["patch_size"] == size["patch"]
+            if config["patch_size"] == size["patch"]
             else "its patch embedding and position table resized"
         )
         what, after = f"{where} ({twin_grid} x {twin_grid} tokens)", f" to its {grid} x {grid} tokens"
@@ -318,24 +327,26 @@ def twin_phrase(graph: ArchGraph, twin: Mapping[str, Any]) -> str:
     return ", ".join(parts) + after
 
 
-def growth(ghn, graph: ArchGraph) -> GrownDecoding | None:
-    """``ghn``'s prediction of ``graph`` as its twin's, grown and its patches resized (see
-    :func:`twin_of`); None when the graph has no twin."""
+def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | None:
+    """``ghn``'s prediction of ``graph`` as its ``twin``'s (default: :func:`twin_of`'s, which a
+    caller that has asked already passes on), grown and its patches resized; None when the
+    graph has no twin."""
 
-    config = twin_of(ghn, graph)
-    if config is None:
+    twin = twin if twin is not None else twin_of(ghn, graph)
+    if twin is None:
         return None
-    twin_graph = trace(build_model(config, "meta"))
+    twin_graph = trace(twin.model)
     with torch.no_grad():
         params = ghn.predict(twin_graph)
     width = extent(graph)["width"]
     assert width is not None, "a twin is made for a model with a width"
-    return GrownDecoding(graph, params, width, config["hidden"], ghn.config.max_slots)
+    return GrownDecoding(graph, params, width, twin.config["hidden"], ghn.config.max_slots)
 
 
 __all__ = [
     "GrowError",
     "GrownDecoding",
+    "Twin",
     "axis_map",
     "grow",
     "growth",

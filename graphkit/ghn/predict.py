@@ -37,7 +37,7 @@ from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
-from graphkit.ghn.grow import GrownDecoding, growth
+from graphkit.ghn.grow import GrownDecoding, Twin, growth
 from graphkit.ghn.keep_init import (
     adds_onto_init,
     default_shrink,
@@ -78,18 +78,19 @@ def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[s
     return params
 
 
-def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool = True) -> LowRankDecoding | DecodedParams | GrownDecoding:
+def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool | Twin = True) -> LowRankDecoding | DecodedParams | GrownDecoding:
     """``ghn``'s prediction of ``graph``, ready to be checked (``first_non_finite``) and written
     (``write_into``): grown from the graph's twin when ``grow`` and the graph is wider than any
     width ``ghn`` trained on, or a ViT outside its patch sizes or token grids
-    (:func:`graphkit.ghn.grow.growth`), else decoded directly."""
-    grown = growth(ghn, graph) if grow else None
+    (:func:`graphkit.ghn.grow.growth`; ``grow`` may be the twin, when the caller found it
+    already), else decoded directly."""
+    grown = growth(ghn, graph, grow if isinstance(grow, Twin) else None) if grow else None
     return grown if grown is not None else ghn.decoding(graph)
 
 
 @torch.no_grad()
 def predicted_params(
-    ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None = None, grow: bool = True
+    ghn: LoGAH, graph: ArchGraph, residual_scale: bool | None = None, grow: bool | Twin = True
 ) -> dict[str, torch.Tensor]:
     """Every parameter of ``graph``'s model as :func:`predict` would write it (grown when the
     model is wider than the training space, residual branches scaled as ``residual_scale`` and
@@ -159,7 +160,7 @@ def predict(
     memory_limit: int | None = None,
     graph: ArchGraph | None = None,
     residual_scale: bool | None = None,
-    grow: bool = True,
+    grow: bool | Twin = True,
     calibrate: bool = False,
     buffers: str = "all",
     keep_init: bool | None = None,
@@ -187,9 +188,10 @@ def predict(
     as the family's own init does (:func:`scale_residuals`); None: when the family does
     (:func:`should_scale_residuals`, GPT-2). ``grow`` predicts a model wider than any the
     hypernetwork trained on as its narrow twin, grown, and a ViT outside the trained patch sizes
-    or finer than the trained token grids at trained ones, resized (:mod:`graphkit.ghn.grow`);
-    False decodes it directly. ``calibrate`` then rescales the residual branches and the output layer
-    so that the stream and logits are no larger than the family's init gives
+    or finer than the trained token grids at trained ones, resized (:mod:`graphkit.ghn.grow`;
+    the :class:`~graphkit.ghn.grow.Twin` that :func:`~graphkit.ghn.grow.twin_of` found, when the
+    caller has it, is used as it is); False decodes it directly. ``calibrate`` then rescales
+    the residual branches and the output layer so that the stream and logits are no larger than the family's init gives
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
     graphkit family. ``keep_init`` adds the prediction onto the model's own initialisation
     (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
