@@ -18,6 +18,10 @@ is scikit-learn's digits, held-out split, resized bilinearly to the model's reso
   against predicted. Models at 224 px are scored at step 0 only unless `--big-steps` says
   otherwise (a ViT-B step at 224 px takes seconds on a CPU): `--only vit_small --big-steps 100`
   fine-tunes ViT-S/16 alone, printed, not written.
+
+`--temperatures` prints, instead, the control behind the output layer's factor on a finer token
+grid (`graphkit.ghn.grow.logit_scale`): each such model's step-0 loss / accuracy with the
+predicted output layer times 1 (unscaled), 1/2, 1/4, 1/10 and the grids' ratio `predict` uses.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from graphkit.ghn.grow import logit_scale, twin_of  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
@@ -86,10 +91,46 @@ def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
     return f"| {label} | {grid} x {grid} | " + " | ".join(cells) + " |"
 
 
+FACTORS = (1.0, 0.5, 0.25, 0.1)
+
+
+def temperatures(source, only: str) -> str:
+    """Step-0 loss / accuracy of each model on a finer grid than the trained one, its predicted
+    output layer divided back to unscaled and then times each of ``FACTORS`` and the grids' ratio."""
+    ghn = bundled_hypernetwork(CHECKPOINT)
+    rows = [
+        "| model | tokens | " + " | ".join(f"head x {f:g}" for f in FACTORS) + " | head x the grids' ratio |",
+        "|---|---|" + "---|" * (len(FACTORS) + 1),
+    ]
+    for label, (name, kwargs) in MODELS.items():
+        model = built(name, kwargs)
+        graph = trace(model)
+        twin = twin_of(ghn, graph)
+        ratio = 1.0 if twin is None else logit_scale(graph, twin)
+        if ratio == 1 or (only and only not in label):
+            continue
+        held_out, _ = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, 0)
+        predict(model, ghn, graph=graph, grow=twin)
+        unscaled = {name: p.detach() / ratio for name, p in model.head.named_parameters()}
+        cells = []
+        for f in (*FACTORS, ratio):
+            with torch.no_grad():
+                for name, p in model.head.named_parameters():
+                    p.copy_(unscaled[name] * f)
+            loss, accuracy = score(model, held_out, "image")
+            cells.append(f"{loss:.2f} / {accuracy:.2f}")
+        grid = extent(graph)["grid"]
+        rows.append(f"| {label} | {grid} x {grid} | " + " | ".join(cells[:-1]) + f" | {cells[-1]} (x {ratio:.2f}) |")
+        print(rows[-1], flush=True)
+    return "\n".join(rows) + "\n"
+
+
 def table(args) -> str:
-    if args.only and args.write:
-        raise SystemExit("--only prints some rows; --write needs them all")
+    if (args.only or args.temperatures) and args.write:
+        raise SystemExit("--only and --temperatures print some rows; --write needs them all")
     source = load_source("digits")
+    if args.temperatures:
+        return temperatures(source, args.only)
     rows = [
         f"| model | tokens | own init @0 | decoded directly @0 | predicted @0 | own init @{args.steps} "
         f"| predicted @{args.steps} |",
@@ -113,6 +154,9 @@ def options(parser) -> None:
     parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps below 224 px")
     parser.add_argument("--big-steps", type=int, default=0, help="fine-tuning steps at 224 px (default: none)")
     parser.add_argument("--only", default="", help="only the rows whose label holds this text (not with --write)")
+    parser.add_argument(
+        "--temperatures", action="store_true", help="print the output layer's factors at step 0 (not with --write)"
+    )
 
 
 if __name__ == "__main__":

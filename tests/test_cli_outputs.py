@@ -201,7 +201,8 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
     assert outside.exit_code == 0
     assert (
         "predicting it as its 256-wide twin (4 heads), grown to its width, its patch embedding and position table "
-        "resized from the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens" in outside.stdout
+        "resized from the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens, its output layer scaled by "
+        "4/14" in outside.stdout
     )
     assert "calibrating" not in outside.stdout
     calibrated = run("predict", ROOT / "examples" / "vit_b16.py", "--calibrate")

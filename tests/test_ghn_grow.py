@@ -15,6 +15,7 @@ from graphkit.ghn.grow import (
     GrownDecoding,
     Twin,
     axis_map,
+    logit_scale,
     resize_patches,
     resize_positions,
     twin_config,
@@ -225,14 +226,15 @@ def test_a_patch_size_or_token_grid_outside_the_space_is_predicted_at_trained_on
         384,
         2,
         8,
-        "its twin with patch 2 at 8 px (4 x 4 tokens), its position table resized to its 16 x 16 tokens",
+        "its twin with patch 2 at 8 px (4 x 4 tokens), its position table resized to its 16 x 16 tokens, its output "
+        "layer scaled by 4/16",
     )
     assert twin(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16) == (
         256,
         2,
         8,
         "its 256-wide twin (4 heads), grown to its width, its patch embedding and position table resized from "
-        "the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens",
+        "the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens, its output layer scaled by 4/14",
     )
 
 
@@ -294,7 +296,11 @@ def test_predict_resizes_the_position_table_of_the_twins_prediction_on_a_new_tok
     torch.testing.assert_close(
         params["patch_embed.proj.weight"], resize_patches(twin["patch_embed.proj.weight"], (4, 4))
     )
-    for name in params.keys() - {"pos_embed", "patch_embed.proj.weight"}:
+    # the output layer is scaled by the grids' ratio (4 x 4 to 8 x 8): a temperature on the logits
+    assert logit_scale(graph, twin_of(vits, graph)) == 0.5
+    for name in ("head.weight", "head.bias"):
+        torch.testing.assert_close(params[name], 0.5 * twin[name], msg=name)
+    for name in params.keys() - {"pos_embed", "patch_embed.proj.weight", "head.weight", "head.bias"}:
         torch.testing.assert_close(params[name], twin[name], msg=name)
 
 

@@ -192,8 +192,8 @@ def predict(
         "--grow/--no-grow",
         help="Predict a model wider than any the hypernetwork trained on, or with a patch size or a finer "
         "token grid it never trained on, as its twin inside the training space, grown to its width (Net2Net), "
-        "its patch embedding resized (FlexiViT) and its position table resized to its grid; --no-grow "
-        "decodes it directly.",
+        "its patch embedding resized (FlexiViT), its position table resized to its grid and its output layer "
+        "scaled by the grids' ratio; --no-grow decodes it directly.",
     ),
     calibrate: bool = typer.Option(
         False,

@@ -167,8 +167,9 @@ def factor(stream: torch.Tensor, branch: torch.Tensor, target: float) -> float:
     return min(max(-b / (2 * a2), 0.0), 1.0)
 
 
-def _head(graph: ArchGraph) -> str | None:
-    """The module path of the output layer: the last ``head`` node holding parameters."""
+def output_layer(graph: ArchGraph) -> str | None:
+    """The module path of ``graph``'s output layer: the last ``head`` node holding parameters;
+    None when it has none."""
     last = next((n for n in reversed(graph.nodes) if n.op == "head" and n.params), None)
     return None if last is None else next(iter(last.params)).rpartition(".")[0]
 
@@ -232,7 +233,7 @@ def calibrate(
     for path, a in result.factors.items():
         for param in model.get_submodule(path).parameters(recurse=False):
             param.mul_(a)
-    result.head = _head(graph)
+    result.head = output_layer(graph)
     head_params = dict(model.get_submodule(result.head).named_parameters(recurse=False)) if result.head else {}
     tied = {alias.rpartition(".")[0] for aliases in tied_names(model).values() if len(aliases) > 1 for alias in aliases}
     if head_params and result.head not in tied:
@@ -279,6 +280,7 @@ __all__ = [
     "calibration_inputs",
     "check_calibration",
     "factor",
+    "output_layer",
     "residual_writers",
     "writers_by_block",
 ]

@@ -19,7 +19,7 @@ A model wider than any the hypernetwork trained on is predicted as its narrow tw
 to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
 the rows past the trained width make it confidently wrong. A ViT with a patch size or a finer
 token grid than any trained is predicted as its twin at trained ones, its patch embedding and
-position table resized."""
+position table resized (and, on a finer grid, its output layer scaled by the grids' ratio)."""
 
 from __future__ import annotations
 

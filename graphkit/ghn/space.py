@@ -60,9 +60,10 @@ EXTENTS = {
 }
 
 #: said after a token grid outside the space: the bundled ViT checkpoint trained on 4 x 4 tokens;
-#: on digits at step 0, with the position table resized (graphkit.ghn.grow), ViT-B/16 at 224 px
-#: and a ViT-S at 8 x 8 tokens started ahead of their own init, ViT-S/16 at 224 px, 16 x 16 and
-#: 2 x 2 tokens behind it (BENCHMARKS.md, "Resolutions and patch sizes")
+#: on digits at step 0, with the position table resized and the output layer scaled
+#: (graphkit.ghn.grow), every finer grid measured (8 x 8, 16 x 16, ViT-S/B/16 at 224 px) started
+#: ahead of its own init, 2 x 2 tokens behind it; 224 px is unmeasured after fine-tuning
+#: (BENCHMARKS.md, "Resolutions and patch sizes")
 GRID_CAVEAT = "where predictions may start worse than the model's own init"
 
 
