@@ -345,7 +345,9 @@ def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
             else "its patch embedding and position table resized"
         )
         what = f"{where} ({twin_grid} x {twin_grid} tokens)"
-        after = f" to its {grid} x {grid} tokens, its output layer scaled by {twin_grid}/{grid}"
+        after = f" to its {grid} x {grid} tokens"
+        if logit_scale(graph, twin) < 1:
+            after += f", its output layer scaled by {twin_grid}/{grid}"
     parts.append(f"{resized} from the twin's {what}" if parts else f"its twin with {what}, {resized}")
     return ", ".join(parts) + after
 

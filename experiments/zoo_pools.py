@@ -1,0 +1,208 @@
+"""Where training across vision families stops (issue #45, item 1), and whether a curriculum gets
+past it, on the mini zoo of timm's vision models.
+
+The bundled ``logah-tiny-zoo-vision`` (43 families, 1,500 steps) ends near chance (training CE
+2.23, chance 2.30), while one ViT family (``logah-tiny-vits``) reaches 1.04 and predicts 0.67
+accuracy. Between the two lie the pools:
+
+- ``--pools 1 2 4 8 16``: the zoo-vision recipe (Makefile, ``bundled``) for ``--steps`` steps on
+  the train-split architectures of the first K families, ordered by how many architectures each
+  has (most first, then by name). Every pool keeps the role maps of the whole train split's 32
+  most shared roles, so that every run's hypernetwork has one shape and any can start the next
+  stage.
+- ``--curriculum K``: the whole train split for ``--steps`` steps, from the weights of pool K's
+  run of ``--start-steps`` steps (the lead that took LLaMA off its plateau: BENCHMARKS.md,
+  "Where learning stops"); ``--whole``, its control: the whole train split for ``--steps`` steps
+  from a fresh LoGAH.
+
+Probe, per run: training CE and accuracy over the last 100 steps, and the predicted parameters
+alone, at step 0, on one architecture of each of the first 16 families (in the pool or not) and
+of each of the zoo's held-out families (the eval split), each beside its own init (its
+constructor's), on 4 held-out batches of 32 digits.
+
+    .venv/bin/python experiments/zoo_pools.py --pools 1 2 4 8 16            # about 15 min a pool on 2 cores
+    .venv/bin/python experiments/zoo_pools.py --pools 4 --curriculum 4      # the whole zoo from pool 4's weights
+    .venv/bin/python experiments/zoo_pools.py --probe-only --pools 1 2 4    # the runs already in runs/
+
+Copies: :func:`with_zoo_roles` wraps ``LoGAH.from_variant`` as ``train()`` calls it, replacing
+the roles it passes (mirror a change to that call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from graphkit.datasets.store import read_rows, write_dataset  # noqa: E402
+from graphkit.families import build_model  # noqa: E402
+from graphkit.fileio import save_figure  # noqa: E402
+from graphkit.ghn import load_checkpoint, training  # noqa: E402
+from graphkit.ghn.evaluate import initialise  # noqa: E402
+from graphkit.ghn.pool import ArchPool  # noqa: E402
+from graphkit.ghn.predict import predicted_params  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.loop import score  # noqa: E402
+
+ZOO = ROOT / "out" / "zoo-vits-mini"
+#: logah-tiny-zoo-vision's recipe (Makefile, ``bundled``), less the dataset and the steps
+RECIPE = dict(data="digits", meta_batch=4, batch_size=32, lr_fan_in=8.0, role_maps=True, role_key="leaf", max_roles=32)
+PROBED_FAMILIES = 16
+BATCHES, BATCH_SIZE = 4, 32
+
+
+def family_of(row: dict[str, Any]) -> str:
+    return json.loads(row["config"])["zoo_family"]
+
+
+def families(zoo: Path) -> list[str]:
+    """The train split's families, most architectures first (then by name)."""
+    counts = Counter(family_of(r) for r in read_rows(next((zoo / "data").glob("train-*.parquet"))))
+    return sorted(counts, key=lambda f: (-counts[f], f))
+
+
+def zoo_rows(zoo: Path, split: str) -> list[dict[str, Any]]:
+    return [row for shard in sorted((zoo / "data").glob(f"{split}-*.parquet")) for row in read_rows(shard)]
+
+
+def with_zoo_roles(zoo: Path) -> None:
+    """Every LoGAH built from here on gets the role maps of ``zoo``'s train split, whatever pool it trains on."""
+    roles = ArchPool(zoo, "train").roles(RECIPE["role_key"], RECIPE["max_roles"])
+    build = training.LoGAH.from_variant
+
+    def built(*args, **kwargs):
+        return build(*args, **{**kwargs, "roles": roles})
+
+    training.LoGAH.from_variant = built
+
+
+def pool_dataset(zoo: Path, k: int) -> Path:
+    """A dataset of the first ``k`` families' train architectures, and the zoo's eval split."""
+    out = ROOT / "out" / f"{zoo.name}-pool{k}"
+    if not out.exists():
+        chosen = set(families(zoo)[:k])
+        rows = [r for r in zoo_rows(zoo, "train") if family_of(r) in chosen] + zoo_rows(zoo, "eval")
+        write_dataset(rows, out, name=out.name)
+    return out
+
+
+def train_run(dataset: Path, out: Path, steps: int, initial: Path | None = None) -> None:
+    config = training.TrainConfig(
+        **RECIPE,
+        dataset=str(dataset),
+        out=str(out),
+        steps=steps,
+        initial_checkpoint=None if initial is None else str(initial),
+    )
+    training.train(config, progress=True)
+
+
+def first_of_each(records: list[Any]) -> dict[str, Any]:
+    """The first record of each zoo family, by family."""
+    firsts: dict[str, Any] = {}
+    for record in records:
+        firsts.setdefault(record.config["zoo_family"], record)
+    return firsts
+
+
+def probe_records(zoo: Path) -> list[tuple[str, Any]]:
+    """(what, record): the first train architecture of each of the first families, then the first
+    of each held-out family."""
+    train = first_of_each(ArchPool(zoo, "train").records)
+    probed = [(f"train: {f}", train[f]) for f in families(zoo)[:PROBED_FAMILIES]]
+    return probed + [(f"held out: {f} ({r.id})", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
+
+
+def step0(ghn, record, source) -> dict[str, tuple[float, float]]:
+    """Held-out loss and accuracy of ``record``'s model from its own init and from ``ghn``'s prediction."""
+    generator = torch.Generator().manual_seed(0)
+    held_out = [source.batch(record.config, BATCH_SIZE, generator, split="eval") for _ in range(BATCHES)]
+    torch.manual_seed(0)
+    model = build_model(record.config, "cpu")
+    scores = {"own init": score(model, held_out, source.task)}
+    if ghn is not None:
+        initialise(model, "predicted", predicted_params(ghn, record.graph))
+        scores["predicted"] = score(model, held_out, source.task)
+    return scores
+
+
+def probe(run: Path, records: list[tuple[str, Any]], source) -> dict[str, Any]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ghn = load_checkpoint(run)
+    return {
+        "run": run.name,
+        "training CE, last 100 steps": round(statistics.mean(line["ce"] for line in lines[-10:]), 3),
+        "training accuracy, last 100 steps": round(statistics.mean(line["metric"] for line in lines[-10:]), 3),
+        "predicted @0": {
+            what: [round(v, 3) for v in step0(ghn, record, source)["predicted"]] for what, record in records
+        },
+    }
+
+
+def windows(run: Path, width: int = 10) -> tuple[list[int], list[float]]:
+    """The run's training CE, the mean over windows of ``width`` logged steps (100 steps), by the window's last step."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    chunks = [lines[i : i + width] for i in range(0, len(lines) - width + 1, width)]
+    return [c[-1]["step"] for c in chunks], [statistics.mean(m["ce"] for m in c) for c in chunks]
+
+
+def plot(runs: list[Path], png: Path) -> None:
+    """The runs' training CE by step (means over 100 steps), chance marked, as ``png``."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        axis.plot(*windows(run), marker=".", label=run.name)
+    axis.axhline(math.log(10), color="grey", linestyle="--", label="chance (ln 10)")
+    axis.set(xlabel="step", ylabel="training cross-entropy (mean over 100 steps)", title="zoo-vits-mini pools")
+    axis.legend(fontsize=7)
+    save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--zoo", type=Path, default=ZOO)
+    parser.add_argument("--pools", nargs="*", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--curriculum", type=int, default=None, help="train the whole zoo from this pool's weights")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--whole", action="store_true", help="the whole train split from a fresh LoGAH (control)")
+    parser.add_argument("--start-steps", type=int, default=None, help="the curriculum's first stage (default: --steps)")
+    parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
+    args = parser.parse_args()
+    print("families, most architectures first:", families(args.zoo)[:PROBED_FAMILIES], flush=True)
+    with_zoo_roles(args.zoo)
+    source = load_source(RECIPE["data"])
+    records = probe_records(args.zoo)
+    own = {what: [round(v, 3) for v in step0(None, record, source)["own init"]] for what, record in records}
+    print(json.dumps({"own init @0": own}, indent=1), flush=True)
+    name = args.zoo.name
+    runs = [(ROOT / "runs" / f"{name}-pool{k}-{args.steps}", pool_dataset(args.zoo, k), None) for k in args.pools]
+    if args.whole:
+        runs.append((ROOT / "runs" / f"{name}-whole-{args.steps}", args.zoo, None))
+    if args.curriculum is not None:
+        start = ROOT / "runs" / f"{name}-pool{args.curriculum}-{args.start_steps or args.steps}"
+        runs.append((ROOT / "runs" / f"{name}-curriculum{args.curriculum}-{args.steps}", args.zoo, start))
+    for run, dataset, initial in runs:
+        if not args.probe_only:
+            train_run(dataset, run, args.steps, initial)
+        print(json.dumps(probe(run, records, source), indent=1), flush=True)
+    if args.plot is not None:
+        plot([run for run, _, _ in runs], args.plot)
+
+
+if __name__ == "__main__":
+    main()
