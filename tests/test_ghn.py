@@ -63,6 +63,33 @@ def test_every_parameter_is_predicted_at_full_shape(ghn, config):
     assert norms and all(((t > 0) & (t < 2)).all() for t in norms)  # 2 sigmoid(p / 2)
 
 
+class _ConvNormNet(torch.nn.Module):
+    """A convolution, BatchNorm and GroupNorm, pooled into a head: the norms of timm's hybrid ViTs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.gn = torch.nn.GroupNorm(4, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gn(torch.relu(self.bn(self.conv(x)))).mean((2, 3)))
+
+
+def test_batch_and_group_norm_scales_are_predicted_as_norm_scales(ghn):
+    # decoded as biases (tanh(p / 5)) a fresh LoGAH put them near 0 and silenced every block
+    # after them (LeViT, FastViT, MaxViT in the vision zoo): they start at 1, as LayerNorm's do
+    graph = graphkit.trace(_ConvNormNet(), torch.randn(1, 3, 8, 8))
+    kinds = {t.name: t.kind for t in targets(graph)}
+    assert kinds["bn.weight"] == kinds["gn.weight"] == "norm"
+    assert kinds["bn.bias"] == kinds["gn.bias"] == "bias"
+    with torch.no_grad():
+        params = ghn.predict(graph)
+    for name in ("bn.weight", "gn.weight"):
+        assert (params[name] - 1).abs().max() < 0.5, name  # as biases they were within 0.05 of 0
+
+
 def test_wide_embeddings_are_not_tiled():
     torch.manual_seed(0)
     ghn = LoGAH(LoGAHConfig(max_mask=4096))  # a small K, so GPT-2's 50,257 rows span 13 chunks

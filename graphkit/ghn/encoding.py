@@ -29,6 +29,11 @@ from graphkit.graph import ArchGraph
 from graphkit.ops import op_id
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
+#: the ops whose 1-D weight is a normalisation's scale, decoded as one (``activate``: 1 at 0).
+#: BatchNorm and GroupNorm belong here as much as LayerNorm: decoded as biases their scales
+#: started near 0 and silenced LeViT's, FastViT's or MaxViT's every block and head
+#: (docs/experiments.md, "Where training across vision families stops").
+NORM_OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "group_norm"})
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
         for slot, (name, shape) in enumerate(node.params.items()):
             shape = tuple(shape)
             if len(shape) == 1:
-                kind = "norm" if node.op in ("layer_norm", "rms_norm") and name.endswith("weight") else "bias"
+                kind = "norm" if node.op in NORM_OPS and name.endswith("weight") else "bias"
             else:
                 kind = "weight"
             if len(shape) == 4:
