@@ -65,14 +65,14 @@ def family_of(row: dict[str, Any]) -> str:
     return json.loads(row["config"])["zoo_family"]
 
 
-def families(zoo: Path) -> list[str]:
-    """The train split's families, most architectures first (then by name)."""
-    counts = Counter(family_of(r) for r in read_rows(next((zoo / "data").glob("train-*.parquet"))))
-    return sorted(counts, key=lambda f: (-counts[f], f))
-
-
 def zoo_rows(zoo: Path, split: str) -> list[dict[str, Any]]:
     return [row for shard in sorted((zoo / "data").glob(f"{split}-*.parquet")) for row in read_rows(shard)]
+
+
+def families(zoo: Path) -> list[str]:
+    """The train split's families, most architectures first (then by name)."""
+    counts = Counter(family_of(r) for r in zoo_rows(zoo, "train"))
+    return sorted(counts, key=lambda f: (-counts[f], f))
 
 
 def with_zoo_roles(zoo: Path) -> None:
@@ -123,17 +123,16 @@ def probe_records(zoo: Path) -> list[tuple[str, Any]]:
     return probed + [(f"held out: {f} ({r.id})", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
 
 
-def step0(ghn, record, source) -> dict[str, tuple[float, float]]:
-    """Held-out loss and accuracy of ``record``'s model from its own init and from ``ghn``'s prediction."""
+def step0(ghn, record, source) -> list[float]:
+    """Held-out loss and accuracy (rounded) of ``record``'s model from ``ghn``'s prediction, or
+    from its own init when ``ghn`` is None."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, BATCH_SIZE, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
     model = build_model(record.config, "cpu")
-    scores = {"own init": score(model, held_out, source.task)}
     if ghn is not None:
         initialise(model, "predicted", predicted_params(ghn, record.graph))
-        scores["predicted"] = score(model, held_out, source.task)
-    return scores
+    return [round(v, 3) for v in score(model, held_out, source.task)]
 
 
 def probe(run: Path, records: list[tuple[str, Any]], source) -> dict[str, Any]:
@@ -143,9 +142,7 @@ def probe(run: Path, records: list[tuple[str, Any]], source) -> dict[str, Any]:
         "run": run.name,
         "training CE, last 100 steps": round(statistics.mean(line["ce"] for line in lines[-10:]), 3),
         "training accuracy, last 100 steps": round(statistics.mean(line["metric"] for line in lines[-10:]), 3),
-        "predicted @0": {
-            what: [round(v, 3) for v in step0(ghn, record, source)["predicted"]] for what, record in records
-        },
+        "predicted @0": {what: step0(ghn, record, source) for what, record in records},
     }
 
 
@@ -187,7 +184,7 @@ def main() -> None:
     with_zoo_roles(args.zoo)
     source = load_source(RECIPE["data"])
     records = probe_records(args.zoo)
-    own = {what: [round(v, 3) for v in step0(None, record, source)["own init"]] for what, record in records}
+    own = {what: step0(None, record, source) for what, record in records}
     print(json.dumps({"own init @0": own}, indent=1), flush=True)
     name = args.zoo.name
     runs = [(ROOT / "runs" / f"{name}-pool{k}-{args.steps}", pool_dataset(args.zoo, k), None) for k in args.pools]
