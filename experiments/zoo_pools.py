@@ -52,7 +52,7 @@ from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
-from graphkit.training.loop import score  # noqa: E402
+from graphkit.training.loop import estimate_batch_norm, score  # noqa: E402
 
 ZOO = ROOT / "out" / "zoo-vits-mini"
 #: logah-tiny-zoo-vision's recipe (Makefile, ``bundled``), less the dataset and the steps
@@ -125,13 +125,15 @@ def probe_records(zoo: Path) -> list[tuple[str, Any]]:
 
 def step0(ghn, record, source) -> list[float]:
     """Held-out loss and accuracy (rounded) of ``record``'s model from ``ghn``'s prediction, or
-    from its own init when ``ghn`` is None."""
+    from its own init when ``ghn`` is None, its BatchNorms' statistics estimated on training
+    inputs as ``eval-ghn`` does."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, BATCH_SIZE, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
     model = build_model(record.config, "cpu")
     if ghn is not None:
         initialise(model, "predicted", predicted_params(ghn, record.graph))
+    estimate_batch_norm(model, [source.batch(record.config, BATCH_SIZE, generator)[0] for _ in range(BATCHES)])
     return [round(v, 3) for v in score(model, held_out, source.task)]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -89,7 +90,9 @@ class ArchGraph:
     """A computation DAG: ``nodes`` in topological order, ``edges`` as (src, dst) node indices.
 
     ``meta`` holds graph-level facts (family, model_class, num_params, input_shapes,
-    ops_version); it is not part of the :meth:`fingerprint`.
+    ops_version, and ``init``: the 1-D parameters the model's constructor fills with one
+    constant, :func:`graphkit.tracing.tracer.init_constants`); it is not part of the
+    :meth:`fingerprint`.
     """
 
     nodes: list[Node]
@@ -360,6 +363,12 @@ class ArchGraph:
         for (num_experts, top_k, width), layers in experts.items():
             lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
         return "\n".join(lines)
+
+
+def without_block_indices(name: str) -> str:
+    """A state-dict name without its block indices (``transformer.h.3.attn.c_attn.weight`` ->
+    ``transformer.h.attn.c_attn.weight``): the name every block's copy of a parameter shares."""
+    return re.sub(r"\.\d+(?=\.)", "", name)
 
 
 def graph_meta(**meta: Any) -> dict[str, Any]:

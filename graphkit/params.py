@@ -187,9 +187,10 @@ def tied_names(model: nn.Module) -> dict[str, list[str]]:
 
 def replace_parameter(model: nn.Module, name: str, value: torch.Tensor, names: Mapping[str, list[str]]) -> nn.Parameter:
     """Put ``value`` in as parameter ``name`` under every name it is tied to (``names`` from
-    :func:`tied_names`), for a meta model that has no storage to copy into."""
+    :func:`tied_names`), for a meta model that has no storage to copy into; an ``nn.Parameter``
+    goes in as it is, so that one taken out can be put back."""
     old = model.get_parameter(name)
-    new = nn.Parameter(value, requires_grad=old.requires_grad)
+    new = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=old.requires_grad)
     for alias in names[name]:
         owner, _, attr = alias.rpartition(".")
         setattr(model.get_submodule(owner), attr, new)

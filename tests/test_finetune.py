@@ -14,7 +14,7 @@ from graphkit.cli import app
 from graphkit.errors import DataError, TrainError
 from graphkit.finetune import FinetuneConfig, finetune, starting_weights
 from graphkit.params import read_params, save_params, weights_digest
-from graphkit.training.loop import up_train
+from graphkit.training.loop import estimate_batch_norm, up_train
 
 runner = CliRunner()
 
@@ -178,3 +178,22 @@ def test_a_python_user_gets_the_commands_refusals():
         FinetuneConfig(data="nosuch")
     with pytest.raises(TrainError, match=r"^gpt2\.py: the model is on the meta device; finetune needs its weights$"):
         starting_weights(gpt2(), "gpt2.py")
+
+
+def test_batch_norm_statistics_are_estimated_from_the_inputs():
+    # a predicted model scored with its constructor's statistics (mean 0, variance 1) is not the
+    # model its hypernetwork trained, on batch statistics (docs/experiments.md, "BatchNorm statistics")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5)).eval()
+    weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "batches" not in k}
+    inputs = [torch.randn(8, 3, 5, 5) * 3 + 2 for _ in range(3)]
+    assert estimate_batch_norm(model, inputs)
+    with torch.no_grad():
+        features = model[0](torch.cat(inputs))
+    bn = model[1]
+    assert torch.allclose(bn.running_mean, features.mean((0, 2, 3)), atol=1e-4)
+    assert not torch.allclose(bn.running_var, torch.ones(4), atol=0.5)
+    assert not model.training and all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    assert bn.momentum == 0.1  # restored
+    plain = torch.nn.Linear(3, 2)
+    assert not estimate_batch_norm(plain, [torch.randn(2, 3)])

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import transformers
 from torch.func import functional_call
 
 import graphkit
@@ -88,6 +89,94 @@ def test_batch_and_group_norm_scales_are_predicted_as_norm_scales(ghn):
         params = ghn.predict(graph)
     for name in ("bn.weight", "gn.weight"):
         assert (params[name] - 1).abs().max() < 0.5, name  # as biases they were within 0.05 of 0
+
+
+class _GatedBlock(torch.nn.Module):
+    """A residual branch gated by a gain at 1 (Zaya's residual scales, Dory's suv_up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.gain = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) * self.gain.view(1, -1, 1, 1)
+
+
+class _GainNet(torch.nn.Module):
+    """Two gated blocks, then a zero-initialised BatchNorm (LeViT's and MobileViT's convention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(_GatedBlock(), _GatedBlock())
+        self.bn = torch.nn.BatchNorm2d(8)
+        torch.nn.init.zeros_(self.bn.weight)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.blocks(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("anchors", [False, True])
+def test_one_dimensional_parameters_are_decoded_around_their_init_constants(anchors):
+    # by convention a gain at 0 (tanh(p / 5)): Zaya's, Dory's and Inkling's predictions then gave
+    # every input the same output; with anchors each starts where its constructor puts it
+    model = _GainNet()
+    graph = graphkit.trace(model, torch.randn(1, 8, 4, 4))
+    # by name without block indices; the biases of the convolutions and the head are random: none
+    assert graph.meta["init"] == {"blocks.gain": 1.0, "bn.bias": 0.0, "bn.weight": 0.0}
+    offsets = {t.name: t.offset for t in targets(graph, anchors=anchors) if len(t.shape) == 1}
+    assert offsets["blocks.0.gain"] == offsets["blocks.1.gain"] == (1.0 if anchors else 0.0)
+    assert offsets["bn.weight"] == (-1.0 if anchors else 0.0) and offsets["bn.bias"] == 0.0
+    torch.manual_seed(0)
+    ghn = LoGAH(LoGAHConfig(init_anchors=anchors)).eval()
+    with torch.no_grad():
+        batched = ghn.predict(graph)  # every 1-D parameter at once
+        streamed = predict(copy.deepcopy(model), ghn=ghn, example_inputs=torch.randn(1, 8, 4, 4))  # block by block
+    for params in (batched, streamed):
+        for name, start in (("blocks.0.gain", 1.0), ("blocks.1.gain", 1.0), ("bn.weight", 0.0)):
+            expected = start if anchors else 1.0 - start  # without anchors: gains at 0, a norm's gain at 1
+            assert (params[name] - expected).abs().max() < 0.1, (name, params[name])
+    assert graph.fingerprint() == graphkit.trace(_GainNet(), torch.randn(1, 8, 4, 4)).fingerprint()
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_a_gemma_built_on_meta_is_predicted_around_its_librarys_init(device):
+    # Gemma's RMSNorm scales by 1 + w, w = 0 at init; a model built on meta (graphkit predict
+    # hf:...) has no values to read, so predict reads them from its library's init, then puts
+    # the meta tensors back until it writes the prediction
+    config = transformers.GemmaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
+    with torch.device(device):
+        model = transformers.GemmaForCausalLM(config)
+    assert ("init" in graphkit.trace(model).meta) is (device == "cpu")
+    torch.manual_seed(0)
+    anchored, plain = (LoGAH(LoGAHConfig(init_anchors=flag)).eval() for flag in (True, False))
+    norms = [name for name, _ in model.named_parameters() if name.endswith("norm.weight")]
+    assert len(norms) == 5
+    for ghn, start in ((anchored, 0.0), (plain, 1.0)):
+        params = predict(copy.deepcopy(model), ghn=ghn)
+        assert all((params[name] - start).abs().max() < 0.1 for name in norms), start
+
+
+def test_init_constants_need_every_block_to_agree():
+    model = _GainNet()
+    with torch.no_grad():
+        model.blocks[1].gain.fill_(2.0)
+    assert "blocks.gain" not in graphkit.trace(model, torch.randn(1, 8, 4, 4)).meta["init"]
+    with torch.device("meta"):
+        on_meta = _GainNet()
+    graph = graphkit.trace(on_meta, torch.randn(1, 8, 4, 4, device="meta"))
+    assert "init" not in graph.meta  # unknown, not none
+    with pytest.raises(graphkit.errors.EncodingError, match=r"_GainNet: its graph records no init constants"):
+        targets(graph, anchors=True)
 
 
 def test_wide_embeddings_are_not_tiled():

@@ -132,6 +132,9 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     # what bundled_for chooses a checkpoint by, had it shipped: its input, its datasets, no tied model
     assert ghn.info["task"] == "image" and ghn.info["trained_on"] == [vits.name] and ghn.info["space"]["tied"] is False
     assert ghn.info["machine"].endswith("CPU cores")
+    # the dataset's graphs record their models' init constants (the tracer's meta["init"]), so
+    # its 1-D parameters were decoded around them, and will be in predict
+    assert ghn.config.init_anchors is True and ghn.info["logah"]["init_anchors"] is True
     model = build_model(ArchPool(vits, "eval").records[0].config)
     params = predict(model, ghn)
     assert sum(t.numel() for t in params.values()) == sum(p.numel() for p in model.parameters())
@@ -149,6 +152,12 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert all(torch.allclose(started[k], v, atol=1e-6) for k, v in first.items())
     assert not all(torch.allclose(unrelated[k], v, atol=1e-3) for k, v in first.items())
     assert load_checkpoint(tmp_path / "next").info["train"]["initial_checkpoint"] == str(tmp_path / "first")
+    # a stage trained on graphs without init constants may start one on graphs with them
+    config_file = tmp_path / "first" / "config.json"
+    config_file.write_text(config_file.read_text().replace('"init_anchors": true', '"init_anchors": false'))
+    assert load_checkpoint(tmp_path / "first").config.init_anchors is False
+    train(quick(vits, tmp_path / "anchored", steps=1, initial_checkpoint=str(tmp_path / "first")), progress=False)
+    assert load_checkpoint(tmp_path / "anchored").config.init_anchors is True
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*first: holds a LoGAH whose roles is \(\), not "):
         train(quick(vits, tmp_path / "roles", role_maps=True, initial_checkpoint=str(tmp_path / "first")))
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*nowhere: no hypernetwork checkpoint there"):
@@ -451,6 +460,7 @@ def test_bundled_checkpoints(family):
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
     assert version == (2 if family == "vit" else 4) and ghn.config.depth_buckets == 0
     assert ghn.config.tie_feature is (family == "gpt2") and ghn.info["space"].get("tied", False) is (family != "vit")
+    assert ghn.config.init_anchors is False  # trained before graphs recorded their init constants
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
     # names without block indices, as they were trained (recorded only since roles had a key)

@@ -432,6 +432,7 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
         ({"depth_buckets": 4}, "model.safetensors: does not match its config.json (the file holds"),
         ({"tie_feature": 1}, "config.json: logah.tie_feature must be true or false; got 1"),
         ({"tie_feature": True}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"init_anchors": "yes"}, "config.json: logah.init_anchors must be true or false; got 'yes'"),
         ({"decoder": "dense"}, "config.json: logah.decoder: unknown decoder 'dense'; accepted: low_rank, ghn3"),
         ({"roles": "h.attn.c_attn.weight"}, "config.json: logah.roles must be a list of parameter names; got 'h.attn"),
         ({"roles": ["a.weight", "a.weight"]}, "config.json: logah.roles: roles must be distinct parameter names"),

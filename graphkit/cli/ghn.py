@@ -51,6 +51,14 @@ def train_ghn(
         "head that reuses it), so that a pool of tied and untied language models gets a table for each job "
         '(docs/experiments.md, "Tied embeddings, predicted").',
     ),
+    init_anchors: bool = typer.Option(
+        True,
+        "--init-anchors/--no-init-anchors",
+        help="Decode each 1-D parameter around the constant its model's constructor fills it with (Gemma's "
+        "norm gains at 0, Zaya's residual gains at 1, a zero-initialised BatchNorm), read from each model built "
+        "with weights; --no-init-anchors: around its kind's (norm gains 1, anything else 0), as checkpoints "
+        'before 2026-11-29 did (docs/experiments.md, "One-dimensional parameters").',
+    ),
     keep_init: bool = typer.Option(
         False,
         "--keep-init/--no-keep-init",
@@ -138,6 +146,7 @@ def train_ghn(
         decoder=decoder,
         depth_buckets=depth_buckets,
         tie_feature=tie_feature,
+        init_anchors=init_anchors,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         role_maps=role_maps,
@@ -265,6 +274,14 @@ def predict(
             f"warning: {loaded.name} lies outside the space this hypernetwork was trained on: {beyond}; "
             "the scores above were measured inside that space, not on this model",
             markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    if any(node.op == "batch_norm" for node in graph.nodes):
+        console.print(
+            f"{loaded.name} has BatchNorm: its running statistics stay its constructor's (mean 0, variance 1); "
+            "estimate them on your inputs before scoring it in eval mode (torch.optim.swa_utils.update_bn), "
+            "as eval-ghn does; fine-tuning estimates them as it trains",
             highlight=False,
             soft_wrap=True,
         )

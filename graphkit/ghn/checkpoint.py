@@ -135,9 +135,9 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
-        if name == "tie_feature":
+        if name in ("tie_feature", "init_anchors"):
             if not isinstance(value, bool):
-                raise CheckpointError(f"{file}: logah.tie_feature must be true or false; got {value!r}")
+                raise CheckpointError(f"{file}: logah.{name} must be true or false; got {value!r}")
             continue
         least = 0 if name == "depth_buckets" else 1
         if name not in ("decoder", "roles", "role_key") and not is_count(value, least):

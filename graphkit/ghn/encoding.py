@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from torch import Tensor
 
 from graphkit.errors import EncodingError
 from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
-from graphkit.graph import ArchGraph
+from graphkit.graph import ArchGraph, without_block_indices
 from graphkit.ops import op_id
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
@@ -47,6 +46,7 @@ class Target:
     shape: tuple[int, ...]
     kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
     fan_in: int
+    offset: float = 0.0  # added to a 1-D parameter's output: its model's init constant less activate(kind, 0)
 
     @property
     def matrix_shape(self) -> tuple[int, int]:
@@ -60,7 +60,12 @@ class Target:
 
     def finish(self, matrix: Tensor) -> Tensor:
         """The decoded matrix at the parameter's shape, with the 1-D output functions applied."""
-        return self.reshape(activate(self.kind, matrix))
+        return self.reshape(self.activate(matrix))
+
+    def activate(self, values: Tensor) -> Tensor:
+        """:func:`activate` for this parameter's kind, then its :attr:`offset`."""
+        values = activate(self.kind, values)
+        return values + self.offset if self.offset else values
 
     def reshape(self, matrix: Tensor) -> Tensor:
         """The decoded (activated) matrix at the parameter's shape."""
@@ -70,6 +75,10 @@ class Target:
             cout, cin, h, w = self.shape
             return matrix.view(cout, h, cin, w).permute(0, 2, 1, 3).contiguous()
         return matrix.reshape(self.shape)
+
+
+#: what :func:`activate` gives a 1-D parameter of each kind at 0: the value it starts at by convention
+AT_ZERO = {"norm": 1.0, "bias": 0.0}
 
 
 def activate(kind: str, values: Tensor) -> Tensor:
@@ -93,7 +102,7 @@ def role_of(name: str, key: str = "name") -> str:
     A decoder with role maps (``LoGAHConfig.roles``) decodes each role through its own map."""
     if key not in ROLE_KEYS:
         raise VariantError(f"unknown role key {key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
-    role = re.sub(r"\.\d+(?=\.)", "", name)
+    role = without_block_indices(name)
     return role if key == "name" else ".".join(role.split(".")[-2:])
 
 
@@ -109,21 +118,38 @@ def frequent_roles(graphs: Iterable[ArchGraph], key: str = "name", limit: int | 
     return sorted(ranked[:limit])
 
 
-def targets(graph: ArchGraph, max_slots: int = 8) -> list[Target]:
-    """Every parameter of ``graph`` as a :class:`Target`, in node order."""
+def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list[Target]:
+    """Every parameter of ``graph`` as a :class:`Target`, in node order. With ``anchors``, a 1-D
+    parameter that the model's constructor fills with a constant (``graph.meta["init"]``, recorded
+    by the tracer: :func:`~graphkit.tracing.tracer.init_constants`) is decoded around that
+    constant instead of its kind's (:attr:`Target.offset`): Gemma's norm gains around 0,
+    Zaya's residual gains around 1, a zero-initialised BatchNorm around 0. EncodingError when
+    ``anchors`` are asked of a graph without that record (traced on the meta device): decoded
+    without them its 1-D parameters would not be what the hypernetwork trained."""
+    if anchors and "init" not in graph.meta:
+        raise EncodingError(
+            f"{graph.meta.get('model_class', 'the model')}: its graph records no init constants (it was traced on "
+            "the meta device); this hypernetwork decodes 1-D parameters around them: trace the model with its "
+            "weights, or add them with graphkit.ghn.pool.with_init_constants"
+        )
+    constants = graph.meta["init"] if anchors else {}
     out = []
     for i, node in enumerate(graph.nodes):
         for slot, (name, shape) in enumerate(node.params.items()):
             shape = tuple(shape)
+            offset = 0.0
             if len(shape) == 1:
                 kind = "norm" if node.op in NORM_OPS and name.endswith("weight") else "bias"
+                anchor = constants.get(without_block_indices(name))
+                if anchor is not None:
+                    offset = float(anchor) - AT_ZERO[kind]
             else:
                 kind = "weight"
             if len(shape) == 4:
                 fan_in = shape[1] * shape[2] * shape[3]
             else:
                 fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
-            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in))
+            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in, offset))
     return out
 
 
@@ -209,7 +235,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     dist = torch.where(dist < 0, config.max_distance + 1, dist.clamp(max=config.max_distance))
 
     k = config.max_mask
-    plan = targets(graph, config.max_slots)
+    plan = targets(graph, config.max_slots, config.init_anchors)
     role_index = {role: i + 1 for i, role in enumerate(config.roles)}
     roles = tuple(role_index.get(role_of(t.name, config.role_key), 0) for t in plan)  # unseen: 0, shared
     queries: list[tuple[int, int, int, int]] = []

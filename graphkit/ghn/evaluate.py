@@ -13,7 +13,9 @@ more on request:
   spends to have a model of the family to select from.
 
 Each model is fine-tuned for ``steps`` AdamW steps on the same training batches whatever its
-initialisation and scored on fixed held-out batches at the horizons 0, 100 and ``steps``. A head
+initialisation and scored on fixed held-out batches at the horizons 0, 100 and ``steps``; a
+model with BatchNorm first gets its running statistics from the inputs of its first
+``NORM_BATCHES`` training batches, whatever its initialisation (:func:`estimate_batch_norm`). A head
 start that fine-tuning erases is no better initialisation, so the verdicts ("beats random",
 "beats orthogonal": a lower held-out loss) are taken at the final step, after hundreds of steps
 (300 by default), where the baselines have learned; the summary also gives them at every horizon.
@@ -40,17 +42,19 @@ from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.pool import ArchPool, with_init_constants
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
 from graphkit.ghn.selection import select_params
 from graphkit.training.data import default_source, load_source
-from graphkit.training.loop import up_train
+from graphkit.training.loop import estimate_batch_norm, up_train
 from graphkit.validation import check_counts, check_device, check_flag, check_number, check_seed, default_device
 from graphkit.workers import ended_by_sigterm, worker_pool
 
 INITS = ("predicted", "random", "orthogonal", "selected", "keep_init")
 #: what every evaluation compares; ``selected`` (it trains a model first) and ``keep_init`` are added on request
 DEFAULT_INITS = ("predicted", "random", "orthogonal")
+#: training batches whose inputs give a BatchNorm model its running statistics before step 0
+NORM_BATCHES = 4
 
 
 @dataclass
@@ -191,7 +195,9 @@ def evaluate(
     rows: dict[int, dict[str, Any]] = {}
     for record in chosen:
         source.check(record.config)
-        made = {"predicted": _pack(predicted_params(ghn, record.graph, config.residual_scale))}
+        # a dataset's graphs were traced on meta: a hypernetwork that decodes around init constants reads its model's
+        graph = with_init_constants(record.graph, record.config) if ghn.config.init_anchors else record.graph
+        made = {"predicted": _pack(predicted_params(ghn, graph, config.residual_scale))}
         factor = default_shrink(record.graph, ghn.info, config.shrink)
         made["keep_init"] = made["predicted"] if factor == 1 else _pack(shrunk(_unpack(made["predicted"]), factor))
         if teacher is not None:
@@ -292,6 +298,7 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
     batches, held_out = (
         list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out)
     )
+    estimate_batch_norm(model, [x for x, _ in batches[:NORM_BATCHES]])
     curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at)
     return job.number, curve, scores
 

@@ -235,7 +235,7 @@ class LowRankDecoder(nn.Module):
                 for i in range(nr)
             ]
             matrix = pieces[0] if nr == 1 else torch.cat(pieces, 0)
-            out[graph][t.name] = matrix if matrix.dim() == 1 else t.reshape(matrix)
+            out[graph][t.name] = (matrix + t.offset if t.offset else matrix) if matrix.dim() == 1 else t.reshape(matrix)
         norms = torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
         weights = products[index["is_weight_query"]]
         spread = inverse_participation(weights).mean() if len(weights) else nodes.new_zeros(())
@@ -486,9 +486,9 @@ class LowRankDecoding:
                 elif target.kind == "weight":
                     torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
                 elif add and direct:
-                    matrix[rows, cols] += activate(target.kind, a @ self.products[q] @ b.t())
+                    matrix[rows, cols] += target.activate(a @ self.products[q] @ b.t())
                 else:
-                    matrix[rows, cols] = activate(target.kind, a @ self.products[q] @ b.t())
+                    matrix[rows, cols] = target.activate(a @ self.products[q] @ b.t())
             if not direct:
                 value = target.reshape(matrix)
                 destination.add_(value) if add else destination.copy_(value)
@@ -621,12 +621,14 @@ class LoGAH(nn.Module):
         roles: Sequence[str] = (),
         role_rows: int = LoGAHConfig.role_rows,
         role_key: str = LoGAHConfig.role_key,
+        init_anchors: bool = LoGAHConfig.init_anchors,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
         embedding of which nodes share a tied token table; ``roles`` (parameter
         roles as ``role_key`` reads names, :func:`~graphkit.ghn.encoding.role_of`) get role maps of
-        ``role_rows`` rows each."""
+        ``role_rows`` rows each; ``init_anchors`` decodes 1-D parameters around their model's init
+        constants (:func:`~graphkit.ghn.encoding.targets`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -639,6 +641,7 @@ class LoGAH(nn.Module):
                     "roles": tuple(roles),
                     "role_rows": role_rows,
                     "role_key": role_key,
+                    "init_anchors": init_anchors,
                 }
             )
         )

@@ -16,6 +16,8 @@ from graphkit.errors import TrainError
 from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles
+from graphkit.graph import ArchGraph
+from graphkit.tracing.tracer import init_constants
 
 
 class ArchPool:
@@ -45,8 +47,11 @@ class ArchPool:
 
     @functools.cache
     def encoded(self, index: int, config: LoGAHConfig) -> EncodedGraph:
-        """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool)."""
-        return encode(self.records[index].graph, config)
+        """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool), its init
+        constants added first when the LoGAH decodes around them (:func:`with_init_constants`)."""
+        record = self.records[index]
+        graph = with_init_constants(record.graph, record.config) if config.init_anchors else record.graph
+        return encode(graph, config)
 
     @functools.lru_cache(maxsize=256)
     def model(self, index: int) -> nn.Module:
@@ -85,3 +90,14 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
                     metas[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
                 module._parameters[name] = metas[id(param)]
     return model
+
+
+def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:
+    """``graph`` with its model's init constants (``meta["init"]``,
+    :func:`~graphkit.tracing.tracer.init_constants`), read from the model of ``config`` built
+    with weights when the graph has none: a dataset's graphs were traced on the meta device.
+    Building a mini zoo's model takes well under a second; a pool does it once per architecture."""
+    if "init" in graph.meta:
+        return graph
+    constants = init_constants(build_model(config, "cpu"))
+    return ArchGraph(nodes=graph.nodes, edges=graph.edges, meta={**graph.meta, "init": constants})

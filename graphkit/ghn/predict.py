@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from graphkit.buffers import install_buffers, meta_buffers, rebuilt_buffers
-from graphkit.errors import GraphkitError, PredictError
+from graphkit.errors import GraphkitError, KeepInitError, PredictError
 from graphkit.families import family_default
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
@@ -57,6 +57,7 @@ from graphkit.params import (
     tied_names,
 )
 from graphkit.tracing import trace
+from graphkit.tracing.tracer import init_constants
 
 
 def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
@@ -232,6 +233,9 @@ def predict(
     # the buffers a meta-built model computed in __init__ (rotary inv_freq, position indices), on the
     # device its parameters will be on; refused here, naming the buffer, when no library recomputes one
     rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
+    if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its constants from its library's init
+        constants = _init_constants_as_built(model, destinations)
+        graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, "init": constants})
     prediction = decoding(ghn, graph, grow)
     bad = prediction.first_non_finite()
     if bad is not None:
@@ -273,6 +277,30 @@ def _multiply(tensors: dict[str, torch.Tensor], factors: dict[str, float]) -> No
         if factor != 1 and id(tensors[name]) not in done:
             done.add(id(tensors[name]))
             tensors[name].mul_(factor)
+
+
+def _init_constants_as_built(model: nn.Module, destinations: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The init constants (:func:`~graphkit.tracing.tracer.init_constants`) of ``model`` as its
+    library builds it: its meta parameters are given CPU tensors, initialised as built
+    (:func:`~graphkit.ghn.keep_init.initialise_as_built`), read and put back, so the model is left as
+    it was. Parameters no library initialisation fills are left out."""
+    meta = {id(p): p for p in destinations.values() if p.is_meta}
+    if not meta:
+        return init_constants(model)
+    names, canonical = tied_names(model), {id(p): name for name, p in model.named_parameters()}
+    fresh = {
+        key: replace_parameter(model, canonical[key], torch.empty(p.shape, dtype=p.dtype), names)
+        for key, p in meta.items()
+    }
+    try:
+        initialise_as_built(model, {canonical[key]: p for key, p in fresh.items()})
+    except KeepInitError:
+        pass  # left NaN, which init_constants skips
+    finally:
+        constants = init_constants(model)
+        for key, p in meta.items():
+            replace_parameter(model, canonical[key], p, names)
+    return constants
 
 
 def _onto_init(

@@ -23,7 +23,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ RESUMED_OPTIONS = (
     "decoder",
     "depth_buckets",
     "tie_feature",
+    "init_anchors",
     "keep_init",
     "initial_checkpoint",
     "role_maps",
@@ -109,6 +110,7 @@ RESUMED_OPTIONS = (
 UNRECORDED = {
     "depth_buckets": 0,
     "tie_feature": False,
+    "init_anchors": False,
     "keep_init": False,
     "initial_checkpoint": None,
     "role_maps": False,
@@ -131,6 +133,7 @@ class TrainConfig:
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
     tie_feature: bool = LoGAHConfig.tie_feature  # the encoder reads which nodes share a tied token table
+    init_anchors: bool = True  # 1-D parameters decoded around their model's init constants (LoGAHConfig.init_anchors)
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
@@ -177,6 +180,7 @@ class TrainConfig:
             raise TrainError(f"unknown decoder {self.decoder!r}; accepted: {', '.join(DECODERS)}")
         check_flag("role_maps", self.role_maps, TrainError)
         check_flag("tie_feature", self.tie_feature, TrainError)
+        check_flag("init_anchors", self.init_anchors, TrainError)
         check_flag("keep_init", self.keep_init, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
         if self.role_maps and self.decoder != "low_rank":
@@ -357,7 +361,8 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     """Copy the weights of ``initial`` (the checkpoint ``path`` holds) into the fresh ``ghn``;
     TrainError naming the first setting in which their configs differ (the variant, the roles a
     pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles."""
-    if initial.config != ghn.config:
+    # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
+    if replace(initial.config, init_anchors=ghn.config.init_anchors) != ghn.config:
         field = next(f for f in asdict(ghn.config) if getattr(initial.config, f) != getattr(ghn.config, f))
         raise TrainError(
             f"--initial-checkpoint {path}: holds a LoGAH whose {field} is {getattr(initial.config, field)!r}, "
@@ -410,6 +415,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         roles=pool.roles(config.role_key, config.max_roles) if config.role_maps else (),
         role_rows=config.role_rows,
         role_key=config.role_key,
+        init_anchors=config.init_anchors,
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)

@@ -9,10 +9,13 @@ needs real weights and a forward pass, and loses ops that have no backward node 
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import nn
 
 from graphkit.errors import TraceError
-from graphkit.graph import ArchGraph, graph_meta
+from graphkit.graph import ArchGraph, graph_meta, without_block_indices
 from graphkit.tracing.builder import graph_from_export
 from graphkit.tracing.export import export_program
 from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfold
@@ -61,6 +64,8 @@ def trace(
         num_params=sum(p.numel() for p in params.values()),
         input_shapes=[list(t.shape) for t in tensors_of((args, kwargs))],
     )
+    if not any(p.is_meta for p in params.values()):  # on meta its init is unknown: no record, not an empty one
+        graph.meta["init"] = init_constants(model)
     graph.validate({k: tuple(p.shape) for k, p in params.items()})
     return graph
 
@@ -88,3 +93,30 @@ def _family(model: nn.Module) -> str:
         base = module.rsplit(".", 1)[-1]
         return {"vision_transformer": "vit", "deit": "vit"}.get(base, base)
     return "custom"
+
+
+def init_constants(model: nn.Module) -> dict[str, float]:
+    """The 1-D parameters that ``model`` holds as one constant, that constant by their name without
+    block indices, where every block agrees: ``model.layers.input_layernorm.weight``: 0.0 in a
+    Gemma (its RMSNorm scales by ``1 + w``), ``mlp.suv_gate``: 1.0 in a Dory.
+
+    Why: a hypernetwork decodes a 1-D parameter around the value its kind starts at by convention
+    (a normalisation's gain at 1, anything else at 0: :func:`graphkit.ghn.encoding.activate`). A
+    model whose constructor says otherwise was silenced by that convention: Zaya's and Dory's
+    gains at 1, Inkling's embedding norm and Mamba's gated norm, decoded near 0, made every output
+    the same (docs/experiments.md, "One-dimensional parameters"). With
+    :attr:`~graphkit.ghn.config.LoGAHConfig.init_anchors` they are decoded around these values instead.
+    Read from the values the model holds: a freshly built model gives its constructor's; random
+    parameters and trained ones give none. :func:`trace` records them as ``graph.meta["init"]``
+    for a model with weights; a model on the meta device has no values to read, and its graph
+    (a dataset's: generators build on meta) has no record until one is added from the model built
+    with weights (:func:`graphkit.ghn.pool.with_init_constants`)."""
+    values: dict[str, float | None] = {}
+    for name, param in model.named_parameters():
+        if param.dim() != 1 or param.is_meta or not param.numel() or not param.is_floating_point():
+            continue
+        low, high = (float(v) for v in torch.aminmax(param.detach()))
+        value = low if low == high and math.isfinite(low) else None
+        key = without_block_indices(name)
+        values[key] = value if values.get(key, value) == value else None
+    return {key: value for key, value in sorted(values.items()) if value is not None}

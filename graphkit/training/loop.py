@@ -36,6 +36,28 @@ def step_seed(seed: int, step: int, rank: int = 0) -> int:
     return seed * 1_000_003 + step * 4099 + rank
 
 
+#: what :func:`estimate_batch_norm` recognises (timm's BatchNormAct2d subclasses nn.BatchNorm2d)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def estimate_batch_norm(model: nn.Module, inputs: Sequence[torch.Tensor]) -> bool:
+    """Re-estimate the running statistics of every BatchNorm of ``model`` on ``inputs`` (a
+    cumulative average over one pass, in train mode, weights untouched:
+    ``torch.optim.swa_utils.update_bn``); False, with nothing run, for a model without one.
+
+    Why: in eval mode a BatchNorm normalises by its running statistics, and a model just built
+    holds those of no weights (mean 0, variance 1). A hypernetwork trains its predictions in train
+    mode, on batch statistics; scored with the constructor's statistics, the zoo-vision
+    checkpoint's predictions for its BatchNorm families sat at chance where they reach 0.25-0.43
+    accuracy with their own (docs/experiments.md, "BatchNorm statistics"). GHN-3's evaluation
+    normalises by batch statistics too (it predicts with ``bn_track_running_stats=False``, so the
+    held-out batch's own); these are estimated on training inputs instead. Labels are not read."""
+    if not any(isinstance(m, BATCH_NORMS) for m in model.modules()):
+        return False
+    torch.optim.swa_utils.update_bn(inputs, model)
+    return True
+
+
 def score(model: nn.Module, batches: Sequence[Batch], task: str) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
     model.eval()
