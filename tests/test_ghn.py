@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-import transformers
 from torch.func import functional_call
 
 import graphkit
@@ -145,7 +144,9 @@ def test_a_gemma_built_on_meta_is_predicted_around_its_librarys_init(device):
     # Gemma's RMSNorm scales by 1 + w, w = 0 at init; a model built on meta (graphkit predict
     # hf:...) has no values to read, so predict reads them from its library's init, then puts
     # the meta tensors back until it writes the prediction
-    config = transformers.GemmaConfig(
+    from transformers import GemmaConfig, GemmaForCausalLM  # noqa: PLC0415 (slow to import)
+
+    config = GemmaConfig(
         vocab_size=64,
         hidden_size=16,
         intermediate_size=32,
@@ -155,7 +156,7 @@ def test_a_gemma_built_on_meta_is_predicted_around_its_librarys_init(device):
         head_dim=8,
     )
     with torch.device(device):
-        model = transformers.GemmaForCausalLM(config)
+        model = GemmaForCausalLM(config)
     assert ("init" in graphkit.trace(model).meta) is (device == "cpu")
     torch.manual_seed(0)
     anchored, plain = (LoGAH(LoGAHConfig(init_anchors=flag)).eval() for flag in (True, False))

@@ -257,6 +257,24 @@ def test_predict_cli_takes_a_model_of_no_family_whose_ops_a_checkpoint_trained_o
     assert "trained on llamas-1k" in result.stdout and "(100.0%)" in result.stdout
 
 
+def test_predict_cli_says_a_batch_norm_models_statistics_are_its_constructors(tmp_path):
+    """Scored in eval mode with its constructor's running statistics a predicted BatchNorm model
+    is not the model its hypernetwork trained (docs/experiments.md, "BatchNorm statistics")."""
+    source = tmp_path / "convnet.py"
+    source.write_text(
+        "import torch\n"
+        "model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),\n"
+        "                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))\n"
+        "def example_inputs():\n"
+        "    return torch.randn(2, 3, 32, 32)\n"
+    )
+    result = runner.invoke(app, ["predict", str(source)])
+    assert result.exit_code == 0, result.output
+    assert "convnet.py has BatchNorm: its running statistics stay its constructor's" in " ".join(result.stdout.split())
+    plain = runner.invoke(app, ["predict", str(ROOT / "examples" / "llama_block.py")])
+    assert plain.exit_code == 0 and "BatchNorm" not in plain.stdout
+
+
 @pytest.mark.slow
 def test_tied_embeddings_are_read_off_the_graph_and_recorded_in_the_training_space():
     tied, untied = trace(gpt2(layers=1, tied=True)), trace(gpt2(layers=1))
