@@ -169,7 +169,10 @@ def test_real_weights_and_meta_give_the_same_graph():
 
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=16)
     on_cpu = GPT2LMHeadModel(config)
-    assert graphkit.trace(on_cpu) == graphkit.trace(meta(lambda: GPT2LMHeadModel(config)))
+    real, fake = graphkit.trace(on_cpu), graphkit.trace(meta(lambda: GPT2LMHeadModel(config)))
+    # only a model with weights says which 1-D parameters its constructor fills with a constant
+    assert real.meta.pop("init")["transformer.ln_f.weight"] == 1.0 and "init" not in fake.meta
+    assert real == fake
 
 
 def test_exotic_ops(exotic_graph):

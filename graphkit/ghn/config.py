@@ -40,8 +40,8 @@ class LoGAHConfig:
     decoder: str = "low_rank"  # or "ghn3", the tiling baseline
     spatial: int = 16  # the ghn3 decoder's block is d x d x spatial x spatial
     num_ops: int = len(OPS)  # op ids it reads: the vocabulary's size when it was made (ids never change meaning)
-    # 1-D parameters decoded around their model's init constants (encoding.targets); train-ghn sets it
-    # when every graph it trains on records them (a dataset generated since the tracer does)
+    # 1-D parameters decoded around their model's init constants (encoding.targets); train-ghn's runs
+    # since 2026-11-29 set it (TrainConfig.init_anchors); False for checkpoints from before, which lack it
     init_anchors: bool = False
 
     def __post_init__(self) -> None:

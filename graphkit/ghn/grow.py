@@ -361,6 +361,8 @@ def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | N
     if twin is None:
         return None
     twin_graph = trace(twin.model)
+    if "init" in graph.meta:  # the twin is built on meta; its 1-D constants are the model's, name by name
+        twin_graph.meta["init"] = graph.meta["init"]
     with torch.no_grad():
         params = ghn.predict(twin_graph)
     width = extent(graph)["width"]

@@ -96,8 +96,12 @@ def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:
     """``graph`` with its model's init constants (``meta["init"]``,
     :func:`~graphkit.tracing.tracer.init_constants`), read from the model of ``config`` built
     with weights when the graph has none: a dataset's graphs were traced on the meta device.
-    Building a mini zoo's model takes well under a second; a pool does it once per architecture."""
+    Building a mini zoo's model takes well under a second; a pool does it once per architecture,
+    on a generator of its own, so that a training step draws the same whenever its architectures
+    were first encoded (a resumed run repeats the uninterrupted one)."""
     if "init" in graph.meta:
         return graph
-    constants = init_constants(build_model(config, "cpu"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        constants = init_constants(build_model(config, "cpu"))
     return ArchGraph(nodes=graph.nodes, edges=graph.edges, meta={**graph.meta, "init": constants})

@@ -23,6 +23,7 @@ position table resized (and, on a finer grid, its output layer scaled by the gri
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from typing import NamedTuple
@@ -234,7 +235,7 @@ def predict(
     # device its parameters will be on; refused here, naming the buffer, when no library recomputes one
     rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its constants from its library's init
-        constants = _init_constants_as_built(model, destinations)
+        constants = _init_constants_as_built(model)
         graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, "init": constants})
     prediction = decoding(ghn, graph, grow)
     bad = prediction.first_non_finite()
@@ -279,28 +280,28 @@ def _multiply(tensors: dict[str, torch.Tensor], factors: dict[str, float]) -> No
             tensors[name].mul_(factor)
 
 
-def _init_constants_as_built(model: nn.Module, destinations: dict[str, torch.Tensor]) -> dict[str, float]:
+def _init_constants_as_built(model: nn.Module) -> dict[str, float]:
     """The init constants (:func:`~graphkit.tracing.tracer.init_constants`) of ``model`` as its
-    library builds it: its meta parameters are given CPU tensors, initialised as built
-    (:func:`~graphkit.ghn.keep_init.initialise_as_built`), read and put back, so the model is left as
-    it was. Parameters no library initialisation fills are left out."""
-    meta = {id(p): p for p in destinations.values() if p.is_meta}
-    if not meta:
+    library builds it: a copy of a meta model gets CPU tensors initialised as built
+    (:func:`~graphkit.ghn.keep_init.initialise_as_built`, on a generator of its own), so that the
+    model itself, its libraries' marks of what they initialised and the global generator are left
+    as they were. Parameters no library initialisation fills are left out."""
+    if not any(p.is_meta for p in model.parameters()):
         return init_constants(model)
-    names, canonical = tied_names(model), {id(p): name for name, p in model.named_parameters()}
+    twin = copy.deepcopy(model)  # on meta: no weights copied
+    names = tied_names(twin)
     fresh = {
-        key: replace_parameter(model, canonical[key], torch.empty(p.shape, dtype=p.dtype), names)
-        for key, p in meta.items()
+        name: replace_parameter(twin, name, torch.empty(p.shape, dtype=p.dtype), names)
+        for name, p in list(twin.named_parameters())
+        if p.is_meta
     }
-    try:
-        initialise_as_built(model, {canonical[key]: p for key, p in fresh.items()})
-    except KeepInitError:
-        pass  # left NaN, which init_constants skips
-    finally:
-        constants = init_constants(model)
-        for key, p in meta.items():
-            replace_parameter(model, canonical[key], p, names)
-    return constants
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            initialise_as_built(twin, fresh)
+        except KeepInitError:
+            pass  # left NaN, which init_constants skips
+    return init_constants(twin)
 
 
 def _onto_init(
