@@ -574,6 +574,8 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
         "--batch-size",
         "4",
         "--record",
+        "--workers",  # inline: the worker processes have tests of their own (test_workers.py)
+        "1",
     )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
@@ -612,6 +614,8 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
         "--batch-size",
         "4",
         "--calibrate",
+        "--workers",
+        "1",
     )
     assert calibrated.exit_code == 0, calibrated.output
     rows = json.loads((tmp_path / "calibrated" / "eval.json").read_text())["rows"]
@@ -756,6 +760,7 @@ def test_eval_ghn_adds_weight_selection_beside_the_other_initialisations(vits, t
     train(quick(vits, tmp_path / "run", steps=1), progress=False)
     out = tmp_path / "eval"
     args = ["--dataset", vits, "--ghn", tmp_path / "run", "--out", out, "--archs", "2", "--steps", "3"]
+    args += ["--workers", "1"]  # inline: the worker processes have tests of their own (test_workers.py)
     result = run("eval-ghn", *args, "--batch-size", "4", "--inits", "predicted,random,orthogonal,selected")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
@@ -774,6 +779,7 @@ def test_eval_ghn_adds_weight_selection_beside_the_other_initialisations(vits, t
 def test_eval_ghn_compares_the_prediction_kept_on_the_init(gpts, tmp_path):
     out = tmp_path / "eval"
     args = ["--dataset", gpts, "--out", out, "--archs", "1", "--steps", "2", "--batch-size", "2", "--seq-len", "16"]
+    args += ["--workers", "1"]  # inline: the worker processes have tests of their own (test_workers.py)
     result = run("eval-ghn", *args, "--inits", "predicted,random,orthogonal,keep_init")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())

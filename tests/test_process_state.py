@@ -13,8 +13,10 @@ import torch
 from process_state import differences, restore, snapshot
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _flip_sigint():
+    # a process started in the background of a shell inherits SIGINT ignored
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.signal(signal.SIGINT, signal.SIG_DFL if ignored else signal.SIG_IGN)
 
 
 def _set_variable():
@@ -48,7 +50,7 @@ def _chdir():
 @pytest.mark.parametrize(
     "change, named",
     [
-        (_ignore_sigint, "signal handlers changed: SIGINT"),
+        (_flip_sigint, "signal handlers changed: SIGINT"),
         (_set_variable, "environment changed: GRAPHKIT_PROCESS_STATE_TEST"),
         (_one_thread, "torch threads changed"),
         (_no_grad, "torch grad mode changed: True -> False"),

@@ -690,6 +690,8 @@ def test_a_checkpoint_that_cannot_record_the_evaluation_loses_no_results(gpts, t
         "--seq-len",
         "8",
         "--record",
+        "--workers",  # inline: the worker processes have tests of their own (test_workers.py)
+        "1",
     )
     assert result.exit_code == 1 and result.stderr == (
         f"error: {ghn}/config.json: cannot record the evaluation there (Permission denied)\n"

@@ -14,6 +14,7 @@ from torch import nn
 
 import graphkit
 from graphkit import TraceError
+from graphkit.tracing import masks
 
 T, DIM = 8, 32  # tokens and width of every model here
 
@@ -185,6 +186,41 @@ def test_a_causal_mask_is_read_wherever_it_is_applied(masking):
 def test_a_sliding_window_is_read_off_the_mask(masking):
     """A 3-token window built from ``arange`` comparisons, with no attribute naming it."""
     assert attention_attrs(traced(Masked(masking, window=3)))["window"] == 3
+
+
+def test_a_window_is_read_only_where_every_head_has_it(monkeypatch):
+    """The maps of the batch and heads are read as what some map shows and what every map does:
+    a window is the band every head keeps; a head with a wider one makes the attention causal,
+    with no window; a later key any head sees makes it bidirectional. A long context goes
+    through a few maps at a time, with the same result."""
+    keys = torch.arange(T)
+    band = (keys[None, :] <= keys[:, None]) & (keys[None, :] > keys[:, None] - 3)
+    wider = (keys[None, :] <= keys[:, None]) & (keys[None, :] > keys[:, None] - 5)
+    logits = torch.where(band, 0.0, -torch.inf).expand(2, 4, T, T).clone()
+    assert masks.read_pattern(masks.visibility(logits), T, T) == masks.Pattern(causal=True, window=3)
+    monkeypatch.setattr(masks, "CHUNK_NUMEL", T * T)  # one map at a time
+    assert masks.read_pattern(masks.visibility(logits), T, T) == masks.Pattern(causal=True, window=3)
+    logits[1, 2] = torch.where(wider, 0.0, -torch.inf)  # one head of one sequence sees 5 keys
+    assert masks.read_pattern(masks.visibility(logits), T, T) == masks.Pattern(causal=True, window=None)
+    logits[0, 3, 0, T - 1] = 0.0  # one query of one head sees the last key
+    assert masks.read_pattern(masks.visibility(logits), T, T) == masks.Pattern(causal=False, window=None)
+    mask = band.expand(2, 4, T, T).clone()  # a boolean mask says the same
+    assert masks.read_pattern(masks.Visibility.of_mask(mask), T, T) == masks.Pattern(causal=True, window=3)
+    mask[1, 2] = wider
+    assert masks.read_pattern(masks.Visibility.of_mask(mask), T, T) == masks.Pattern(causal=True, window=None)
+
+
+def test_a_window_needs_masked_keys_not_faded_ones():
+    """Keys 30 below the best are hidden (weight under e^-20) but not masked (100 below): the
+    band they leave is no window; a row whose every key is masked shows none and stays sharp."""
+    keys = torch.arange(T)
+    band = (keys[None, :] <= keys[:, None]) & (keys[None, :] > keys[:, None] - 3)
+    faded = torch.where(band, 0.0, -30.0).masked_fill(keys[None, :] > keys[:, None], -torch.inf)
+    seen = masks.visibility(faded)
+    assert torch.equal(seen.some, band) and not seen.sharp
+    assert masks.read_pattern(seen, T, T) == masks.Pattern(causal=True, window=None)
+    empty = torch.full((T, T), -torch.inf)
+    assert not masks.visibility(empty).some.any() and masks.visibility(empty).sharp
 
 
 class GatedSoftmaxes(Projections):

@@ -141,13 +141,18 @@ def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
         build_model({"family": "timm", "model": "no_such_vit"})
 
 
-@pytest.mark.parametrize(("model_type", "mixers"), [("mamba", 32), ("qwen3_next", 36), ("rwkv", 32)])
+@pytest.mark.parametrize(("model_type", "mixers"), [("mamba", 32), ("qwen3_next", 6), ("rwkv", 32)])
 def test_recurrent_mixers_are_one_node_each(model_type, mixers):
     """Mamba's selective scan, Qwen3-Next's gated DeltaNet and RWKV's time mixing are no softmax
-    attention: each mixer module is one ``ssm`` node owning its projections (vocabulary v3)."""
-    outcome = zoo_module._outcome("zoo-decoders", model_type)
-    assert "error" not in outcome and outcome["other_ops"] == [], outcome.get("error")
-    assert outcome["row"]["node_op"].count("ssm") == mixers
+    attention: each mixer module is one ``ssm`` node owning its projections (vocabulary v3).
+    Qwen3-Next with 8 of its 48 layers (6 DeltaNets, then full attention every fourth): its
+    layers alternate, so none fold, and each DeltaNet's chunked loop cost 10 s of tracing."""
+    config = zoo_module.ZOOS["zoo-decoders"].config(model_type)
+    if model_type == "qwen3_next":
+        config = {**config, "shrink": {"num_hidden_layers": 8}}
+    graph = zoo_module.trace_zoo_model(build_model(config), config)
+    assert not [n.op for n in graph.nodes if n.op.startswith("other:")]
+    assert [n.op for n in graph.nodes].count("ssm") == mixers
 
 
 def test_squared_relu_is_a_vocabulary_op():

@@ -42,7 +42,7 @@ from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.pool import ArchPool, with_init_constants
+from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.predict import predicted_params, should_scale_residuals
 from graphkit.ghn.selection import select_params
 from graphkit.training.data import default_source, load_source
@@ -195,9 +195,7 @@ def evaluate(
     rows: dict[int, dict[str, Any]] = {}
     for record in chosen:
         source.check(record.config)
-        # a dataset's graphs were traced on meta: a hypernetwork that decodes around init constants reads its model's
-        graph = with_init_constants(record.graph, record.config) if ghn.config.init_anchors else record.graph
-        made = {"predicted": _pack(predicted_params(ghn, graph, config.residual_scale))}
+        made = {"predicted": _pack(predicted_params(ghn, graph_for(record, ghn.config), config.residual_scale))}
         factor = default_shrink(record.graph, ghn.info, config.shrink)
         made["keep_init"] = made["predicted"] if factor == 1 else _pack(shrunk(_unpack(made["predicted"]), factor))
         if teacher is not None:

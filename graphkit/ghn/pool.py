@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graphkit.datasets import load
+from graphkit.datasets.dataset import Record
 from graphkit.errors import TrainError
 from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
@@ -48,10 +49,8 @@ class ArchPool:
     @functools.cache
     def encoded(self, index: int, config: LoGAHConfig) -> EncodedGraph:
         """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool), its init
-        constants added first when the LoGAH decodes around them (:func:`with_init_constants`)."""
-        record = self.records[index]
-        graph = with_init_constants(record.graph, record.config) if config.init_anchors else record.graph
-        return encode(graph, config)
+        constants added first when the LoGAH decodes around them (:func:`graph_for`)."""
+        return encode(graph_for(self.records[index], config), config)
 
     @functools.lru_cache(maxsize=256)
     def model(self, index: int) -> nn.Module:
@@ -90,6 +89,12 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
                     metas[id(param)] = nn.Parameter(param.to("meta"), requires_grad=False)
                 module._parameters[name] = metas[id(param)]
     return model
+
+
+def graph_for(record: Record, config: LoGAHConfig) -> ArchGraph:
+    """The graph of a dataset ``record`` as a LoGAH of ``config`` reads it: with its model's init
+    constants (:func:`with_init_constants`) when the LoGAH decodes around them, as it is otherwise."""
+    return with_init_constants(record.graph, record.config) if config.init_anchors else record.graph
 
 
 def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -289,19 +290,29 @@ def _init_constants_as_built(model: nn.Module) -> dict[str, float]:
     if not any(p.is_meta for p in model.parameters()):
         return init_constants(model)
     twin = copy.deepcopy(model)  # on meta: no weights copied
-    names = tied_names(twin)
-    fresh = {
-        name: replace_parameter(twin, name, torch.empty(p.shape, dtype=p.dtype), names)
-        for name, p in list(twin.named_parameters())
-        if p.is_meta
-    }
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         try:
-            initialise_as_built(twin, fresh)
+            _built_off_meta(twin, {name: p for name, p in twin.named_parameters() if p.is_meta}, torch.device("cpu"))
         except KeepInitError:
             pass  # left NaN, which init_constants skips
     return init_constants(twin)
+
+
+def _built_off_meta(
+    model: nn.Module, meta: Mapping[str, torch.Tensor], device: torch.device
+) -> dict[str, nn.Parameter]:
+    """Give ``model``'s meta parameters ``meta`` (each by one name: a tied parameter once) new
+    tensors on ``device``, put into the model and initialised as its library builds them
+    (:func:`~graphkit.ghn.keep_init.initialise_as_built`); returns them by name. Raises
+    KeepInitError, the new tensors in place and those no initialisation fills left NaN."""
+    names = tied_names(model)
+    fresh = {
+        name: replace_parameter(model, name, torch.empty(p.shape, dtype=p.dtype, device=device), names)
+        for name, p in meta.items()
+    }
+    initialise_as_built(model, fresh)
+    return fresh
 
 
 def _onto_init(
@@ -311,20 +322,18 @@ def _onto_init(
     dimensions), after giving the model's meta parameters new tensors on ``device``, initialised
     as its library builds them; ``destinations`` is updated to them. Raises KeepInitError, with
     the model's meta parameters put back, when no library initialisation fills one."""
-    meta = {id(p): p for p in destinations.values() if p.is_meta}  # a tied parameter once
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    meta = {canonical[id(p)]: p for p in destinations.values() if p.is_meta}  # a tied parameter once
     if meta:
-        names, canonical = tied_names(model), {id(p): name for name, p in model.named_parameters()}
-        fresh = {
-            key: replace_parameter(model, canonical[key], torch.empty(p.shape, dtype=p.dtype, device=device), names)
-            for key, p in meta.items()
-        }
         try:
-            initialise_as_built(model, {canonical[key]: p for key, p in fresh.items()})
+            fresh = _built_off_meta(model, meta, device)
         except GraphkitError:
-            for key, p in meta.items():
-                replace_parameter(model, canonical[key], p, names)
+            names = tied_names(model)
+            for name, p in meta.items():
+                replace_parameter(model, name, p, names)
             raise
-        destinations.update({name: fresh.get(id(p), p) for name, p in destinations.items()})
+        new = {id(meta[name]): tensor for name, tensor in fresh.items()}
+        destinations.update({name: new.get(id(p), p) for name, p in destinations.items()})
     return {name for name, p in destinations.items() if adds_onto_init(p.shape)}
 
 

@@ -23,7 +23,7 @@ from torch import fx, nn
 from graphkit.compat import call_arguments
 from graphkit.errors import NeedsValuesError, TraceError
 from graphkit.tracing.dims import POSITIONS, Untraced, count, dimension_origins, einsum_letters
-from graphkit.tracing.masks import Pattern, Unknown, read_pattern, upstream, visibility
+from graphkit.tracing.masks import Pattern, Unknown, Visibility, read_pattern, upstream, visibility
 from graphkit.tracing.naming import (
     EXPERTS_CHILD,
     MATMUL_ATEN,
@@ -319,17 +319,18 @@ class AttentionRules:
         try:
             if core.probs is not None:  # eager: the probabilities with q and k set to zero
                 probs = self._probabilities(core, self.ctx.groups[gid], live)
-                visible, sharp = visibility(probs.movedim(core.probs_dims, (-2, -1)).float().nan_to_num(0.0).log())
+                # nan_to_num copies: the logarithm can be taken in place
+                seen = visibility(probs.movedim(core.probs_dims, (-2, -1)).float().nan_to_num(0.0).log_())
             elif core.mask is not None:
                 mask = self.ctx.constants.evaluate(core.mask, {}, live)
-                visible, sharp = (mask, True) if mask.dtype == torch.bool else visibility(mask)
+                seen = Visibility.of_mask(mask) if mask.dtype == torch.bool else visibility(mask)
             else:
                 return Pattern(causal=False, window=None)
         except Unknown as e:
             return str(e)
-        if not bool(visible.any()):
+        if not bool(seen.some.any()):
             return "its values hide every key"
-        pattern = read_pattern(visible, *core.lengths, sharp)
+        pattern = read_pattern(seen, *core.lengths)
         return "its shape does not match the scores" if pattern is None else pattern
 
     def _probabilities(self, core: _Core, group: Group, live: Callable[[fx.Node], str | None]) -> torch.Tensor:

@@ -23,6 +23,8 @@ The attention rules then fall back on what the code says (``is_causal`` attribut
 
 from __future__ import annotations
 
+import functools
+import math
 import operator
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -243,18 +245,68 @@ def _on_cpu(value: Any) -> Any:
     return torch.device("cpu") if isinstance(value, torch.device) else value
 
 
-def visibility(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Which keys each query sees (True), from the values a softmax runs over (keys on the last
+class Visibility:
+    """Which keys each query sees, over the leading dimensions of a (..., queries, keys) map
+    (batch, heads): ``some`` where some map shows the key, ``every`` where every one does, each
+    (queries, keys) or broadcasting to it; and :attr:`sharp`."""
+
+    def __init__(self, some: torch.Tensor, every: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+        self.some, self.every = some, every
+        self._logits = logits  # what sharp is read off, on demand: only a causal attention asks
+
+    @classmethod
+    def of_mask(cls, visible: torch.Tensor) -> Visibility:
+        """The visibility of a boolean map (True: seen)."""
+        maps = _maps(visible)
+        return cls(maps.any(dim=0), maps.all(dim=0))
+
+    @functools.cached_property
+    def sharp(self) -> bool:
+        """Whether every key no query sees is masked, more than ``MASKED_GAP`` below its row's
+        best: what masks add (-inf, the dtype's minimum, -1e9, -1e4, Swin's -100), unlike a bias
+        that grows with distance (ALiBi's), whose far keys fade without a sharp edge and make no
+        window. A boolean mask always is."""
+        if self._logits is None:
+            return True
+        for values, best in _rows(self._logits):
+            if bool(((values >= best - MASKED_GAP) & (values <= best - HIDDEN_GAP)).any()):
+                return False
+        return True
+
+
+def _maps(values: torch.Tensor) -> torch.Tensor:
+    """``values`` as a stack of (queries, keys) maps: its leading dimensions flattened, a missing
+    query (or key) dimension added."""
+    values = values.reshape(*([1] * (2 - values.dim())), *values.shape) if values.dim() < 2 else values
+    return values.reshape(-1, *values.shape[-2:])
+
+
+#: elements of the logits read at once: a long context's full map (SAM: 2 x 12 heads x 4,096^2)
+#: goes through a few maps at a time, so its intermediates stay small
+CHUNK_NUMEL = 1 << 22
+
+
+def _rows(logits: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A few (queries, keys) maps of ``logits`` at a time, in float, with each row's best value;
+    NaN for a row whose every key is masked (-inf), so that it shows no key."""
+    maps = _maps(logits)
+    for chunk in maps.split(max(1, CHUNK_NUMEL // max(1, maps[0].numel()))):
+        values = chunk.float()
+        yield values, values.amax(dim=-1, keepdim=True).nan_to_num(nan=math.nan, neginf=math.nan)
+
+
+def visibility(logits: torch.Tensor) -> Visibility:
+    """Which keys each query sees, from the values a softmax runs over (keys on the last
     dimension; for probabilities, their logarithm): those less than ``HIDDEN_GAP`` below the
-    best key of their row (weight above e^-20). And whether every other key is masked, more than
-    ``MASKED_GAP`` below: what masks add (-inf, the dtype's minimum, -1e9, -1e4, Swin's -100),
-    unlike a bias that grows with distance (ALiBi's), whose far keys fade without a sharp edge
-    and make no window."""
-    values = logits.float()
-    gap = values.amax(dim=-1, keepdim=True) - values  # inf for a masked key, NaN in a row with every key masked
-    visible = gap < HIDDEN_GAP
-    sharp = bool((visible | ~(gap <= MASKED_GAP)).all())
-    return visible, sharp
+    best key of their row (weight above e^-20)."""
+    shape = _maps(logits).shape[-2:]
+    some = torch.zeros(shape, dtype=torch.bool, device=logits.device)
+    every = torch.ones(shape, dtype=torch.bool, device=logits.device)
+    for values, best in _rows(logits):
+        visible = values > best - HIDDEN_GAP
+        some |= visible.any(dim=0)
+        every &= visible.all(dim=0)
+    return Visibility(some, every, logits)
 
 
 @dataclass(frozen=True)
@@ -268,27 +320,25 @@ class Pattern:
     window: int | None
 
 
-def read_pattern(visible: torch.Tensor, queries: int, keys: int, sharp: bool = True) -> Pattern | None:
-    """The :class:`Pattern` of a (..., queries, keys) map of the keys each query sees, queries
-    aligned with the last keys (as with a KV cache); None if its last two dimensions do not
-    broadcast to (queries, keys). A window is read only off a ``sharp`` map, whose keys are
-    either seen or masked (:func:`visibility`). With a single key there is no later key to
-    hide: the caller must not read causality off it."""
-    if visible.dim() < 2:
-        visible = visible.reshape(*([1] * (2 - visible.dim())), *visible.shape)
+def read_pattern(seen: Visibility, queries: int, keys: int) -> Pattern | None:
+    """The :class:`Pattern` of the keys each query sees, queries aligned with the last keys (as
+    with a KV cache); None if the maps do not broadcast to (queries, keys). Causal when no map
+    lets a query see a later key; a window is read only where every map is the same band and
+    ``sharp`` (its keys either seen or masked: :func:`visibility`). With a single key there is
+    no later key to hide: the caller must not read causality off it."""
     try:
-        visible = torch.broadcast_to(visible, (*visible.shape[:-2], queries, keys)).reshape(-1, queries, keys)
+        some, every = (torch.broadcast_to(m, (queries, keys)) for m in (seen.some, seen.every))
     except RuntimeError:
         return None
-    position = torch.arange(queries, device=visible.device).unsqueeze(1) + (keys - queries)  # among the keys
-    key = torch.arange(keys, device=visible.device).unsqueeze(0)
+    position = torch.arange(queries, device=some.device).unsqueeze(1) + (keys - queries)  # among the keys
+    key = torch.arange(keys, device=some.device).unsqueeze(0)
     future = key > position
-    if not bool(future.any()) or bool(visible[:, future].any()):
+    if not bool(future.any()) or bool(some[future].any()):
         return Pattern(causal=False, window=None)
-    width = int(visible.sum(dim=-1).max())
+    width = int(some.sum(dim=-1).max())
     band = (key <= position) & (key > position - width)
-    sliding = sharp and 0 < width < keys and bool((visible == band).all())
+    sliding = seen.sharp and 0 < width < keys and bool((some == band).all()) and bool((every == band).all())
     return Pattern(causal=True, window=width if sliding else None)
 
 
-__all__ = ["ConstantEvaluator", "Pattern", "Unknown", "read_pattern", "upstream", "visibility"]
+__all__ = ["ConstantEvaluator", "Pattern", "Unknown", "Visibility", "read_pattern", "upstream", "visibility"]
