@@ -250,9 +250,9 @@ class Visibility:
     (batch, heads): ``some`` where some map shows the key, ``every`` where every one does, each
     (queries, keys) or broadcasting to it; and :attr:`sharp`."""
 
-    def __init__(self, some: torch.Tensor, every: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+    def __init__(self, some: torch.Tensor, every: torch.Tensor, maps: torch.Tensor | None = None) -> None:
         self.some, self.every = some, every
-        self._logits = logits  # what sharp is read off, on demand: only a causal attention asks
+        self._maps = maps  # the logits' (queries, keys) maps sharp is read off, on demand: only a causal attention asks
 
     @classmethod
     def of_mask(cls, visible: torch.Tensor) -> Visibility:
@@ -266,9 +266,9 @@ class Visibility:
         best: what masks add (-inf, the dtype's minimum, -1e9, -1e4, Swin's -100), unlike a bias
         that grows with distance (ALiBi's), whose far keys fade without a sharp edge and make no
         window. A boolean mask always is."""
-        if self._logits is None:
+        if self._maps is None:
             return True
-        for values, best in _rows(self._logits):
+        for values, best in _rows(self._maps):
             if bool(((values >= best - MASKED_GAP) & (values <= best - HIDDEN_GAP)).any()):
                 return False
         return True
@@ -286,27 +286,26 @@ def _maps(values: torch.Tensor) -> torch.Tensor:
 CHUNK_NUMEL = 1 << 22
 
 
-def _rows(logits: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A few (queries, keys) maps of ``logits`` at a time, in float, with each row's best value;
-    NaN for a row whose every key is masked (-inf), so that it shows no key."""
-    maps = _maps(logits)
+def _rows(maps: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A few of the (queries, keys) ``maps`` (:func:`_maps`) at a time, in float, with each
+    row's best value; NaN for a row whose every key is masked (-inf), so that it shows no key."""
     for chunk in maps.split(max(1, CHUNK_NUMEL // max(1, maps[0].numel()))):
         values = chunk.float()
-        yield values, values.amax(dim=-1, keepdim=True).nan_to_num(nan=math.nan, neginf=math.nan)
+        yield values, values.amax(dim=-1, keepdim=True).nan_to_num(nan=math.nan, posinf=math.inf, neginf=math.nan)
 
 
 def visibility(logits: torch.Tensor) -> Visibility:
     """Which keys each query sees, from the values a softmax runs over (keys on the last
     dimension; for probabilities, their logarithm): those less than ``HIDDEN_GAP`` below the
     best key of their row (weight above e^-20)."""
-    shape = _maps(logits).shape[-2:]
-    some = torch.zeros(shape, dtype=torch.bool, device=logits.device)
-    every = torch.ones(shape, dtype=torch.bool, device=logits.device)
-    for values, best in _rows(logits):
+    maps = _maps(logits)  # reshaped once: a map moved out of place is copied here, not at each read
+    some = torch.zeros(maps.shape[-2:], dtype=torch.bool, device=maps.device)
+    every = torch.ones(maps.shape[-2:], dtype=torch.bool, device=maps.device)
+    for values, best in _rows(maps):
         visible = values > best - HIDDEN_GAP
         some |= visible.any(dim=0)
         every &= visible.all(dim=0)
-    return Visibility(some, every, logits)
+    return Visibility(some, every, maps)
 
 
 @dataclass(frozen=True)
