@@ -15,9 +15,13 @@ is scikit-learn's digits, held-out split, resized bilinearly to the model's reso
   predicted at a trained one with the model's token grid and resized as FlexiViT does
   (`graphkit.ghn.grow`), a wider model grown from its twin;
 - and after `--steps` AdamW steps (lr 3e-4, batch 32, the same batches for each), own init
-  against predicted. Models at 224 px are scored at step 0 only unless `--big-steps` says
-  otherwise (a ViT-B step at 224 px takes seconds on a CPU): `--only vit_small --big-steps 100`
-  fine-tunes ViT-S/16 alone, printed, not written.
+  against predicted. The prediction fine-tunes a resized kernel at lr times the kernels' area
+  ratio, as `finetune --params` does with `predict --out`'s file (`graphkit.ghn.grow.lr_scale`);
+  where it has one, the own init is also fine-tuned under that optimiser ("own init, lr
+  factors"), so that the prediction is not credited with what the optimiser does. Models at
+  224 px are scored at step 0 only unless `--big-steps` says otherwise (a ViT-B step at 224 px
+  takes seconds on a CPU): `--only vit_small --big-steps 100` fine-tunes ViT-S/16 alone,
+  printed, not written.
 
 `--temperatures` prints, instead, the control behind the output layer's factor on a finer token
 grid (`graphkit.ghn.grow.logit_scale`): each such model's step-0 loss / accuracy with the
@@ -35,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from graphkit.ghn.grow import logit_scale, twin_of  # noqa: E402
+from graphkit.ghn.grow import logit_scale, lr_scale, twin_of  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
@@ -73,20 +77,29 @@ def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
     size = extent(graph)
     held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
     ghn = bundled_hypernetwork(CHECKPOINT)
+    twin = twin_of(ghn, graph)
+    factors = lr_scale(graph, twin)
     scores = {}
-    for init in ("own init", "decoded directly", "predicted"):
+    arms = ("own init", "decoded directly", "predicted") + (("own init, lr factors",) if factors and steps else ())
+    for init in arms:
         model = built(name, kwargs)
-        if init != "own init":
-            predict(model, ghn, graph=graph, grow=init == "predicted")
+        if init in ("decoded directly", "predicted"):
+            predict(model, ghn, graph=graph, grow=(twin or False) if init == "predicted" else False)
         if init == "decoded directly":
             scores[init] = {0: score(model, held_out, "image")}
             continue
-        scores[init] = up_train(model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps))[1]
-    cells = [f"{scores[init][0][0]:.2f} / {scores[init][0][1]:.2f}" for init in scores]
+        scale = factors if init in ("predicted", "own init, lr factors") else {}
+        _, scores[init] = up_train(
+            model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps), lr_scale=scale
+        )
+    cells = [f"{scores[init][0][0]:.2f} / {scores[init][0][1]:.2f}" for init in arms[:3]]
     if steps:
-        cells += [f"{scores[init][steps][0]:.2f} / {scores[init][steps][1]:.2f}" for init in ("own init", "predicted")]
+        cells += [
+            f"{scores[init][steps][0]:.2f} / {scores[init][steps][1]:.2f}" if init in scores else "-"
+            for init in ("own init", "own init, lr factors", "predicted")
+        ]
     else:
-        cells += ["not run", "not run"]
+        cells += ["not run"] * 3
     grid = size["grid"]
     return f"| {label} | {grid} x {grid} | " + " | ".join(cells) + " |"
 
@@ -133,8 +146,8 @@ def table(args) -> str:
         return temperatures(source, args.only)
     rows = [
         f"| model | tokens | own init @0 | decoded directly @0 | predicted @0 | own init @{args.steps} "
-        f"| predicted @{args.steps} |",
-        "|---|---|---|---|---|---|---|",
+        f"| own init, lr factors @{args.steps} | predicted @{args.steps} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, (name, kwargs) in MODELS.items():
         if args.only and args.only not in label:
@@ -145,7 +158,8 @@ def table(args) -> str:
     return (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}, "
         f"checkpoint {CHECKPOINT} (trained at 8 px, patch 2: 4 x 4 tokens). Held-out digits, loss / accuracy "
-        f"(chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps (224 px: {args.big_steps or 'not run'}). "
+        f"(chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps (224 px: {args.big_steps or 'not run'}), "
+        "a resized kernel at lr times the kernels' area ratio for the prediction (and for 'own init, lr factors'). "
         "Command: `.venv/bin/python benchmarks/vit_resolution.py --write`.\n\n" + "\n".join(rows) + "\n"
     )
 

@@ -7,13 +7,15 @@ TransMLA, GQA's own 5%). :func:`finetune` runs the loop every up-training in gra
 optimizer's state and the step, replaced whole every ``checkpoint_every`` steps) and
 ``metrics.jsonl`` (the training loss every ``log_every`` steps, and the held-out loss and
 accuracy at the end); ``resume`` continues from the checkpoint with the options it recorded.
+A prediction whose patch embedding ``graphkit predict`` resized records a learning-rate factor
+for it (:func:`graphkit.ghn.grow.lr_scale`), which :func:`lr_scale_of` reads back.
 The command writes the trained model into the same folder, in either format.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,12 @@ from graphkit.training.data import data_config, load_source, source_for
 from graphkit.training.loop import Batch, score, step_seed, up_train
 from graphkit.training.run_folder import check_resume, trim_metrics
 from graphkit.training.state import load_optimizer_state, read_trainer_state, save_optimizer_state
-from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device
+from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device, is_number
 
 #: the options that shape an up-training's result: a resume must repeat them (steps may grow)
-RESUMED = ("data", "lr", "batch_size", "seq_len", "weight_decay", "seed")
+RESUMED = ("data", "lr", "batch_size", "seq_len", "weight_decay", "seed", "lr_scale")
+#: the safetensors metadata key of a prediction's learning-rate factors (JSON: name -> factor)
+LR_SCALE_KEY = "graphkit_lr_scale"
 #: what an up-training run folder holds (either format); a fresh run refuses a folder holding any
 RUN_FILES = ("model.safetensors", "config.json", "generation_config.json", "metrics.jsonl", "checkpoint")
 
@@ -42,7 +46,8 @@ class FinetuneConfig:
     """How to up-train: ``steps`` AdamW steps at ``lr`` (constant) on batches of ``batch_size``
     from ``data`` (a spec as ``--data`` takes it; None: the model's bundled data), text windows of
     ``seq_len`` tokens; a checkpoint every ``checkpoint_every`` steps, a metrics line every
-    ``log_every``; ``eval_batches`` held-out batches scored at the end. Every value is checked."""
+    ``log_every``; ``eval_batches`` held-out batches scored at the end; ``lr_scale`` trains the
+    parameters it names at ``lr`` times their factor (:func:`lr_scale_of`). Every value is checked."""
 
     steps: int = 100
     lr: float = 3e-4
@@ -55,6 +60,7 @@ class FinetuneConfig:
     log_every: int = 10
     eval_batches: int = 4
     device: str | None = None  # None: $GRAPHKIT_DEVICE, else cuda if available, else cpu
+    lr_scale: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_counts(
@@ -64,6 +70,9 @@ class FinetuneConfig:
         check_number("weight_decay", self.weight_decay, TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
+        for name, factor in self.lr_scale.items():
+            if not is_number(factor) or factor <= 0:  # not check_number: it would spell the name as a flag
+                raise TrainError(f"lr scale of {name} must be a positive number; got {factor!r}")
         if self.data is not None:
             load_source(self.data)  # a bad spec fails before any model is loaded
 
@@ -141,6 +150,26 @@ def starting_weights(model: nn.Module, source: str, params: str | Path | None = 
     load_params(model, params)
 
 
+def lr_scale_of(params: str | Path) -> dict[str, float]:
+    """The learning-rate factors a parameters file records (``graphkit predict`` writes them for
+    a patch embedding it resized to a larger kernel: :func:`graphkit.ghn.grow.lr_scale`), by
+    state-dict name; empty when it records none. TrainError naming the file when the record is
+    not a JSON object of positive finite numbers."""
+    recorded = read_params(params, tensors=False)[1].get(LR_SCALE_KEY)
+    if recorded is None:
+        return {}
+    try:
+        scales = json.loads(recorded)
+    except ValueError:
+        scales = None
+    if not isinstance(scales, dict) or not all(is_number(v) and v > 0 for v in scales.values()):
+        raise TrainError(
+            f"--params {params}: its {LR_SCALE_KEY} metadata is not a JSON object of positive factors by parameter "
+            "name; give --no-lr-scale to train it at one lr"
+        )
+    return {str(name): float(factor) for name, factor in scales.items()}
+
+
 def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str, Any]) -> Path:
     """Write the up-trained ``model`` into its run folder ``folder`` in ``format``: ``hf``, as a
     model folder stock transformers loads (:func:`~graphkit.attention.hf_format.save_hf`, checked
@@ -198,6 +227,7 @@ def finetune(
         seed=config.seed,
         run=run,
         progress=progress,
+        lr_scale=config.lr_scale,
     )
     loss, accuracy = score(model, held_out, source.task)
     run.log({"step": config.steps, "eval_loss": loss, "eval_accuracy": accuracy})

@@ -16,6 +16,7 @@ from graphkit.ghn.grow import (
     Twin,
     axis_map,
     logit_scale,
+    lr_scale,
     resize_patches,
     resize_positions,
     twin_config,
@@ -271,6 +272,19 @@ def test_a_resized_position_table_keeps_its_prefix_and_interpolates_its_grid():
     torch.testing.assert_close(grid[0, :, 0], grid[7, :, 0])  # the same along the other axis
     with pytest.raises(GrowError, match=r"cannot resize a position table of shape \(1, 17, 2\) to 49 tokens"):
         resize_positions(table, 49, 7)  # no prefix: its 17 rows are no square grid
+
+
+def test_a_kernel_resized_to_a_larger_one_fine_tunes_at_the_ratio_of_the_kernels_areas(vits):
+    def scales(**shape):
+        graph = graphkit.trace(build_model(dict(VIT, **shape), "meta"))
+        return lr_scale(graph, twin_of(vits, graph))
+
+    assert scales(num_layers=3, hidden=384, heads=6) == {}  # inside the space: no twin
+    assert scales(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == {"patch_embed.proj.weight": 1 / 4}
+    assert scales(num_layers=3, hidden=768, heads=12) == {}  # grown wider, its kernel as trained
+    assert scales(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=2) == {}  # a finer grid at patch 2
+    wide = scales(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16)
+    assert wide == {"patch_embed.proj.weight": 1 / 64}
 
 
 def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_the_rest(vits):

@@ -729,6 +729,24 @@ def test_eval_rows_do_not_depend_on_the_number_of_workers(vits, tmp_path):
         EvalConfig(dataset="-", workers=0)
 
 
+def test_eval_fine_tunes_a_predicted_kernel_resized_from_the_trained_patch_at_its_lr_factor(vits):
+    """The bundled ViT checkpoint trained at patch 2; the tiny ViTs have patch 4, so their
+    predicted kernel is resized (each weight about 1/4 of a trained one) and the predicted row
+    fine-tunes it at lr x 1/4, as `finetune` does with `predict --out`'s file; the other rows and
+    --no-lr-scale at one lr."""
+    common = dict(dataset=str(vits), archs=1, steps=2, batch_size=4, device="cpu", workers=1)
+    scaled = evaluate(EvalConfig(**common), progress=False)
+    assert {r["init"]: r["lr_scale"] for r in scaled} == {
+        "predicted": {"patch_embed.proj.weight": 0.25},
+        "random": {},
+        "orthogonal": {},
+    }
+    one_lr = evaluate(EvalConfig(**common, lr_scale=False), progress=False)
+    assert all(r["lr_scale"] == {} for r in one_lr)
+    assert scaled[0]["loss_0"] == one_lr[0]["loss_0"] and scaled[0]["loss_2"] != one_lr[0]["loss_2"]
+    assert [r["loss_2"] for r in scaled[1:]] == [r["loss_2"] for r in one_lr[1:]]
+
+
 def test_eval_horizons_are_0_100_and_the_final_step():
 
     assert EvalConfig(dataset="-").steps >= 300

@@ -451,13 +451,21 @@ def finetune(
         None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the local GPU, else cpu)."
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint with the same options."),
+    lr_scale: bool = typer.Option(
+        True,
+        "--lr-scale/--no-lr-scale",
+        help="Train each parameter for which the --params file records a learning-rate factor at --lr times it "
+        "(predict records one for a patch embedding it resized to a larger kernel: patch 2 to 16, 1/64, else "
+        "fine-tuning erases the prediction's head start; docs/experiments.md); --no-lr-scale: one lr for all.",
+    ),
 ) -> None:
     """Up-train a model, converted or not, from its own weights or a --params file (its predicted
     parameters), on the bundled data or yours, in a resumable run folder, and save it in either
     format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
 
     from graphkit.attention.hf_format import check_stock
-    from graphkit.finetune import RUN_FILES, FinetuneConfig, save_finetuned, starting_weights
+    from graphkit.errors import TrainError
+    from graphkit.finetune import RUN_FILES, FinetuneConfig, lr_scale_of, save_finetuned, starting_weights
     from graphkit.finetune import finetune as up_train_model
     from graphkit.params import read_params
     from graphkit.sources import load_model_source
@@ -474,16 +482,32 @@ def finetune(
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         device=device,
+        lr_scale=lr_scale_of(params) if params is not None and lr_scale else {},  # a bad file fails here
     )
     folder = run_folder(out, resume, RUN_FILES, "finetune")
     if params is not None:
         read_params(params, tensors=False)  # a bad file fails before the model is loaded
+    for name, factor in config.lr_scale.items():
+        console.print(
+            f"training {name} at lr x 1/{1 / factor:.3g}, the factor {params} records for a kernel predict resized "
+            "(--no-lr-scale: one lr)",
+            highlight=False,
+            soft_wrap=True,
+        )
     loaded = load_model_source(model, weights=True)
     starting_weights(loaded.model, model, params)
+    unknown = sorted(set(config.lr_scale) - {name for name, _ in loaded.model.named_parameters()})
+    if unknown:
+        raise TrainError(
+            f"--params {params}: records an lr factor for {unknown[0]}, which {model} does not have; "
+            "give --no-lr-scale to train it at one lr"
+        )
     if format is ModelFormat.hf:
         check_stock(loaded.model)  # before training, not after
     last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)
-    record = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
+    record: dict[str, Any] = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
+    if config.lr_scale:
+        record["lr_scale"] = config.lr_scale
     if params is not None:
         record["params"] = params.name
     save_finetuned(loaded.model, folder, format.value, record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from pathlib import Path
@@ -230,10 +231,11 @@ def predict(
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.errors import PredictError
+    from graphkit.finetune import LR_SCALE_KEY
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
-    from graphkit.ghn.grow import twin_of, twin_phrase
+    from graphkit.ghn.grow import lr_scale, twin_of, twin_phrase
     from graphkit.ghn.keep_init import (
         default_shrink,
         keep_init_choice,
@@ -334,8 +336,21 @@ def predict(
         f"peak memory {peak:,.0f} MB",
         highlight=False,
     )
+    # a prediction added onto the model's own init keeps the init's kernel, which wants the usual lr
+    scales = {} if should_keep_init(graph, keep_init, hypernet.info) else lr_scale(graph, twin)
+    for name, factor in scales.items():
+        console.print(
+            f"fine-tune {name} at lr x 1/{1 / factor:.3g} (the kernels' area ratio): at one lr fine-tuning rewrites a "
+            "resized kernel within a few steps and erases the prediction's head start"
+            + ("; --out records the factor, which graphkit finetune --params applies" if out is not None else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     if out is not None:
-        save_params(loaded.model, out, metadata={"graphkit_ghn": ghn or "bundled"}, kind="predicted-weights")
+        metadata = {"graphkit_ghn": ghn or "bundled"}
+        if scales:
+            metadata[LR_SCALE_KEY] = json.dumps(scales)
+        save_params(loaded.model, out, metadata=metadata, kind="predicted-weights")
         console.print(f"wrote {out}", highlight=False, soft_wrap=True)
 
 
@@ -405,6 +420,12 @@ def eval_ghn(
         help="keep_init adds the prediction times this factor (above 0, at most 1) onto random's init, "
         "as `predict --shrink` does (default: as `predict` does, the family's factor).",
     ),
+    lr_scale: bool = typer.Option(
+        True,
+        "--lr-scale/--no-lr-scale",
+        help="Fine-tune the predicted row's patch embedding, where it was resized to a larger kernel, at --lr "
+        "times the kernels' area ratio, as `predict --out` records and `finetune` applies; --no-lr-scale: one lr.",
+    ),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation (and weight
     selection, with --inits ...,selected) on held-out architectures."""
@@ -431,6 +452,7 @@ def eval_ghn(
         inits=tuple(i.strip() for i in inits.split(",")),
         select_steps=select_steps,
         shrink=shrink,
+        lr_scale=lr_scale,
     )
     # before the evaluation, which takes minutes: a bad --out must not lose its results
     check_output_dir(out, kind="evaluation")
@@ -467,6 +489,14 @@ def eval_ghn(
         + ("; keep_init wins: where keep_init has a lower one than random)" if "keep_init" in config.inits else ")"),
         highlight=False,
     )
+    resized = sum(bool(row.get("lr_scale")) for row in rows)
+    if resized:
+        console.print(
+            f"({resized} predicted rows fine-tuned a resized patch embedding at --lr times the kernels' area ratio, "
+            "as `finetune --params` does with predict's file; --no-lr-scale: one lr)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if summary.get("shrink", 1) != 1:
         console.print(f"keep_init: random's init plus the prediction x {summary['shrink']:g}", highlight=False)
     if "selected" in config.inits:

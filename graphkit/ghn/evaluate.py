@@ -40,6 +40,7 @@ from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
 from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
+from graphkit.ghn.grow import lr_scale, twin_of
 from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool, graph_for
@@ -81,6 +82,7 @@ class EvalConfig:
     inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
     shrink: float | None = None  # keep_init adds the prediction times this (W0 + shrink P); None: as predict does
+    lr_scale: bool = True  # fine-tune a predicted kernel that was resized at its lr factor (graphkit.ghn.grow.lr_scale)
 
     def __post_init__(self) -> None:
         self.inits = tuple(self.inits)
@@ -99,6 +101,7 @@ class EvalConfig:
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
         check_flag("calibrate", self.calibrate, EvalError)
+        check_flag("lr_scale", self.lr_scale, EvalError)
         if self.shrink is not None:
             self.shrink = check_shrink(self.shrink, EvalError)
             if "keep_init" not in self.inits:
@@ -138,11 +141,13 @@ def fine_tune(
     lr: float,
     held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     at: Sequence[int] = (),
+    lr_scale: dict[str, float] | None = None,
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Train ``model`` one AdamW step per batch (:func:`graphkit.training.loop.up_train`, the loop every
-    up-training runs); returns the training losses and the held-out (loss, accuracy) after each
-    step count in ``at`` (0: before the first step)."""
-    return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at)
+    up-training runs; the parameters ``lr_scale`` names at ``lr`` times their factor); returns the
+    training losses and the held-out (loss, accuracy) after each step count in ``at`` (0: before the
+    first step)."""
+    return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at, lr_scale=lr_scale)
 
 
 def evaluate(
@@ -195,7 +200,10 @@ def evaluate(
     rows: dict[int, dict[str, Any]] = {}
     for record in chosen:
         source.check(record.config)
-        made = {"predicted": _pack(predicted_params(ghn, graph_for(record, ghn.config), config.residual_scale))}
+        graph = graph_for(record, ghn.config)
+        twin = twin_of(ghn, graph)  # found once: the prediction grows from it, its resized kernels train slower
+        made = {"predicted": _pack(predicted_params(ghn, graph, config.residual_scale, twin or False))}
+        scales = lr_scale(graph, twin) if config.lr_scale else {}
         factor = default_shrink(record.graph, ghn.info, config.shrink)
         made["keep_init"] = made["predicted"] if factor == 1 else _pack(shrunk(_unpack(made["predicted"]), factor))
         if teacher is not None:
@@ -221,6 +229,7 @@ def evaluate(
                     held_out,
                     source.task,
                     config.lr,
+                    scales if init == "predicted" else {},
                     at,
                     config.seed,
                     str(device),
@@ -233,6 +242,7 @@ def evaluate(
                 "init": init,
                 "residual_scale": should_scale_residuals(record.graph, config.residual_scale),
                 "calibrated": config.calibrate and init == "predicted",
+                "lr_scale": scales if init == "predicted" else {},
                 "horizons": at,
             }
             if init == "keep_init":
@@ -279,6 +289,7 @@ class _FineTuning(NamedTuple):
     held_out: tuple[torch.Tensor, torch.Tensor]
     task: str
     lr: float
+    lr_scale: dict[str, float]  # the factors of a prediction's resized kernels (graphkit.ghn.grow.lr_scale)
     at: list[int]
     seed: int
     device: str
@@ -297,7 +308,7 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
         list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out)
     )
     estimate_batch_norm(model, [x for x, _ in batches[:NORM_BATCHES]])
-    curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at)
+    curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at, job.lr_scale)
     return job.number, curve, scores
 
 

@@ -71,7 +71,17 @@ held-out digits at step 0 that ratio lay at the loss's minimum over the factors 
 and 1/10, or within 0.04 of it, on each grid measured: 8 x 8 1.83 -> 1.63, 16 x 16 3.36 ->
 2.12, ViT-S/16 at 224 px 3.10 -> 2.10 and ViT-B/16 2.23 -> 2.02, each below its own init's
 2.35-2.48. After 100 steps: 0.86 / 0.70 at 8 x 8 and 0.73 / 0.79 at 16 x 16, against 0.88 / 0.77
-and 0.68 / 0.79 unscaled (own init 2.28 / 0.16 and 2.31 / 0.11)."""
+and 0.68 / 0.79 unscaled (own init 2.28 / 0.16 and 2.31 / 0.11).
+
+A resized kernel also wants its own learning rate when the model is fine-tuned
+(:func:`lr_scale`). Resized from patch 2 to 16, each of its weights is about (2/16)^2 = 1/64 of
+a trained one, and AdamW moves every weight by about lr a step whatever its size: at lr 3e-4
+fine-tuning rewrote it within a few steps and erased the prediction's head start
+(`vit_small_patch16_224` at 224 px: 2.10 / 0.27 at step 0, 2.32 / 0.09 after 100 steps, own
+init 2.30 / 0.10). With the kernel's lr times 1/64 the prediction kept it: 0.96 / 0.68 after 100
+steps, where the own init under the same optimiser stood at 2.38 / 0.06 (``experiments/patch_lr.py``).
+``graphkit predict`` writes the factors into the file's metadata and ``graphkit finetune``
+trains with them."""
 
 from __future__ import annotations
 
@@ -380,6 +390,28 @@ def logit_scale(graph: ArchGraph, twin: Twin) -> float:
     return min(1.0, config["image_size"] // config["patch_size"] / grid)
 
 
+def lr_scale(graph: ArchGraph, twin: Twin | None) -> dict[str, float]:
+    """The learning-rate factor, by state-dict name, of each parameter of ``graph``'s model that
+    a prediction through ``twin`` resizes to a larger kernel: the ratio of the kernels' areas,
+    twin's over the model's (patch 2 resized to 16: 1/64). Empty without a twin or a kernel
+    that grew (see the module docstring for why a resized kernel wants a smaller lr)."""
+    if twin is None:
+        return {}
+    twin_shapes = {name: tuple(p.shape) for name, p in twin.model.named_parameters()}
+    scales = {}
+    for node in graph.nodes:
+        if node.op != "patch_embed":
+            continue
+        for name, shape in node.params.items():
+            before = twin_shapes.get(name)
+            if len(shape) != 4 or before is None or len(before) != 4:
+                continue
+            ratio = (before[2] * before[3]) / (shape[2] * shape[3])
+            if ratio < 1:
+                scales[name] = ratio
+    return scales
+
+
 __all__ = [
     "GrowError",
     "GrownDecoding",
@@ -388,6 +420,7 @@ __all__ = [
     "grow",
     "growth",
     "logit_scale",
+    "lr_scale",
     "resize_patches",
     "twin_config",
     "twin_of",

@@ -1,12 +1,13 @@
 """The loop every up-training in graphkit runs: ``graphkit finetune``'s (:mod:`graphkit.finetune`),
 the benchmarks' and the hypernetwork evaluation's fine-tuning (:func:`graphkit.ghn.evaluate.fine_tune`):
-one AdamW step per batch at a constant learning rate. Step ``i`` draws its batch and its dropout
+one AdamW step per batch at a constant learning rate (some parameters at a multiple of it:
+:func:`param_groups`). Step ``i`` draws its batch and its dropout
 from a seed of its own (:func:`step_seed`, which hypernetwork training draws from too), so a run
 that is interrupted and resumed trains on what the uninterrupted one would have."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -58,6 +59,27 @@ def estimate_batch_norm(model: nn.Module, inputs: Sequence[torch.Tensor]) -> boo
     return True
 
 
+def param_groups(model: nn.Module, lr: float, lr_scale: Mapping[str, float] | None = None) -> list[dict]:
+    """The optimizer's parameter groups for ``model`` at learning rate ``lr``, the parameters named
+    in ``lr_scale`` (state-dict names) at ``lr`` times their factor: every other parameter in the
+    first group, then one group a factor. TrainError naming a parameter the model does not have.
+
+    Why: a patch embedding that ``graphkit predict`` resized to a larger kernel holds weights
+    about (trained patch / model patch)^2 the size of trained ones, and AdamW moves every weight
+    by about ``lr`` a step whatever its size, so at one lr fine-tuning rewrites it within a few
+    steps and the prediction's head start goes with it (:func:`graphkit.ghn.grow.lr_scale`)."""
+    lr_scale = dict(lr_scale or {})
+    named = dict(model.named_parameters())
+    unknown = sorted(set(lr_scale) - set(named))
+    if unknown:
+        raise TrainError(f"lr scale for {unknown[0]}: the model has no such parameter")
+    groups = [{"params": [p for name, p in named.items() if name not in lr_scale], "lr": lr}]
+    for factor in sorted(set(lr_scale.values())):
+        params = [named[name] for name, f in lr_scale.items() if f == factor]
+        groups.append({"params": params, "lr": lr * factor})
+    return groups
+
+
 def score(model: nn.Module, batches: Sequence[Batch], task: str) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
     model.eval()
@@ -79,6 +101,7 @@ def up_train(
     seed: int | None = None,
     run: Run | None = None,
     progress: bool = False,
+    lr_scale: Mapping[str, float] | None = None,
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Train ``model`` for ``steps`` AdamW steps (constant ``lr``), step ``i`` (from 0) on the
     batch ``batch_at(i)``, with dropout drawn from ``step_seed(seed, i)`` when a ``seed`` is given
@@ -86,8 +109,9 @@ def up_train(
     the training losses of the steps it ran and the held-out (loss, accuracy) after each step
     count in ``at`` (0: before the first step). ``run`` keeps the run folder: it resumes the model
     and optimizer from its checkpoint, and logs and checkpoints as the steps go. ``progress``
-    shows a bar."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    shows a bar. ``lr_scale`` trains the parameters it names at ``lr`` times their factor
+    (:func:`param_groups`)."""
+    optimizer = torch.optim.AdamW(param_groups(model, lr, lr_scale), lr=lr, weight_decay=weight_decay)
     start = run.resume(model, optimizer) if run is not None else 0
     scores = {0: score(model, held_out, task)} if 0 in at and start == 0 else {}
     losses = []
