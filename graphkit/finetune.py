@@ -15,6 +15,7 @@ The command writes the trained model into the same folder, in either format.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,15 +133,24 @@ def check_same_model(folder: Path, digest: str) -> None:
         )
 
 
-def starting_weights(model: nn.Module, source: str, params: str | Path | None = None) -> None:
+def starting_weights(
+    model: nn.Module, source: str, params: str | Path | None = None, lr_scale: Mapping[str, float] | None = None
+) -> None:
     """Give ``model`` (loaded from ``source``, the name error lines use) the weights an up-training
     starts from: those of the parameters file ``params`` (``predict --out``'s prediction, or any
-    graphkit parameters file), refused when the file holds a conversion ``model`` is not; without
-    one, the model's own, refused on the meta device."""
+    graphkit parameters file), refused when the file holds a conversion ``model`` is not, or when
+    ``lr_scale``, the factors read from it (:func:`lr_scale_of`), names a parameter ``model``
+    lacks; without a file, the model's own, refused on the meta device."""
     if params is None:
         if any(p.is_meta for p in model.parameters()):
             raise TrainError(f"{source}: the model is on the meta device; finetune needs its weights")
         return
+    unknown = sorted(set(lr_scale or {}) - {name for name, _ in model.named_parameters()})
+    if unknown:
+        raise TrainError(
+            f"--params {params}: records an lr factor for {unknown[0]}, which {source} does not have; "
+            "give --no-lr-scale to train it at one lr"
+        )
     converted = read_params(params, tensors=False)[1].get("graphkit_attention")
     if converted is not None and attention_metadata(model).get("graphkit_attention") != converted:
         raise TrainError(
@@ -150,12 +160,15 @@ def starting_weights(model: nn.Module, source: str, params: str | Path | None = 
     load_params(model, params)
 
 
-def lr_scale_of(params: str | Path) -> dict[str, float]:
+def lr_scale_of(params: str | Path, metadata: Mapping[str, str] | None = None) -> dict[str, float]:
     """The learning-rate factors a parameters file records (``graphkit predict`` writes them for
     a patch embedding it resized to a larger kernel: :func:`graphkit.ghn.grow.lr_scale`), by
-    state-dict name; empty when it records none. TrainError naming the file when the record is
-    not a JSON object of positive finite numbers."""
-    recorded = read_params(params, tensors=False)[1].get(LR_SCALE_KEY)
+    state-dict name; empty when it records none. ``metadata``: the file's header, when the caller
+    has read it already. TrainError naming the file when the record is not a JSON object of
+    positive finite numbers."""
+    if metadata is None:
+        metadata = read_params(params, tensors=False)[1]
+    recorded = metadata.get(LR_SCALE_KEY)
     if recorded is None:
         return {}
     try:
@@ -168,6 +181,11 @@ def lr_scale_of(params: str | Path) -> dict[str, float]:
             "name; give --no-lr-scale to train it at one lr"
         )
     return {str(name): float(factor) for name, factor in scales.items()}
+
+
+def lr_factor_phrase(factor: float) -> str:
+    """``lr x 1/64`` for a factor of 1/64: how predict's and finetune's messages name a factor."""
+    return f"lr x 1/{1 / factor:.3g}"
 
 
 def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str, Any]) -> Path:

@@ -12,7 +12,14 @@ from typer.testing import CliRunner
 
 from graphkit.cli import app
 from graphkit.errors import DataError, TrainError
-from graphkit.finetune import LR_SCALE_KEY, FinetuneConfig, finetune, lr_scale_of, starting_weights
+from graphkit.finetune import (
+    LR_SCALE_KEY,
+    FinetuneConfig,
+    finetune,
+    lr_factor_phrase,
+    lr_scale_of,
+    starting_weights,
+)
 from graphkit.params import read_params, save_params, weights_digest
 from graphkit.training.loop import estimate_batch_norm, param_groups, up_train
 
@@ -243,13 +250,22 @@ def test_a_resized_kernel_fine_tuned_at_the_factor_predict_records_keeps_the_pre
     assert losses["scaled"] < 0.7 * min(losses["one lr"], losses["own init"]), losses
 
 
-def test_a_python_user_gets_the_commands_refusals():
+def test_a_python_user_gets_the_commands_refusals(tmp_path):
     """What `graphkit finetune` refuses, the library refuses in the same line: a bad data spec when
-    the config is made, a model without weights (and no --params) before any training."""
+    the config is made, a model without weights (and no --params) before any training, an lr
+    factor for a parameter the model lacks before the file's weights are loaded."""
     with pytest.raises(DataError, match="^unknown data source 'nosuch'"):
         FinetuneConfig(data="nosuch")
     with pytest.raises(TrainError, match=r"^gpt2\.py: the model is on the meta device; finetune needs its weights$"):
         starting_weights(gpt2(), "gpt2.py")
+    params = tmp_path / "start.safetensors"
+    save_params(tiny_llama(), params, metadata={LR_SCALE_KEY: '{"head.weight": 0.5}'})
+    model = tiny_llama(seed=1)  # weights other than the file's: a load would show
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TrainError, match=r"records an lr factor for head\.weight, which llama\.py does not have"):
+        starting_weights(model, "llama.py", params, lr_scale_of(params))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert lr_factor_phrase(1 / 64) == "lr x 1/64" and lr_factor_phrase(0.25) == "lr x 1/4"
 
 
 def test_batch_norm_statistics_are_estimated_from_the_inputs():

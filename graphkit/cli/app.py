@@ -464,13 +464,20 @@ def finetune(
     format. Conversion papers up-train after converting (MHA2MLA, TransMLA)."""
 
     from graphkit.attention.hf_format import check_stock
-    from graphkit.errors import TrainError
-    from graphkit.finetune import RUN_FILES, FinetuneConfig, lr_scale_of, save_finetuned, starting_weights
+    from graphkit.finetune import (
+        RUN_FILES,
+        FinetuneConfig,
+        lr_factor_phrase,
+        lr_scale_of,
+        save_finetuned,
+        starting_weights,
+    )
     from graphkit.finetune import finetune as up_train_model
     from graphkit.params import read_params
     from graphkit.sources import load_model_source
     from graphkit.training.run_folder import run_folder
 
+    header = read_params(params, tensors=False)[1] if params is not None else {}  # a bad file fails before loading
     config = FinetuneConfig(
         steps=steps,
         lr=lr,
@@ -482,26 +489,18 @@ def finetune(
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         device=device,
-        lr_scale=lr_scale_of(params) if params is not None and lr_scale else {},  # a bad file fails here
+        lr_scale=lr_scale_of(params, header) if params is not None and lr_scale else {},
     )
     folder = run_folder(out, resume, RUN_FILES, "finetune")
-    if params is not None:
-        read_params(params, tensors=False)  # a bad file fails before the model is loaded
     for name, factor in config.lr_scale.items():
         console.print(
-            f"training {name} at lr x 1/{1 / factor:.3g}, the factor {params} records for a kernel predict resized "
+            f"training {name} at {lr_factor_phrase(factor)}, the factor {params} records for a kernel predict resized "
             "(--no-lr-scale: one lr)",
             highlight=False,
             soft_wrap=True,
         )
     loaded = load_model_source(model, weights=True)
-    starting_weights(loaded.model, model, params)
-    unknown = sorted(set(config.lr_scale) - {name for name, _ in loaded.model.named_parameters()})
-    if unknown:
-        raise TrainError(
-            f"--params {params}: records an lr factor for {unknown[0]}, which {model} does not have; "
-            "give --no-lr-scale to train it at one lr"
-        )
+    starting_weights(loaded.model, model, params, config.lr_scale)
     if format is ModelFormat.hf:
         check_stock(loaded.model)  # before training, not after
     last = up_train_model(loaded.model, folder, config, resume=resume, example_inputs=loaded.example_inputs)

@@ -231,7 +231,7 @@ def predict(
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.errors import PredictError
-    from graphkit.finetune import LR_SCALE_KEY
+    from graphkit.finetune import LR_SCALE_KEY, lr_factor_phrase
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
@@ -340,8 +340,8 @@ def predict(
     scales = {} if should_keep_init(graph, keep_init, hypernet.info) else lr_scale(graph, twin)
     for name, factor in scales.items():
         console.print(
-            f"fine-tune {name} at lr x 1/{1 / factor:.3g} (the kernels' area ratio): at one lr fine-tuning rewrites a "
-            "resized kernel within a few steps and erases the prediction's head start"
+            f"fine-tune {name} at {lr_factor_phrase(factor)} (the kernels' area ratio): at one lr fine-tuning "
+            "rewrites a resized kernel within a few steps and erases the prediction's head start"
             + ("; --out records the factor, which graphkit finetune --params applies" if out is not None else ""),
             highlight=False,
             soft_wrap=True,
