@@ -164,6 +164,18 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
         train(quick(vits, tmp_path / "missing", initial_checkpoint=str(tmp_path / "nowhere")))
 
 
+def test_zoo_families_are_for_a_mini_zoo(vits, tmp_path):
+    with pytest.raises(TrainError, match=r"tiny-vits: its architectures have no zoo family \(--zoo-families is for"):
+        train(quick(vits, tmp_path / "plain", steps=1, zoo_families=["vit_small"]))
+    assert not (tmp_path / "plain" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("names", [[], [""], [" deep"], "deep", ["deep", 3]])
+def test_zoo_families_must_be_family_names(names, tmp_path):
+    with pytest.raises(TrainError, match=r"^zoo-families must be one or more family names, comma-separated; got "):
+        TrainConfig(dataset="d", out=str(tmp_path / "o"), zoo_families=names)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ON_EVERY_DEVICE)
 def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ from graphkit.ghn.checkpoint import load_checkpoint
 from graphkit.ghn.evaluate import EvalConfig, EvalError
 from graphkit.ghn.evaluate import evaluate as evaluate_ghn
 from graphkit.ghn.pool import ArchPool, functional_model
+from graphkit.ghn.space import training_space
 from graphkit.ghn.training import TrainConfig, train
 
 #: op kinds a mini model may add to the full one: a classifier, for the models published without
@@ -252,6 +253,18 @@ def test_a_tiny_mini_zoo_is_generated_split_by_zoo_family_and_its_records_train(
     resumed = CliRunner().invoke(app, [*train, "--steps", "2", "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert json.loads((run / "config.json").read_text())["steps"] == 2
+    # a curriculum's first stage on one family (train-ghn --zoo-families), with the whole split's
+    # role maps, so that a stage on the whole zoo can start from it
+    family = sorted(by_split["train"])[0]
+    stage = tmp_path / "stage"
+    staged = CliRunner().invoke(app, [*train[:6], str(stage), "--steps", "1", "--role-maps", "--zoo-families", family])
+    assert staged.exit_code == 0, staged.output
+    ghn = load_checkpoint(stage)
+    assert ghn.info["train"]["zoo_families"] == [family] and ghn.config.roles == tuple(pool.roles())
+    kept = [r.graph for r in pool.records if r.config["zoo_family"] == family]
+    assert len(kept) < len(pool.records) and ghn.info["space"] == json.loads(json.dumps(training_space(kept)))
+    unknown = CliRunner().invoke(app, [*train[:6], str(tmp_path / "none"), "--zoo-families", f"{family},nosuch"])
+    assert unknown.exit_code == 1 and "split 'train' has no zoo family 'nosuch'; it has " in unknown.stderr
     # and evaluated on the held-out family, each model built by its library (eval-ghn refused
     # "unknown family 'timm'" while it built records as graphkit families only); the split held
     # out a family whose ops the training families have (CaiT's, which they lack, stays in train)

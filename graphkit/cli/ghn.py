@@ -75,6 +75,14 @@ def train_ghn(
         "LoGAH with the same options: a curriculum's next stage, e.g. a pool of 4 LLaMAs first, then llamas-1k, "
         "which leaves the unigram plateau where a fresh start does not (docs/experiments.md).",
     ),
+    zoo_families: Optional[str] = typer.Option(
+        None,
+        "--zoo-families",
+        metavar="<names>",
+        help="Train on only these families of a mini zoo, comma-separated (e.g. mistral,qwen2,qwen3,helium), "
+        "with the role maps of the whole split: a curriculum's first stage, from which --initial-checkpoint "
+        "starts the whole zoo; the decoder zoo leaves the unigram plateau so (docs/experiments.md).",
+    ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
@@ -150,6 +158,7 @@ def train_ghn(
         init_anchors=init_anchors,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
+        zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],
         role_maps=role_maps,
         role_key=role_key,
         max_roles=max_roles,

@@ -5,6 +5,7 @@ supplies, so that a training step allocates no target-model weights."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ class ArchPool:
             raise TrainError(f"{dataset}: mixes families {sorted(families)}; train one hypernetwork per family")
         self.family = families.pop()
         self.device = torch.device(device)
+        self.dataset, self.split = dataset, split
 
     def __len__(self) -> int:
         return len(self.records)
@@ -64,6 +66,23 @@ class ArchPool:
         the same), by state-dict name with tied aliases: the ``W0`` of ``--keep-init``."""
         model = build_model(self.records[index].config, self.device)
         return {name: param.detach() for name, param in model.named_parameters(remove_duplicate=False)}
+
+    def keep_zoo_families(self, names: Sequence[str]) -> None:
+        """Keep only the architectures of the mini-zoo families ``names`` (their ``zoo_family``):
+        a curriculum's first stage, on a few families, before the whole zoo. Call it before any
+        architecture is encoded or built, and after reading what must stay the whole split's
+        (:meth:`roles`: a later stage on the whole zoo starts from this one's weights). TrainError
+        naming the dataset and a family the split does not have."""
+        have = {r.config.get("zoo_family") for r in self.records} - {None}
+        if not have:
+            raise TrainError(f"{self.dataset}: its architectures have no zoo family (--zoo-families is for a mini zoo)")
+        missing = [name for name in names if name not in have]
+        if missing:
+            raise TrainError(
+                f"{self.dataset}: split {self.split!r} has no zoo family {missing[0]!r}; "
+                f"it has {', '.join(sorted(have))}"
+            )
+        self.records = [r for r in self.records if r.config.get("zoo_family") in set(names)]
 
     def ops(self) -> list[str]:
         """Every op the pool's graphs use."""

@@ -87,6 +87,7 @@ RESUMED_OPTIONS = (
     "init_anchors",
     "keep_init",
     "initial_checkpoint",
+    "zoo_families",
     "role_maps",
     "role_key",
     "max_roles",
@@ -113,6 +114,7 @@ UNRECORDED = {
     "init_anchors": False,
     "keep_init": False,
     "initial_checkpoint": None,
+    "zoo_families": None,
     "role_maps": False,
     "role_key": LoGAHConfig.role_key,
     "max_roles": None,
@@ -142,6 +144,9 @@ class TrainConfig:
     # start from this checkpoint's weights (a folder or bundled name) instead of a fresh LoGAH of the
     # same config: a curriculum's later stage (a small pool first, docs/experiments.md); None: fresh
     initial_checkpoint: str | None = None
+    # train on only these families of a mini zoo (their zoo_family), role maps still the whole
+    # split's: a curriculum's first stage, which a stage on the whole zoo starts from; None: all
+    zoo_families: list[str] | None = None
     meta_batch: int = 4  # architectures per step (per process)
     batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
@@ -183,6 +188,14 @@ class TrainConfig:
         check_flag("init_anchors", self.init_anchors, TrainError)
         check_flag("keep_init", self.keep_init, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
+        if self.zoo_families is not None and (
+            not isinstance(self.zoo_families, list)
+            or not self.zoo_families
+            or not all(isinstance(name, str) and name.strip() == name and name for name in self.zoo_families)
+        ):
+            raise TrainError(
+                f"zoo-families must be one or more family names, comma-separated; got {self.zoo_families!r}"
+            )
         if self.role_maps and self.decoder != "low_rank":
             raise TrainError(f"--role-maps needs the low_rank decoder, not {self.decoder!r}")
         self._check_roles()
@@ -400,6 +413,9 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         except CheckpointError as e:
             raise TrainError(f"--initial-checkpoint {e}") from None
     pool = ArchPool(config.dataset, config.split, device)
+    roles = pool.roles(config.role_key, config.max_roles) if config.role_maps else ()  # the whole split's
+    if config.zoo_families is not None:
+        pool.keep_zoo_families(config.zoo_families)
     data = config.data or default_source(pool.family)
     if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
         options = {**asdict(config), "data": data}
@@ -412,7 +428,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         config.decoder,
         depth_buckets=config.depth_buckets,
         tie_feature=config.tie_feature,
-        roles=pool.roles(config.role_key, config.max_roles) if config.role_maps else (),
+        roles=roles,
         role_rows=config.role_rows,
         role_key=config.role_key,
         init_anchors=config.init_anchors,
