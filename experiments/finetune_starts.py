@@ -37,7 +37,7 @@ from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph
-from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.predict import predicted_params
 from graphkit.training.data import default_source, load_source
 from graphkit.training.loop import up_train
@@ -134,7 +134,7 @@ def main() -> None:
         generator = torch.Generator().manual_seed(0)
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
         batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
-        predicted = predicted_params(ghn, record.graph)
+        predicted = predicted_params(ghn, graph_for(record, ghn.config))  # init constants, if it decodes around them
         print(json.dumps({"id": record.id, "rms ratio": rms_ratios(start(record.config, predicted, "own"), predicted)}))
         for kind in args.starts:
             model = start(record.config, predicted, kind)

@@ -13,6 +13,7 @@ everything else at lr, on the benchmark's batches; `--one-lr` trains everything 
     .venv/bin/python experiments/patch_lr.py                             # both inits, 100 steps (30 min, 2 cores)
     .venv/bin/python experiments/patch_lr.py --inits predicted --one-lr  # plain AdamW, the benchmark's arm
     .venv/bin/python experiments/patch_lr.py --model vit_base_patch16_224 --inits own --one-lr
+    .venv/bin/python experiments/patch_lr.py --inits own --one-lr --lr 1e-3 --every 25  # an lr the own init learns at?
 
 The own init trains under the same factors unless `--one-lr` says otherwise: the control that
 tells what the optimiser does from what the prediction does.
@@ -38,9 +39,9 @@ from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import up_train  # noqa: E402
 
 
-def fine_tune(name: str, init: str, steps: int, one_lr: bool, every: int) -> None:
+def fine_tune(name: str, init: str, steps: int, one_lr: bool, every: int, lr: float) -> None:
     """Print held-out (loss, accuracy) of timm's ``name`` from ``init`` every ``every`` steps of
-    AdamW, its resized kernel at the factor ``predict`` records unless ``one_lr``."""
+    AdamW at ``lr``, its resized kernel at the factor ``predict`` records unless ``one_lr``."""
     source = load_source("digits")
     model = built(name, {})
     graph = trace(model)
@@ -52,9 +53,10 @@ def fine_tune(name: str, init: str, steps: int, one_lr: bool, every: int) -> Non
     if init == "predicted":
         predict(model, ghn, graph=graph, grow=twin or False)
     at = sorted({*range(0, steps + 1, every), steps})
-    _, scores = up_train(model, "image", batches.__getitem__, steps, LR, held_out=held_out, at=at, lr_scale=factors)
+    _, scores = up_train(model, "image", batches.__getitem__, steps, lr, held_out=held_out, at=at, lr_scale=factors)
     for step in at:
-        print(name, init, "one lr" if one_lr else f"lr factors {factors}", step, "%.2f / %.2f" % scores[step])
+        arm = "one lr" if one_lr else f"lr factors {factors}"
+        print(name, init, f"lr {lr:g},", arm, step, "%.2f / %.2f" % scores[step])
 
 
 def main() -> None:
@@ -64,9 +66,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--one-lr", action="store_true", help="train every parameter at lr (plain AdamW)")
     parser.add_argument("--every", type=int, default=50, help="steps between scores")
+    parser.add_argument("--lr", type=float, default=LR, help=f"AdamW's learning rate (default: the benchmark's {LR:g})")
     args = parser.parse_args()
     for init in args.inits.split(","):
-        fine_tune(args.model, init, args.steps, args.one_lr, args.every)
+        fine_tune(args.model, init, args.steps, args.one_lr, args.every, args.lr)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,35 @@
-"""Where training across vision families stops (issue #45, item 1), and whether a curriculum gets
-past it, on the mini zoo of timm's vision models.
+"""Where training across families stops (issue #45, item 1), and whether a curriculum gets past
+it, on the mini zoo of timm's vision models or (``--kind decoders``) of transformers' decoders.
 
 The bundled ``logah-tiny-zoo-vision`` (43 families, 1,500 steps) ends near chance (training CE
 2.23, chance 2.30), while one ViT family (``logah-tiny-vits``) reaches 1.04 and predicts 0.67
 accuracy. Between the two lie the pools:
 
-- ``--pools 1 2 4 8 16``: the zoo-vision recipe (Makefile, ``bundled``) for ``--steps`` steps on
-  the train-split architectures of the first K families, ordered by how many architectures each
-  has (most first, then by name). Every pool keeps the role maps of the whole train split's 32
+- ``--pools 1 2 4 8 16``: the zoo checkpoint's recipe (Makefile, ``bundled``) for ``--steps`` steps
+  on the train-split architectures of the first K families, ordered by how many architectures
+  each has (most first, then by name; ``--first`` names families to put ahead, the decoder zoo
+  having about one architecture a model type). Every pool keeps the role maps of the whole train split's 32
   most shared roles, so that every run's hypernetwork has one shape and any can start the next
   stage.
 - ``--curriculum K``: the whole train split for ``--steps`` steps, from the weights of pool K's
   run of ``--start-steps`` steps (the lead that took LLaMA off its plateau: BENCHMARKS.md,
   "Where learning stops"); ``--whole``, its control: the whole train split for ``--steps`` steps
-  from a fresh LoGAH.
+  from a fresh LoGAH. ``--spread W`` trains both with ``train-ghn --spread W`` (the penalty that
+  made the LLaMA curriculum's blocks fine-tune: docs/experiments.md).
 
 Probe, per run: training CE and accuracy over the last 100 steps, and the predicted parameters
 alone, at step 0, on one architecture of each of the first 16 families (in the pool or not) and
 of each of the zoo's held-out families (the eval split), each beside its own init (its
-constructor's), on 4 held-out batches of 32 digits.
+constructor's), on 4 held-out batches of 32 digits (of 8 windows of 64 bytes for decoders, with
+the unigram loss to get below).
 
     .venv/bin/python experiments/zoo_pools.py --pools 1 2 4 8 16            # about 15 min a pool on 2 cores
     .venv/bin/python experiments/zoo_pools.py --pools 4 --curriculum 4      # the whole zoo from pool 4's weights
     .venv/bin/python experiments/zoo_pools.py --probe-only --pools 1 2 4    # the runs already in runs/
+    # the LLaMA curriculum on the decoder zoo: 4 LLaMA-like families, then the whole train split
+    .venv/bin/python experiments/zoo_pools.py --kind decoders --first llama mistral qwen2 qwen3 --pools 4 --steps 600
+    .venv/bin/python experiments/zoo_pools.py --kind decoders --first llama mistral qwen2 qwen3 --pools \
+        --curriculum 4 --start-steps 600 --steps 1500 --spread 1
 
 Copies: :func:`with_zoo_roles` wraps ``LoGAH.from_variant`` as ``train()`` calls it, replacing
 the roles it passes (mirror a change to that call).
@@ -36,6 +43,7 @@ import math
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +57,25 @@ from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
 from graphkit.ghn import load_checkpoint, training  # noqa: E402
 from graphkit.ghn.evaluate import initialise  # noqa: E402
-from graphkit.ghn.pool import ArchPool  # noqa: E402
+from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import estimate_batch_norm, score  # noqa: E402
 
-ZOO = ROOT / "out" / "zoo-vits-mini"
-#: logah-tiny-zoo-vision's recipe (Makefile, ``bundled``), less the dataset and the steps
-RECIPE = dict(data="digits", meta_batch=4, batch_size=32, lr_fan_in=8.0, role_maps=True, role_key="leaf", max_roles=32)
+#: each kind's zoo and its checkpoint's recipe (Makefile, ``bundled``), less the dataset and the steps
+KINDS: dict[str, tuple[Path, dict[str, Any]]] = {
+    "vision": (
+        ROOT / "out" / "zoo-vits-mini",
+        dict(data="digits", meta_batch=4, batch_size=32, lr_fan_in=8.0, role_maps=True, role_key="leaf", max_roles=32),
+    ),
+    "decoders": (
+        ROOT / "out" / "zoo-decoders-mini",
+        dict(data="stdlib-text", meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True,
+             role_key="leaf", max_roles=32, role_rows=1024),
+    ),
+}  # fmt: skip
 PROBED_FAMILIES = 16
-BATCHES, BATCH_SIZE = 4, 32
+BATCHES = 4
 
 
 def family_of(row: dict[str, Any]) -> str:
@@ -69,15 +86,19 @@ def zoo_rows(zoo: Path, split: str) -> list[dict[str, Any]]:
     return [row for shard in sorted((zoo / "data").glob(f"{split}-*.parquet")) for row in read_rows(shard)]
 
 
-def families(zoo: Path) -> list[str]:
-    """The train split's families, most architectures first (then by name)."""
+def families(zoo: Path, first: Sequence[str] = ()) -> list[str]:
+    """The train split's families: those in ``first``, in its order, then the rest, most
+    architectures first (then by name)."""
     counts = Counter(family_of(r) for r in zoo_rows(zoo, "train"))
-    return sorted(counts, key=lambda f: (-counts[f], f))
+    missing = [f for f in first if f not in counts]
+    if missing:
+        raise SystemExit(f"--first: {zoo} has no train family {missing[0]!r}; it has {', '.join(sorted(counts))}")
+    return [*first, *sorted(set(counts) - set(first), key=lambda f: (-counts[f], f))]
 
 
-def with_zoo_roles(zoo: Path) -> None:
+def with_zoo_roles(zoo: Path, recipe: dict[str, Any]) -> None:
     """Every LoGAH built from here on gets the role maps of ``zoo``'s train split, whatever pool it trains on."""
-    roles = ArchPool(zoo, "train").roles(RECIPE["role_key"], RECIPE["max_roles"])
+    roles = ArchPool(zoo, "train").roles(recipe["role_key"], recipe["max_roles"])
     build = training.LoGAH.from_variant
 
     def built(*args, **kwargs):
@@ -86,23 +107,31 @@ def with_zoo_roles(zoo: Path) -> None:
     training.LoGAH.from_variant = built
 
 
-def pool_dataset(zoo: Path, k: int) -> Path:
+def pool_dataset(zoo: Path, k: int, first: Sequence[str]) -> Path:
     """A dataset of the first ``k`` families' train architectures, and the zoo's eval split."""
-    out = ROOT / "out" / f"{zoo.name}-pool{k}"
+    out = ROOT / "out" / f"{zoo.name}-{pool_name(k, first)}"
     if not out.exists():
-        chosen = set(families(zoo)[:k])
+        chosen = set(families(zoo, first)[:k])
         rows = [r for r in zoo_rows(zoo, "train") if family_of(r) in chosen] + zoo_rows(zoo, "eval")
         write_dataset(rows, out, name=out.name)
     return out
 
 
-def train_run(dataset: Path, out: Path, steps: int, initial: Path | None = None) -> None:
+def pool_name(k: int, first: Sequence[str]) -> str:
+    """``pool4``, or ``pool4-llama-mistral`` when ``--first`` put those families ahead."""
+    return "-".join([f"pool{k}", *first[:k]])
+
+
+def train_run(
+    recipe: dict[str, Any], dataset: Path, out: Path, steps: int, initial: Path | None = None, spread: float = 0.0
+) -> None:
     config = training.TrainConfig(
-        **RECIPE,
+        **recipe,
         dataset=str(dataset),
         out=str(out),
         steps=steps,
         initial_checkpoint=None if initial is None else str(initial),
+        spread=spread,
     )
     training.train(config, progress=True)
 
@@ -115,37 +144,40 @@ def first_of_each(records: list[Any]) -> dict[str, Any]:
     return firsts
 
 
-def probe_records(zoo: Path) -> list[tuple[str, Any]]:
+def probe_records(zoo: Path, first: Sequence[str]) -> list[tuple[str, Any]]:
     """(what, record): the first train architecture of each of the first families, then the first
     of each held-out family."""
     train = first_of_each(ArchPool(zoo, "train").records)
-    probed = [(f"train: {f}", train[f]) for f in families(zoo)[:PROBED_FAMILIES]]
+    probed = [(f"train: {f}", train[f]) for f in families(zoo, first)[:PROBED_FAMILIES]]
     return probed + [(f"held out: {f} ({r.id})", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
 
 
-def step0(ghn, record, source) -> list[float]:
+def step0(ghn, record, source, batch_size: int) -> list[float]:
     """Held-out loss and accuracy (rounded) of ``record``'s model from ``ghn``'s prediction, or
     from its own init when ``ghn`` is None, its BatchNorms' statistics estimated on training
     inputs as ``eval-ghn`` does."""
     generator = torch.Generator().manual_seed(0)
-    held_out = [source.batch(record.config, BATCH_SIZE, generator, split="eval") for _ in range(BATCHES)]
+    held_out = [source.batch(record.config, batch_size, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
     model = build_model(record.config, "cpu")
     if ghn is not None:
-        initialise(model, "predicted", predicted_params(ghn, record.graph))
-    estimate_batch_norm(model, [source.batch(record.config, BATCH_SIZE, generator)[0] for _ in range(BATCHES)])
+        initialise(model, "predicted", predicted_params(ghn, graph_for(record, ghn.config)))
+    estimate_batch_norm(model, [source.batch(record.config, batch_size, generator)[0] for _ in range(BATCHES)])
     return [round(v, 3) for v in score(model, held_out, source.task)]
 
 
-def probe(run: Path, records: list[tuple[str, Any]], source) -> dict[str, Any]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def probe(run: Path | str, records: list[tuple[str, Any]], source, batch_size: int) -> dict[str, Any]:
+    """The run's (or a bundled checkpoint's, by name) training figures, when it has a log, and its
+    predictions' step-0 scores on ``records``."""
     ghn = load_checkpoint(run)
-    return {
-        "run": run.name,
-        "training CE, last 100 steps": round(statistics.mean(line["ce"] for line in lines[-10:]), 3),
-        "training accuracy, last 100 steps": round(statistics.mean(line["metric"] for line in lines[-10:]), 3),
-        "predicted @0": {what: step0(ghn, record, source) for what, record in records},
-    }
+    log = Path(run) / "metrics.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    figures: dict[str, Any] = {"run": Path(run).name}
+    if lines:
+        figures["training CE, last 100 steps"] = round(statistics.mean(line["ce"] for line in lines[-10:]), 3)
+        figures["training accuracy, last 100 steps"] = round(statistics.mean(line["metric"] for line in lines[-10:]), 3)
+    figures["predicted @0"] = {what: step0(ghn, record, source, batch_size) for what, record in records}
+    return figures
 
 
 def windows(run: Path, width: int = 10) -> tuple[list[int], list[float]]:
@@ -155,8 +187,9 @@ def windows(run: Path, width: int = 10) -> tuple[list[int], list[float]]:
     return [c[-1]["step"] for c in chunks], [statistics.mean(m["ce"] for m in c) for c in chunks]
 
 
-def plot(runs: list[Path], png: Path) -> None:
-    """The runs' training CE by step (means over 100 steps), chance marked, as ``png``."""
+def plot(runs: list[Path], png: Path, floor: tuple[float, str], zoo: str) -> None:
+    """The runs' training CE by step (means over 100 steps), ``floor`` (chance or the unigram
+    loss, and its label) marked, as ``png``."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -165,15 +198,18 @@ def plot(runs: list[Path], png: Path) -> None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for run in runs:
         axis.plot(*windows(run), marker=".", label=run.name)
-    axis.axhline(math.log(10), color="grey", linestyle="--", label="chance (ln 10)")
-    axis.set(xlabel="step", ylabel="training cross-entropy (mean over 100 steps)", title="zoo-vits-mini pools")
+    axis.axhline(floor[0], color="grey", linestyle="--", label=floor[1])
+    axis.set(xlabel="step", ylabel="training cross-entropy (mean over 100 steps)", title=f"{zoo} pools")
     axis.legend(fontsize=7)
     save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--zoo", type=Path, default=ZOO)
+    parser.add_argument("--kind", choices=sorted(KINDS), default="vision", help="which mini zoo, and its recipe")
+    parser.add_argument("--zoo", type=Path, default=None, help="the zoo dataset (default: the kind's, in out/)")
+    parser.add_argument("--first", nargs="*", default=[], help="families the pools take first, in this order")
+    parser.add_argument("--spread", type=float, default=0.0, help="train-ghn --spread for --whole and --curriculum")
     parser.add_argument("--pools", nargs="*", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--curriculum", type=int, default=None, help="train the whole zoo from this pool's weights")
     parser.add_argument("--steps", type=int, default=600)
@@ -181,26 +217,44 @@ def main() -> None:
     parser.add_argument("--start-steps", type=int, default=None, help="the curriculum's first stage (default: --steps)")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
+    parser.add_argument("--reference", nargs="*", default=[], help="checkpoints (bundled names) probed beside the runs")
     args = parser.parse_args()
-    print("families, most architectures first:", families(args.zoo)[:PROBED_FAMILIES], flush=True)
-    with_zoo_roles(args.zoo)
-    source = load_source(RECIPE["data"])
-    records = probe_records(args.zoo)
-    own = {what: step0(None, record, source) for what, record in records}
+    default_zoo, recipe = KINDS[args.kind]
+    zoo = args.zoo or default_zoo
+    print("families, the pools' order:", families(zoo, args.first)[:PROBED_FAMILIES], flush=True)
+    with_zoo_roles(zoo, recipe)
+    source = load_source(recipe["data"], seq_len=recipe.get("seq_len", 64))
+    text = source.task == "text"
+    batch_size = 8 if text else 32
+    floor = (source.unigram_loss(), "the unigram loss") if text else (math.log(10), "chance (ln 10)")
+    print(f"{floor[1]}: {floor[0]:.3f}", flush=True)
+    records = probe_records(zoo, args.first)
+    own = {what: step0(None, record, source, batch_size) for what, record in records}
     print(json.dumps({"own init @0": own}, indent=1), flush=True)
-    name = args.zoo.name
-    runs = [(ROOT / "runs" / f"{name}-pool{k}-{args.steps}", pool_dataset(args.zoo, k), None) for k in args.pools]
+    for reference in args.reference:
+        print(json.dumps(probe(reference, records, source, batch_size), indent=1), flush=True)
+    spread = f"-spread{args.spread:g}" if args.spread else ""
+    runs = [
+        (
+            ROOT / "runs" / f"{zoo.name}-{pool_name(k, args.first)}-{args.steps}",
+            pool_dataset(zoo, k, args.first),
+            None,
+            0.0,
+        )
+        for k in args.pools
+    ]
     if args.whole:
-        runs.append((ROOT / "runs" / f"{name}-whole-{args.steps}", args.zoo, None))
+        runs.append((ROOT / "runs" / f"{zoo.name}-whole{spread}-{args.steps}", zoo, None, args.spread))
     if args.curriculum is not None:
-        start = ROOT / "runs" / f"{name}-pool{args.curriculum}-{args.start_steps or args.steps}"
-        runs.append((ROOT / "runs" / f"{name}-curriculum{args.curriculum}-{args.steps}", args.zoo, start))
-    for run, dataset, initial in runs:
+        start = ROOT / "runs" / f"{zoo.name}-{pool_name(args.curriculum, args.first)}-{args.start_steps or args.steps}"
+        run = ROOT / "runs" / f"{zoo.name}-curriculum{args.curriculum}{spread}-{args.steps}"
+        runs.append((run, zoo, start, args.spread))
+    for run, dataset, initial, weight in runs:
         if not args.probe_only:
-            train_run(dataset, run, args.steps, initial)
-        print(json.dumps(probe(run, records, source), indent=1), flush=True)
+            train_run(recipe, dataset, run, args.steps, initial, weight)
+        print(json.dumps(probe(run, records, source, batch_size), indent=1), flush=True)
     if args.plot is not None:
-        plot([run for run, _, _ in runs], args.plot)
+        plot([run for run, *_ in runs], args.plot, floor, zoo.name)
 
 
 if __name__ == "__main__":
