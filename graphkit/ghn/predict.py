@@ -133,7 +133,12 @@ def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> Refusal | None
     try:
         ghn = ghn if ghn is not None else bundled_hypernetwork(str(bundled_for(graph)))
         check_graph(ghn, graph)
-        encode(graph, ghn.config)
+        # a graph traced on meta has no init constants; predict reads them from the model's library,
+        # so it is encoded here as if it had them (an empty record: each 1-D parameter by its kind)
+        encode(
+            graph if "init" in graph.meta else ArchGraph(graph.nodes, graph.edges, {**graph.meta, "init": {}}),
+            ghn.config,
+        )
     except UntrainedOpError as e:
         return Refusal(f"missing op{'s' if len(e.missing) > 1 else ''}: {', '.join(e.missing)}", str(e), e.missing)
     except GraphkitError as e:
