@@ -68,8 +68,8 @@ bench-gpu:
 
 # The five bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
 # the bundled data (about 3.5 hours on 2 cores: ViTs 39 min, GPT-2s 35, LLaMAs about 25 in two stages;
-# the mini zoos 13 and 16 min, the zoo checkpoints about 30 min each; the shipped zoo-decoders one
-# trained on an H200 with --device cuda, 2.5 min), then the family ones' held-out evaluation.
+# the mini zoos 13 and 16 min, the zoo checkpoints about 30 min each, zoo-decoders in two stages
+# of 4 and about 25 min), then the family ones' held-out evaluation.
 BUNDLED := graphkit/ghn/pretrained
 bundled: $(STAMP)
 	test -d out/vits-digits || $(BIN)/graphkit generate vits-digits --out out/vits-digits --workers 2
@@ -77,7 +77,7 @@ bundled: $(STAMP)
 	test -d out/llamas-1k || $(BIN)/graphkit generate llamas-1k --out out/llamas-1k --workers 2
 	test -d out/zoo-vits-mini || $(BIN)/graphkit generate zoo-vits-mini --out out/zoo-vits-mini --workers 2
 	test -d out/zoo-decoders-mini || $(BIN)/graphkit generate zoo-decoders-mini --out out/zoo-decoders-mini --workers 2
-	rm -rf runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders
+	rm -rf runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders-4 runs/logah-tiny-zoo-decoders
 	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits --steps 3500 --meta-batch 4 --batch-size 32 --lr-fan-in 8
 	$(BIN)/graphkit train-ghn --dataset out/gpts-1k --out runs/logah-tiny-gpts --steps 2400 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --tie-feature
 	test -d out/llamas-4 || $(BIN)/graphkit generate llamas-1k --num 4 --out out/llamas-4 --workers 2
@@ -85,7 +85,9 @@ bundled: $(STAMP)
 	$(BIN)/graphkit train-ghn --dataset out/llamas-4 --out runs/logah-tiny-llamas-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps
 	$(BIN)/graphkit train-ghn --dataset out/llamas-1k --out runs/logah-tiny-llamas --steps 1200 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --initial-checkpoint runs/logah-tiny-llamas-4 --spread 1.0
 	$(BIN)/graphkit train-ghn --dataset out/zoo-vits-mini --data digits --out runs/logah-tiny-zoo-vision --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --role-maps --role-key leaf --max-roles 32
-	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders --steps 1500 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key leaf --max-roles 32 --role-rows 1024
+	# the decoder zoo in two stages too (docs/experiments.md, "The curriculum on the decoder zoo"): 4 LLaMA-like families, then the zoo
+	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key leaf --max-roles 32 --role-rows 1024 --zoo-families mistral,qwen2,qwen3,helium
+	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders --steps 1500 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key leaf --max-roles 32 --role-rows 1024 --initial-checkpoint runs/logah-tiny-zoo-decoders-4 --spread 1.0
 	for name in logah-tiny-vits logah-tiny-gpts logah-tiny-llamas logah-tiny-zoo-vision logah-tiny-zoo-decoders; do mkdir -p $(BUNDLED)/$$name && cp runs/$$name/model.safetensors runs/$$name/config.json $(BUNDLED)/$$name/; done
 
 eval-bundled: $(STAMP)
