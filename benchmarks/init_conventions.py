@@ -40,7 +40,7 @@ from graphkit.families import build_model  # noqa: E402
 from graphkit.ghn.config import LoGAHConfig  # noqa: E402
 from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.model import LoGAH  # noqa: E402
-from graphkit.ghn.pool import ArchPool, with_init_constants  # noqa: E402
+from graphkit.ghn.pool import ArchPool, graph_for, with_init_constants  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predicted_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import BATCH_NORMS, estimate_batch_norm, score  # noqa: E402
@@ -115,7 +115,7 @@ def batch_norm_table(zoo: Path) -> list[str]:
         held_out = [source.batch(record.config, 32, generator, split="eval") for _ in range(4)]
         inputs = [source.batch(record.config, 32, generator)[0] for _ in range(4)]
         own = score(model, held_out, source.task)
-        initialise(model, "predicted", predicted_params(ghn, record.graph))
+        initialise(model, "predicted", predicted_params(ghn, graph_for(record, ghn.config)))
         constructors = score(model, held_out, source.task)
         estimate_batch_norm(model, inputs)
         estimated = score(model, held_out, source.task)
