@@ -196,6 +196,19 @@ def test_example_inputs_are_built_for_images_and_token_ids():
     assert kwargs["input_ids"].shape[1] >= 2 and kwargs["use_cache"] is False
 
 
+def test_a_multimodal_config_is_read_through_its_text_part():
+    # Gemma 3's config has no vocab_size of its own; its text part has (get_text_config)
+    from transformers import Gemma3Config  # noqa: PLC0415 (slow to import)
+
+    from graphkit.tracing.inputs import text_config  # noqa: PLC0415
+
+    config = Gemma3Config(text_config={"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1})
+    assert getattr(config, "vocab_size", None) is None
+    assert text_config(config).vocab_size == 300
+    assert text_config(config.get_text_config()) is config.get_text_config()
+    assert text_config(None) is None
+
+
 def test_model_without_guessable_inputs():
     model = load_model_file(MODEL_FILES / "no_inputs.py").model
     with pytest.raises(TraceError, match="cannot guess example inputs for Sequential"):

@@ -59,7 +59,7 @@ def text_config(config: Any) -> Any:
     if config is None or getattr(config, "vocab_size", None) or not hasattr(config, "get_text_config"):
         return config
     try:
-        return config.gettext_config()
+        return config.get_text_config()
     except Exception:  # a config class whose sub-configs are not text; the model is not a language model
         return config
 
