@@ -91,8 +91,9 @@ class ArchGraph:
 
     ``meta`` holds graph-level facts (family, model_class, num_params, input_shapes,
     ops_version, and ``init``: the 1-D parameters the model's constructor fills with one
-    constant, :func:`graphkit.tracing.tracer.init_constants`); it is not part of the
-    :meth:`fingerprint`.
+    constant, :func:`graphkit.tracing.tracer.init_constants`, with ``logit_scale`` beside it
+    where the model scales its logits by a constant, :func:`graphkit.tracing.tracer.logit_scale`);
+    it is not part of the :meth:`fingerprint`.
     """
 
     nodes: list[Node]

@@ -16,6 +16,7 @@ from graphkit.ghn.diagnostics import feature_constancy
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import INIT_GAIN, LoGAH
 from graphkit.ghn.predict import first_non_finite, residual_writers
+from graphkit.tracing.tracer import logit_scale
 from graphkit.training.data import load_source
 
 TABLE_1 = {"tiny": 2.54e6, "small": 21.41e6, "base": 78.23e6, "large": 289.42e6}
@@ -165,6 +166,78 @@ def test_a_gemma_built_on_meta_is_predicted_around_its_librarys_init(device):
     for ghn, start in ((anchored, 0.0), (plain, 1.0)):
         params = predict(copy.deepcopy(model), ghn=ghn)
         assert all((params[name] - start).abs().max() < 0.1 for name in norms), start
+
+
+def _cohere(device: str = "cpu", scale: float = 0.0625) -> torch.nn.Module:
+    from transformers import CohereConfig, CohereForCausalLM  # noqa: PLC0415 (slow to import)
+
+    config = CohereConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        logit_scale=scale,
+        pad_token_id=0,  # its embedding row of zeros: a forward of token 0 alone gives logits of 0
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        return CohereForCausalLM(config)
+
+
+@pytest.mark.parametrize("scale", [0.0625, 1.0])
+def test_a_models_logit_scale_is_recorded_and_undone_by_its_final_norm(scale):
+    # Cohere multiplies its logits by 1/16, which the graph cannot show (the tracer folds
+    # constants): decoded as a model at scale 1 its logits were 16 times too small, near uniform
+    model = _cohere(scale=scale)
+    graph = graphkit.trace(model)
+    assert graph.meta.get("logit_scale", 1.0) == pytest.approx(scale, rel=1e-6)
+    assert logit_scale(model, graph) == pytest.approx(scale, rel=1e-6)
+    factors = {t.name: t.factor for t in targets(graph, anchors=True) if t.factor != 1.0}
+    assert factors == ({"model.norm.weight": pytest.approx(1 / scale)} if scale != 1.0 else {})
+    assert all(t.factor == 1.0 for t in targets(graph, anchors=False))
+    torch.manual_seed(0)
+    ghn = LoGAH(LoGAHConfig(init_anchors=True)).eval()
+    plain = copy.deepcopy(graph)
+    plain.meta.pop("logit_scale", None)
+    with torch.no_grad():
+        reference = ghn.predict(plain)
+        batched = ghn.predict(graph)
+    streamed = predict(copy.deepcopy(model), ghn=ghn)  # traced again, block by block
+    for params in (batched, streamed):
+        for name, value in reference.items():
+            expected = value / scale if name == "model.norm.weight" else value
+            torch.testing.assert_close(params[name], expected, rtol=1e-5, atol=1e-6)
+    # what the hypernetwork meant: the logits of the same prediction in a model at scale 1
+    x = torch.arange(16).remainder(64).view(2, 8)
+    at_one = _cohere(scale=1.0)
+    with torch.no_grad():
+        meant = functional_call(at_one, reference, (x,)).logits
+        got = functional_call(model, batched, (x,)).logits
+    torch.testing.assert_close(got, meant, rtol=1e-4, atol=1e-5)
+
+
+def test_a_logit_scale_is_measured_only_where_it_is_one_constant():
+    on_meta = _cohere("meta")
+    graph = graphkit.trace(on_meta)
+    assert "logit_scale" not in graph.meta and "init" not in graph.meta  # no values to measure on
+    assert logit_scale(on_meta, graph) is None
+    # predict measures it on a copy built as the library builds it, as it reads the init constants
+    torch.manual_seed(0)
+    ghn = LoGAH(LoGAHConfig(init_anchors=True)).eval()
+    with torch.no_grad():
+        reference = ghn.predict(graphkit.trace(_cohere(scale=1.0)))
+    predicted = predict(on_meta, ghn=ghn)
+    torch.testing.assert_close(predicted["model.norm.weight"], reference["model.norm.weight"] * 16)
+    assert all(p.device.type == "cpu" for p in on_meta.parameters())
+    # a gain decoded around 0 (Gemma's 1 + w) is not scaled by a factor: left as it is
+    graph = graphkit.trace(_cohere())
+    graph.meta["init"]["model.norm.weight"] = 0.0
+    assert all(t.factor == 1.0 for t in targets(graph, anchors=True))
+    # the head fed by no layer of its own (a graph without a head): nothing measured
+    model = _GainNet()
+    assert logit_scale(model, graphkit.trace(model, torch.randn(1, 8, 4, 4))) in (None, 1.0)
 
 
 def test_init_constants_need_every_block_to_agree():

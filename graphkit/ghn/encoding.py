@@ -47,6 +47,7 @@ class Target:
     kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
     fan_in: int
     offset: float = 0.0  # added to a 1-D parameter's output: its model's init constant less activate(kind, 0)
+    factor: float = 1.0  # then multiplies it: 1 / the model's logit scale on its final norm (head_input_factors)
 
     @property
     def matrix_shape(self) -> tuple[int, int]:
@@ -63,9 +64,13 @@ class Target:
         return self.reshape(self.activate(matrix))
 
     def activate(self, values: Tensor) -> Tensor:
-        """:func:`activate` for this parameter's kind, then its :attr:`offset`."""
-        values = activate(self.kind, values)
-        return values + self.offset if self.offset else values
+        """:func:`activate` for this parameter's kind, then :meth:`anchor`."""
+        return self.anchor(activate(self.kind, values))
+
+    def anchor(self, values: Tensor) -> Tensor:
+        """Activated values with this parameter's :attr:`offset` added, then times its :attr:`factor`."""
+        values = values + self.offset if self.offset else values
+        return values * self.factor if self.factor != 1.0 else values
 
     def reshape(self, matrix: Tensor) -> Tensor:
         """The decoded (activated) matrix at the parameter's shape."""
@@ -133,6 +138,7 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list
             "weights, or add them with graphkit.ghn.pool.with_init_constants"
         )
     constants = graph.meta["init"] if anchors else {}
+    factors = head_input_factors(graph) if anchors else {}
     out = []
     for i, node in enumerate(graph.nodes):
         for slot, (name, shape) in enumerate(node.params.items()):
@@ -149,8 +155,30 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list
                 fan_in = shape[1] * shape[2] * shape[3]
             else:
                 fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
-            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in, offset))
+            out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in, offset, factors.get(name, 1.0)))
     return out
+
+
+def head_input_factors(graph: ArchGraph) -> dict[str, float]:
+    """1 / ``graph.meta["logit_scale"]`` for each parameter of the norm the head reads, by name;
+    none without a logit scale, or where the head reads something else, or a norm whose gain
+    starts at 0 (Gemma's ``1 + w``, which a factor would not scale).
+
+    Why: a model that scales its logits by a constant (Cohere by 1/16, Inkling by 1/24) is a
+    graph like any other (the tracer folds constants), and a hypernetwork that learned the logits
+    of models at scale 1 predicts its logits that much too small, near uniform. The final norm's
+    gain and bias, times the inverse, give the head what it would read at scale 1: the logits the
+    hypernetwork meant, exactly (:func:`~graphkit.tracing.tracer.logit_scale`)."""
+    scale = graph.meta.get("logit_scale")
+    heads = [i for i, node in enumerate(graph.nodes) if node.op == "head"]
+    sources = [s for s, d in graph.edges if heads and d == heads[0]]
+    if not scale or len(heads) != 1 or len(sources) != 1 or graph.nodes[sources[0]].op not in NORM_OPS:
+        return {}
+    norm = graph.nodes[sources[0]]
+    constants = graph.meta.get("init", {})
+    if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
+        return {}
+    return {name: 1.0 / float(scale) for name in norm.params}
 
 
 @dataclass(frozen=True)

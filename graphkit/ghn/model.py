@@ -235,7 +235,7 @@ class LowRankDecoder(nn.Module):
                 for i in range(nr)
             ]
             matrix = pieces[0] if nr == 1 else torch.cat(pieces, 0)
-            out[graph][t.name] = (matrix + t.offset if t.offset else matrix) if matrix.dim() == 1 else t.reshape(matrix)
+            out[graph][t.name] = t.anchor(matrix) if matrix.dim() == 1 else t.reshape(matrix)
         norms = torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
         weights = products[index["is_weight_query"]]
         spread = inverse_participation(weights).mean() if len(weights) else nodes.new_zeros(())

@@ -19,7 +19,7 @@ from graphkit.families import build_model
 from graphkit.ghn.config import LoGAHConfig
 from graphkit.ghn.encoding import EncodedGraph, encode, frequent_roles
 from graphkit.graph import ArchGraph
-from graphkit.tracing.tracer import init_constants
+from graphkit.tracing.tracer import init_record
 
 
 class ArchPool:
@@ -117,9 +117,10 @@ def graph_for(record: Record, config: LoGAHConfig) -> ArchGraph:
 
 
 def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:
-    """``graph`` with its model's init constants (``meta["init"]``,
-    :func:`~graphkit.tracing.tracer.init_constants`), read from the model of ``config`` built
-    with weights when the graph has none: a dataset's graphs were traced on the meta device.
+    """``graph`` with its model's init record (``meta["init"]``, the init constants, and
+    ``meta["logit_scale"]``: :func:`~graphkit.tracing.tracer.init_record`), read from the model
+    of ``config`` built with weights when the graph has none: a dataset's graphs were traced on
+    the meta device.
     Building a mini zoo's model takes well under a second; a pool does it once per architecture,
     on a generator of its own, so that a training step draws the same whenever its architectures
     were first encoded (a resumed run repeats the uninterrupted one)."""
@@ -127,5 +128,5 @@ def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:
         return graph
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        constants = init_constants(build_model(config, "cpu"))
-    return ArchGraph(nodes=graph.nodes, edges=graph.edges, meta={**graph.meta, "init": constants})
+        record = init_record(build_model(config, "cpu"), graph)
+    return ArchGraph(nodes=graph.nodes, edges=graph.edges, meta={**graph.meta, **record})

@@ -23,17 +23,18 @@ position table resized (and, on a finer grid, its output layer scaled by the gri
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import re
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from graphkit.buffers import install_buffers, meta_buffers, rebuilt_buffers
-from graphkit.errors import GraphkitError, KeepInitError, PredictError
+from graphkit.buffers import install_buffers, materialize_buffers, meta_buffers, rebuilt_buffers
+from graphkit.errors import BufferRebuildError, GraphkitError, KeepInitError, PredictError
 from graphkit.families import family_default
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
@@ -59,7 +60,7 @@ from graphkit.params import (
     tied_names,
 )
 from graphkit.tracing import trace
-from graphkit.tracing.tracer import init_constants
+from graphkit.tracing.tracer import init_record
 
 
 def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
@@ -240,9 +241,8 @@ def predict(
     # the buffers a meta-built model computed in __init__ (rotary inv_freq, position indices), on the
     # device its parameters will be on; refused here, naming the buffer, when no library recomputes one
     rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
-    if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its constants from its library's init
-        constants = _init_constants_as_built(model)
-        graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, "init": constants})
+    if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
+        graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
     prediction = decoding(ghn, graph, grow)
     bad = prediction.first_non_finite()
     if bad is not None:
@@ -286,22 +286,26 @@ def _multiply(tensors: dict[str, torch.Tensor], factors: dict[str, float]) -> No
             tensors[name].mul_(factor)
 
 
-def _init_constants_as_built(model: nn.Module) -> dict[str, float]:
-    """The init constants (:func:`~graphkit.tracing.tracer.init_constants`) of ``model`` as its
+def _init_record_as_built(model: nn.Module, graph: ArchGraph) -> dict[str, Any]:
+    """The init record (:func:`~graphkit.tracing.tracer.init_record`) of ``model`` as its
     library builds it: a copy of a meta model gets CPU tensors initialised as built
     (:func:`~graphkit.ghn.keep_init.initialise_as_built`, on a generator of its own), so that the
     model itself, its libraries' marks of what they initialised and the global generator are left
-    as they were. Parameters no library initialisation fills are left out."""
+    as they were. Parameters no library initialisation fills are left out of the constants; the
+    copy's buffers are recomputed on the CPU for the forward pass that measures the logit scale,
+    which is left out where one cannot be."""
     if not any(p.is_meta for p in model.parameters()):
-        return init_constants(model)
+        return init_record(model, graph)
     twin = copy.deepcopy(model)  # on meta: no weights copied
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         try:
             _built_off_meta(twin, {name: p for name, p in twin.named_parameters() if p.is_meta}, torch.device("cpu"))
         except KeepInitError:
-            pass  # left NaN, which init_constants skips
-    return init_constants(twin)
+            pass  # left NaN, which init_constants skips and which measures no logit scale
+        with contextlib.suppress(BufferRebuildError):  # then measured on none: logit_scale gives None
+            materialize_buffers(twin, "cpu")
+        return init_record(twin, graph)
 
 
 def _built_off_meta(

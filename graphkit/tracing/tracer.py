@@ -10,6 +10,7 @@ needs real weights and a forward pass, and loses ops that have no backward node 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +20,7 @@ from graphkit.graph import ArchGraph, graph_meta, without_block_indices
 from graphkit.tracing.builder import graph_from_export
 from graphkit.tracing.export import export_program
 from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfold
-from graphkit.tracing.inputs import ExampleInputs, normalise_inputs, tensors_of
+from graphkit.tracing.inputs import ExampleInputs, example_inputs_for, normalise_inputs, tensors_of, text_config
 
 
 def trace(
@@ -65,7 +66,7 @@ def trace(
         input_shapes=[list(t.shape) for t in tensors_of((args, kwargs))],
     )
     if not any(p.is_meta for p in params.values()):  # on meta its init is unknown: no record, not an empty one
-        graph.meta["init"] = init_constants(model)
+        graph.meta.update(init_record(model, graph, example_inputs))
     graph.validate({k: tuple(p.shape) for k, p in params.items()})
     return graph
 
@@ -93,6 +94,102 @@ def _family(model: nn.Module) -> str:
         base = module.rsplit(".", 1)[-1]
         return {"vision_transformer": "vit", "deit": "vit"}.get(base, base)
     return "custom"
+
+
+def init_record(model: nn.Module, graph: ArchGraph, example_inputs: ExampleInputs = None) -> dict[str, Any]:
+    """What ``model``'s constructor fixes that a hypernetwork decodes around, as ``graph.meta``
+    records it: ``init``, its :func:`init_constants`, and ``logit_scale``, its
+    :func:`logit_scale` where that is not 1. ``model`` holds weights (its init, for the constants)."""
+    record: dict[str, Any] = {"init": init_constants(model)}
+    scale = logit_scale(model, graph, example_inputs)
+    if scale is not None and abs(scale - 1.0) > SCALE_TOLERANCE:
+        record["logit_scale"] = scale
+    return record
+
+
+#: relative error under which a measured scale is a constant one, and 1 is no scale
+SCALE_TOLERANCE = 1e-3
+
+
+def logit_scale(model: nn.Module, graph: ArchGraph, example_inputs: ExampleInputs = None) -> float | None:
+    """The constant by which ``model`` multiplies what its head's input layer computes on the way
+    to its logits: Cohere's ``logit_scale`` (1/16, on the head's output), Inkling's
+    1 / ``logits_mup_width_multiplier`` (1/24, on the head's input), 1 for most models. None where
+    it is not one constant (a softcap at large logits, a head without one input layer of its own).
+
+    Why: the tracer folds scaling by a constant (it is no node), so a graph cannot show it, and a
+    hypernetwork that learned logits at scale 1 predicts Cohere's 16 times too small: near-uniform,
+    5.1 nats where the unigram loss is 3.2 (docs/experiments.md, "Logit scales"). Measured on one
+    forward pass of ``example_inputs`` (None: :func:`~graphkit.tracing.inputs.example_inputs_for`
+    with distinct token ids: zeros may all be padding, which some models embed as zeros), by hooks
+    on the head and its input layer, rather than read from configs that each name it differently."""
+    heads = [i for i, node in enumerate(graph.nodes) if node.op == "head"]
+    sources = [s for s, d in graph.edges if heads and d == heads[0]]
+    if len(heads) != 1 or len(sources) != 1 or not graph.nodes[sources[0]].params:
+        return None
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):  # no values to measure on
+        return None
+    try:
+        head = model.get_submodule(graph.nodes[heads[0]].module)
+        layer = model.get_submodule(graph.nodes[sources[0]].module)
+    except AttributeError:  # a node whose module path the model does not have (a hand-built graph)
+        return None
+    seen: dict[str, list[Any]] = {"layer": [], "head in": [], "head out": []}
+
+    def read_layer(_module: nn.Module, _args: tuple, out: Any) -> None:
+        seen["layer"].append(out)
+
+    def read_head(_module: nn.Module, args: tuple, out: Any) -> None:
+        seen["head in"].append(args[0] if args else None)
+        seen["head out"].append(out)
+
+    hooks = [layer.register_forward_hook(read_layer), head.register_forward_hook(read_head)]
+    args, kwargs = normalise_inputs(model, example_inputs) if example_inputs is not None else _distinct_tokens(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(*args, **kwargs)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    logits = getattr(output, "logits", output)
+    if any(len(values) != 1 or not isinstance(values[0], torch.Tensor) for values in seen.values()):
+        return None
+    if not isinstance(logits, torch.Tensor):
+        return None
+    before = _constant_factor(seen["layer"][0], seen["head in"][0])
+    after = _constant_factor(seen["head out"][0], logits)
+    return None if before is None or after is None else before * after
+
+
+def _distinct_tokens(model: nn.Module) -> tuple[tuple, dict]:
+    """:func:`~graphkit.tracing.inputs.example_inputs_for` with its token ids (its only integer
+    tensors) counting up through the first ids of the vocabulary instead of all 0."""
+    args, kwargs = example_inputs_for(model)
+    vocab = getattr(text_config(getattr(model, "config", None)), "vocab_size", None)
+    tables = (m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding))
+    size = min(int(vocab or next(tables, 2)), 97)
+
+    def counted(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not value.is_floating_point():
+            return torch.arange(value.numel(), device=value.device).remainder(size).view_as(value).to(value.dtype)
+        return value
+
+    return tuple(counted(a) for a in args), {k: counted(v) for k, v in kwargs.items()}
+
+
+def _constant_factor(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """c with y = c x (least squares, to :data:`SCALE_TOLERANCE` of y), or None."""
+    if x.shape != y.shape:
+        return None
+    x, y = x.detach().double().flatten(), y.detach().double().flatten()
+    energy = x.dot(x)
+    if not (energy > 0 and torch.isfinite(energy)):
+        return None
+    c = (x.dot(y) / energy).item()
+    return c if (y - c * x).norm() <= SCALE_TOLERANCE * y.norm() else None
 
 
 def init_constants(model: nn.Module) -> dict[str, float]:
