@@ -82,7 +82,8 @@ class ArchPool:
                 f"{self.dataset}: split {self.split!r} has no zoo family {missing[0]!r}; "
                 f"it has {', '.join(sorted(have))}"
             )
-        self.records = [r for r in self.records if r.config.get("zoo_family") in set(names)]
+        kept = set(names)
+        self.records = [r for r in self.records if r.config.get("zoo_family") in kept]
 
     def ops(self) -> list[str]:
         """Every op the pool's graphs use."""
