@@ -31,8 +31,8 @@ the unigram loss to get below).
     .venv/bin/python experiments/zoo_pools.py --kind decoders --first llama mistral qwen2 qwen3 --pools \
         --curriculum 4 --start-steps 600 --steps 1500 --spread 1
 
-Copies: :func:`with_zoo_roles` wraps ``LoGAH.from_variant`` as ``train()`` calls it, replacing
-the roles it passes (mirror a change to that call).
+A pool trains on the zoo itself with ``train-ghn --zoo-families`` (``TrainConfig.zoo_families``),
+which keeps the role maps of the whole train split.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from graphkit.datasets.store import read_rows, write_dataset  # noqa: E402
+from graphkit.datasets.store import read_rows  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
 from graphkit.ghn import load_checkpoint, training  # noqa: E402
@@ -96,42 +96,30 @@ def families(zoo: Path, first: Sequence[str] = ()) -> list[str]:
     return [*first, *sorted(set(counts) - set(first), key=lambda f: (-counts[f], f))]
 
 
-def with_zoo_roles(zoo: Path, recipe: dict[str, Any]) -> None:
-    """Every LoGAH built from here on gets the role maps of ``zoo``'s train split, whatever pool it trains on."""
-    roles = ArchPool(zoo, "train").roles(recipe["role_key"], recipe["max_roles"])
-    build = training.LoGAH.from_variant
-
-    def built(*args, **kwargs):
-        return build(*args, **{**kwargs, "roles": roles})
-
-    training.LoGAH.from_variant = built
-
-
-def pool_dataset(zoo: Path, k: int, first: Sequence[str]) -> Path:
-    """A dataset of the first ``k`` families' train architectures, and the zoo's eval split."""
-    out = ROOT / "out" / f"{zoo.name}-{pool_name(k, first)}"
-    if not out.exists():
-        chosen = set(families(zoo, first)[:k])
-        rows = [r for r in zoo_rows(zoo, "train") if family_of(r) in chosen] + zoo_rows(zoo, "eval")
-        write_dataset(rows, out, name=out.name)
-    return out
-
-
 def pool_name(k: int, first: Sequence[str]) -> str:
     """``pool4``, or ``pool4-llama-mistral`` when ``--first`` put those families ahead."""
     return "-".join([f"pool{k}", *first[:k]])
 
 
 def train_run(
-    recipe: dict[str, Any], dataset: Path, out: Path, steps: int, initial: Path | None = None, spread: float = 0.0
+    recipe: dict[str, Any],
+    zoo: Path,
+    out: Path,
+    steps: int,
+    initial: Path | None = None,
+    spread: float = 0.0,
+    pool: Sequence[str] | None = None,
 ) -> None:
+    """``train-ghn`` with ``recipe`` on ``zoo``'s train split, or on its families ``pool`` only
+    (``--zoo-families``: the role maps stay the whole split's, so that any run can start the next stage)."""
     config = training.TrainConfig(
         **recipe,
-        dataset=str(dataset),
+        dataset=str(zoo),
         out=str(out),
         steps=steps,
         initial_checkpoint=None if initial is None else str(initial),
         spread=spread,
+        zoo_families=None if pool is None else list(pool),
     )
     training.train(config, progress=True)
 
@@ -222,7 +210,6 @@ def main() -> None:
     default_zoo, recipe = KINDS[args.kind]
     zoo = args.zoo or default_zoo
     print("families, the pools' order:", families(zoo, args.first)[:PROBED_FAMILIES], flush=True)
-    with_zoo_roles(zoo, recipe)
     source = load_source(recipe["data"], seq_len=recipe.get("seq_len", 64))
     text = source.task == "text"
     batch_size = 8 if text else 32
@@ -234,24 +221,20 @@ def main() -> None:
     for reference in args.reference:
         print(json.dumps(probe(reference, records, source, batch_size), indent=1), flush=True)
     spread = f"-spread{args.spread:g}" if args.spread else ""
-    runs = [
-        (
-            ROOT / "runs" / f"{zoo.name}-{pool_name(k, args.first)}-{args.steps}",
-            pool_dataset(zoo, k, args.first),
-            None,
-            0.0,
-        )
+    order = families(zoo, args.first)
+    runs: list[tuple[Path, Path | None, float, list[str] | None]] = [
+        (ROOT / "runs" / f"{zoo.name}-{pool_name(k, args.first)}-{args.steps}", None, 0.0, order[:k])
         for k in args.pools
     ]
     if args.whole:
-        runs.append((ROOT / "runs" / f"{zoo.name}-whole{spread}-{args.steps}", zoo, None, args.spread))
+        runs.append((ROOT / "runs" / f"{zoo.name}-whole{spread}-{args.steps}", None, args.spread, None))
     if args.curriculum is not None:
         start = ROOT / "runs" / f"{zoo.name}-{pool_name(args.curriculum, args.first)}-{args.start_steps or args.steps}"
         run = ROOT / "runs" / f"{zoo.name}-curriculum{args.curriculum}{spread}-{args.steps}"
-        runs.append((run, zoo, start, args.spread))
-    for run, dataset, initial, weight in runs:
+        runs.append((run, start, args.spread, None))
+    for run, initial, weight, pool in runs:
         if not args.probe_only:
-            train_run(recipe, dataset, run, args.steps, initial, weight)
+            train_run(recipe, zoo, run, args.steps, initial, weight, pool)
         print(json.dumps(probe(run, records, source, batch_size), indent=1), flush=True)
     if args.plot is not None:
         plot([run for run, *_ in runs], args.plot, floor, zoo.name)
