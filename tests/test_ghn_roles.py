@@ -139,13 +139,29 @@ def test_bad_roles_are_refused(roles, decoder, message):
     ],
 )
 def test_a_leaf_role_is_the_last_module_name_and_the_parameter(name, role):
-    assert role_of(name, "leaf") == role
+    assert role_of(name, "leaf") == role == role_of(name, "layer")
+
+
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        ("model.layers.0.self_attn.q_proj.linear.weight", "q_proj.weight"),  # Moshi, Inkling 2
+        ("model.layers.1.self_attn.o_proj.base_layer.weight", "o_proj.weight"),  # PEFT's LoRA
+        ("model.layers.2.router.layer.weight", "router.weight"),  # JetMoE
+        ("model.layers.3.linear.weight", "linear.weight"),  # a block's own layer (Zamba 2)
+        ("linear.weight", "linear.weight"),
+    ],
+)
+def test_a_layer_role_skips_a_wrapper_named_for_its_type(name, role):
+    # by leaf, as the checkpoints trained with it read them, every wrapped projection is one role
+    assert role_of(name, "layer") == role
+    assert role_of(name, "leaf") == ".".join(name.split(".")[-2:])
 
 
 def test_an_unknown_role_key_is_refused():
-    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf"):
+    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf, layer"):
         role_of("lm_head.weight", "op")
-    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf") as error:
+    with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf, layer") as error:
         LoGAHConfig(role_key="op")
     assert error.value.field == "role_key"
 

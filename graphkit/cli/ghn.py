@@ -93,8 +93,9 @@ def train_ghn(
         "name",
         "--role-key",
         help="How a parameter's name becomes its role (with --role-maps): name (without block indices, "
-        "one family's own roles) or leaf (its last module name and parameter, q_proj.weight, which "
-        "families that name their layers alike share).",
+        "one family's own roles), leaf (its last module name and parameter, q_proj.weight, which "
+        "families that name their layers alike share) or layer (leaf, but a wrapper named for its type "
+        "skipped: Moshi's q_proj.linear.weight is q_proj.weight).",
     ),
     max_roles: Optional[int] = typer.Option(
         None,

@@ -15,8 +15,10 @@ from graphkit.ops import OPS
 DECODERS = ("low_rank", "ghn3")
 #: how a parameter's name becomes its role (:func:`~graphkit.ghn.encoding.role_of`): ``name``, the
 #: name without block indices (one family's own roles); ``leaf``, its last module name and the
-#: parameter (``q_proj.weight``), which families that follow one naming convention share
-ROLE_KEYS = ("name", "leaf")
+#: parameter (``q_proj.weight``), which families that follow one naming convention share; ``layer``,
+#: the same with a wrapper named for its type skipped (Moshi's ``q_proj.linear.weight`` is
+#: ``q_proj.weight``; ``leaf`` stays as checkpoints trained with it read their roles)
+ROLE_KEYS = ("name", "leaf", "layer")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,10 @@ def activate(kind: str, values: Tensor) -> Tensor:
     return values
 
 
+#: module names that say a layer's type, not its role: a ``layer`` role skips them for the module that holds them
+WRAPPERS = frozenset({"linear", "layer", "base_layer"})
+
+
 def role_of(name: str, key: str = "name") -> str:
     """A parameter's role, as ``key`` (one of :data:`~graphkit.ghn.config.ROLE_KEYS`) reads its
     state-dict name. ``name``: the name without block indices, so that every block's query
@@ -103,12 +107,24 @@ def role_of(name: str, key: str = "name") -> str:
     ``transformer.h.attn.c_attn.weight``, ``blocks.11.mlp.fc1.bias`` -> ``blocks.mlp.fc1.bias``).
     ``leaf``: of that, the last module name and the parameter (``c_attn.weight``, ``fc1.bias``;
     ``model.layers.0.self_attn.q_proj.weight`` -> ``q_proj.weight``), so that families which name
-    their layers alike (transformers' decoders, timm's ViTs) share roles.
+    their layers alike (transformers' decoders, timm's ViTs) share roles. ``layer``: the leaf, but
+    a layer that wraps its projection in a module named for its type (:data:`WRAPPERS`: Moshi's
+    and Inkling 2's ``q_proj.linear.weight``, PEFT's ``q_proj.base_layer.weight``) takes its role
+    from the wrapper's name (``q_proj.weight``): by leaf every projection of such a model is
+    ``linear.weight``, one role without a map of its own, and Moshi's predicted blocks drowned
+    what its embeddings and head predicted (docs/experiments.md, "Logit scales"). A block's own
+    layer of that name (``model.layers.3.linear.weight``) keeps it. ``leaf`` stays as it was, for
+    the checkpoints trained with it (the zoo-vision one trained LeViT's projections as ``linear.weight``).
     A decoder with role maps (``LoGAHConfig.roles``) decodes each role through its own map."""
     if key not in ROLE_KEYS:
         raise VariantError(f"unknown role key {key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
     role = without_block_indices(name)
-    return role if key == "name" else ".".join(role.split(".")[-2:])
+    if key == "name":
+        return role
+    parts = name.split(".")
+    if key == "layer" and len(parts) >= 3 and parts[-2] in WRAPPERS and not parts[-3].isdigit():
+        return f"{parts[-3]}.{parts[-1]}"
+    return ".".join(role.split(".")[-2:])
 
 
 def frequent_roles(graphs: Iterable[ArchGraph], key: str = "name", limit: int | None = None) -> list[str]:
