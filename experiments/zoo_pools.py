@@ -71,7 +71,7 @@ KINDS: dict[str, tuple[Path, dict[str, Any]]] = {
     "decoders": (
         ROOT / "out" / "zoo-decoders-mini",
         dict(data="stdlib-text", meta_batch=2, batch_size=8, seq_len=64, lr_fan_in=32.0, role_maps=True,
-             role_key="leaf", max_roles=32, role_rows=1024),
+             role_key="layer", max_roles=32, role_rows=1024),
     ),
 }  # fmt: skip
 PROBED_FAMILIES = 16
