@@ -113,6 +113,13 @@ class ArchGraph:
         """Total parameter elements owned by the nodes (tied parameters counted once)."""
         return sum(n.num_params for n in self.nodes)
 
+    def head_input(self) -> int | None:
+        """The node (index) the graph's one ``head`` node reads, where it has one head with one
+        input; else None. Where a model's logit scale is measured and undone."""
+        heads = [i for i, node in enumerate(self.nodes) if node.op == "head"]
+        sources = [s for s, d in self.edges if heads and d == heads[0]]
+        return sources[0] if len(heads) == 1 and len(sources) == 1 else None
+
     def op_counts(self) -> dict[str, int]:
         """How many nodes of each op, most common first."""
         return dict(Counter(n.op for n in self.nodes).most_common())

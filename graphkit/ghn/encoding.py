@@ -185,12 +185,10 @@ def head_input_factors(graph: ArchGraph) -> dict[str, float]:
     of models at scale 1 predicts its logits that much too small, near uniform. The final norm's
     gain and bias, times the inverse, give the head what it would read at scale 1: the logits the
     hypernetwork meant, exactly (:func:`~graphkit.tracing.tracer.logit_scale`)."""
-    scale = graph.meta.get("logit_scale")
-    heads = [i for i, node in enumerate(graph.nodes) if node.op == "head"]
-    sources = [s for s, d in graph.edges if heads and d == heads[0]]
-    if not scale or len(heads) != 1 or len(sources) != 1 or graph.nodes[sources[0]].op not in NORM_OPS:
+    scale, source = graph.meta.get("logit_scale"), graph.head_input()
+    if not scale or source is None or graph.nodes[source].op not in NORM_OPS:
         return {}
-    norm = graph.nodes[sources[0]]
+    norm = graph.nodes[source]
     constants = graph.meta.get("init", {})
     if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
         return {}

@@ -123,15 +123,14 @@ def logit_scale(model: nn.Module, graph: ArchGraph, example_inputs: ExampleInput
     forward pass of ``example_inputs`` (None: :func:`~graphkit.tracing.inputs.example_inputs_for`
     with distinct token ids: zeros may all be padding, which some models embed as zeros), by hooks
     on the head and its input layer, rather than read from configs that each name it differently."""
-    heads = [i for i, node in enumerate(graph.nodes) if node.op == "head"]
-    sources = [s for s, d in graph.edges if heads and d == heads[0]]
-    if len(heads) != 1 or len(sources) != 1 or not graph.nodes[sources[0]].params:
+    source = graph.head_input()
+    if source is None or not graph.nodes[source].params:
         return None
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):  # no values to measure on
         return None
     try:
-        head = model.get_submodule(graph.nodes[heads[0]].module)
-        layer = model.get_submodule(graph.nodes[sources[0]].module)
+        head = model.get_submodule(next(node.module for node in graph.nodes if node.op == "head"))
+        layer = model.get_submodule(graph.nodes[source].module)
     except AttributeError:  # a node whose module path the model does not have (a hand-built graph)
         return None
     seen: dict[str, list[Any]] = {"layer": [], "head in": [], "head out": []}
