@@ -11,7 +11,7 @@ from torch.func import functional_call
 import graphkit
 from graphkit.families import build_model, resolve_config
 from graphkit.ghn import PredictError, load_checkpoint, predict
-from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig
+from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.diagnostics import feature_constancy
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import INIT_GAIN, LoGAH
@@ -216,6 +216,54 @@ def test_a_models_logit_scale_is_recorded_and_undone_by_its_final_norm(scale):
         meant = functional_call(at_one, reference, (x,)).logits
         got = functional_call(model, batched, (x,)).logits
     torch.testing.assert_close(got, meant, rtol=1e-4, atol=1e-5)
+
+
+def _llama(tied: bool, gemma: bool = False) -> torch.nn.Module:
+    from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    sizes = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+    torch.manual_seed(0)
+    if gemma:
+        return GemmaForCausalLM(GemmaConfig(**sizes, num_key_value_heads=1, head_dim=8, tie_word_embeddings=tied))
+    return LlamaForCausalLM(LlamaConfig(**sizes, num_key_value_heads=1, tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize(
+    "tied, gemma, scaled",
+    [(False, False, True), (True, False, True), (True, True, False), (False, True, True)],
+    ids=["untied", "tied", "tied-gemma", "untied-gemma"],
+)
+def test_a_table_gain_scales_the_token_table_and_is_undone_on_tied_logits(tied, gemma, scaled):
+    # what the blocks write is small beside a larger stream input (docs/experiments.md, "The
+    # stream's input"); a tied table is the head too, so the final norm undoes the gain on the
+    # logits, and where it cannot (Gemma's 1 + w) the table keeps the weights' RMS
+    model = _llama(tied, gemma)
+    graph = graphkit.trace(model)
+    table, norm = "model.embed_tokens.weight", "model.norm.weight"
+    factors = {t.name: t.factor for t in targets(graph, anchors=True, table_gain=4.0) if t.factor != 1.0}
+    expected = ({table: 4.0} | ({norm: 0.25} if tied else {})) if scaled else {}
+    assert factors == expected
+    assert all(t.factor == 1.0 for t in targets(graph, anchors=False, table_gain=4.0))
+    for decoder in ("ghn3", "low_rank"):
+        torch.manual_seed(0)
+        gained = LoGAH(LoGAHConfig(init_anchors=True, table_gain=4.0, decoder=decoder)).eval()
+        plain = LoGAH(LoGAHConfig(init_anchors=True, decoder=decoder)).eval()
+        plain.load_state_dict(gained.state_dict())
+        with torch.no_grad():
+            reference, batched = plain.predict(graph), gained.predict(graph)
+        streamed = predict(copy.deepcopy(model), ghn=gained, grow=False, keep_init=False)  # block by block
+        for params in (batched, streamed):
+            for name, value in reference.items():
+                torch.testing.assert_close(params[name], value * expected.get(name, 1.0), rtol=1e-5, atol=1e-6)
+    if tied and scaled:  # the logits' scale is the gain-1 prediction's: its final norm's output is 1/4 as large
+        x = torch.arange(16).remainder(64).view(2, 8)
+        with torch.no_grad():
+            scaled_logits = functional_call(model, batched, (x,)).logits
+            plain_logits = functional_call(model, reference, (x,)).logits
+        ratio = scaled_logits.std() / plain_logits.std()
+        assert 0.5 < ratio < 2, ratio  # without the norm's factor it would be about 4
+    with pytest.raises(VariantError, match="table gain must be a positive number; got nan"):
+        LoGAHConfig(table_gain=float("nan"))
 
 
 def test_a_logit_scale_is_measured_only_where_it_is_one_constant():

@@ -160,6 +160,9 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert load_checkpoint(tmp_path / "anchored").config.init_anchors is True
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*first: holds a LoGAH whose roles is \(\), not "):
         train(quick(vits, tmp_path / "roles", role_maps=True, initial_checkpoint=str(tmp_path / "first")))
+    # named for the setting that differs, not for init_anchors, which may (the first's is False now)
+    with pytest.raises(TrainError, match=r"^--initial-checkpoint .*first: holds a LoGAH whose table_gain is 1.0, not"):
+        train(quick(vits, tmp_path / "gained", table_gain=4.0, initial_checkpoint=str(tmp_path / "first")))
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*nowhere: no hypernetwork checkpoint there"):
         train(quick(vits, tmp_path / "missing", initial_checkpoint=str(tmp_path / "nowhere")))
 

@@ -60,6 +60,14 @@ def train_ghn(
         "with weights; --no-init-anchors: around its kind's (norm gains 1, anything else 0), as checkpoints "
         'before 2026-11-29 did (docs/experiments.md, "One-dimensional parameters").',
     ),
+    table_gain: float = typer.Option(
+        1.0,
+        "--table-gain",
+        help="Decode token and position tables at this many times the RMS every other weight gets "
+        "(a tied table only where the final norm can undo it on the logits), so that what the blocks write "
+        "is smaller beside the stream's input; needs --init-anchors "
+        '(docs/experiments.md, "The stream\'s input").',
+    ),
     keep_init: bool = typer.Option(
         False,
         "--keep-init/--no-keep-init",
@@ -157,6 +165,7 @@ def train_ghn(
         depth_buckets=depth_buckets,
         tie_feature=tie_feature,
         init_anchors=init_anchors,
+        table_gain=table_gain,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],

@@ -139,6 +139,8 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
             if not isinstance(value, bool):
                 raise CheckpointError(f"{file}: logah.{name} must be true or false; got {value!r}")
             continue
+        if name == "table_gain":  # LoGAHConfig checks it (a positive number)
+            continue
         least = 0 if name == "depth_buckets" else 1
         if name not in ("decoder", "roles", "role_key") and not is_count(value, least):
             raise CheckpointError(f"{file}: logah.{name} must be an integer >= {least}; got {value!r}")

@@ -7,6 +7,7 @@ encoding: one module under both keeps the imports one-way.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from graphkit.errors import VariantError
@@ -45,6 +46,10 @@ class LoGAHConfig:
     # 1-D parameters decoded around their model's init constants (encoding.targets); train-ghn's runs
     # since 2026-11-29 set it (TrainConfig.init_anchors); False for checkpoints from before, which lack it
     init_anchors: bool = False
+    # token and position tables decoded at this many times the weights' RMS (with init anchors; a
+    # tied table where the final norm undoes it: encoding.targets): a stream whose input is larger
+    # beside what its blocks write; 1 for checkpoints from before 2026-11-30, which lack it
+    table_gain: float = 1.0
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -58,6 +63,10 @@ class LoGAHConfig:
             raise VariantError(f"unknown role key {self.role_key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
         if roles and self.decoder != "low_rank":
             raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
+        gain = self.table_gain
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not math.isfinite(gain) or gain <= 0:
+            raise VariantError(f"table gain must be a positive number; got {gain!r}", "table_gain")
+        object.__setattr__(self, "table_gain", float(gain))
         object.__setattr__(self, "roles", roles)
 
 

@@ -33,6 +33,9 @@ SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 #: started near 0 and silenced LeViT's, FastViT's or MaxViT's every block and head
 #: (docs/experiments.md, "Where training across vision families stops").
 NORM_OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "group_norm"})
+#: the ops whose tables start a language model's residual stream: tokens and learned positions
+#: (:attr:`~graphkit.ghn.config.LoGAHConfig.table_gain` scales them)
+TABLE_OPS = frozenset({"embedding", "pos_embedding"})
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,9 @@ class Target:
     kind: str  # "weight", "norm" (norm scale) or "bias" (any other 1-D parameter)
     fan_in: int
     offset: float = 0.0  # added to a 1-D parameter's output: its model's init constant less activate(kind, 0)
-    factor: float = 1.0  # then multiplies it: 1 / the model's logit scale on its final norm (head_input_factors)
+    # then multiplies it: 1 / the model's logit scale on its final norm (head_input_factors); a
+    # weight's RMS: LoGAHConfig.table_gain on a token or position table (targets)
+    factor: float = 1.0
 
     @property
     def matrix_shape(self) -> tuple[int, int]:
@@ -139,14 +144,16 @@ def frequent_roles(graphs: Iterable[ArchGraph], key: str = "name", limit: int | 
     return sorted(ranked[:limit])
 
 
-def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list[Target]:
+def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_gain: float = 1.0) -> list[Target]:
     """Every parameter of ``graph`` as a :class:`Target`, in node order. With ``anchors``, a 1-D
     parameter that the model's constructor fills with a constant (``graph.meta["init"]``, recorded
     by the tracer: :func:`~graphkit.tracing.tracer.init_constants`) is decoded around that
     constant instead of its kind's (:attr:`Target.offset`): Gemma's norm gains around 0,
-    Zaya's residual gains around 1, a zero-initialised BatchNorm around 0. EncodingError when
-    ``anchors`` are asked of a graph without that record (traced on the meta device): decoded
-    without them its 1-D parameters would not be what the hypernetwork trained."""
+    Zaya's residual gains around 1, a zero-initialised BatchNorm around 0; and the token and
+    position tables at ``table_gain`` times the weights' RMS (:attr:`Target.factor`), a tied table
+    only where the norm its head reads undoes the gain on the logits (:func:`head_input_factors`).
+    EncodingError when ``anchors`` are asked of a graph without that record (traced on the meta
+    device): decoded without them its 1-D parameters would not be what the hypernetwork trained."""
     if anchors and "init" not in graph.meta:
         raise EncodingError(
             f"{graph.meta.get('model_class', 'the model')}: its graph records no init constants (it was traced on "
@@ -154,7 +161,15 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list
             "weights, or add them with graphkit.ghn.pool.with_init_constants"
         )
     constants = graph.meta["init"] if anchors else {}
-    factors = head_input_factors(graph) if anchors else {}
+    factors = {}
+    if anchors:
+        tables = {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
+        heads_read = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+        tied = bool(tables & heads_read)
+        if tied and not head_input_factors(graph, table_gain, always=True):  # logits no norm would undo
+            table_gain = 1.0
+        factors = head_input_factors(graph, table_gain if tied else 1.0)
+        factors.update((name, table_gain) for name in tables if table_gain != 1.0)
     out = []
     for i, node in enumerate(graph.nodes):
         for slot, (name, shape) in enumerate(node.params.items()):
@@ -175,24 +190,25 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False) -> list
     return out
 
 
-def head_input_factors(graph: ArchGraph) -> dict[str, float]:
-    """1 / ``graph.meta["logit_scale"]`` for each parameter of the norm the head reads, by name;
-    none without a logit scale, or where the head reads something else, or a norm whose gain
-    starts at 0 (Gemma's ``1 + w``, which a factor would not scale).
+def head_input_factors(graph: ArchGraph, tied_gain: float = 1.0, always: bool = False) -> dict[str, float]:
+    """1 / (``graph.meta["logit_scale"]`` times ``tied_gain``, the gain of a tied token table
+    the head reads) for each parameter of the norm the head reads, by name; none where that is 1
+    (unless ``always``), or where the head reads something else, or a norm whose gain starts at 0
+    (Gemma's ``1 + w``, which a factor would not scale).
 
     Why: a model that scales its logits by a constant (Cohere by 1/16, Inkling by 1/24) is a
     graph like any other (the tracer folds constants), and a hypernetwork that learned the logits
     of models at scale 1 predicts its logits that much too small, near uniform. The final norm's
     gain and bias, times the inverse, give the head what it would read at scale 1: the logits the
     hypernetwork meant, exactly (:func:`~graphkit.tracing.tracer.logit_scale`)."""
-    scale, source = graph.meta.get("logit_scale"), graph.head_input()
-    if not scale or source is None or graph.nodes[source].op not in NORM_OPS:
+    scale, source = float(graph.meta.get("logit_scale") or 1.0) * tied_gain, graph.head_input()
+    if (scale == 1.0 and not always) or source is None or graph.nodes[source].op not in NORM_OPS:
         return {}
     norm = graph.nodes[source]
     constants = graph.meta.get("init", {})
     if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
         return {}
-    return {name: 1.0 / float(scale) for name in norm.params}
+    return {name: 1.0 / scale for name in norm.params}
 
 
 @dataclass(frozen=True)
@@ -277,7 +293,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     dist = torch.where(dist < 0, config.max_distance + 1, dist.clamp(max=config.max_distance))
 
     k = config.max_mask
-    plan = targets(graph, config.max_slots, config.init_anchors)
+    plan = targets(graph, config.max_slots, config.init_anchors, config.table_gain)
     role_index = {role: i + 1 for i, role in enumerate(config.roles)}
     roles = tuple(role_index.get(role_of(t.name, config.role_key), 0) for t in plan)  # unseen: 0, shared
     queries: list[tuple[int, int, int, int]] = []

@@ -252,7 +252,8 @@ class LowRankDecoder(nn.Module):
         All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
         its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
         one r x r Gram matrix per distinct (role, size), gathered per query. It is scaled to RMS
-        ``INIT_GAIN g / sqrt(fan-in)``, so its norm is that times ``sqrt(size)``: exact (up to the
+        ``INIT_GAIN g / sqrt(fan-in)`` (times its :attr:`~graphkit.ghn.encoding.Target.factor`: a
+        token table's ``table_gain``), so its norm is that times ``sqrt(size)``: exact (up to the
         1e-12 guard), with the same gradient."""
         r, device = self.config.rank, nodes.device
         index = batch.on(device)
@@ -283,7 +284,7 @@ class LowRankDecoder(nn.Module):
         row_grams, col_grams = (grams.index_select(0, index[key]) for key in ("row_size", "col_size"))
         square = ((fa.mT @ row_grams @ fa) * (fb.mT @ col_grams @ fb)).sum((1, 2))
         square = torch.zeros(len(batch.targets), device=device, dtype=square.dtype).index_add(0, index["owner"], square)
-        rms = weight_rms(gains[index["first"]], index["sqrt_fan_in"])
+        rms = weight_rms(gains[index["first"]], index["sqrt_fan_in"]) * index["weight_factor"]
         scale = rms / torch.sqrt(square / index["size"] + 1e-12)
         scale = torch.where(index["is_weight_query"], scale.index_select(0, index["owner"]), 1.0)
         return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float()
@@ -392,6 +393,7 @@ class _DecodeBatch:
             "entry_owner": torch.repeat_interleave(owner_t[vector], lengths),
             "first": torch.tensor(self.first_query, dtype=torch.long),
             "sqrt_fan_in": torch.tensor([math.sqrt(t.fan_in) for _, t in self.targets]),
+            "weight_factor": torch.tensor([t.factor if t.kind == "weight" else 1.0 for _, t in self.targets]),
             "size": torch.tensor([float(math.prod(t.matrix_shape)) for _, t in self.targets]),
             "is_vector": torch.tensor([kind != "weight" for kind in kinds]),
             "graph_of_target": torch.tensor([graph for graph, _ in self.targets], dtype=torch.long),
@@ -574,6 +576,7 @@ class TiledDecoder(nn.Module):
             else:
                 rows, cols = t.matrix_shape
                 value = t.finish(block[:, :, 0, 0].repeat(-(-rows // d), -(-cols // d))[:rows, :cols])
+            # a 2-D or 3-D weight's factor came with finish (Target.anchor); no 4-D one has one
             out[t.name] = value / math.sqrt(t.fan_in) if t.kind == "weight" else value
         return out
 
@@ -622,13 +625,15 @@ class LoGAH(nn.Module):
         role_rows: int = LoGAHConfig.role_rows,
         role_key: str = LoGAHConfig.role_key,
         init_anchors: bool = LoGAHConfig.init_anchors,
+        table_gain: float = LoGAHConfig.table_gain,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
         embedding of which nodes share a tied token table; ``roles`` (parameter
         roles as ``role_key`` reads names, :func:`~graphkit.ghn.encoding.role_of`) get role maps of
         ``role_rows`` rows each; ``init_anchors`` decodes 1-D parameters around their model's init
-        constants (:func:`~graphkit.ghn.encoding.targets`)."""
+        constants and the token and position tables at ``table_gain`` times the weights' RMS
+        (:func:`~graphkit.ghn.encoding.targets`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -642,6 +647,7 @@ class LoGAH(nn.Module):
                     "role_rows": role_rows,
                     "role_key": role_key,
                     "init_anchors": init_anchors,
+                    "table_gain": table_gain,
                 }
             )
         )

@@ -85,6 +85,7 @@ RESUMED_OPTIONS = (
     "depth_buckets",
     "tie_feature",
     "init_anchors",
+    "table_gain",
     "keep_init",
     "initial_checkpoint",
     "zoo_families",
@@ -112,6 +113,7 @@ UNRECORDED = {
     "depth_buckets": 0,
     "tie_feature": False,
     "init_anchors": False,
+    "table_gain": LoGAHConfig.table_gain,
     "keep_init": False,
     "initial_checkpoint": None,
     "zoo_families": None,
@@ -136,6 +138,7 @@ class TrainConfig:
     depth_buckets: int = LoGAHConfig.depth_buckets  # the encoder's relative-depth embeddings; 0: none
     tie_feature: bool = LoGAHConfig.tie_feature  # the encoder reads which nodes share a tied token table
     init_anchors: bool = True  # 1-D parameters decoded around their model's init constants (LoGAHConfig.init_anchors)
+    table_gain: float = LoGAHConfig.table_gain  # token and position tables at this times the weights' RMS
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
@@ -175,6 +178,7 @@ class TrainConfig:
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
+        check_number("table_gain", self.table_gain, TrainError, positive=True)
         for name in ("weight_decay", "gamma", "spread"):
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
@@ -375,10 +379,11 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     TrainError naming the first setting in which their configs differ (the variant, the roles a
     pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles."""
     # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
-    if replace(initial.config, init_anchors=ghn.config.init_anchors) != ghn.config:
-        field = next(f for f in asdict(ghn.config) if getattr(initial.config, f) != getattr(ghn.config, f))
+    comparable = replace(initial.config, init_anchors=ghn.config.init_anchors)
+    if comparable != ghn.config:
+        field = next(f for f in asdict(ghn.config) if getattr(comparable, f) != getattr(ghn.config, f))
         raise TrainError(
-            f"--initial-checkpoint {path}: holds a LoGAH whose {field} is {getattr(initial.config, field)!r}, "
+            f"--initial-checkpoint {path}: holds a LoGAH whose {field} is {getattr(comparable, field)!r}, "
             f"not this run's {getattr(ghn.config, field)!r}; train with its options (--variant, --role-maps, "
             "--role-key, ...) or start fresh"
         )
@@ -432,6 +437,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         role_rows=config.role_rows,
         role_key=config.role_key,
         init_anchors=config.init_anchors,
+        table_gain=config.table_gain,
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
