@@ -48,7 +48,7 @@ class LoGAHConfig:
     init_anchors: bool = False
     # token and position tables decoded at this many times the weights' RMS (with init anchors; a
     # tied table where the final norm undoes it: encoding.targets): a stream whose input is larger
-    # beside what its blocks write; 1 for checkpoints from before 2026-11-30, which lack it
+    # beside what its blocks write; 1 for checkpoints from before 2026-11-29, which lack it
     table_gain: float = 1.0
 
     def __post_init__(self) -> None:
