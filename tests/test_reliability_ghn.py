@@ -137,6 +137,7 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
         (("--role-key", "leaf"), f"--role-key {NEEDS_ROLE_MAPS}"),
         (("--role-rows", "64"), f"--role-rows {NEEDS_ROLE_MAPS}"),
         (("--role-maps", "--decoder", "ghn3", "--role-key", "leaf"), "--role-maps needs the low_rank decoder"),
+        (("--table-gain", "8", "--no-init-anchors"), "--table-gain needs --init-anchors (it decodes with them)"),
     ],
 )
 def test_role_map_options_are_checked_before_any_work(tmp_path, options, message):

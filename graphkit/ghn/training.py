@@ -179,6 +179,8 @@ class TrainConfig:
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
         check_number("table_gain", self.table_gain, TrainError, positive=True)
+        if self.table_gain != 1.0 and not self.init_anchors:  # it would change nothing: say so, not train
+            raise TrainError("--table-gain needs --init-anchors (it decodes with them); leave out --no-init-anchors")
         for name in ("weight_decay", "gamma", "spread"):
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
