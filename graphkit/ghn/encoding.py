@@ -24,7 +24,7 @@ from torch import Tensor
 
 from graphkit.errors import EncodingError
 from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
-from graphkit.graph import ArchGraph, without_block_indices
+from graphkit.graph import ArchGraph, Node, without_block_indices
 from graphkit.ops import op_id
 
 SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
@@ -166,7 +166,7 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
         tables = {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
         heads_read = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
         tied = bool(tables & heads_read)
-        if tied and not head_input_factors(graph, table_gain, always=True):  # logits no norm would undo
+        if tied and scalable_head_norm(graph) is None:  # logits no norm would undo
             table_gain = 1.0
         factors = head_input_factors(graph, table_gain if tied else 1.0)
         factors.update((name, table_gain) for name in tables if table_gain != 1.0)
@@ -190,23 +190,32 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
     return out
 
 
-def head_input_factors(graph: ArchGraph, tied_gain: float = 1.0, always: bool = False) -> dict[str, float]:
+def scalable_head_norm(graph: ArchGraph) -> Node | None:
+    """The norm ``graph``'s head reads, where a factor on its gain scales the logits; None where
+    the head reads something else, or a norm whose gain starts at 0 (Gemma's ``1 + w``, which a
+    factor would not scale)."""
+    source = graph.head_input()
+    if source is None or graph.nodes[source].op not in NORM_OPS:
+        return None
+    norm = graph.nodes[source]
+    constants = graph.meta.get("init", {})
+    if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
+        return None
+    return norm
+
+
+def head_input_factors(graph: ArchGraph, tied_gain: float = 1.0) -> dict[str, float]:
     """1 / (``graph.meta["logit_scale"]`` times ``tied_gain``, the gain of a tied token table
-    the head reads) for each parameter of the norm the head reads, by name; none where that is 1
-    (unless ``always``), or where the head reads something else, or a norm whose gain starts at 0
-    (Gemma's ``1 + w``, which a factor would not scale).
+    the head reads) for each parameter of the :func:`scalable_head_norm`, by name; none where that
+    is 1 or there is no such norm.
 
     Why: a model that scales its logits by a constant (Cohere by 1/16, Inkling by 1/24) is a
     graph like any other (the tracer folds constants), and a hypernetwork that learned the logits
     of models at scale 1 predicts its logits that much too small, near uniform. The final norm's
     gain and bias, times the inverse, give the head what it would read at scale 1: the logits the
     hypernetwork meant, exactly (:func:`~graphkit.tracing.tracer.logit_scale`)."""
-    scale, source = float(graph.meta.get("logit_scale") or 1.0) * tied_gain, graph.head_input()
-    if (scale == 1.0 and not always) or source is None or graph.nodes[source].op not in NORM_OPS:
-        return {}
-    norm = graph.nodes[source]
-    constants = graph.meta.get("init", {})
-    if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
+    scale, norm = float(graph.meta.get("logit_scale") or 1.0) * tied_gain, scalable_head_norm(graph)
+    if scale == 1.0 or norm is None:
         return {}
     return {name: 1.0 / scale for name in norm.params}
 
