@@ -1,0 +1,211 @@
+"""Issue #45 item 7: the zoo runs one lent GPU call affords, side by side, each sized to the time.
+
+A lent GPU gives a session about 15 minutes, one command at most 10. ``train-ghn`` there is
+launch-bound (the GPU about 5% busy, ``../shared/gpu/``), so one run gains little from it, but
+several runs in parallel processes gain that many times over. This script starts every run of
+``RUNS`` at once for ``--probe-steps`` steps, reads each one's speed from its log, sizes each run
+to end before ``--budget`` seconds (less the probe's reserve), trains them all again at those
+steps, probes each finished run's predictions at step 0 as ``zoo_pools.py`` does (one
+architecture of each of the first 16 train families and of each held-out family), and packs the
+logs, probes and the chosen checkpoints into ``--out`` (pieces of at most 15 MiB: what the
+device tool brings back).
+
+    python3 experiments/gpu_zoo_runs.py --budget 560 --out $OUT          # on the lent GPU
+    .venv/bin/python experiments/gpu_zoo_runs.py --budget 240 --device cpu --runs vision-leaf --out /tmp/g
+    cat /tmp/g/results.tar.gz.* | tar -xz -C runs/gpu                      # here, afterwards
+
+Runs (the zoo recipes of ``zoo_pools.KINDS``, float32 as on the CPU):
+
+- ``vision-leaf``: the whole zoo-vits-mini train split, the shipped zoo-vision recipe (longer);
+- ``vision-layer``: the same with roles keyed by layer (the decoder zoo's key);
+- ``vision-mb16``: the same with 16 architectures a step instead of 4;
+- ``decoders-g8-curriculum``: the zoo-decoders recipe's second stage at table gain 8, from
+  ``runs/zoo-decoders-table8-4`` (its first stage), longer;
+- ``decoders-g8-whole``: its control, the same from a fresh LoGAH;
+- ``decoders-g8-pool1``: one family (``mistral``), the single-family control at the same horizon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from zoo_pools import KINDS, probe, probe_records  # noqa: E402
+
+from graphkit.ghn import training  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+
+#: name: (zoo kind, options over the kind's recipe); the order is the order checkpoints are packed in
+RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "decoders-g8-curriculum": (
+        "decoders",
+        dict(table_gain=8.0, spread=1.0, initial_checkpoint=str(ROOT / "runs" / "zoo-decoders-table8-4")),
+    ),
+    "vision-leaf": ("vision", {}),
+    "vision-layer": ("vision", dict(role_key="layer")),
+    "vision-mb16": ("vision", dict(meta_batch=16)),
+    "decoders-g8-whole": ("decoders", dict(table_gain=8.0, spread=1.0)),
+    "decoders-g8-pool1": ("decoders", dict(table_gain=8.0, zoo_families=["mistral"])),
+}
+PIECE = 15 * 2**20  # bytes a packed piece holds at most
+PACKED = 60 * 2**20  # bytes of checkpoints packed at most, logs aside
+
+
+def train_one(name: str, out: Path, steps: int, device: str) -> None:
+    """Train run ``name`` for ``steps`` steps into ``out``."""
+    kind, options = RUNS[name]
+    zoo, recipe = KINDS[kind]
+    config = training.TrainConfig(
+        **{**recipe, **options}, dataset=str(zoo), out=str(out), steps=steps, device=device, amp=False
+    )
+    training.train(config, progress=False)
+
+
+def probe_one(name: str, run: Path, out: Path) -> None:
+    """Write the step-0 probe of ``run`` (zoo_pools.probe) as ``out``."""
+    zoo, recipe = KINDS[RUNS[name][0]]
+    source = load_source(recipe["data"], seq_len=recipe.get("seq_len", 64))
+    batch_size = 8 if source.task == "text" else 32
+    out.write_text(json.dumps(probe(run, probe_records(zoo, ()), source, batch_size), indent=1))
+
+
+def launch(args: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
+    """This script again, with ``args``, in its own process, its output in ``log``."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as stream:
+        return subprocess.Popen(
+            [sys.executable, __file__, *args], stdout=stream, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
+
+
+def wait_all(processes: dict[str, subprocess.Popen[bytes]], deadline: float) -> dict[str, int | None]:
+    """Each process's exit status, those still running at ``deadline`` killed (None)."""
+    codes: dict[str, int | None] = {}
+    for name, process in processes.items():
+        try:
+            codes[name] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            codes[name] = None
+    return codes
+
+
+def steps_per_second(run: Path, meta_batch: int) -> float | None:
+    """The run's speed over its last logged window, or None without a log."""
+    log = run / "metrics.jsonl"
+    if not log.exists():
+        return None
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return statistics.mean(line["archs_per_s"] for line in lines[-2:]) / meta_batch if lines else None
+
+
+def pack(results: Path, runs: dict[str, Path], out: Path) -> list[Path]:
+    """Logs, probes and (in RUNS order, up to PACKED bytes) final checkpoints, as one .tar.gz
+    split into pieces of at most PIECE bytes in ``out``."""
+    buffer = io.BytesIO()
+    packed = 0
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(results.iterdir()):
+            tar.add(path, arcname=path.name)
+        for name, run in runs.items():
+            for file in ("config.json", "metrics.jsonl", "metrics.png"):
+                if (run / file).exists():
+                    tar.add(run / file, arcname=f"{name}/{file}")
+            weights = run / "model.safetensors"
+            if weights.exists() and packed + weights.stat().st_size <= PACKED:
+                packed += weights.stat().st_size
+                tar.add(weights, arcname=f"{name}/model.safetensors")
+    data = buffer.getvalue()
+    out.mkdir(parents=True, exist_ok=True)
+    pieces = []
+    for index, start in enumerate(range(0, len(data), PIECE)):
+        pieces.append(out / f"results.tar.gz.{index}")
+        pieces[-1].write_bytes(data[start : start + PIECE])
+    return pieces
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=560, help="seconds, from start to packed results")
+    parser.add_argument("--probe-steps", type=int, default=30, help="steps of the speed probe")
+    parser.add_argument("--reserve", type=float, default=100, help="seconds kept for probing and packing")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu_zoo_runs"), help="where runs are trained")
+    parser.add_argument("--out", type=Path, help="where the packed pieces go (required)")
+    parser.add_argument("--one", nargs=3, metavar=("NAME", "STEPS", "RUN"), help=argparse.SUPPRESS)
+    parser.add_argument("--probe-run", nargs=3, metavar=("NAME", "RUN", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        train_one(args.one[0], Path(args.one[2]), int(args.one[1]), args.device)
+        return
+    if args.probe_run:
+        probe_one(args.probe_run[0], Path(args.probe_run[1]), Path(args.probe_run[2]))
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    start = time.monotonic()
+    deadline = start + args.budget - args.reserve
+    threads = max(1, (os.cpu_count() or 2) // len(args.runs))
+    shutil.rmtree(args.work, ignore_errors=True)
+    results = args.work / "results"
+    results.mkdir(parents=True)
+    speed = {}
+    probing = {
+        name: launch(["--one", name, str(args.probe_steps), str(args.work / f"speed-{name}"), "--device", args.device],
+                     results / f"speed-{name}.log", threads)
+        for name in args.runs
+    }  # fmt: skip
+    wait_all(probing, deadline)
+    for name in args.runs:
+        meta_batch = RUNS[name][1].get("meta_batch", KINDS[RUNS[name][0]][1]["meta_batch"])
+        speed[name] = steps_per_second(args.work / f"speed-{name}", meta_batch)
+    ready = time.monotonic() + 30  # each run's start (imports, the zoo, the first step)
+    steps = {
+        name: max(100, int(rate * (deadline - ready) * 0.9) // 100 * 100)
+        for name, rate in speed.items()
+        if rate is not None
+    }
+    print(json.dumps({"steps per second": speed, "steps": steps}), flush=True)
+    runs = {name: args.work / name for name in steps}
+    training_runs = {
+        name: launch(["--one", name, str(steps[name]), str(runs[name]), "--device", args.device],
+                     results / f"train-{name}.log", threads)
+        for name in steps
+    }  # fmt: skip
+    codes = wait_all(training_runs, deadline)
+    probes = {
+        name: launch(["--probe-run", name, str(runs[name]), str(results / f"probe-{name}.json")],
+                     results / f"probe-{name}.log", threads)
+        for name, code in codes.items()
+        if code == 0
+    }  # fmt: skip
+    wait_all(probes, start + args.budget - 15)
+    summary = {"steps per second": speed, "steps": steps, "exit": codes, "seconds": time.monotonic() - start}
+    (results / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary), flush=True)
+    for name in runs:
+        report = results / f"probe-{name}.json"
+        if report.exists():
+            figures = json.loads(report.read_text())
+            print(name, {k: v for k, v in figures.items() if k != "predicted @0"}, flush=True)
+    print([str(p) for p in pack(results, runs, args.out)], flush=True)
+
+
+if __name__ == "__main__":
+    main()
