@@ -1,8 +1,10 @@
 """Issue #45 item 7: the zoo runs one lent GPU call affords, side by side, each sized to the time.
 
 A lent GPU gives a session about 15 minutes, one command at most 10. ``train-ghn`` there is
-launch-bound (the GPU about 5% busy, ``../shared/gpu/``), so one run gains little from it, but
-several runs in parallel processes gain that many times over. This script starts every run of
+launch-bound (the GPU about 5% busy, ``../shared/gpu/``), so several runs in parallel processes
+gain that many times over one (on an H200, 2026-11-29: the zoo-decoders recipe 12 steps a second
+with three side by side, 7.3 with five; zoo-vision 2.3 with five, against about 1 and 0.83 on 2
+CPU cores; docs/experiments.md, "On a lent H200"). This script starts every run of
 ``RUNS`` at once for ``--probe-steps`` steps, reads each one's speed from its log, sizes each run
 to end before ``--budget`` seconds (less the probe's reserve), trains them all again at those
 steps, probes each finished run's predictions at step 0 as ``zoo_pools.py`` does (one
