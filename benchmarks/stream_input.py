@@ -32,10 +32,10 @@ from init_conventions import first_of_each  # noqa: E402
 
 from graphkit.families import build_model  # noqa: E402
 from graphkit.ghn import load_checkpoint  # noqa: E402
-from graphkit.ghn.encoding import TABLE_OPS  # noqa: E402
 from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
+from graphkit.ghn.stream import TABLE_OPS  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import score  # noqa: E402
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from graphkit.errors import EncodingError
 from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
+from graphkit.ghn.stream import TABLE_OPS, scalable_norm, stream_writers
 from graphkit.graph import ArchGraph, Node, without_block_indices
 from graphkit.ops import op_id
 
@@ -33,9 +34,6 @@ SHAPE_BUCKETS = 128  # log2 buckets, 4 per octave: sizes up to 2^32
 #: started near 0 and silenced LeViT's, FastViT's or MaxViT's every block and head
 #: (docs/experiments.md, "Where training across vision families stops").
 NORM_OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "group_norm"})
-#: the ops whose tables start a language model's residual stream: tokens and learned positions
-#: (:attr:`~graphkit.ghn.config.LoGAHConfig.table_gain` scales them)
-TABLE_OPS = frozenset({"embedding", "pos_embedding"})
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,8 @@ class Target:
     fan_in: int
     offset: float = 0.0  # added to a 1-D parameter's output: its model's init constant less activate(kind, 0)
     # then multiplies it: 1 / the model's logit scale on its final norm (head_input_factors); a
-    # weight's RMS: LoGAHConfig.table_gain on a token or position table (targets)
+    # weight's RMS: LoGAHConfig.table_gain on a token or position table, or 1 / it on the stream's
+    # writers where the stream can be written smaller instead (targets, graphkit.ghn.stream)
     factor: float = 1.0
 
     @property
@@ -152,6 +151,10 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
     Zaya's residual gains around 1, a zero-initialised BatchNorm around 0; and the token and
     position tables at ``table_gain`` times the weights' RMS (:attr:`Target.factor`), a tied table
     only where the norm its head reads undoes the gain on the logits (:func:`head_input_factors`).
+    Where the graph proves it the same function (:func:`~graphkit.ghn.stream.stream_writers`), the
+    gain is written the other way round: tables at the weights' RMS and the residual stream's writers
+    ``table_gain`` times smaller, a tied head's norm without the gain's inverse, the stream at the
+    scale of the model's own init rather than ``table_gain`` times it.
     EncodingError when ``anchors`` are asked of a graph without that record (traced on the meta
     device): decoded without them its 1-D parameters would not be what the hypernetwork trained."""
     if anchors and "init" not in graph.meta:
@@ -168,8 +171,13 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
         tied = bool(tables & heads_read)
         if tied and scalable_head_norm(graph) is None:  # logits no norm would undo
             table_gain = 1.0
-        factors = head_input_factors(graph, table_gain if tied else 1.0)
-        factors.update((name, table_gain) for name in tables if table_gain != 1.0)
+        writers = stream_writers(graph) if table_gain != 1.0 else None
+        if writers is None:
+            factors = head_input_factors(graph, table_gain if tied else 1.0)
+            factors.update((name, table_gain) for name in tables if table_gain != 1.0)
+        else:  # the tables' gain as the writers' 1 / gain; the head's norm then reads the stream it was trained for
+            factors = head_input_factors(graph)
+            factors.update((name, factors.get(name, 1.0) / table_gain) for name in writers - tables)
     out = []
     for i, node in enumerate(graph.nodes):
         for slot, (name, shape) in enumerate(node.params.items()):
@@ -195,13 +203,7 @@ def scalable_head_norm(graph: ArchGraph) -> Node | None:
     the head reads something else, or a norm whose gain starts at 0 (Gemma's ``1 + w``, which a
     factor would not scale)."""
     source = graph.head_input()
-    if source is None or graph.nodes[source].op not in NORM_OPS:
-        return None
-    norm = graph.nodes[source]
-    constants = graph.meta.get("init", {})
-    if any(constants.get(without_block_indices(name)) == 0.0 for name in norm.params if name.endswith("weight")):
-        return None
-    return norm
+    return None if source is None or not scalable_norm(graph, graph.nodes[source]) else graph.nodes[source]
 
 
 def head_input_factors(graph: ArchGraph, tied_gain: float = 1.0) -> dict[str, float]:
