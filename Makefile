@@ -86,8 +86,8 @@ bundled: $(STAMP)
 	$(BIN)/graphkit train-ghn --dataset out/llamas-1k --out runs/logah-tiny-llamas --steps 1200 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --initial-checkpoint runs/logah-tiny-llamas-4 --spread 1.0
 	$(BIN)/graphkit train-ghn --dataset out/zoo-vits-mini --data digits --out runs/logah-tiny-zoo-vision --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --role-maps --role-key leaf --max-roles 32
 	# the decoder zoo in two stages too (docs/experiments.md, "The curriculum on the decoder zoo"): 4 LLaMA-like families, then the zoo
-	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --zoo-families mistral,qwen2,qwen3,helium
-	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders --steps 1500 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --initial-checkpoint runs/logah-tiny-zoo-decoders-4 --spread 1.0
+	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --zoo-families mistral,qwen2,qwen3,helium --table-gain 8
+	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders --steps 1500 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --initial-checkpoint runs/logah-tiny-zoo-decoders-4 --spread 1.0 --table-gain 8
 	for name in logah-tiny-vits logah-tiny-gpts logah-tiny-llamas logah-tiny-zoo-vision logah-tiny-zoo-decoders; do mkdir -p $(BUNDLED)/$$name && cp runs/$$name/model.safetensors runs/$$name/config.json $(BUNDLED)/$$name/; done
 
 eval-bundled: $(STAMP)
