@@ -51,6 +51,24 @@ def write_section(text: str, key: str, path: Path = ROOT / "BENCHMARKS.md") -> N
     path.write_text(body)
 
 
+def ghn_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--ghn LABEL=CHECKPOINT`` (a bundled name or a run folder), repeated; ``default`` when none
+    is given. :func:`checkpoints` reads it."""
+    parser.add_argument(
+        "--ghn",
+        action="append",
+        default=None,
+        help=f"LABEL=CHECKPOINT (a bundled name or a run folder), repeated; default: {default}",
+    )
+    parser.set_defaults(ghn_default=default)
+
+
+def checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(label, checkpoint) for each ``--ghn`` of :func:`ghn_option`, its default filled into ``args.ghn``."""
+    args.ghn = args.ghn or [args.ghn_default]
+    return [(label, path) for label, _, path in (spec.rpartition("=") for spec in args.ghn)]
+
+
 def main(
     doc: str,
     key: str,

@@ -73,8 +73,7 @@ def step0(record: Any, source: Any, ghn: Any = None, times: float = 1.0) -> floa
 def table(args) -> str:
     source = load_source("stdlib-text", seq_len=64)
     unigram = source.unigram_loss()
-    labelled = [spec.rpartition("=")[::2] for spec in args.ghn]
-    ghns = [(label, load_checkpoint(path)) for label, path in labelled]
+    ghns = [(label, load_checkpoint(path)) for label, path in common.checkpoints(args)]
     times = [t for t in args.times if t != 1.0]
     chosen = first_of_each(ZOO)
     held = [(r.config["zoo_family"], r) for split, r in chosen if split == "eval"]
@@ -125,12 +124,7 @@ def _listed(values: list[float]) -> str:
 
 
 def options(parser) -> None:
-    parser.add_argument(
-        "--ghn",
-        action="append",
-        default=None,
-        help="LABEL=CHECKPOINT (a bundled name or a run folder), repeated; default: the bundled zoo-decoders one",
-    )
+    common.ghn_option(parser, "shipped=logah-tiny-zoo-decoders")
     parser.add_argument(
         "--times", nargs="*", type=float, default=[1.0], help="the first checkpoint's tables times these"
     )
@@ -138,9 +132,4 @@ def options(parser) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(common.cores())
-
-    def run(args) -> str:
-        args.ghn = args.ghn or ["shipped=logah-tiny-zoo-decoders"]
-        return table(args)
-
-    common.main(__doc__, "stream_input", run, options)
+    common.main(__doc__, "stream_input", table, options)
