@@ -9,11 +9,11 @@ norms' epsilon. A tied head reads the table as well; its final norm's gain times
 that on the logits.
 
 The hypernetwork uses this to decode its token tables at ``LoGAHConfig.table_gain`` times the
-weights' RMS (the stream's input loud against what the branches write, which is what took 17 of
-20 held-out decoder families below the unigram loss) while writing the model in its own init's
-terms: tables at the weights' RMS and the writers ``table_gain`` times smaller. Fine-tuning from
-the first form spends its steps shrinking a loud table; from the second it does not
-(docs/experiments.md, "The stream's input").
+weights' RMS (the stream's input loud against what the branches write, which is what took 16 of
+20 held-out decoder families below the unigram loss with the shipped checkpoint) while writing
+the model in its own init's terms: tables at the weights' RMS and the writers ``table_gain``
+times smaller. Fine-tuning from the first form spends its steps shrinking a loud table; from the
+second it does not (docs/experiments.md, "The stream's input").
 
 :func:`stream_writers` proves the rewrite exact on the graph or refuses it: a node whose output is
 not either the trained form's or ``c`` times it (an activation, attention, a head or the output
