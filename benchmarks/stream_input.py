@@ -35,7 +35,7 @@ from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
-from graphkit.ghn.stream import TABLE_OPS  # noqa: E402
+from graphkit.ghn.stream import table_params, tied_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import score  # noqa: E402
 
@@ -55,10 +55,10 @@ def step0(record: Any, source: Any, ghn: Any = None, times: float = 1.0) -> floa
     graph = graph_for(record, ghn.config)
     initialise(model, "predicted", predicted_params(ghn, graph))
     params = dict(model.named_parameters(remove_duplicate=False))
-    tied = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+    tied = tied_params(graph)
     hooks = []
     with torch.no_grad():
-        for name in {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}:
+        for name in table_params(graph):
             params[name].mul_(times)
             if name in tied:
                 head = next(node.module for node in graph.nodes if node.op == "head")

@@ -30,11 +30,11 @@ from init_conventions import first_of_each  # noqa: E402
 
 from graphkit.families import build_model  # noqa: E402
 from graphkit.ghn import load_checkpoint  # noqa: E402
-from graphkit.ghn.encoding import scalable_head_norm  # noqa: E402
+from graphkit.ghn.encoding import applied_table_gain, scalable_head_norm  # noqa: E402
 from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
-from graphkit.ghn.stream import TABLE_OPS, stream_writers  # noqa: E402
+from graphkit.ghn.stream import stream_writers, table_params, tied_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import score  # noqa: E402
 
@@ -54,10 +54,8 @@ def table(args) -> str:
     for split, record in first_of_each(ZOO):
         family = record.config["zoo_family"] + (" (held out)" if split == "eval" else "")
         graph = graph_for(record, ghn.config)
-        tables = {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
-        tied = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
         writers = stream_writers(graph)
-        if tables & tied and scalable_head_norm(graph) is None:
+        if applied_table_gain(graph, gain) == 1.0:
             counts["no gain"] += 1  # a tied head no norm can undo the gain for: G = 1
             continue
         if writers is None:
@@ -72,7 +70,7 @@ def table(args) -> str:
         initialise(model, "predicted", predicted_params(ghn, graph))
         written = score(model, batches, source.task)[0]
         params = dict(model.named_parameters(remove_duplicate=False))
-        norm = scalable_head_norm(graph) if tables & tied else None
+        norm = scalable_head_norm(graph) if table_params(graph) & tied_params(graph) else None
         with torch.no_grad():
             for name in writers:
                 params[name].mul_(gain)

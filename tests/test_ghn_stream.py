@@ -8,7 +8,7 @@ import torch
 
 import graphkit
 from graphkit.ghn.encoding import scalable_head_norm, targets
-from graphkit.ghn.stream import TABLE_OPS, stream_writers
+from graphkit.ghn.stream import stream_writers, table_params, tied_params
 from graphkit.graph import ArchGraph
 
 # branches large enough to matter and norms without an epsilon, so that any writer left out shows
@@ -47,15 +47,11 @@ def _model(kind: str, tied: bool = True) -> torch.nn.Module:
     raise AssertionError(kind)
 
 
-def _tables(graph: ArchGraph) -> set[str]:
-    return {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
-
-
 def _logits(model: torch.nn.Module, scaled: set[str], c: float, graph: ArchGraph) -> torch.Tensor:
     """The logits of ``model`` with ``scaled`` times ``c`` and, where the head reads the token
     table, its final norm times 1 / ``c``."""
     params = dict(model.named_parameters())
-    tied = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+    tied = tied_params(graph)
     norm = scalable_head_norm(graph)
     undo = set(norm.params) if tied & scaled and norm is not None else set()
     saved = {name: params[name].detach().clone() for name in scaled | undo}
@@ -79,13 +75,13 @@ def test_scaling_the_stream_writers_scales_the_stream_and_nothing_else(kind, tie
     model = _model(kind, tied).eval()
     graph = graphkit.trace(model)
     writers = stream_writers(graph)
-    assert writers is not None and _tables(graph) <= writers
+    assert writers is not None and table_params(graph) <= writers
     reference = _logits(model, set(), 1.0, graph)
     # a larger stream, so that the norms' epsilon stays out of the comparison
     torch.testing.assert_close(_logits(model, set(writers), 8.0, graph), reference, rtol=1e-4, atol=1e-4)
     # the test can fail: any one writer left out (but a bias at 0) changes what the model computes
     params = dict(model.named_parameters())
-    for left_out in sorted(name for name in writers - _tables(graph) if params[name].any()):
+    for left_out in sorted(name for name in writers - table_params(graph) if params[name].any()):
         changed = _logits(model, set(writers) - {left_out}, 8.0, graph)
         assert (changed - reference).abs().max() > 1e-3, left_out
 
@@ -102,7 +98,7 @@ def test_the_table_gain_is_written_as_smaller_writers_where_the_stream_allows(ti
     assert writers is not None
     factors = {t.name: t.factor for t in targets(graph, anchors=True, table_gain=4.0) if t.factor != 1.0}
     # the tables at the weights' RMS, every writer a quarter, no factor left on the head's norm
-    assert factors == {name: 0.25 for name in writers - _tables(graph)}
+    assert factors == {name: 0.25 for name in writers - table_params(graph)}
     assert {name.rsplit(".", 2)[-2] for name in factors} == {"o_proj", "down_proj"}
     # where the stream does not allow it, the tables carry the gain (and a tied head's norm its inverse)
     olmo = graphkit.trace(_model("olmo2", tied))

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from graphkit.errors import EncodingError
 from graphkit.ghn.config import ROLE_KEYS, LoGAHConfig, VariantError
-from graphkit.ghn.stream import TABLE_OPS, scalable_norm, stream_writers
+from graphkit.ghn.stream import scalable_norm, stream_writers, table_params, tied_params
 from graphkit.graph import ArchGraph, Node, without_block_indices
 from graphkit.ops import op_id
 
@@ -166,11 +166,9 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
     constants = graph.meta["init"] if anchors else {}
     factors = {}
     if anchors:
-        tables = {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
-        heads_read = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
-        tied = bool(tables & heads_read)
-        if tied and scalable_head_norm(graph) is None:  # logits no norm would undo
-            table_gain = 1.0
+        tables = table_params(graph)
+        tied = bool(tables & tied_params(graph))
+        table_gain = applied_table_gain(graph, table_gain)
         writers = stream_writers(graph) if table_gain != 1.0 else None
         if writers is None:
             factors = head_input_factors(graph, table_gain if tied else 1.0)
@@ -196,6 +194,14 @@ def targets(graph: ArchGraph, max_slots: int = 8, anchors: bool = False, table_g
                 fan_in = shape[0] if node.attrs.get("transposed") and len(shape) == 2 else shape[-1]
             out.append(Target(name, i, min(slot, max_slots - 1), shape, kind, fan_in, offset, factors.get(name, 1.0)))
     return out
+
+
+def applied_table_gain(graph: ArchGraph, table_gain: float) -> float:
+    """``table_gain`` as :func:`targets` applies it to ``graph``: 1 where a head reads the token
+    table and no norm before it can undo the gain on the logits (:func:`scalable_head_norm`)."""
+    if table_gain != 1.0 and table_params(graph) & tied_params(graph) and scalable_head_norm(graph) is None:
+        return 1.0
+    return table_gain
 
 
 def scalable_head_norm(graph: ArchGraph) -> Node | None:
@@ -277,7 +283,7 @@ def tied_nodes(graph: ArchGraph, enabled: bool = True) -> Tensor:
     flags = torch.zeros(len(graph.nodes), dtype=torch.long)
     if not enabled:
         return flags
-    shared = {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+    shared = tied_params(graph)
     for i, node in enumerate(graph.nodes):
         if (node.op == "head" and node.attrs.get("tied")) or shared.intersection(node.params):
             flags[i] = 1

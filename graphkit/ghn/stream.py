@@ -47,6 +47,16 @@ OPAQUE_WRITERS = {
 }
 
 
+def table_params(graph: ArchGraph) -> set[str]:
+    """The parameters of ``graph``'s token and position tables (:data:`TABLE_OPS`)."""
+    return {name for node in graph.nodes if node.op in TABLE_OPS for name in node.params}
+
+
+def tied_params(graph: ArchGraph) -> set[str]:
+    """The parameters ``graph``'s heads read as their weight (their ``tied`` attribute): a tied token table's."""
+    return {name for node in graph.nodes if node.op == "head" for name in node.attrs.get("tied") or ()}
+
+
 def scalable_norm(graph: ArchGraph, node: Node) -> bool:
     """Whether a factor on ``node``'s parameters scales its output: a norm with a gain that its
     model starts at 1 (not Gemma's ``1 + w``, started at 0, which a factor would not scale)."""
