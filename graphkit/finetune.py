@@ -162,7 +162,8 @@ def starting_weights(
 
 def lr_scale_of(params: str | Path, metadata: Mapping[str, str] | None = None) -> dict[str, float]:
     """The learning-rate factors a parameters file records (``graphkit predict`` writes them for
-    a patch embedding it resized to a larger kernel: :func:`graphkit.ghn.grow.lr_scale`), by
+    a patch embedding it resized to a larger kernel and for the weights that read a width it grew:
+    :func:`graphkit.ghn.grow.lr_scale`), by
     state-dict name; empty when it records none. ``metadata``: the file's header, when the caller
     has read it already. TrainError naming the file when the record is not a JSON object of
     positive finite numbers."""
@@ -186,6 +187,22 @@ def lr_scale_of(params: str | Path, metadata: Mapping[str, str] | None = None) -
 def lr_factor_phrase(factor: float) -> str:
     """``lr x 1/64`` for a factor of 1/64: how predict's and finetune's messages name a factor."""
     return f"lr x 1/{1 / factor:.3g}"
+
+
+def lr_scale_phrase(scales: Mapping[str, float]) -> str:
+    """The factors of ``scales`` in one phrase, parameters grouped by factor, smallest first:
+    "patch_embed.proj.weight at lr x 1/64, 48 weights (blocks.0.attn.qkv.weight,
+    blocks.0.attn.proj.weight, ...) at lr x 1/3". A grown model has one factor for every weight
+    that reads its stream, so that predict and finetune say it in a line, not one line each."""
+    groups: dict[float, list[str]] = {}
+    for name, factor in scales.items():
+        groups.setdefault(factor, []).append(name)
+    parts = []
+    for factor, names in sorted(groups.items()):
+        shown = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
+        listed = names[0] if len(names) == 1 else f"{len(names)} weights ({shown})"
+        parts.append(f"{listed} at {lr_factor_phrase(factor)}")
+    return ", ".join(parts)
 
 
 def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str, Any]) -> Path:

@@ -18,6 +18,7 @@ from graphkit.finetune import (
     finetune,
     lr_factor_phrase,
     lr_scale_of,
+    lr_scale_phrase,
     starting_weights,
 )
 from graphkit.params import read_params, save_params, weights_digest
@@ -266,6 +267,15 @@ def test_a_python_user_gets_the_commands_refusals(tmp_path):
         starting_weights(model, "llama.py", params, lr_scale_of(params))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert lr_factor_phrase(1 / 64) == "lr x 1/64" and lr_factor_phrase(0.25) == "lr x 1/4"
+
+
+def test_the_lr_factors_of_a_grown_model_are_said_in_one_line_grouped_by_factor():
+    scales = {f"blocks.{i}.{w}.weight": 1 / 3 for i in range(12) for w in ("qkv", "proj")}
+    scales = {**scales, "patch_embed.proj.weight": 1 / 64, "head.weight": 1 / 3}
+    assert lr_scale_phrase(scales) == (
+        "patch_embed.proj.weight at lr x 1/64, 25 weights (blocks.0.qkv.weight, blocks.0.proj.weight, ...) at lr x 1/3"
+    )
+    assert lr_scale_phrase({"a.weight": 0.25, "b.weight": 0.25}) == "2 weights (a.weight, b.weight) at lr x 1/4"
 
 
 def test_batch_norm_statistics_are_estimated_from_the_inputs():

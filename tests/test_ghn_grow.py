@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from helpers import timm_vit
 
 import graphkit
-from graphkit.families import build_model, resolve_config
+from graphkit.errors import ConfigError
+from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import (
@@ -15,6 +16,7 @@ from graphkit.ghn.grow import (
     GrownDecoding,
     Twin,
     axis_map,
+    library_twin,
     logit_scale,
     lr_scale,
     resize_patches,
@@ -109,6 +111,64 @@ def test_a_model_grown_to_a_multiple_of_its_twins_width_computes_what_the_twin_c
     torch.testing.assert_close(logits(grown, inputs), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_a_transformers_decoder_of_no_graphkit_family_is_grown_from_a_twin_of_its_own_class(model_type):
+    """Qwen2 (biased projections, untied) and Qwen3 (per-head norms, tied): no graphkit family
+    reads them, so the twin is their own config class at half the width, its heads of the same
+    size (4 of 32 -> 2, 2 K/V heads -> 1), its MLP half as wide; grown from a random twin the
+    model computes what the twin computes."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    config = AutoConfig.for_model(
+        model_type, vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=176, tie_word_embeddings=model_type == "qwen3", max_position_embeddings=64,
+    )  # fmt: skip
+    wide = AutoModelForCausalLM.from_config(config).eval()
+    graph = graphkit.trace(wide)
+    with pytest.raises(ConfigError):
+        config_from_graph(graph)
+    twin = library_twin(wide, 128, 64)
+    assert twin is not None and twin.config == {"hidden": 64, "heads": 2}
+    narrow = twin.model.config
+    assert (narrow.num_key_value_heads, narrow.head_dim, narrow.intermediate_size) == (1, 32, 88)
+    assert library_twin(torch.nn.Linear(2, 2), 128, 64) is None  # no transformers config: no twin
+    torch.manual_seed(0)
+    random_twin = AutoModelForCausalLM.from_config(narrow).eval()
+    values = {t.name: random_twin.get_parameter(t.name).detach() for t in targets(graphkit.trace(random_twin))}
+    for value in values.values():  # norms away from 1 and biases away from 0, so that copying them is tested
+        if value.dim() == 1:
+            value.add_(torch.randn_like(value) * 0.1)
+    decoding = GrownDecoding(graph, values, 128, 64, 8)
+    decoding.write_into({t.name: wide.get_parameter(t.name) for t in decoding.targets})
+    inputs = {"input_ids": torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))}
+    expected = logits(random_twin, inputs)
+    assert expected.std() > 0.01
+    torch.testing.assert_close(logits(wide, inputs), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_twin_of_a_transformers_decoder_is_found_through_the_model():
+    """A 12-layer, 768-wide Qwen2 lies inside the widest width the bundled LLaMA checkpoint
+    trained (512 is below it, 768 above) and outside the widest at 12 layers (256): with the model
+    at hand its twin is its own class at 192 (3 heads of 64), without it none is found."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=4, intermediate_size=2048,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    graph = graphkit.trace(model)
+    llamas = load_checkpoint("logah-tiny-llamas")
+    assert twin_of(llamas, graph) is None
+    twin = twin_of(llamas, graph, model)
+    assert twin is not None and twin.config == {"hidden": 192, "heads": 3}
+    assert set(lr_scale(graph, twin).values()) == {192 / 768}
+    assert (
+        twin_phrase(graph, twin) == "its 192-wide twin (3 heads), grown to its width without changing what it computes"
+    )
+
+
 @pytest.mark.slow
 def test_a_model_grown_by_a_fraction_stays_close_to_its_twin():
     twin, grown = grown_from_random_twin(dict(VIT, num_layers=2, hidden=96, heads=3), 64)
@@ -153,8 +213,13 @@ def test_the_twin_is_as_wide_as_the_space_allows_at_the_models_depth(vits):
         return found and (found.config["hidden"], found.config["heads"])
 
     assert twin(num_layers=3, hidden=512, heads=8) is None  # inside: decoded directly
+    assert twin(num_layers=6, hidden=256, heads=4) is None  # at the envelope of its depth
     assert twin(num_layers=3, hidden=768, heads=12) == (512, 8)  # the widest trained at 3 layers
     assert twin(num_layers=12, hidden=768, heads=12) == (256, 4)  # 9 layers, the deepest trained, are at most 256 wide
+    # inside the widest width of all (512), outside its depth's (256): grown (ViT-S on digits at step 0:
+    # 1.00 grown from 256, 1.44 decoded directly; benchmarks/grown_starts.py)
+    assert twin(num_layers=12, hidden=384, heads=6) == (256, 4)
+    assert twin(num_layers=6, hidden=384, heads=6) == (256, 4)
 
 
 def test_a_twin_the_caller_passes_is_the_one_grown(vits):
@@ -274,17 +339,26 @@ def test_a_resized_position_table_keeps_its_prefix_and_interpolates_its_grid():
         resize_positions(table, 49, 7)  # no prefix: its 17 rows are no square grid
 
 
-def test_a_kernel_resized_to_a_larger_one_fine_tunes_at_the_ratio_of_the_kernels_areas(vits):
+def test_what_a_twin_makes_smaller_fine_tunes_at_the_ratio_of_the_sizes(vits):
+    """A kernel resized to a larger one at the ratio of the kernels' areas; a weight whose input
+    axis was grown (its values split among copies) at the ratio of the widths; both, their
+    product; everything else, and every model without a twin, at one lr."""
+
     def scales(**shape):
         graph = graphkit.trace(build_model(dict(VIT, **shape), "meta"))
         return lr_scale(graph, twin_of(vits, graph))
 
+    readers = {"attn.qkv.weight", "attn.proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"}
     assert scales(num_layers=3, hidden=384, heads=6) == {}  # inside the space: no twin
     assert scales(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == {"patch_embed.proj.weight": 1 / 4}
-    assert scales(num_layers=3, hidden=768, heads=12) == {}  # grown wider, its kernel as trained
     assert scales(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=2) == {}  # a finer grid at patch 2
-    wide = scales(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16)
-    assert wide == {"patch_embed.proj.weight": 1 / 64}
+    wider = scales(num_layers=3, hidden=768, heads=12)  # grown from 512, its kernel as trained
+    assert wider == {f"blocks.{i}.{name}": 512 / 768 for i in range(3) for name in readers} | {"head.weight": 512 / 768}
+    vit_b = scales(num_layers=12, hidden=768, heads=12, image_size=224, patch_size=16)  # the twin: 256 wide, patch 2
+    assert vit_b == {f"blocks.{i}.{name}": 256 / 768 for i in range(12) for name in readers} | {
+        "head.weight": 256 / 768,
+        "patch_embed.proj.weight": 1 / 64,  # it reads the image's 3 channels, which do not grow
+    }
 
 
 def test_predict_resizes_the_patch_embedding_of_the_twins_prediction_and_keeps_the_rest(vits):

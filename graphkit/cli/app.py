@@ -455,8 +455,9 @@ def finetune(
         True,
         "--lr-scale/--no-lr-scale",
         help="Train each parameter for which the --params file records a learning-rate factor at --lr times it "
-        "(predict records one for a patch embedding it resized to a larger kernel: patch 2 to 16, 1/64, else "
-        "fine-tuning erases the prediction's head start; docs/experiments.md); --no-lr-scale: one lr for all.",
+        "(predict records one for a patch embedding it resized to a larger kernel, patch 2 to 16: 1/64, and for "
+        "each weight reading a width it grew, 128 to 512: 1/4; else fine-tuning erases the prediction's head "
+        "start; docs/experiments.md); --no-lr-scale: one lr for all.",
     ),
 ) -> None:
     """Up-train a model, converted or not, from its own weights or a --params file (its predicted
@@ -467,8 +468,8 @@ def finetune(
     from graphkit.finetune import (
         RUN_FILES,
         FinetuneConfig,
-        lr_factor_phrase,
         lr_scale_of,
+        lr_scale_phrase,
         save_finetuned,
         starting_weights,
     )
@@ -492,10 +493,10 @@ def finetune(
         lr_scale=lr_scale_of(params, header) if params is not None and lr_scale else {},
     )
     folder = run_folder(out, resume, RUN_FILES, "finetune")
-    for name, factor in config.lr_scale.items():
+    if config.lr_scale:
         console.print(
-            f"training {name} at {lr_factor_phrase(factor)}, the factor {params} records for a kernel predict resized "
-            "(--no-lr-scale: one lr)",
+            f"training {lr_scale_phrase(config.lr_scale)}, the factors {params} records for what predict resized "
+            "or grew (--no-lr-scale: one lr)",
             highlight=False,
             soft_wrap=True,
         )

@@ -250,7 +250,7 @@ def predict(
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
     from graphkit.errors import PredictError
-    from graphkit.finetune import LR_SCALE_KEY, lr_factor_phrase
+    from graphkit.finetune import LR_SCALE_KEY, lr_scale_phrase
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
@@ -306,7 +306,7 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    twin = twin_of(hypernet, graph) if grow else None
+    twin = twin_of(hypernet, graph, loaded.model) if grow else None
     if twin is not None:
         console.print(
             f"predicting it as {twin_phrase(graph, twin)} (--no-grow: decode it directly)",
@@ -357,11 +357,12 @@ def predict(
     )
     # a prediction added onto the model's own init keeps the init's kernel, which wants the usual lr
     scales = {} if should_keep_init(graph, keep_init, hypernet.info) else lr_scale(graph, twin)
-    for name, factor in scales.items():
+    if scales:
         console.print(
-            f"fine-tune {name} at {lr_factor_phrase(factor)} (the kernels' area ratio): at one lr fine-tuning "
-            "rewrites a resized kernel within a few steps and erases the prediction's head start"
-            + ("; --out records the factor, which graphkit finetune --params applies" if out is not None else ""),
+            f"fine-tune {lr_scale_phrase(scales)}: their values are smaller than the twin's (a kernel resized to a "
+            "larger one, a value split among the copies of a grown width), and at one lr fine-tuning rewrites them "
+            "within a few steps and erases the prediction's head start"
+            + ("; --out records the factors, which graphkit finetune --params applies" if out is not None else ""),
             highlight=False,
             soft_wrap=True,
         )
@@ -442,8 +443,9 @@ def eval_ghn(
     lr_scale: bool = typer.Option(
         True,
         "--lr-scale/--no-lr-scale",
-        help="Fine-tune the predicted row's patch embedding, where it was resized to a larger kernel, at --lr "
-        "times the kernels' area ratio, as `predict --out` records and `finetune` applies; --no-lr-scale: one lr.",
+        help="Fine-tune the predicted row's parameters that its twin made smaller at --lr times their factor: a "
+        "patch embedding resized to a larger kernel, the kernels' area ratio; a weight reading a grown width, the "
+        "widths' ratio; as `predict --out` records and `finetune` applies; --no-lr-scale: one lr.",
     ),
 ) -> None:
     """Compare predicted parameters with random and orthogonal initialisation (and weight
@@ -511,7 +513,7 @@ def eval_ghn(
     resized = sum(bool(row.get("lr_scale")) for row in rows)
     if resized:
         console.print(
-            f"({resized} predicted rows fine-tuned a resized patch embedding at --lr times the kernels' area ratio, "
+            f"({resized} predicted rows fine-tuned what their twin resized or grew at --lr times its factor, "
             "as `finetune --params` does with predict's file; --no-lr-scale: one lr)",
             highlight=False,
             soft_wrap=True,

@@ -51,7 +51,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphkit.errors import ShrinkError
-from graphkit.families.libraries import IMAGE_SIZE, NUM_CLASSES, watched_timm
+from graphkit.families.libraries import (
+    EXPERT_MLP_FIELDS,
+    HEAD_FIELDS,
+    IMAGE_SIZE,
+    KV_HEAD_FIELDS,
+    MLP_FIELDS,
+    NUM_CLASSES,
+    WIDTH_FIELDS,
+    watched_timm,
+)
 from graphkit.graph import ArchGraph
 from graphkit.validation import is_count
 
@@ -425,19 +434,12 @@ DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 #: transformers config fields by name, and how each shrinks (layer lists: :func:`_per_layer`)
 DECODER_RULES: dict[str, Rule] = {
     **dict.fromkeys(DEPTH_FIELDS, _depth),
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "hidden_dim", "dim", "model_dim"), _decoder_width),
-    **dict.fromkeys(
-        ("num_attention_heads", "n_head", "num_heads", "n_heads", "swa_num_attention_heads"), _decoder_heads
-    ),
-    **dict.fromkeys(
-        ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "swa_num_key_value_heads"),
-        _kv_heads,
-    ),
+    **dict.fromkeys(WIDTH_FIELDS, _decoder_width),
+    **dict.fromkeys(HEAD_FIELDS, _decoder_heads),
+    **dict.fromkeys(KV_HEAD_FIELDS, _kv_heads),
     **dict.fromkeys(("head_dim", "v_head_dim", "kv_channels", "swa_head_dim"), _head_dim),
-    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "intermediate_dim"), _ffn),
-    **dict.fromkeys(
-        ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), _expert_ffn
-    ),
+    **dict.fromkeys(MLP_FIELDS, _ffn),
+    **dict.fromkeys(EXPERT_MLP_FIELDS, _expert_ffn),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), _cap(4)),
     **dict.fromkeys(
         ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k", "n_group", "num_expert_group"),

@@ -30,6 +30,25 @@ from graphkit.families.registry import FAMILIES, Family, get_family, register_fa
 IMAGE_SIZE = 32
 NUM_CLASSES = 10
 
+# transformers config fields by what they count, across model types: what a mini zoo's decoder
+# shrinks (graphkit.datasets.shrink) and what a wide decoder's twin scales (graphkit.ghn.grow)
+#: the residual stream's width
+WIDTH_FIELDS = ("hidden_size", "n_embd", "d_model", "hidden_dim", "dim", "model_dim")
+#: the query heads
+HEAD_FIELDS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "swa_num_attention_heads")
+#: the key/value heads
+KV_HEAD_FIELDS = (
+    "num_key_value_heads",
+    "n_kv_heads",
+    "num_kv_heads",
+    "multi_query_group_num",
+    "swa_num_key_value_heads",
+)
+#: a dense MLP's hidden width
+MLP_FIELDS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "intermediate_dim")
+#: an expert's (or a shared expert's) hidden width
+EXPERT_MLP_FIELDS = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size")
+
 
 @dataclass(frozen=True)
 class LibraryFamily(Family):

@@ -82,7 +82,7 @@ class EvalConfig:
     inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
     shrink: float | None = None  # keep_init adds the prediction times this (W0 + shrink P); None: as predict does
-    lr_scale: bool = True  # fine-tune a predicted kernel that was resized at its lr factor (graphkit.ghn.grow.lr_scale)
+    lr_scale: bool = True  # fine-tune what a twin resized or grew at its lr factor (graphkit.ghn.grow.lr_scale)
 
     def __post_init__(self) -> None:
         self.inits = tuple(self.inits)
@@ -289,7 +289,7 @@ class _FineTuning(NamedTuple):
     held_out: tuple[torch.Tensor, torch.Tensor]
     task: str
     lr: float
-    lr_scale: dict[str, float]  # the factors of a prediction's resized kernels (graphkit.ghn.grow.lr_scale)
+    lr_scale: dict[str, float]  # the factors of what a prediction's twin resized or grew (graphkit.ghn.grow.lr_scale)
     at: list[int]
     seed: int
     device: str

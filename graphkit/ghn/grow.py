@@ -1,6 +1,7 @@
-"""Models wider than the hypernetwork's training space, or with a patch size it never trained
-on: predict the same architecture at the widest trained width and a trained patch size, then
-grow it to the model's width and resize its patch embedding without changing what it computes.
+"""Models wider than the hypernetwork trained at their depth, or with a patch size it never
+trained on: predict the same architecture at the widest width trained at that depth and a
+trained patch size, then grow it to the model's width and resize its patch embedding without
+changing what it computes.
 
 Why: the decoder reads row ``i`` of a parameter from row ``i`` of its r -> K map. Rows past the
 widest trained residual width (512 for the bundled ViT hypernetwork, 256 for GPT-2) were never
@@ -81,19 +82,34 @@ fine-tuning rewrote it within a few steps and erased the prediction's head start
 init 2.30 / 0.10). With the kernel's lr times 1/64 the prediction kept it: 0.96 / 0.68 after 100
 steps, where the own init under the same optimiser stood at 2.38 / 0.06 (``experiments/patch_lr.py``).
 ``graphkit predict`` writes the factors into the file's metadata and ``graphkit finetune``
-trains with them."""
+trains with them.
+
+A grown weight wants one for the same reason: each weight that reads a grown width holds a
+share of the twin's value (a quarter, grown 4 times), so at one lr the copies together move the
+function as many times as far. Its factor is the widths' ratio, twin over model. A 12 x 768 ViT
+on digits grown from its 256-wide twin: 0.99 at step 0, 1.02 after 100 steps at one lr, 0.65 with
+the factor, 0.20 after 300 (own init 2.23 and 1.51; ``benchmarks/grown_starts.py``).
+
+A model is grown when it is wider than the widest width trained at its depth, not only than the
+widest of all (a 12 x 384 ViT-S: 1.00 at step 0 grown from 256, 1.44 decoded directly). A
+transformers decoder no graphkit family reads (Qwen2, Gemma) gets a twin of its own config class
+(:func:`library_twin`) when the model is at hand."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Collection, Mapping
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from graphkit.compat import skip_weight_init
 from graphkit.errors import GrowError
 from graphkit.families import ConfigError, build_model, config_from_graph
+from graphkit.families.libraries import EXPERT_MLP_FIELDS, HEAD_FIELDS, KV_HEAD_FIELDS, MLP_FIELDS, WIDTH_FIELDS
 from graphkit.ghn.calibrate import output_layer
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
@@ -143,6 +159,16 @@ def _input_axis(target: Target, graph: ArchGraph) -> int | None:
     if target.kind != "weight" or node.op not in READERS:
         return None
     return 0 if node.attrs.get("transposed") and len(target.shape) == 2 else 1
+
+
+def split_axis(target: Target, graph: ArchGraph, tied_norms: set[int]) -> int | None:
+    """The axis along which :func:`grow` splits ``target``'s values among their copies: a
+    reader's input axis, or the one axis of a norm that feeds only a tied output head; None for
+    a parameter whose values are copied whole."""
+    reads = _input_axis(target, graph)
+    if reads is None and target.node in tied_norms and len(target.shape) == 1:
+        return 0
+    return reads
 
 
 def _tied_head_norms(graph: ArchGraph) -> set[int]:
@@ -197,7 +223,7 @@ def grow(
     that differs; along a read axis each value is split among its copies at random shares that
     sum to one, drawn from seed 0 (the same model, the same prediction)."""
     tied_norms = _tied_head_norms(graph) if tied_norms is None else tied_norms
-    reads = _input_axis(target, graph)
+    split = split_axis(target, graph, tied_norms)
     op = graph.nodes[target.node].op
     if op == "patch_embed" and len(target.shape) == 4 and value.shape[2:] != target.shape[2:]:
         value = resize_patches(value, target.shape[2:])
@@ -209,7 +235,7 @@ def grow(
             continue
         index = axis_map(size, twin_size, width, twin).to(value.device)
         value = value.index_select(axis, index)
-        if axis == reads or (target.node in tied_norms and len(target.shape) == 1):
+        if axis == split:
             share = 0.5 + torch.rand(value.shape, generator=generator)
             total = torch.zeros(value.shape[:axis] + (twin_size,) + value.shape[axis + 1 :], dtype=share.dtype)
             total.index_add_(axis, index.cpu(), share)
@@ -282,20 +308,27 @@ class Twin(NamedTuple):
     model: nn.Module
 
 
-def twin_of(ghn, graph: ArchGraph) -> Twin | None:
+def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | None:
     """``graph``'s twin inside the space ``ghn`` trained on (its ``info["space"]``): at the
-    widest width trained at its depth when it is wider than any trained, at the nearest trained
-    patch size when its own lies outside the trained ones, and at the finest trained token grid
-    when its own is finer. None when neither applies, when the checkpoint records no space, when
-    the graph is not one of graphkit's families (nothing to build a twin from), when the twin
-    would lack or add parameters (the model has parts its family's config does not describe: a
-    distilled DeiT's distillation token), or when a wide graph has no width up to the widest
-    trained at its depth that holds whole heads and kv groups of its own size."""
+    widest width trained at its depth (or the nearest depth trained) when it is wider than that,
+    at the nearest trained patch size when its own lies outside the trained ones, and at the
+    finest trained token grid when its own is finer. The twin is built from the config graphkit's
+    family reads off the graph; a wide transformers decoder of no graphkit family, when its
+    ``model`` is given, from its own config class (:func:`library_twin`).
+
+    None when neither applies, when the checkpoint records no space, when there is nothing to
+    build a twin from, when the twin would lack or add parameters (the model has parts its
+    family's config does not describe: a distilled DeiT's distillation token), or when a wide
+    graph has no width up to the widest trained at its depth that holds whole heads and kv
+    groups of its own size."""
 
     space = (getattr(ghn, "info", None) or {}).get("space")
     size = extent(graph)
-    widths = trained_bounds(space, "width")
-    wide = widths is not None and size["width"] is not None and size["width"] > widths[1]
+    # wider than the envelope at its depth, not only than the widest of all: the datasets make deeper
+    # models narrower, and a 12 x 512 LLaMA decoded directly scored 3.47 at step 0, grown from its
+    # 256-wide twin 2.74 (a ViT of that shape on digits: 3.31 and 0.99)
+    widest = widest_at_depth(space, size["depth"] or 0) if space else None
+    wide = widest is not None and size["width"] is not None and size["width"] > widest
     # a grid finer than any trained is predicted at the finest trained and its position table
     # upsampled; a coarser one keeps its own (downsampled from 4 x 4 to 2 x 2, the bundled ViT's
     # prediction fine-tuned worse: 0.65 after 100 steps on digits against 0.32 at its own grid)
@@ -306,6 +339,25 @@ def twin_of(ghn, graph: ArchGraph) -> Twin | None:
     regrid = (patch, grid) != (size["patch"], size["grid"])
     if not (wide or regrid):
         return None
+    twin = _family_twin(graph, space or {}, wide, (patch, grid) if regrid else None)
+    if twin is None and wide and not regrid and model is not None:
+        assert widest is not None and size["width"] is not None, "wide means both are known"
+        twin = library_twin(model, size["width"], widest)
+    return twin if twin is not None and _same_parameters(twin.model, graph) else None
+
+
+def _same_parameters(model: nn.Module, graph: ArchGraph) -> bool:
+    """Whether ``model`` has the parameters of ``graph``'s model, by name."""
+    return {name for name, _ in model.named_parameters()} == {name for node in graph.nodes for name in node.params}
+
+
+def _family_twin(
+    graph: ArchGraph, space: Mapping[str, Any], wide: bool, regrid: tuple[int | None, int | None] | None
+) -> Twin | None:
+    """The twin :func:`twin_of` describes, from the config graphkit's family reads off ``graph``:
+    narrowed when ``wide``, at ``regrid``'s (patch, grid) when given. None when no family reads
+    it or no width holds whole heads."""
+    size = extent(graph)
     try:
         config = config_from_graph(graph)
     except ConfigError:
@@ -313,18 +365,77 @@ def twin_of(ghn, graph: ArchGraph) -> Twin | None:
     if wide:
         if config["hidden"] != size["width"]:
             return None
-        narrowed = _narrower(config, space or {}, size["depth"] or 0)
+        narrowed = _narrower(config, space, size["depth"] or 0)
         if narrowed is None:
             return None
         config = narrowed
-    if regrid and config.get("patch_size") == size["patch"]:
+    if regrid is not None and config.get("patch_size") == size["patch"]:
+        patch, grid = regrid
         assert patch is not None and grid is not None, "a patch size and a grid are read together"
         config = {**config, "patch_size": patch, "image_size": grid * patch}
     # a config read back describes the model's family, not every part a library adds to it (a
     # distilled DeiT's distillation token, a CLIP ViT's pre-norm): such a twin lacks parameters
-    model = build_model(config, "meta")
-    twin_names = {name for name, _ in model.named_parameters()}
-    return Twin(config, model) if twin_names == {name for node in graph.nodes for name in node.params} else None
+    return Twin(config, build_model(config, "meta"))
+
+
+def _scaled_fields(fields: Mapping[str, Any], width: int, twin: int) -> dict[str, int] | None:
+    """The transformers config ``fields`` of a ``width``-wide decoder that change at width
+    ``twin``: the stream's, the heads' and K/V heads' counts and the MLPs' widths, all by the same
+    factor (K/V heads that would scale below one become one). None when a head count does not
+    scale to a whole number or the heads do not split into whole K/V groups."""
+    ratio = Fraction(twin, width)
+    counts = {k: v for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    out = {k: twin for k in WIDTH_FIELDS if counts.get(k) == width}
+    for key in HEAD_FIELDS:
+        if key in counts:
+            scaled = counts[key] * ratio
+            if scaled.denominator != 1:
+                return None
+            out[key] = int(scaled)
+    for key in KV_HEAD_FIELDS:
+        if key in counts:
+            scaled = counts[key] * ratio
+            if scaled >= 1 and scaled.denominator != 1:
+                return None
+            out[key] = max(1, int(scaled))
+    heads = next((out[k] for k in HEAD_FIELDS if k in out), None)
+    kv = next((out[k] for k in KV_HEAD_FIELDS if k in out), None)
+    if heads is None or (kv is not None and heads % kv):
+        return None
+    out.update({k: max(1, round(counts[k] * ratio)) for k in (*MLP_FIELDS, *EXPERT_MLP_FIELDS) if k in counts})
+    return out
+
+
+def library_twin(model: nn.Module, width: int, widest: int) -> Twin | None:
+    """A transformers decoder's twin at the widest width up to ``widest`` at which its heads and
+    K/V groups stay whole, with the head size kept: its own config with the stream, the heads,
+    the K/V heads and the MLPs scaled by one factor (:func:`_scaled_fields`), built on the meta
+    device by its own class. Why its own class: a decoder of a model type no graphkit family reads
+    (Qwen2's biased projections, Qwen3's per-head norms) still has a twin the hypernetwork can
+    predict, as a 12 x 512 Mistral has one at width 128 (a head size of 64: two heads). None when
+    ``model`` has no transformers config, no field of it gives the width, or no width holds whole
+    heads."""
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(config, "to_dict", None)):
+        return None
+    fields = config.to_dict()
+    if not any(fields.get(k) == width for k in WIDTH_FIELDS):
+        return None
+    for twin in range(widest, 0, -1):
+        overrides = _scaled_fields(fields, width, twin)
+        if overrides is None:
+            continue
+        narrow = copy.deepcopy(config)
+        for key, value in overrides.items():
+            setattr(narrow, key, value)
+        with torch.device("meta"), skip_weight_init():
+            built = type(model)(narrow)
+        tie = getattr(built, "tie_weights", None)
+        if callable(tie):  # tied as the model is, which a build without its init skips
+            tie()
+        heads = next(v for k, v in overrides.items() if k in HEAD_FIELDS)
+        return Twin({"hidden": twin, "heads": heads}, built)
+    return None
 
 
 def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
@@ -392,23 +503,29 @@ def logit_scale(graph: ArchGraph, twin: Twin) -> float:
 
 def lr_scale(graph: ArchGraph, twin: Twin | None) -> dict[str, float]:
     """The learning-rate factor, by state-dict name, of each parameter of ``graph``'s model that
-    a prediction through ``twin`` resizes to a larger kernel: the ratio of the kernels' areas,
-    twin's over the model's (patch 2 resized to 16: 1/64). Empty without a twin or a kernel
-    that grew (see the module docstring for why a resized kernel wants a smaller lr)."""
+    a prediction through ``twin`` makes smaller than the twin's: a kernel resized to a larger one
+    takes the ratio of the kernels' areas, twin's over the model's (patch 2 resized to 16: 1/64);
+    a weight whose values :func:`grow` splits among copies takes the ratio of that axis's sizes
+    (a 128-wide twin grown to 512: 1/4); both, their product. Empty without a twin, or when the
+    twin's parameters have the model's shapes (see the module docstring for why such a parameter
+    wants a smaller lr)."""
     if twin is None:
         return {}
     twin_shapes = {name: tuple(p.shape) for name, p in twin.model.named_parameters()}
+    tied_norms = _tied_head_norms(graph)
     scales = {}
-    for node in graph.nodes:
-        if node.op != "patch_embed":
+    for target in targets(graph):
+        shape, before = target.shape, twin_shapes.get(target.name)
+        if before is None or len(before) != len(shape):
             continue
-        for name, shape in node.params.items():
-            before = twin_shapes.get(name)
-            if len(shape) != 4 or before is None or len(before) != 4:
-                continue
-            ratio = (before[2] * before[3]) / (shape[2] * shape[3])
-            if ratio < 1:
-                scales[name] = ratio
+        factor = 1.0
+        if graph.nodes[target.node].op == "patch_embed" and len(shape) == 4:
+            factor *= min(1.0, (before[2] * before[3]) / (shape[2] * shape[3]))
+        axis = split_axis(target, graph, tied_norms)
+        if axis is not None and before[axis] < shape[axis]:
+            factor *= before[axis] / shape[axis]
+        if factor < 1:
+            scales[target.name] = factor
     return scales
 
 
@@ -419,9 +536,11 @@ __all__ = [
     "axis_map",
     "grow",
     "growth",
+    "library_twin",
     "logit_scale",
     "lr_scale",
     "resize_patches",
+    "split_axis",
     "twin_config",
     "twin_of",
     "twin_phrase",

@@ -15,9 +15,9 @@ replacing it (:mod:`graphkit.ghn.keep_init`: weight matrices ``W0 + P``, norms a
 predicted), still one parameter at a time; GPT-2 does so by default (``Family.keep_init``).
 ``shrink`` scales the prediction so added, ``W0 + shrink * P``: a start for fine-tuning.
 
-A model wider than any the hypernetwork trained on is predicted as its narrow twin and grown
-to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted directly,
-the rows past the trained width make it confidently wrong. A ViT with a patch size or a finer
+A model wider than the hypernetwork trained at its depth is predicted as its narrow twin and
+grown to its width without changing what it computes (:mod:`graphkit.ghn.grow`): predicted
+directly, the rows past the trained width make it confidently wrong. A ViT with a patch size or a finer
 token grid than any trained is predicted as its twin at trained ones, its patch embedding and
 position table resized (and, on a finer grid, its output layer scaled by the grids' ratio)."""
 
@@ -40,7 +40,7 @@ from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
-from graphkit.ghn.grow import GrownDecoding, Twin, growth
+from graphkit.ghn.grow import GrownDecoding, Twin, growth, twin_of
 from graphkit.ghn.keep_init import (
     adds_onto_init,
     default_shrink,
@@ -84,8 +84,8 @@ def scale_residuals(graph: ArchGraph, params: dict[str, torch.Tensor]) -> dict[s
 
 def decoding(ghn: LoGAH, graph: ArchGraph, grow: bool | Twin = True) -> LowRankDecoding | DecodedParams | GrownDecoding:
     """``ghn``'s prediction of ``graph``, ready to be checked (``first_non_finite``) and written
-    (``write_into``): grown from the graph's twin when ``grow`` and the graph is wider than any
-    width ``ghn`` trained on, or a ViT outside its patch sizes or token grids
+    (``write_into``): grown from the graph's twin when ``grow`` and the graph is wider than
+    ``ghn`` trained at its depth, or a ViT outside its patch sizes or token grids
     (:func:`graphkit.ghn.grow.growth`; ``grow`` may be the twin, when the caller found it
     already), else decoded directly."""
     grown = growth(ghn, graph, grow if isinstance(grow, Twin) else None) if grow else None
@@ -195,8 +195,8 @@ def predict(
     :class:`~graphkit.ghn.model.LowRankDecoding`). ``graph`` skips the trace when the caller
     already holds the model's graph. ``residual_scale`` scales the residual branches' weights
     as the family's own init does (:func:`scale_residuals`); None: when the family does
-    (:func:`should_scale_residuals`, GPT-2). ``grow`` predicts a model wider than any the
-    hypernetwork trained on as its narrow twin, grown, and a ViT outside the trained patch sizes
+    (:func:`should_scale_residuals`, GPT-2). ``grow`` predicts a model wider than the
+    hypernetwork trained at its depth as its narrow twin, grown, and a ViT outside the trained patch sizes
     or finer than the trained token grids at trained ones, resized (:mod:`graphkit.ghn.grow`;
     the :class:`~graphkit.ghn.grow.Twin` that :func:`~graphkit.ghn.grow.twin_of` found, when the
     caller has it, is used as it is); False decodes it directly. ``calibrate`` then rescales
@@ -243,7 +243,8 @@ def predict(
     rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
         graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
-    prediction = decoding(ghn, graph, grow)
+    # the model itself can give a twin the graph cannot: a transformers decoder of no graphkit family
+    prediction = decoding(ghn, graph, (twin_of(ghn, graph, model) or False) if grow is True else grow)
     bad = prediction.first_non_finite()
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
