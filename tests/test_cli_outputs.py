@@ -27,6 +27,8 @@ from graphkit import ArchGraph
 from graphkit.cli import app
 from graphkit.cli import datasets as datasets_cli
 from graphkit.fileio import graphkit_kind
+from graphkit.finetune import LR_SCALE_KEY
+from graphkit.params import read_params
 
 runner = CliRunner()
 VIT = ROOT / "examples" / "vit_tiny_cifar.py"
@@ -230,6 +232,27 @@ def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     # grown: every coordinate of the stream is a copy of one of the twin's 512
     weight = a["patch_embed.proj.weight"]
     torch.testing.assert_close(weight[512:], weight[:256])
+
+
+@pytest.mark.slow
+def test_predict_grows_a_transformers_decoder_of_no_graphkit_family_through_its_own_class(tmp_path):
+    """A 12 x 384 Qwen2 (no graphkit family reads it) goes to the LLaMA checkpoint, whose 9-layer
+    models are at most 256 wide: predict builds its twin from Qwen2's own config class and records
+    lr x 1/2 for every weight that reads the grown width, in one line."""
+    model_file = tmp_path / "qwen2.py"
+    model_file.write_text(
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
+        "config = AutoConfig.for_model('qwen2', vocab_size=32000, hidden_size=384, num_hidden_layers=12,\n"
+        "    num_attention_heads=6, num_key_value_heads=2, intermediate_size=1024)\n"
+        "model = AutoModelForCausalLM.from_config(config)\n"
+    )
+    out = tmp_path / "predicted.safetensors"
+    result = run("predict", model_file, "--no-keep-init", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "predicting it as its 192-wide twin (3 heads), grown to its width" in result.stdout
+    assert "fine-tune 85 weights (model.layers.0.self_attn.q_proj.weight, " in result.stdout
+    scales = json.loads(read_params(out, tensors=False)[1][LR_SCALE_KEY])
+    assert len(scales) == 85 and set(scales.values()) == {0.5}
 
 
 def _numeric_options():
