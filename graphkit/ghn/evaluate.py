@@ -201,7 +201,9 @@ def evaluate(
     for record in chosen:
         source.check(record.config)
         graph = graph_for(record, ghn.config)
-        twin = twin_of(ghn, graph)  # found once: the prediction grows from it, its resized kernels train slower
+        # found once: the prediction grows from it, its resized and grown weights train slower; the model
+        # (on meta) gives a transformers decoder of no graphkit family its twin, as predict's does
+        twin = twin_of(ghn, graph, build_model(record.config, "meta"))
         made = {"predicted": _pack(predicted_params(ghn, graph, config.residual_scale, twin or False))}
         scales = lr_scale(graph, twin) if config.lr_scale else {}
         factor = default_shrink(record.graph, ghn.info, config.shrink)
