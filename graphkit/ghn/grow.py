@@ -313,8 +313,9 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     widest width trained at its depth (or the nearest depth trained) when it is wider than that,
     at the nearest trained patch size when its own lies outside the trained ones, and at the
     finest trained token grid when its own is finer. The twin is built from the config graphkit's
-    family reads off the graph; a wide transformers decoder of no graphkit family, when its
-    ``model`` is given, from its own config class (:func:`library_twin`).
+    family reads off the graph; a wide transformers decoder that no family reads, or whose
+    family's twin lacks its parameters, from its own config class when its ``model`` is given
+    (:func:`library_twin`).
 
     None when neither applies, when the checkpoint records no space, when there is nothing to
     build a twin from, when the twin would lack or add parameters (the model has parts its
@@ -339,11 +340,15 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     regrid = (patch, grid) != (size["patch"], size["grid"])
     if not (wide or regrid):
         return None
-    twin = _family_twin(graph, space or {}, wide, (patch, grid) if regrid else None)
-    if twin is None and wide and not regrid and model is not None:
-        assert widest is not None and size["width"] is not None, "wide means both are known"
-        twin = library_twin(model, size["width"], widest)
-    return twin if twin is not None and _same_parameters(twin.model, graph) else None
+    family = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None)
+    if family is not None and _same_parameters(family.model, graph):
+        return family
+    if not wide or regrid or model is None:
+        return None
+    # a family read a config off the graph whose twin lacks the model's parameters, or none did
+    assert widest is not None and size["width"] is not None, "wide means both are known"
+    library = library_twin(model, size["width"], widest)
+    return library if library is not None and _same_parameters(library.model, graph) else None
 
 
 def _same_parameters(model: nn.Module, graph: ArchGraph) -> bool:
@@ -352,12 +357,15 @@ def _same_parameters(model: nn.Module, graph: ArchGraph) -> bool:
 
 
 def _family_twin(
-    graph: ArchGraph, space: Mapping[str, Any], wide: bool, regrid: tuple[int | None, int | None] | None
+    graph: ArchGraph,
+    size: Mapping[str, Any],
+    space: Mapping[str, Any],
+    wide: bool,
+    regrid: tuple[int | None, int | None] | None,
 ) -> Twin | None:
-    """The twin :func:`twin_of` describes, from the config graphkit's family reads off ``graph``:
-    narrowed when ``wide``, at ``regrid``'s (patch, grid) when given. None when no family reads
-    it or no width holds whole heads."""
-    size = extent(graph)
+    """The twin :func:`twin_of` describes, from the config graphkit's family reads off ``graph``
+    (of extent ``size``): narrowed when ``wide``, at ``regrid``'s (patch, grid) when given. None
+    when no family reads it or no width holds whole heads."""
     try:
         config = config_from_graph(graph)
     except ConfigError:
