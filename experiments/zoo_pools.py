@@ -21,7 +21,8 @@ Probe, per run: training CE and accuracy over the last 100 steps, and the predic
 alone, at step 0, on one architecture of each of the first 16 families (in the pool or not) and
 of each of the zoo's held-out families (the eval split), each beside its own init (its
 constructor's), on 4 held-out batches of 32 digits (of 8 windows of 64 bytes for decoders, with
-the unigram loss to get below).
+the unigram loss to get below); for images also how much the classifier's input varies across
+images (``image_share``: near 0, every image gets the same guess).
 
     .venv/bin/python experiments/zoo_pools.py --pools 1 2 4 8 16            # about 15 min a pool on 2 cores
     .venv/bin/python experiments/zoo_pools.py --pools 4 --curriculum 4      # the whole zoo from pool 4's weights
@@ -140,10 +141,27 @@ def probe_records(zoo: Path, first: Sequence[str]) -> list[tuple[str, Any]]:
     return probed + [(f"held out: {f} ({r.id})", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
 
 
+def image_share(model: torch.nn.Module, images: torch.Tensor) -> float:
+    """How much a timm model's classifier input varies across ``images``: its standard deviation
+    over the batch over its RMS. Near 0 the model gives every image the same features, so its
+    output is one guess whatever it sees (chance, ln 10 at best)."""
+    head = model.get_classifier()
+    head = head[0] if isinstance(head, tuple) else head  # a distilled model's (head, head_dist)
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model.eval()(images)
+    finally:
+        handle.remove()
+    features = captured[0].flatten(1)
+    return (features.std(0).pow(2).mean().sqrt() / features.pow(2).mean().sqrt()).item()
+
+
 def step0(ghn, record, source, batch_size: int) -> list[float]:
-    """Held-out loss and accuracy (rounded) of ``record``'s model from ``ghn``'s prediction, or
-    from its own init when ``ghn`` is None, its BatchNorms' statistics estimated on training
-    inputs as ``eval-ghn`` does."""
+    """Held-out loss and accuracy of ``record``'s model from ``ghn``'s prediction, or from its
+    own init when ``ghn`` is None, its BatchNorms' statistics estimated on training inputs as
+    ``eval-ghn`` does; for images also its :func:`image_share` on the first held-out batch (rounded)."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, batch_size, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
@@ -151,7 +169,10 @@ def step0(ghn, record, source, batch_size: int) -> list[float]:
     if ghn is not None:
         initialise(model, "predicted", predicted_params(ghn, graph_for(record, ghn.config)))
     estimate_batch_norm(model, [source.batch(record.config, batch_size, generator)[0] for _ in range(BATCHES)])
-    return [round(v, 3) for v in score(model, held_out, source.task)]
+    figures = list(score(model, held_out, source.task))
+    if source.task != "text":
+        figures.append(image_share(model, held_out[0][0]))
+    return [round(v, 3) for v in figures]
 
 
 def probe(run: Path | str, records: list[tuple[str, Any]], source, batch_size: int) -> dict[str, Any]:

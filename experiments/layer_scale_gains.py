@@ -1,0 +1,133 @@
+"""Layer-scale gains in the vision zoo's predictions (issue #45, items 1 and 3).
+
+timm's LayerScale (``ls1.gamma``, ``ls2.gamma``), EVA's and BEiT's ``gamma_1`` / ``gamma_2`` and
+XCiT's ``gamma1`` to ``gamma3`` multiply each residual branch by a learned vector that the
+constructors start at 1e-6 to 1e-5 (BEiT 0.1). graphkit decodes them as GHN-3 decodes every 1-D
+parameter that is not a norm's scale, ``tanh(p / 5)``, near 0 from a fresh LoGAH, so a predicted
+block behind one is silent and the gradient that reaches its weights is scaled by the gain.
+
+- ``--probe CKPT ...``: for one architecture of each zoo family with such gains (train and eval
+  splits), the step-0 held-out loss / accuracy / image share (``zoo_pools.image_share``) of its
+  own init and of each checkpoint's prediction, with the gains as predicted, set to 0.1 and to 1.
+- ``--train OUT``: the zoo-vision recipe (Makefile, ``bundled``) for ``--steps`` steps with these
+  gains decoded around ``--gain-offset`` (``tanh(p / 5) + offset``) instead of 0, the lever the
+  probe suggests; ``--gain-offset`` applies to ``--probe`` too, as a checkpoint must be read the
+  way it trained (checkpoints trained otherwise are probed with 0).
+
+    .venv/bin/python experiments/layer_scale_gains.py --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
+    .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-gains0.1-1500 \
+        --gain-offset 0.1 --steps 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import zoo_pools  # noqa: E402
+
+from graphkit.families import build_model  # noqa: E402
+from graphkit.ghn import encoding, grow, load_checkpoint, predict  # noqa: E402
+from graphkit.ghn.evaluate import initialise  # noqa: E402
+from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
+from graphkit.ghn.predict import predicted_params  # noqa: E402
+from graphkit.graph import ArchGraph  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.loop import estimate_batch_norm, score  # noqa: E402
+
+#: a layer scale's parameter, by its module or leaf name
+LAYER_SCALE = re.compile(r"(^|\.)(ls\d?|layer_scale\w*|gamma\w*)(\.|$)")
+
+
+def layer_scale_gains(graph: ArchGraph) -> set[str]:
+    """The 1-D parameters of ``graph``'s ``scale`` nodes named as layer scales."""
+    return {
+        name
+        for node in graph.nodes
+        if node.op == "scale"
+        for name, shape in node.params.items()
+        if len(shape) == 1 and LAYER_SCALE.search(name)
+    }
+
+
+def decode_gains_around(offset: float) -> None:
+    """Make every reader of ``encoding.targets`` (encoding, training, predict, grow) decode the
+    layer-scale gains as ``tanh(p / 5) + offset``."""
+    original = encoding.targets
+
+    def targets(graph: ArchGraph, *args, **kwargs) -> list[encoding.Target]:
+        gains = layer_scale_gains(graph)
+        plan = original(graph, *args, **kwargs)
+        return [dataclasses.replace(t, offset=t.offset + offset) if t.name in gains else t for t in plan]
+
+    for module in (encoding, predict, grow):
+        module.targets = targets
+
+
+def gain_records(zoo: Path, ghn) -> list[tuple[str, object, set[str]]]:
+    """(what, record, gains): the first architecture of each family with layer-scale gains, train split first."""
+    picked: dict[str, tuple[str, object, set[str]]] = {}
+    for split in ("train", "eval"):
+        for record in ArchPool(zoo, split).records:
+            family = record.config["zoo_family"]
+            if family not in picked and (gains := layer_scale_gains(graph_for(record, ghn.config))):
+                picked[family] = (f"{split}: {family} ({record.id})", record, gains)
+    return list(picked.values())
+
+
+def probe(checkpoints: list[Path], zoo: Path) -> None:
+    """Print the step-0 table of ``--probe`` for each checkpoint."""
+    source = load_source("digits")
+    for checkpoint in checkpoints:
+        ghn = load_checkpoint(checkpoint)
+        print(f"{checkpoint}: loss / accuracy / image share at step 0", flush=True)
+        for what, record, gains in gain_records(zoo, ghn):
+            generator = torch.Generator().manual_seed(0)
+            held_out = [source.batch(record.config, 32, generator, split="eval") for _ in range(zoo_pools.BATCHES)]
+            fitted = [source.batch(record.config, 32, generator)[0] for _ in range(zoo_pools.BATCHES)]
+            predicted = predicted_params(ghn, graph_for(record, ghn.config))
+            rms = torch.cat([predicted[name].flatten() for name in gains]).pow(2).mean().sqrt().item()
+            row = [what, f"predicted gains' RMS {rms:.3g}"]
+            for value in ("own", "predicted", 0.1, 1.0):
+                torch.manual_seed(0)
+                model = build_model(record.config, "cpu")
+                if value != "own":
+                    params = dict(predicted)
+                    if value != "predicted":
+                        params.update({name: torch.full_like(predicted[name], value) for name in gains})
+                    initialise(model, "predicted", params)
+                estimate_batch_norm(model, fitted)
+                loss, accuracy = score(model, held_out, "image")
+                row.append(f"{value}: {loss:.2f} / {accuracy:.2f} / {zoo_pools.image_share(model, held_out[0][0]):.2f}")
+            print(" | ".join(row), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probe", nargs="*", type=Path, default=[], help="checkpoints to probe")
+    parser.add_argument("--train", type=Path, default=None, help="train the zoo-vision recipe into this folder")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--gain-offset", type=float, default=0.0, help="decode layer-scale gains around this")
+    args = parser.parse_args()
+    zoo, recipe = zoo_pools.KINDS["vision"]
+    if args.gain_offset:
+        decode_gains_around(args.gain_offset)
+    if args.train is not None:
+        zoo_pools.train_run(recipe, zoo, args.train, args.steps)
+        figures = zoo_pools.probe(args.train, zoo_pools.probe_records(zoo, []), load_source("digits"), 32)
+        print(json.dumps(figures, indent=1), flush=True)
+    probe([*args.probe, *([args.train] if args.train else [])], zoo)
+
+
+if __name__ == "__main__":
+    main()
