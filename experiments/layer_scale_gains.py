@@ -12,11 +12,16 @@ block behind one is silent and the gradient that reaches its weights is scaled b
 - ``--train OUT``: the zoo-vision recipe (Makefile, ``bundled``) for ``--steps`` steps with these
   gains decoded around ``--gain-offset`` (``tanh(p / 5) + offset``) instead of 0, the lever the
   probe suggests; ``--gain-offset`` applies to ``--probe`` too, as a checkpoint must be read the
-  way it trained (checkpoints trained otherwise are probed with 0).
+  way it trained (checkpoints trained otherwise are probed with 0). ``--family`` trains on one
+  family's architectures only, ``--initial`` from a checkpoint's weights: whether the gains move
+  when no other family shares the step.
 
     .venv/bin/python experiments/layer_scale_gains.py --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
     .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-gains0.1-1500 \
         --gain-offset 0.1 --steps 1500
+    .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-deit-200 --steps 200 \
+        --family deit --initial graphkit/ghn/pretrained/logah-tiny-zoo-vision \
+        --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
 """
 
 from __future__ import annotations
@@ -118,12 +123,15 @@ def main() -> None:
     parser.add_argument("--train", type=Path, default=None, help="train the zoo-vision recipe into this folder")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--gain-offset", type=float, default=0.0, help="decode layer-scale gains around this")
+    parser.add_argument("--family", default=None, help="--train on this zoo family's architectures only")
+    parser.add_argument("--initial", type=Path, default=None, help="--train from this checkpoint's weights")
     args = parser.parse_args()
     zoo, recipe = zoo_pools.KINDS["vision"]
     if args.gain_offset:
         decode_gains_around(args.gain_offset)
     if args.train is not None:
-        zoo_pools.train_run(recipe, zoo, args.train, args.steps)
+        pool = None if args.family is None else [args.family]
+        zoo_pools.train_run(recipe, zoo, args.train, args.steps, args.initial, pool=pool)
         figures = zoo_pools.probe(args.train, zoo_pools.probe_records(zoo, []), load_source("digits"), 32)
         print(json.dumps(figures, indent=1), flush=True)
     probe([*args.probe, *([args.train] if args.train else [])], zoo)
