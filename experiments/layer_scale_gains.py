@@ -41,14 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 import zoo_pools  # noqa: E402
 
-from graphkit.families import build_model  # noqa: E402
 from graphkit.ghn import encoding, grow, load_checkpoint, predict  # noqa: E402
-from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.graph import ArchGraph  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
-from graphkit.training.loop import estimate_batch_norm, score  # noqa: E402
 
 #: a layer scale's parameter, by its module or leaf name
 LAYER_SCALE = re.compile(r"(^|\.)(ls\d?|layer_scale\w*|gamma\w*)(\.|$)")
@@ -79,41 +76,39 @@ def decode_gains_around(offset: float) -> None:
         module.targets = targets
 
 
-def gain_records(zoo: Path, ghn) -> list[tuple[str, object, set[str]]]:
-    """(what, record, gains): the first architecture of each family with layer-scale gains, train split first."""
-    picked: dict[str, tuple[str, object, set[str]]] = {}
+def gain_records(zoo: Path, ghn) -> list[tuple[str, object, ArchGraph, set[str]]]:
+    """(what, record, graph, gains): the first architecture of each family with layer-scale
+    gains, train split first."""
+    picked: dict[str, tuple[str, object, ArchGraph, set[str]]] = {}
     for split in ("train", "eval"):
         for record in ArchPool(zoo, split).records:
             family = record.config["zoo_family"]
-            if family not in picked and (gains := layer_scale_gains(graph_for(record, ghn.config))):
-                picked[family] = (f"{split}: {family} ({record.id})", record, gains)
+            if family in picked:
+                continue
+            graph = graph_for(record, ghn.config)
+            if gains := layer_scale_gains(graph):
+                picked[family] = (f"{split}: {family} ({record.id})", record, graph, gains)
     return list(picked.values())
 
 
 def probe(checkpoints: list[Path], zoo: Path) -> None:
-    """Print the step-0 table of ``--probe`` for each checkpoint."""
+    """Print the step-0 table of ``--probe`` for each checkpoint (``zoo_pools.scored``)."""
     source = load_source("digits")
     for checkpoint in checkpoints:
         ghn = load_checkpoint(checkpoint)
         print(f"{checkpoint}: loss / accuracy / image share at step 0", flush=True)
-        for what, record, gains in gain_records(zoo, ghn):
-            generator = torch.Generator().manual_seed(0)
-            held_out = [source.batch(record.config, 32, generator, split="eval") for _ in range(zoo_pools.BATCHES)]
-            fitted = [source.batch(record.config, 32, generator)[0] for _ in range(zoo_pools.BATCHES)]
-            predicted = predicted_params(ghn, graph_for(record, ghn.config))
+        for what, record, graph, gains in gain_records(zoo, ghn):
+            predicted = predicted_params(ghn, graph)
             rms = torch.cat([predicted[name].flatten() for name in gains]).pow(2).mean().sqrt().item()
+            starts = {"own": None, "predicted": predicted}
+            starts.update(
+                (str(value), {**predicted, **{name: torch.full_like(predicted[name], value) for name in gains}})
+                for value in (0.1, 1.0)
+            )
             row = [what, f"predicted gains' RMS {rms:.3g}"]
-            for value in ("own", "predicted", 0.1, 1.0):
-                torch.manual_seed(0)
-                model = build_model(record.config, "cpu")
-                if value != "own":
-                    params = dict(predicted)
-                    if value != "predicted":
-                        params.update({name: torch.full_like(predicted[name], value) for name in gains})
-                    initialise(model, "predicted", params)
-                estimate_batch_norm(model, fitted)
-                loss, accuracy = score(model, held_out, "image")
-                row.append(f"{value}: {loss:.2f} / {accuracy:.2f} / {zoo_pools.image_share(model, held_out[0][0]):.2f}")
+            for name, params in starts.items():
+                loss, accuracy, share = zoo_pools.scored(record, source, 32, params)
+                row.append(f"{name}: {loss:.2f} / {accuracy:.2f} / {share:.2f}")
             print(" | ".join(row), flush=True)
 
 

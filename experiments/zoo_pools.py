@@ -159,15 +159,23 @@ def image_share(model: torch.nn.Module, images: torch.Tensor) -> float:
 
 
 def step0(ghn, record, source, batch_size: int) -> list[float]:
-    """Held-out loss and accuracy of ``record``'s model from ``ghn``'s prediction, or from its
-    own init when ``ghn`` is None, its BatchNorms' statistics estimated on training inputs as
+    """:func:`scored` of ``record``'s model from ``ghn``'s prediction, or from its own init when
+    ``ghn`` is None."""
+    return scored(
+        record, source, batch_size, None if ghn is None else predicted_params(ghn, graph_for(record, ghn.config))
+    )
+
+
+def scored(record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None) -> list[float]:
+    """Held-out loss and accuracy of ``record``'s model with ``params`` (by state-dict name), or
+    with its own init when None, its BatchNorms' statistics estimated on training inputs as
     ``eval-ghn`` does; for images also its :func:`image_share` on the first held-out batch (rounded)."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, batch_size, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
     model = build_model(record.config, "cpu")
-    if ghn is not None:
-        initialise(model, "predicted", predicted_params(ghn, graph_for(record, ghn.config)))
+    if params is not None:
+        initialise(model, "predicted", params)
     estimate_batch_norm(model, [source.batch(record.config, batch_size, generator)[0] for _ in range(BATCHES)])
     figures = list(score(model, held_out, source.task))
     if source.task != "text":
