@@ -14,7 +14,8 @@ block behind one is silent and the gradient that reaches its weights is scaled b
   probe suggests; ``--gain-offset`` applies to ``--probe`` too, as a checkpoint must be read the
   way it trained (checkpoints trained otherwise are probed with 0). ``--family`` trains on one
   family's architectures only, ``--initial`` from a checkpoint's weights: whether the gains move
-  when no other family shares the step.
+  when no other family shares the step. ``--level-head`` trains with ``train-ghn --level-head``
+  (a learned level per 1-D parameter, ``LoGAHConfig.level_head``).
 
     .venv/bin/python experiments/layer_scale_gains.py --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
     .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-gains0.1-1500 \
@@ -120,13 +121,16 @@ def main() -> None:
     parser.add_argument("--gain-offset", type=float, default=0.0, help="decode layer-scale gains around this")
     parser.add_argument("--family", default=None, help="--train on this zoo family's architectures only")
     parser.add_argument("--initial", type=Path, default=None, help="--train from this checkpoint's weights")
+    parser.add_argument("--level-head", action="store_true", help="--train with train-ghn --level-head")
     args = parser.parse_args()
     zoo, recipe = zoo_pools.KINDS["vision"]
     if args.gain_offset:
         decode_gains_around(args.gain_offset)
     if args.train is not None:
         pool = None if args.family is None else [args.family]
-        zoo_pools.train_run(recipe, zoo, args.train, args.steps, args.initial, pool=pool)
+        zoo_pools.train_run(
+            {**recipe, "level_head": args.level_head}, zoo, args.train, args.steps, args.initial, pool=pool
+        )
         figures = zoo_pools.probe(args.train, zoo_pools.probe_records(zoo, []), load_source("digits"), 32)
         print(json.dumps(figures, indent=1), flush=True)
     probe([*args.probe, *([args.train] if args.train else [])], zoo)

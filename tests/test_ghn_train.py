@@ -163,6 +163,17 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     # named for the setting that differs, not for init_anchors, which may (the first's is False now)
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*first: holds a LoGAH whose table_gain is 1.0, not"):
         train(quick(vits, tmp_path / "gained", table_gain=4.0, initial_checkpoint=str(tmp_path / "first")))
+    # a level head may be added to a checkpoint without one: it starts at zero, so the start decodes as the checkpoint
+    train(
+        quick(vits, tmp_path / "level", steps=1, lr=1e-12, level_head=True, initial_checkpoint=str(tmp_path / "first")),
+        progress=False,
+    )
+    leveled = load_checkpoint(tmp_path / "level").state_dict()
+    assert all(torch.allclose(leveled[k], v, atol=1e-6) for k, v in first.items())
+    assert leveled["decoder.level.weight"].abs().max() < 1e-6 and leveled["decoder.level.bias"].abs().max() < 1e-6
+    # but a head is never dropped: the run would decode otherwise than the checkpoint it starts from
+    with pytest.raises(TrainError, match=r"^--initial-checkpoint .*level: holds a LoGAH whose level_head is True, not"):
+        train(quick(vits, tmp_path / "unlevelled", initial_checkpoint=str(tmp_path / "level")))
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*nowhere: no hypernetwork checkpoint there"):
         train(quick(vits, tmp_path / "missing", initial_checkpoint=str(tmp_path / "nowhere")))
 

@@ -138,6 +138,7 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
         (("--role-rows", "64"), f"--role-rows {NEEDS_ROLE_MAPS}"),
         (("--role-maps", "--decoder", "ghn3", "--role-key", "leaf"), "--role-maps needs the low_rank decoder"),
         (("--table-gain", "8", "--no-init-anchors"), "--table-gain needs --init-anchors (it decodes with them)"),
+        (("--level-head", "--decoder", "ghn3"), "--level-head needs the low_rank decoder, not 'ghn3'"),
     ],
 )
 def test_role_map_options_are_checked_before_any_work(tmp_path, options, message):
@@ -437,6 +438,8 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
         ({"tie_feature": 1}, "config.json: logah.tie_feature must be true or false; got 1"),
         ({"tie_feature": True}, "model.safetensors: does not match its config.json (the file holds"),
         ({"init_anchors": "yes"}, "config.json: logah.init_anchors must be true or false; got 'yes'"),
+        ({"level_head": "yes"}, "config.json: logah.level_head must be true or false; got 'yes'"),
+        ({"level_head": True}, "model.safetensors: does not match its config.json (the file holds"),
         ({"table_gain": 0}, "config.json: logah.table_gain: table gain must be a positive number; got 0"),
         ({"table_gain": "4"}, "config.json: logah.table_gain: table gain must be a positive number; got '4'"),
         ({"table_gain": True}, "config.json: logah.table_gain: table gain must be a positive number; got True"),

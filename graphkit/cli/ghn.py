@@ -68,6 +68,13 @@ def train_ghn(
         "is smaller beside the stream's input; needs --init-anchors "
         '(docs/experiments.md, "The stream\'s input").',
     ),
+    level_head: bool = typer.Option(
+        False,
+        "--level-head/--no-level-head",
+        help="Give each 1-D parameter (norm gains, biases, layer-scale gains) a learned level of its own, added "
+        "after its output function, so that it can move where the weights' gradients leave it (a layer-scale "
+        'gain that starts near 0 can open its block; docs/experiments.md, "A level of their own").',
+    ),
     keep_init: bool = typer.Option(
         False,
         "--keep-init/--no-keep-init",
@@ -166,6 +173,7 @@ def train_ghn(
         tie_feature=tie_feature,
         init_anchors=init_anchors,
         table_gain=table_gain,
+        level_head=level_head,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],

@@ -50,6 +50,10 @@ class LoGAHConfig:
     # tied table where the final norm undoes it: encoding.targets): a stream whose input is larger
     # beside what its blocks write; 1 for checkpoints from before 2026-11-29, which lack it
     table_gain: float = 1.0
+    # a head that reads each 1-D parameter's query and adds one learned level to its activated
+    # values (LowRankDecoder.level), so that a 1-D output has a path of its own that Adam moves at its
+    # own scale; zero at init, so it decodes as a LoGAH without it. False for checkpoints that lack it
+    level_head: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -63,6 +67,8 @@ class LoGAHConfig:
             raise VariantError(f"unknown role key {self.role_key!r}; accepted: {', '.join(ROLE_KEYS)}", "role_key")
         if roles and self.decoder != "low_rank":
             raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
+        if self.level_head and self.decoder != "low_rank":
+            raise VariantError(f"a level head needs the low_rank decoder, not {self.decoder!r}", "level_head")
         gain = self.table_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not math.isfinite(gain) or gain <= 0:
             raise VariantError(f"table gain must be a positive number; got {gain!r}", "table_gain")

@@ -26,6 +26,11 @@ Choices beyond the paper:
   state where gradients vanish (GHN-3's plain 1/sqrt(fan-in) factor did both here). The RMS comes
   from r x r Gram matrices and is folded into A, so no pass over the full matrix is needed.
   Norm weights 2 sigmoid(p / 2) and biases tanh(p / 5), as GHN-3.
+- **Levels of 1-D parameters** (``LoGAHConfig.level_head``; ``train-ghn --level-head``). A 1-D
+  parameter's values are a raw product of factors that the weights' much larger gradients shape;
+  a level head adds one learned scalar per 1-D parameter after its output function, in the
+  parameter's units (before its init anchor and factor), which Adam moves at its own pace (a
+  LayerScale gain that starts near 0 can open its block).
 - **Role maps** (``LoGAHConfig.roles``, off by default; ``train-ghn --role-maps``). One shared r -> K
   map makes every matrix live in the same row and column subspaces: a GPT-2's query projection,
   MLP and embedding all get the same ``W[:rows]``. With role maps each parameter role (its name
@@ -196,6 +201,12 @@ class LowRankDecoder(nn.Module):
         self.gain = nn.Linear(d, 1)
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
+        # one scalar per 1-D parameter added after its output function (see products); zero: decodes as without
+        self.level = None
+        if c.level_head:
+            self.level = nn.Linear(d, 1)
+            nn.init.zeros_(self.level.weight)
+            nn.init.zeros_(self.level.bias)
 
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), per
@@ -209,7 +220,7 @@ class LowRankDecoder(nn.Module):
         no pass over the decoded weights: a weight's norm is fixed by its predicted scale (see :meth:`products`)."""
         batch = _DecodeBatch(graphs)
         index = batch.on(nodes.device)
-        products, head, norms = self.products(nodes, batch)
+        products, head, norms, levels = self.products(nodes, batch)
         blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
         if batch.weight_groups:
             grouped = products[index["weight_order"]].split([len(m) for m in batch.weight_groups.values()])
@@ -222,6 +233,8 @@ class LowRankDecoder(nn.Module):
             parts = [(m @ head(role, 1)[0]) @ head(role, width).t() for (role, _), m in zip(batch.vector_roles, runs)]
             values = parts[0] if len(parts) == 1 else torch.cat(parts)
             values = torch.where(index["is_norm"].unsqueeze(1), activate("norm", values), activate("bias", values))
+            if levels is not None:
+                values = values + levels.index_select(0, index["vector_queries"]).unsqueeze(1).to(values.dtype)
             flat = values.flatten()[index["vector_entries"]]  # each query's first C values, end to end
             square = torch.zeros_like(norms).index_add(0, index["entry_owner"], flat.float().square())
             norms = torch.where(index["is_vector"], square.clamp_min(1e-30).sqrt(), norms)
@@ -243,11 +256,19 @@ class LowRankDecoder(nn.Module):
 
     def products(
         self, nodes: torch.Tensor, batch: _DecodeBatch
-    ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor]:
+    ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor, torch.Tensor | None]:
         """Per query of ``batch`` (in query order) the r x r matrix ``M = F_A F_B^T``, a weight's
         scale folded in; ``head(role, size)``, the first ``size`` rows of role map ``role`` (0: the
-        shared map; a block is ``head(role, rows) @ M @ head(role, cols).t()``); and per target the
-        L2 norm of a weight (float32; a 1-D target's entry is left for :meth:`forward` to fill).
+        shared map; a block is ``head(role, rows) @ M @ head(role, cols).t()``); per target the
+        L2 norm of a weight (float32; a 1-D target's entry is left for :meth:`forward` to fill); and
+        with a level head, per query the level added to a 1-D parameter's values after their output
+        function, in the parameter's own units (None without one).
+
+        Why the level: a 1-D value is ``W[:C] M w_0``, a raw product of factors that the weights'
+        gradients shape, while a weight is normalised to its predicted scale, which amplifies its
+        gradient; the 1-D gradients were about 40 times smaller at the role maps, and after
+        4,000 steps every 1-D output sat where a fresh LoGAH put it (layer-scale gains at 0.006, so
+        the blocks behind them were silent; docs/experiments.md). The level is a path of their own.
 
         All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
         its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
@@ -287,7 +308,8 @@ class LowRankDecoder(nn.Module):
         rms = weight_rms(gains[index["first"]], index["sqrt_fan_in"]) * index["weight_factor"]
         scale = rms / torch.sqrt(square / index["size"] + 1e-12)
         scale = torch.where(index["is_weight_query"], scale.index_select(0, index["owner"]), 1.0)
-        return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float()
+        levels = None if self.level is None else self.level(query)[:, 0]
+        return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float(), levels
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
         """Memory :meth:`LowRankDecoding.write_into` needs beyond the destinations: the largest
@@ -305,8 +327,8 @@ class LowRankDecoder(nn.Module):
     @torch.no_grad()
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
         """One graph's parameters, ready to be written block by block (see :class:`LowRankDecoding`)."""
-        products, head, _ = self.products(nodes, _DecodeBatch([graph]))
-        return LowRankDecoding(graph, products, head, self.config.max_mask)
+        products, head, _, levels = self.products(nodes, _DecodeBatch([graph]))
+        return LowRankDecoding(graph, products, head, self.config.max_mask, levels)
 
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
@@ -419,8 +441,8 @@ class LowRankDecoding:
     parameter's role map), so each value, and each value of ``A M``, is at most
     ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A NaN or Inf anywhere in ``W`` or
     ``M`` makes that bound NaN or Inf; a finite bound below :data:`SAFE_BOUND` means no float32
-    product can overflow. The 1-D output functions (sigmoid,
-    tanh) are finite on finite input. So a model is either written whole or not touched.
+    product can overflow. A 1-D parameter's level (a level head's) is checked itself; the 1-D
+    output functions (sigmoid, tanh) are finite on finite input. So a model is either written whole or not touched.
 
     ``write_into`` then decodes each parameter's blocks straight into the destination's memory
     when it is a float32 matrix view on the hypernetwork's device (``matmul(out=...)``), or into
@@ -428,9 +450,15 @@ class LowRankDecoding:
     never a second copy of the whole model. A meta destination gets a new tensor."""
 
     def __init__(
-        self, graph: EncodedGraph, products: torch.Tensor, head: Callable[[int, int], torch.Tensor], chunk: int
+        self,
+        graph: EncodedGraph,
+        products: torch.Tensor,
+        head: Callable[[int, int], torch.Tensor],
+        chunk: int,
+        levels: torch.Tensor | None = None,
     ) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
+        self.levels = levels  # per query, a 1-D value's level before its output function (LowRankDecoder.products)
 
     def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
         """The queries of target ``index`` with the rows and columns of its matrix each one fills."""
@@ -455,6 +483,8 @@ class LowRankDecoding:
             for q, rows, cols in self._blocks(index):
                 inner = reach[rows.stop - rows.start - 1] * frobenius[q]
                 if not (inner < SAFE_BOUND and inner * reach[cols.stop - cols.start - 1] < SAFE_BOUND):
+                    return target.name
+                if self.levels is not None and target.kind != "weight" and not torch.isfinite(self.levels[q]):
                     return target.name
         return None
 
@@ -487,10 +517,13 @@ class LowRankDecoding:
                     matrix[rows, cols].addmm_(a @ self.products[q], b.t())
                 elif target.kind == "weight":
                     torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
-                elif add and direct:
-                    matrix[rows, cols] += target.activate(a @ self.products[q] @ b.t())
                 else:
-                    matrix[rows, cols] = target.activate(a @ self.products[q] @ b.t())
+                    values = activate(target.kind, a @ self.products[q] @ b.t())
+                    values = target.anchor(values if self.levels is None else values + self.levels[q])
+                    if add and direct:
+                        matrix[rows, cols] += values
+                    else:
+                        matrix[rows, cols] = values
             if not direct:
                 value = target.reshape(matrix)
                 destination.add_(value) if add else destination.copy_(value)
@@ -626,6 +659,7 @@ class LoGAH(nn.Module):
         role_key: str = LoGAHConfig.role_key,
         init_anchors: bool = LoGAHConfig.init_anchors,
         table_gain: float = LoGAHConfig.table_gain,
+        level_head: bool = LoGAHConfig.level_head,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
@@ -633,7 +667,8 @@ class LoGAH(nn.Module):
         roles as ``role_key`` reads names, :func:`~graphkit.ghn.encoding.role_of`) get role maps of
         ``role_rows`` rows each; ``init_anchors`` decodes 1-D parameters around their model's init
         constants and the token and position tables at ``table_gain`` times the weights' RMS
-        (:func:`~graphkit.ghn.encoding.targets`)."""
+        (:func:`~graphkit.ghn.encoding.targets`); ``level_head`` gives 1-D parameters a learned
+        level of their own (:meth:`LowRankDecoder.products`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -648,6 +683,7 @@ class LoGAH(nn.Module):
                     "role_key": role_key,
                     "init_anchors": init_anchors,
                     "table_gain": table_gain,
+                    "level_head": level_head,
                 }
             )
         )

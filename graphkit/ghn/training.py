@@ -86,6 +86,7 @@ RESUMED_OPTIONS = (
     "tie_feature",
     "init_anchors",
     "table_gain",
+    "level_head",
     "keep_init",
     "initial_checkpoint",
     "zoo_families",
@@ -114,6 +115,7 @@ UNRECORDED = {
     "tie_feature": False,
     "init_anchors": False,
     "table_gain": LoGAHConfig.table_gain,
+    "level_head": False,
     "keep_init": False,
     "initial_checkpoint": None,
     "zoo_families": None,
@@ -139,6 +141,7 @@ class TrainConfig:
     tie_feature: bool = LoGAHConfig.tie_feature  # the encoder reads which nodes share a tied token table
     init_anchors: bool = True  # 1-D parameters decoded around their model's init constants (LoGAHConfig.init_anchors)
     table_gain: float = LoGAHConfig.table_gain  # token and position tables at this times the weights' RMS
+    level_head: bool = LoGAHConfig.level_head  # a learned level per 1-D parameter (LoGAHConfig.level_head)
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
@@ -192,6 +195,9 @@ class TrainConfig:
         check_flag("role_maps", self.role_maps, TrainError)
         check_flag("tie_feature", self.tie_feature, TrainError)
         check_flag("init_anchors", self.init_anchors, TrainError)
+        check_flag("level_head", self.level_head, TrainError)
+        if self.level_head and self.decoder != "low_rank":
+            raise TrainError(f"--level-head needs the low_rank decoder, not {self.decoder!r}")
         check_flag("keep_init", self.keep_init, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
         if self.zoo_families is not None and (
@@ -379,9 +385,14 @@ def machine(device: torch.device, world: int = 1) -> str:
 def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     """Copy the weights of ``initial`` (the checkpoint ``path`` holds) into the fresh ``ghn``;
     TrainError naming the first setting in which their configs differ (the variant, the roles a
-    pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles."""
+    pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles. A run
+    with a level head may start from a checkpoint without one: the head starts at zero, so the
+    start decodes as the checkpoint does."""
     # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
-    comparable = replace(initial.config, init_anchors=ghn.config.init_anchors)
+    adds_level = ghn.config.level_head and not initial.config.level_head
+    comparable = replace(
+        initial.config, init_anchors=ghn.config.init_anchors, level_head=initial.config.level_head or adds_level
+    )
     if comparable != ghn.config:
         field = next(f for f in asdict(ghn.config) if getattr(comparable, f) != getattr(ghn.config, f))
         raise TrainError(
@@ -389,7 +400,9 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
             f"not this run's {getattr(ghn.config, field)!r}; train with its options (--variant, --role-maps, "
             "--role-key, ...) or start fresh"
         )
-    ghn.load_state_dict(initial.state_dict())
+    missing, _ = ghn.load_state_dict(initial.state_dict(), strict=not adds_level)
+    if adds_level and any(not name.startswith("decoder.level.") for name in missing):  # only the new head may be
+        raise TrainError(f"--initial-checkpoint {path}: lacks {missing[0]}")
 
 
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
@@ -440,6 +453,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         role_key=config.role_key,
         init_anchors=config.init_anchors,
         table_gain=config.table_gain,
+        level_head=config.level_head,
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
