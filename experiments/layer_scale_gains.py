@@ -16,6 +16,12 @@ block behind one is silent and the gradient that reaches its weights is scaled b
   family's architectures only, ``--initial`` from a checkpoint's weights: whether the gains move
   when no other family shares the step. ``--level-head`` trains with ``train-ghn --level-head``
   (a learned level per 1-D parameter, ``LoGAHConfig.level_head``).
+- ``--moments RUN``: per role map, the RMS gradient Adam has seen (its second moments, first 256
+  rows) in the run's training checkpoint: how much smaller the 1-D roles' gradients are.
+- ``--gain-gradient CKPT ...``: per architecture with gains (``--per-family`` of each family), the
+  loss's gradient with respect to one level for all its gains (the sum of their gradients) on 4
+  batches, and how many are positive: whether the gains have a direction to follow. ``fresh`` is
+  a fresh LoGAH of the zoo-vision recipe with a level head.
 
     .venv/bin/python experiments/layer_scale_gains.py --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
     .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-gains0.1-1500 \
@@ -23,6 +29,8 @@ block behind one is silent and the gradient that reaches its weights is scaled b
     .venv/bin/python experiments/layer_scale_gains.py --train runs/zoo-vits-mini-deit-200 --steps 200 \
         --family deit --initial graphkit/ghn/pretrained/logah-tiny-zoo-vision \
         --probe graphkit/ghn/pretrained/logah-tiny-zoo-vision
+    .venv/bin/python experiments/layer_scale_gains.py --moments runs/zoo-vits-mini-whole-4000
+    .venv/bin/python experiments/layer_scale_gains.py --gain-gradient fresh runs/zoo-vits-mini-level-1500
 """
 
 from __future__ import annotations
@@ -42,11 +50,12 @@ sys.path.insert(0, str(ROOT))
 
 import zoo_pools  # noqa: E402
 
-from graphkit.ghn import encoding, grow, load_checkpoint, predict  # noqa: E402
+from graphkit.ghn import LoGAH, encoding, grow, load_checkpoint, predict, training  # noqa: E402
 from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.graph import ArchGraph  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.state import load_optimizer_state  # noqa: E402
 
 #: a layer scale's parameter, by its module or leaf name
 LAYER_SCALE = re.compile(r"(^|\.)(ls\d?|layer_scale\w*|gamma\w*)(\.|$)")
@@ -113,6 +122,58 @@ def probe(checkpoints: list[Path], zoo: Path) -> None:
             print(" | ".join(row), flush=True)
 
 
+def moments(run: Path) -> None:
+    """Print, per role map, the RMS of the gradient Adam has seen (``sqrt(exp_avg_sq)``, the map's
+    first 256 rows) in ``run``'s training checkpoint."""
+    ghn = load_checkpoint(run / "checkpoint")
+    config = training.TrainConfig(**json.loads((run / "checkpoint" / "trainer_state.json").read_text())["config"])
+    optimizer = training.make_optimizer(ghn, config)
+    load_optimizer_state(run / "checkpoint", optimizer)
+    maps = ghn.decoder.role_maps
+    seen = optimizer.state[maps]["exp_avg_sq"][:, :256].mean((1, 2)).sqrt()
+    for role, rms, now in zip(ghn.config.roles, seen.tolist(), maps.detach()[:, :256].pow(2).mean((1, 2)).sqrt()):
+        print(f"{role:24s} gradient RMS {rms:.2g}   map RMS {now:.3f}")
+
+
+def gain_gradients(checkpoint: str, zoo: Path, per_family: int, batches: int = 4) -> None:
+    """Print, per architecture with gains (``per_family`` of each train family), the gradient of
+    the loss with respect to one level shared by all its gains on each of ``batches`` batches:
+    their mean and how many are positive (opening the gains raises the loss)."""
+    pool = ArchPool(zoo, "train")
+    recipe = zoo_pools.KINDS["vision"][1]
+    if checkpoint == "fresh":
+        torch.manual_seed(0)
+        ghn = LoGAH.from_variant(
+            "tiny",
+            roles=pool.roles(recipe["role_key"], recipe["max_roles"]),
+            role_key=recipe["role_key"],
+            init_anchors=True,
+            level_head=True,
+        )
+    else:
+        ghn = load_checkpoint(checkpoint)
+    config = training.TrainConfig(dataset=str(zoo), out="-", batch_size=32)
+    source = load_source("digits")
+    taken: dict[str, int] = {}
+    print(f"{checkpoint}: d loss / d (one level of all gains), mean over {batches} batches (positive ones)")
+    for index, record in enumerate(pool.records):
+        family = record.config["zoo_family"]
+        encoded = pool.encoded(index, ghn.config)
+        gains = {t.name for t in encoded.targets if len(t.shape) == 1 and LAYER_SCALE.search(t.name)}
+        if not gains or taken.get(family, 0) >= per_family:
+            continue
+        taken[family] = taken.get(family, 0) + 1
+        generator = torch.Generator().manual_seed(0)
+        sums = []
+        for _ in range(batches):
+            params = {name: value.detach().requires_grad_() for name, value in ghn([encoded])[0].items()}
+            loss, _ = training.run_models(pool, [index], [params], source, config, generator)
+            grads = torch.autograd.grad(loss, [params[name] for name in sorted(gains)])
+            sums.append(sum(g.sum().item() for g in grads))
+        positive = sum(v > 0 for v in sums)
+        print(f"{family} ({record.id}): {sum(sums) / batches:+.3f} ({positive} of {batches})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", nargs="*", type=Path, default=[], help="checkpoints to probe")
@@ -122,8 +183,15 @@ def main() -> None:
     parser.add_argument("--family", default=None, help="--train on this zoo family's architectures only")
     parser.add_argument("--initial", type=Path, default=None, help="--train from this checkpoint's weights")
     parser.add_argument("--level-head", action="store_true", help="--train with train-ghn --level-head")
+    parser.add_argument("--moments", type=Path, default=None, help="a run folder: its role maps' Adam moments")
+    parser.add_argument("--gain-gradient", nargs="*", default=[], help="checkpoints (or fresh): the gains' gradient")
+    parser.add_argument("--per-family", type=int, default=2, help="--gain-gradient's architectures a family")
     args = parser.parse_args()
     zoo, recipe = zoo_pools.KINDS["vision"]
+    if args.moments is not None:
+        moments(args.moments)
+    for checkpoint in args.gain_gradient:
+        gain_gradients(checkpoint, zoo, args.per_family)
     if args.gain_offset:
         decode_gains_around(args.gain_offset)
     if args.train is not None:

@@ -142,38 +142,44 @@ def test_one_dimensional_parameters_are_decoded_around_their_init_constants(anch
 
 
 def test_a_level_head_moves_each_one_dimensional_parameter_and_starts_at_nothing():
-    """A level head (LoGAHConfig.level_head) adds its per-parameter level to the 1-D parameters,
-    after their output function and in their own units, where training, one graph at a time
-    and block-by-block writing (predict) agree; at init it is zero, so a checkpoint's weights
-    decode as they did without it; its gradient is the 1-D parameters' own; NaN is caught."""
+    """A level head (LoGAHConfig.level_head) adds its per-parameter level, and its role's level, to
+    the 1-D parameters, after their output function and in their own units, where training, one
+    graph at a time and block-by-block writing (predict) agree; a role's level moves that role's
+    parameters only; at init both are zero, so a checkpoint's weights decode as they did without
+    them; their gradients are the 1-D parameters' own; NaN is caught before anything is written."""
     model = _GainNet()
     graph = graphkit.trace(model, torch.randn(1, 8, 4, 4))
     torch.manual_seed(0)
-    plain = LoGAH(LoGAHConfig(init_anchors=True)).eval()
-    leveled = LoGAH(LoGAHConfig(init_anchors=True, level_head=True)).eval()
+    plain = LoGAH(LoGAHConfig(init_anchors=True, roles=("blocks.gain",))).eval()
+    leveled = LoGAH(LoGAHConfig(init_anchors=True, roles=("blocks.gain",), level_head=True)).eval()
     missing, unexpected = leveled.load_state_dict(plain.state_dict(), strict=False)
-    assert set(missing) == {"decoder.level.weight", "decoder.level.bias"} and not unexpected
+    assert set(missing) == {"decoder.level.weight", "decoder.level.bias", "decoder.role_levels"} and not unexpected
+    assert leveled.decoder.role_levels.shape == (2,)  # the shared map's, then the one role's
     vectors = {t.name for t in targets(graph) if len(t.shape) == 1}
-    assert vectors == {"blocks.0.gain", "blocks.1.gain", "bn.weight", "bn.bias", "blocks.0.conv.bias", "head.bias"} | {
-        "blocks.1.conv.bias"
-    }
+    gains = {"blocks.0.gain", "blocks.1.gain"}
+    assert vectors == gains | {"bn.weight", "bn.bias", "blocks.0.conv.bias", "blocks.1.conv.bias", "head.bias"}
     with torch.no_grad():
         before = plain.predict(graph)
         assert all(torch.equal(before[n], p) for n, p in leveled.predict(graph).items())
         leveled.decoder.level.bias.fill_(0.25)
+        leveled.decoder.role_levels[1] = 0.5
         batched = leveled.predict(graph)
         streamed = predict(copy.deepcopy(model), ghn=leveled, example_inputs=torch.randn(1, 8, 4, 4))
     for params in (batched, streamed):
         for name, value in params.items():
-            shift = 0.25 if name in vectors else 0.0
+            shift = 0.75 if name in gains else 0.25 if name in vectors else 0.0
             assert torch.allclose(value, before[name] + shift, atol=1e-6), name
     leveled.train()
     loss = sum(p.sum() for name, p in leveled.predict(graph).items() if name in vectors)
     loss.backward()
     assert leveled.decoder.level.bias.grad.item() == pytest.approx(sum(before[n].numel() for n in vectors))
+    by_role = [
+        sum(before[n].numel() for n in names) for names in (vectors - gains, gains)
+    ]  # the shared map's, the gains'
+    assert leveled.decoder.role_levels.grad.tolist() == pytest.approx(by_role)
     with torch.no_grad():
-        leveled.decoder.level.bias.fill_(float("nan"))
-        assert leveled.decoding(graph).first_non_finite() in vectors
+        leveled.decoder.role_levels[1] = float("nan")
+        assert leveled.decoding(graph).first_non_finite() in gains
     with pytest.raises(PredictError, match="not finite|NaN"):
         predict(copy.deepcopy(model), ghn=leveled.eval(), example_inputs=torch.randn(1, 8, 4, 4))
 

@@ -170,7 +170,9 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     )
     leveled = load_checkpoint(tmp_path / "level").state_dict()
     assert all(torch.allclose(leveled[k], v, atol=1e-6) for k, v in first.items())
-    assert leveled["decoder.level.weight"].abs().max() < 1e-6 and leveled["decoder.level.bias"].abs().max() < 1e-6
+    assert all(
+        leveled[k].abs().max() < 1e-6 for k in ("decoder.level.weight", "decoder.level.bias", "decoder.role_levels")
+    )
     # but a head is never dropped: the run would decode otherwise than the checkpoint it starts from
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*level: holds a LoGAH whose level_head is True, not"):
         train(quick(vits, tmp_path / "unlevelled", initial_checkpoint=str(tmp_path / "level")))

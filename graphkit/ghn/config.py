@@ -50,8 +50,8 @@ class LoGAHConfig:
     # tied table where the final norm undoes it: encoding.targets): a stream whose input is larger
     # beside what its blocks write; 1 for checkpoints from before 2026-11-29, which lack it
     table_gain: float = 1.0
-    # a head that reads each 1-D parameter's query and adds one learned level to its activated
-    # values (LowRankDecoder.level), so that a 1-D output has a path of its own that Adam moves at its
+    # a head that reads each 1-D parameter's query, and a level per role map, added to its activated
+    # values (LowRankDecoder.level, role_levels), so that a 1-D output has a path of its own that Adam moves at its
     # own scale; zero at init, so it decodes as a LoGAH without it. False for checkpoints that lack it
     level_head: bool = False
 

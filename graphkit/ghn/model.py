@@ -29,8 +29,9 @@ Choices beyond the paper:
 - **Levels of 1-D parameters** (``LoGAHConfig.level_head``; ``train-ghn --level-head``). A 1-D
   parameter's values are a raw product of factors that the weights' much larger gradients shape;
   a level head adds one learned scalar per 1-D parameter after its output function, in the
-  parameter's units (before its init anchor and factor), which Adam moves at its own pace (a
-  LayerScale gain that starts near 0 can open its block).
+  parameter's units (before its init anchor and factor): a head on its query plus a level per
+  role map, which Adam moves at their own pace (a LayerScale gain that starts near 0 can open
+  its block).
 - **Role maps** (``LoGAHConfig.roles``, off by default; ``train-ghn --role-maps``). One shared r -> K
   map makes every matrix live in the same row and column subspaces: a GPT-2's query projection,
   MLP and embedding all get the same ``W[:rows]``. With role maps each parameter role (its name
@@ -201,12 +202,14 @@ class LowRankDecoder(nn.Module):
         self.gain = nn.Linear(d, 1)
         nn.init.zeros_(self.gain.weight)
         nn.init.zeros_(self.gain.bias)
-        # one scalar per 1-D parameter added after its output function (see products); zero: decodes as without
-        self.level = None
+        # one scalar per 1-D parameter added after its output function (see products): a head on its
+        # query plus one level per role map (0: the shared map's); zero: decodes as without
+        self.level = self.role_levels = None
         if c.level_head:
             self.level = nn.Linear(d, 1)
             nn.init.zeros_(self.level.weight)
             nn.init.zeros_(self.level.bias)
+            self.role_levels = nn.Parameter(torch.zeros(len(c.roles) + 1))
 
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), per
@@ -268,7 +271,9 @@ class LowRankDecoder(nn.Module):
         gradients shape, while a weight is normalised to its predicted scale, which amplifies its
         gradient; the 1-D gradients were about 40 times smaller at the role maps, and after
         4,000 steps every 1-D output sat where a fresh LoGAH put it (layer-scale gains at 0.006, so
-        the blocks behind them were silent; docs/experiments.md). The level is a path of their own.
+        the blocks behind them were silent; docs/experiments.md). The level is a path of their own:
+        a head on the query, and one level per role map, which only that role's 1-D parameters move
+        (the head alone, shared by every bias and norm, did not follow the gains' own direction).
 
         All queries of all graphs go through the MLP at once. A weight's RMS needs no pass over
         its values: ``|A B^T|^2 = sum(A^T A * B^T B)`` with ``A^T A = F_A^T (W[:rows]^T W[:rows]) F_A``,
@@ -308,7 +313,9 @@ class LowRankDecoder(nn.Module):
         rms = weight_rms(gains[index["first"]], index["sqrt_fan_in"]) * index["weight_factor"]
         scale = rms / torch.sqrt(square / index["size"] + 1e-12)
         scale = torch.where(index["is_weight_query"], scale.index_select(0, index["owner"]), 1.0)
-        levels = None if self.level is None else self.level(query)[:, 0]
+        levels = None
+        if self.level is not None and self.role_levels is not None:
+            levels = self.level(query)[:, 0] + self.role_levels.index_select(0, index["role"])
         return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float(), levels
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
@@ -400,6 +407,7 @@ class _DecodeBatch:
         kinds = [t.kind for _, t in self.targets]
         self._cpu = {
             "owner": owner_t,
+            "role": torch.tensor([role for role, _, _ in shapes], dtype=torch.long),
             "row_size": torch.tensor([position[role, rows] for role, rows, _ in shapes], dtype=torch.long),
             "col_size": torch.tensor([position[role, cols] for role, _, cols in shapes], dtype=torch.long),
             "is_weight_query": torch.tensor([kinds[o] == "weight" for o in owner]),

@@ -236,7 +236,7 @@ class TrainConfig:
 def parameter_groups(ghn: LoGAH, lr: float, fan_in: float = LR_FAN_IN) -> list[dict[str, Any]]:
     """AdamW parameter groups: every ``nn.Linear`` weight at ``lr * min(1, fan_in / its fan-in)``,
     the decoder's role maps as its low-rank map (they are rows of it), the decoder's gain head
-    at ``GAIN_LR * lr``, everything else (embeddings, norms, biases) at ``lr``.
+    at ``GAIN_LR * lr``, everything else (embeddings, norms, biases, a level head's role levels) at ``lr``.
 
     Why (docs/experiments.md has the measurements): Adam moves every weight by about ``lr`` a step
     whatever its gradient's size, so when the updates of a Linear layer agree, its output moves by
@@ -401,7 +401,7 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
             "--role-key, ...) or start fresh"
         )
     missing, _ = ghn.load_state_dict(initial.state_dict(), strict=not adds_level)
-    if adds_level and any(not name.startswith("decoder.level.") for name in missing):  # only the new head may be
+    if adds_level and any(not name.startswith(("decoder.level.", "decoder.role_levels")) for name in missing):
         raise TrainError(f"--initial-checkpoint {path}: lacks {missing[0]}")
 
 
