@@ -22,7 +22,10 @@ alone, at step 0, on one architecture of each of the first 16 families (in the p
 of each of the zoo's held-out families (the eval split), each beside its own init (its
 constructor's), on 4 held-out batches of 32 digits (of 8 windows of 64 bytes for decoders, with
 the unigram loss to get below); for images also how much the classifier's input varies across
-images (``image_share``: near 0, every image gets the same guess).
+images (``image_share``: near 0, every image gets the same guess). ``--tempered CKPT ...`` probes
+only the held-out families: each prediction's loss, the least its logits reach scaled by one
+factor, and the same with their mean over images taken out (``tempered``): at chance after both,
+the prediction's features carry nothing about the class, whatever the logits' size.
 
     .venv/bin/python experiments/zoo_pools.py --pools 1 2 4 8 16            # about 15 min a pool on 2 cores
     .venv/bin/python experiments/zoo_pools.py --pools 4 --curriculum 4      # the whole zoo from pool 4's weights
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,6 +81,8 @@ KINDS: dict[str, tuple[Path, dict[str, Any]]] = {
 }  # fmt: skip
 PROBED_FAMILIES = 16
 BATCHES = 4
+#: the factors :func:`tempered` scales logits by
+TEMPERATURES = (0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 
 
 def family_of(row: dict[str, Any]) -> str:
@@ -166,10 +172,12 @@ def step0(ghn, record, source, batch_size: int) -> list[float]:
     )
 
 
-def scored(record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None) -> list[float]:
-    """Held-out loss and accuracy of ``record``'s model with ``params`` (by state-dict name), or
-    with its own init when None, its BatchNorms' statistics estimated on training inputs as
-    ``eval-ghn`` does; for images also its :func:`image_share` on the first held-out batch (rounded)."""
+def scored_model(
+    record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None
+) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``record``'s model with ``params`` (by state-dict name), or with its own init when None,
+    its BatchNorms' statistics estimated on training inputs as ``eval-ghn`` does, and the
+    :data:`BATCHES` held-out batches it is scored on."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, batch_size, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
@@ -177,10 +185,34 @@ def scored(record, source, batch_size: int, params: dict[str, torch.Tensor] | No
     if params is not None:
         initialise(model, "predicted", params)
     estimate_batch_norm(model, [source.batch(record.config, batch_size, generator)[0] for _ in range(BATCHES)])
+    return model, held_out
+
+
+def scored(record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None) -> list[float]:
+    """Held-out loss and accuracy of :func:`scored_model`; for images also its
+    :func:`image_share` on the first held-out batch (rounded)."""
+    model, held_out = scored_model(record, source, batch_size, params)
     figures = list(score(model, held_out, source.task))
     if source.task != "text":
         figures.append(image_share(model, held_out[0][0]))
     return [round(v, 3) for v in figures]
+
+
+def tempered(record, source, batch_size: int, params: dict[str, torch.Tensor]) -> list[float]:
+    """Whether a prediction's held-out loss is a matter of scale: its image model's loss, the
+    least loss its logits reach times one of :data:`TEMPERATURES`, and the same with their mean
+    over the held-out images taken out first (a bias shared by every image). At chance (ln 10)
+    after both, the logits carry no class information, whatever their size."""
+    model, held_out = scored_model(record, source, batch_size, params)
+    with torch.no_grad():
+        logits = torch.cat([model.eval()(images) for images, _ in held_out])
+    labels = torch.cat([labels for _, labels in held_out])
+    centred = logits - logits.mean(0)
+    return [
+        round(F.cross_entropy(logits, labels).item(), 3),
+        round(min(F.cross_entropy(logits * t, labels).item() for t in TEMPERATURES), 3),
+        round(min(F.cross_entropy(centred * t, labels).item() for t in TEMPERATURES), 3),
+    ]
 
 
 def probe(run: Path | str, records: list[tuple[str, Any]], source, batch_size: int) -> dict[str, Any]:
@@ -235,6 +267,7 @@ def main() -> None:
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
     parser.add_argument("--reference", nargs="*", default=[], help="checkpoints (bundled names) probed beside the runs")
+    parser.add_argument("--tempered", nargs="*", default=[], help="checkpoints: the held-out losses' scale (only this)")
     args = parser.parse_args()
     default_zoo, recipe = KINDS[args.kind]
     zoo = args.zoo or default_zoo
@@ -245,6 +278,16 @@ def main() -> None:
     floor = (source.unigram_loss(), "the unigram loss") if text else (math.log(10), "chance (ln 10)")
     print(f"{floor[1]}: {floor[0]:.3f}", flush=True)
     records = probe_records(zoo, args.first)
+    if args.tempered:
+        held_out = [(what, record) for what, record in records if what.startswith("held out")]
+        for checkpoint in args.tempered:
+            ghn = load_checkpoint(checkpoint)
+            figures = {
+                what: tempered(record, source, batch_size, predicted_params(ghn, graph_for(record, ghn.config)))
+                for what, record in held_out
+            }
+            print(json.dumps({f"{checkpoint}: loss, best tempered, best centred and tempered": figures}, indent=1))
+        return
     own = {what: step0(None, record, source, batch_size) for what, record in records}
     print(json.dumps({"own init @0": own}, indent=1), flush=True)
     for reference in args.reference:
