@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--train", type=Path, default=None, help="train the zoo-vision recipe into this folder")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--gain-offset", type=float, default=0.0, help="decode layer-scale gains around this")
-    parser.add_argument("--family", default=None, help="--train on this zoo family's architectures only")
+    parser.add_argument("--family", default=None, help="--train on this zoo family's architectures only (a,b: these)")
     parser.add_argument("--initial", type=Path, default=None, help="--train from this checkpoint's weights")
     parser.add_argument("--level-head", action="store_true", help="--train with train-ghn --level-head")
     parser.add_argument("--moments", type=Path, default=None, help="a run folder: its role maps' Adam moments")
@@ -195,7 +195,7 @@ def main() -> None:
     if args.gain_offset:
         decode_gains_around(args.gain_offset)
     if args.train is not None:
-        pool = None if args.family is None else [args.family]
+        pool = None if args.family is None else args.family.split(",")
         zoo_pools.train_run(
             {**recipe, "level_head": args.level_head}, zoo, args.train, args.steps, args.initial, pool=pool
         )
