@@ -466,7 +466,7 @@ class LowRankDecoding:
         levels: torch.Tensor | None = None,
     ) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
-        self.levels = levels  # per query, a 1-D value's level before its output function (LowRankDecoder.products)
+        self.levels = levels  # per query, the level a 1-D value gets after its output function (see products)
 
     def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
         """The queries of target ``index`` with the rows and columns of its matrix each one fills."""
