@@ -7,9 +7,10 @@ runs 16 training batches and 4 held-out batches of 32 digits through the model a
 embedding and after each block or stage (the children of its ``blocks``, ``stages``, ``layers``
 and ``cls_attn_blocks``), fits a ridge-regression linear probe on the training images' pooled
 features and scores it on the held-out ones: the accuracy a linear classifier could reach there.
-It does so for the model's own init and for each checkpoint's prediction.
+It does so for the model's own init and for each checkpoint's prediction (``--keep-init``: also
+the prediction added onto the own init, ``W0 + P``, as ``eval-ghn``'s ``keep_init`` row).
 
-    .venv/bin/python experiments/held_out_blocks.py logah-tiny-zoo-vision runs/zoo-vits-mini-whole-4000
+    .venv/bin/python experiments/held_out_blocks.py logah-tiny-zoo-vision runs/zoo-vits-mini-whole-4000 --keep-init
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def linear_probe(train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="*", help="checkpoints (folders or bundled names) to probe")
+    parser.add_argument("--keep-init", action="store_true", help="also each prediction added onto the own init")
     args = parser.parse_args()
     zoo = zoo_pools.KINDS["vision"][0]
     source = load_source("digits")
@@ -105,12 +107,15 @@ def main() -> None:
         generator = torch.Generator().manual_seed(1)
         train = [source.batch(record.config, 32, generator) for _ in range(TRAIN_BATCHES)]
         labels = torch.cat([y for _, y in train])
-        starts = {"own": None} | {
-            name: predicted_params(ghn, graph_for(record, ghn.config)) for name, ghn in ghns.items()
-        }
+        starts: dict[str, tuple[dict[str, torch.Tensor] | None, str]] = {"own": (None, "predicted")}
+        for name, ghn in ghns.items():
+            predicted = predicted_params(ghn, graph_for(record, ghn.config))
+            starts[name] = (predicted, "predicted")
+            if args.keep_init:
+                starts[f"{name} W0 + P"] = (predicted, "keep_init")
         print(f"{family} ({record.id}): linear-probe accuracy after each probe point", flush=True)
-        for name, params in starts.items():
-            model, held_out = zoo_pools.scored_model(record, source, 32, params)
+        for name, (params, init) in starts.items():
+            model, held_out = zoo_pools.scored_model(record, source, 32, params, init)
             test_labels = torch.cat([y for _, y in held_out])
             fitted = features(model, [x for x, _ in train])
             tested = features(model, [x for x, _ in held_out])

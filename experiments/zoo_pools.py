@@ -173,17 +173,18 @@ def step0(ghn, record, source, batch_size: int) -> list[float]:
 
 
 def scored_model(
-    record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None
+    record, source, batch_size: int, params: dict[str, torch.Tensor] | None = None, init: str = "predicted"
 ) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``record``'s model with ``params`` (by state-dict name), or with its own init when None,
-    its BatchNorms' statistics estimated on training inputs as ``eval-ghn`` does, and the
-    :data:`BATCHES` held-out batches it is scored on."""
+    """``record``'s model with ``params`` (by state-dict name; ``init="keep_init"``: added onto its
+    own init, ``W0 + P``, as ``eval-ghn`` does), or with its own init when None, its BatchNorms'
+    statistics estimated on training inputs as ``eval-ghn`` does, and the :data:`BATCHES` held-out
+    batches it is scored on."""
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(record.config, batch_size, generator, split="eval") for _ in range(BATCHES)]
     torch.manual_seed(0)
     model = build_model(record.config, "cpu")
     if params is not None:
-        initialise(model, "predicted", params)
+        initialise(model, init, params)
     estimate_batch_norm(model, [source.batch(record.config, batch_size, generator)[0] for _ in range(BATCHES)])
     return model, held_out
 
