@@ -12,7 +12,10 @@ keep its lead over the own init at 0 and 100. Which part of the prediction holds
 is a second: the predicted blocks on the own init's embeddings and head (``blocks``), the
 reverse (``outer``), the prediction with its norm gains reset to 1 (``unit-norms``), and with
 each block matrix's largest singular directions taken out (``deflate:K``), and with its logits
-scaled (``head:S``).
+scaled (``head:S``). A classifier's part is a third (the vision zoo, whose predictions for held-out
+families carry the class in their features and not in their logits): any start followed by
+``+own-head`` takes the classifier (every linear layer with one output per class) from the own
+init, ``+zero-head`` sets it to zero.
 
 Every start sees the same batches and the same random init ``W0`` as ``eval-ghn`` draws them
 (seed 0, batches of ``--batch-size``, AdamW at ``--lr``), so the rows for ``own`` and
@@ -22,12 +25,18 @@ Every start sees the same batches and the same random init ``W0`` as ``eval-ghn`
     .venv/bin/python experiments/finetune_starts.py --archs 2 --starts own predicted blocks outer unit-norms
     .venv/bin/python experiments/finetune_starts.py --dataset out/zoo-decoders-mini --ghn logah-tiny-zoo-decoders \
         --data stdlib-text --archs 20 --starts own predicted shrink:0.5
+    .venv/bin/python experiments/finetune_starts.py --dataset out/zoo-vits-mini --ghn logah-tiny-zoo-vision \
+        --data digits --batch-size 32 --archs 8 --starts own predicted predicted+own-head predicted+zero-head
+
+A model with BatchNorm gets its running statistics from its first training batches before step 0,
+as ``eval-ghn`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -37,16 +46,31 @@ from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph
+from graphkit.ghn.evaluate import NORM_BATCHES
 from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.predict import predicted_params
 from graphkit.training.data import default_source, load_source
-from graphkit.training.loop import up_train
+from graphkit.training.loop import estimate_batch_norm, up_train
 
 ROOT = Path(__file__).resolve().parents[1]
 AT = (0, 50, 100, 200, 300)
 
 
-def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.nn.Module:
+HEADS = ("+own-head", "+zero-head")
+
+
+def classifier(model: torch.nn.Module, classes: int) -> list[str]:
+    """The names of the parameters of every linear layer with ``classes`` outputs (a distilled
+    model's second head included)."""
+    return [
+        f"{name}.{leaf}" if name else leaf
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module.out_features == classes
+        for leaf, _ in module.named_parameters(recurse=False)
+    ]
+
+
+def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: int = 0) -> torch.nn.Module:
     """The model of ``config`` with its own init ``W0`` drawn from seed 0, then set as ``kind``
     says: ``own`` (W0), ``predicted`` (P), ``mix:A`` (``P + A W0`` for every parameter of two or
     more dimensions, ``P`` for the rest), ``blocks`` (P in the blocks, W0 elsewhere: the
@@ -56,9 +80,13 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.
     as large, the head being tied to the embeddings), ``shrink:L`` (``L P + W0``, shrink and
     perturb: Ash & Adams, 2020), ``outer-alone:L`` (``L P + W0`` in the blocks, ``P`` alone
     outside them: the embeddings, the head and the final norm as predicted, a start that might
-    keep some of the prediction's step-0 loss)."""
+    keep some of the prediction's step-0 loss). A kind ending in ``+own-head`` or ``+zero-head``
+    then sets the :func:`classifier` of ``classes`` outputs to the own init's or to zero."""
+    head = next((h for h in HEADS if kind.endswith(h)), "")
+    kind = kind.removesuffix(head)
     torch.manual_seed(0)
     model = build_model(config, "cpu")
+    own = {name: param.detach().clone() for name, param in model.named_parameters()} if head else {}
     shrunk = kind.startswith(("shrink:", "outer-alone:"))
     alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
     shrink = float(kind.split(":")[1]) if shrunk else 1.0
@@ -80,6 +108,9 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str) -> torch.
                 param.copy_(value)
             else:
                 param.copy_(shrink * value + alpha * param if param.dim() >= 2 else value)
+        params = dict(model.named_parameters())
+        for name in classifier(model, classes) if head else ():
+            params[name].copy_(own[name] if head == "+own-head" else torch.zeros_like(own[name]))
     return model
 
 
@@ -135,12 +166,17 @@ def main() -> None:
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
         batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
         predicted = predicted_params(ghn, graph_for(record, ghn.config))  # init constants, if it decodes around them
-        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(start(record.config, predicted, "own"), predicted)}))
+        own = start(record.config, predicted, "own")
+        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(own, predicted)}))
+        with torch.no_grad():
+            classes = own.eval()(held_out[0][0]).shape[-1] if source.task == "image" else 0
         for kind in args.starts:
-            model = start(record.config, predicted, kind)
+            model = start(record.config, predicted, kind, classes)
+            estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])
             _, scores = up_train(model, source.task, batches.__getitem__, args.steps, args.lr, held_out=held_out, at=at)
             row = {"id": record.id, "start": kind}
             row.update({str(h): round(scores[h][0], 4) for h in at})
+            row["accuracy"] = {str(h): round(scores[h][1], 4) for h in at}
             print(json.dumps(row), flush=True)
 
 
@@ -150,13 +186,26 @@ def summary(lines: list[dict]) -> None:
     for row in lines:
         by_id.setdefault(row["id"], {})[row["start"]] = row
     starts = sorted({row["start"] for row in lines}, key=str)
-    horizons = [k for k in lines[0] if k not in ("id", "start")]
+    horizons = [k for k in lines[0] if k not in ("id", "start", "accuracy")]
     for s in starts:
         means = [statistics.mean(r[s][h] for r in by_id.values() if s in r) for h in horizons]
         wins = [
             statistics.mean(r[s][h] < r["own"][h] for r in by_id.values() if s in r and "own" in r) for h in horizons
         ]
-        print(s, " ".join(f"{m:.3f}" for m in means), "wins", " ".join(f"{w:.0%}" for w in wins))
+        accuracy = [
+            statistics.mean(r[s]["accuracy"][h] for r in by_id.values() if s in r and "accuracy" in r[s])
+            if all("accuracy" in r[s] for r in by_id.values() if s in r)
+            else math.nan
+            for h in horizons
+        ]
+        print(
+            s,
+            " ".join(f"{m:.3f}" for m in means),
+            "accuracy",
+            " ".join(f"{a:.2f}" for a in accuracy),
+            "wins",
+            " ".join(f"{w:.0%}" for w in wins),
+        )
 
 
 if __name__ == "__main__":

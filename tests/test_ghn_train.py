@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ from graphkit.ghn import (
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
 from graphkit.ghn.encoding import EncodingError, targets
-from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, horizons, initialise
+from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, family_turns, horizons, initialise
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder, inverse_participation
 from graphkit.ghn.pool import ArchPool
@@ -755,6 +756,20 @@ def test_eval_rows_do_not_depend_on_the_number_of_workers(vits, tmp_path):
     assert torch.get_num_threads() == threads  # evaluate gives the caller its threads back
     with pytest.raises(EvalError, match="workers must be an integer >= 1; got 0"):
         EvalConfig(dataset="-", workers=0)
+
+
+def test_eval_takes_the_held_out_architectures_a_family_at_a_time():
+    """A zoo split lists each family's architectures together; the evaluation takes the first of
+    every family before the second of any, so that ``--archs 3`` spans three families."""
+
+    def record(name: str, family: str | None) -> SimpleNamespace:
+        return SimpleNamespace(id=name, config={"zoo_family": family} if family else {})
+
+    zoo = [record(n, n.rstrip("0123456789")) for n in ("convit1", "convit2", "effvit1", "effvit2", "effvit3", "tnt1")]
+    assert [r.id for r in family_turns(zoo)] == ["convit1", "effvit1", "tnt1", "convit2", "effvit2", "effvit3"]
+    plain = [record(f"vits-1k-{i}", None) for i in range(4)]  # no families: the split's own order
+    assert [r.id for r in family_turns(plain)] == [r.id for r in plain]
+    assert family_turns([]) == []
 
 
 def test_eval_fine_tunes_a_predicted_kernel_resized_from_the_trained_patch_at_its_lr_factor(vits):
