@@ -80,7 +80,8 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
     as large, the head being tied to the embeddings), ``shrink:L`` (``L P + W0``, shrink and
     perturb: Ash & Adams, 2020), ``outer-alone:L`` (``L P + W0`` in the blocks, ``P`` alone
     outside them: the embeddings, the head and the final norm as predicted, a start that might
-    keep some of the prediction's step-0 loss). A kind ending in ``+own-head`` or ``+zero-head``
+    keep some of the prediction's step-0 loss), ``init-rms`` (P with each parameter of two or more
+    dimensions scaled to the RMS of its ``W0``). A kind ending in ``+own-head`` or ``+zero-head``
     then sets the :func:`classifier` of ``classes`` outputs to the own init's or to zero."""
     head = next((h for h in HEADS if kind.endswith(h)), "")
     kind = kind.removesuffix(head)
@@ -100,6 +101,8 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
                 value = torch.ones_like(value)
             if kind.startswith("head:") and name.endswith(("model.norm.weight", "ln_f.weight")):  # tied heads
                 value = value * float(kind.split(":")[1])
+            if kind == "init-rms" and value.dim() >= 2:
+                value = value * param.pow(2).mean().sqrt() / value.float().pow(2).mean().sqrt().clamp_min(1e-12)
             if kind.startswith("deflate:") and in_block and value.dim() == 2:
                 u, s, vh = torch.linalg.svd(value.double(), full_matrices=False)
                 k = int(kind.split(":")[1])
