@@ -87,7 +87,8 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
     kind = kind.removesuffix(head)
     torch.manual_seed(0)
     model = build_model(config, "cpu")
-    own = {name: param.detach().clone() for name, param in model.named_parameters()} if head else {}
+    heads = classifier(model, classes) if head else []
+    kept = {name: param.detach().clone() for name, param in model.named_parameters() if name in heads}
     shrunk = kind.startswith(("shrink:", "outer-alone:"))
     alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
     shrink = float(kind.split(":")[1]) if shrunk else 1.0
@@ -112,8 +113,8 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
             else:
                 param.copy_(shrink * value + alpha * param if param.dim() >= 2 else value)
         params = dict(model.named_parameters())
-        for name in classifier(model, classes) if head else ():
-            params[name].copy_(own[name] if head == "+own-head" else torch.zeros_like(own[name]))
+        for name, value in kept.items():
+            params[name].copy_(value if head == "+own-head" else torch.zeros_like(value))
     return model
 
 
@@ -169,10 +170,8 @@ def main() -> None:
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
         batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
         predicted = predicted_params(ghn, graph_for(record, ghn.config))  # init constants, if it decodes around them
-        own = start(record.config, predicted, "own")
-        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(own, predicted)}))
-        with torch.no_grad():
-            classes = own.eval()(held_out[0][0]).shape[-1] if source.task == "image" else 0
+        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(start(record.config, predicted, "own"), predicted)}))
+        classes = record.config["num_classes"] if source.task == "image" else 0  # the model's outputs
         for kind in args.starts:
             model = start(record.config, predicted, kind, classes)
             estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])

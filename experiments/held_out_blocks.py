@@ -85,11 +85,13 @@ def features(model: torch.nn.Module, batches: list[torch.Tensor]) -> dict[str, t
     return {name: value for name, value in out.items() if len(value) == images}
 
 
-def linear_probe(train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, test_labels: torch.Tensor) -> float:
+def linear_probe(
+    train: torch.Tensor, labels: torch.Tensor, test: torch.Tensor, test_labels: torch.Tensor, classes: int
+) -> float:
     """Held-out accuracy of a ridge regression onto one-hot labels, fitted on standardised features."""
     mean, std = train.mean(0), train.std(0).clamp_min(1e-6)
     x, t = (train - mean) / std, (test - mean) / std
-    targets = torch.nn.functional.one_hot(labels, 10).float()
+    targets = torch.nn.functional.one_hot(labels, classes).float()
     gram = x.T @ x + RIDGE * len(x) * torch.eye(x.shape[1])
     weights = torch.linalg.solve(gram, x.T @ targets)
     return ((t @ weights).argmax(1) == test_labels).float().mean().item()
@@ -119,7 +121,10 @@ def main() -> None:
             test_labels = torch.cat([y for _, y in held_out])
             fitted = features(model, [x for x, _ in train])
             tested = features(model, [x for x, _ in held_out])
-            row = [f"{point} {linear_probe(fitted[point], labels, tested[point], test_labels):.2f}" for point in fitted]
+            row = [
+                f"{point} {linear_probe(fitted[point], labels, tested[point], test_labels, source.num_classes):.2f}"
+                for point in fitted
+            ]
             print(f"  {name}: " + ", ".join(row), flush=True)
 
 
