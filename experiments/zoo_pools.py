@@ -15,7 +15,9 @@ accuracy. Between the two lie the pools:
   run of ``--start-steps`` steps (the lead that took LLaMA off its plateau: BENCHMARKS.md,
   "Where learning stops"); ``--whole``, its control: the whole train split for ``--steps`` steps
   from a fresh LoGAH. ``--spread W`` trains both with ``train-ghn --spread W`` (the penalty that
-  made the LLaMA curriculum's blocks fine-tune: docs/experiments.md).
+  made the LLaMA curriculum's blocks fine-tune: docs/experiments.md). ``--mix-families`` trains
+  every run with ``train-ghn --mix-families`` (each step's architectures from different families,
+  every family alike), its runs named ``...-mixed-...``.
 
 Probe, per run: training CE and accuracy over the last 100 steps, and the predicted parameters
 alone, at step 0, on one architecture of each of the first 16 families (in the pool or not) and
@@ -116,6 +118,7 @@ def train_run(
     initial: Path | None = None,
     spread: float = 0.0,
     pool: Sequence[str] | None = None,
+    mix_families: bool = False,
 ) -> None:
     """``train-ghn`` with ``recipe`` on ``zoo``'s train split, or on its families ``pool`` only
     (``--zoo-families``: the role maps stay the whole split's, so that any run can start the next stage)."""
@@ -127,6 +130,7 @@ def train_run(
         initial_checkpoint=None if initial is None else str(initial),
         spread=spread,
         zoo_families=None if pool is None else list(pool),
+        mix_families=mix_families,
     )
     training.train(config, progress=True)
 
@@ -260,6 +264,7 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=None, help="the zoo dataset (default: the kind's, in out/)")
     parser.add_argument("--first", nargs="*", default=[], help="families the pools take first, in this order")
     parser.add_argument("--spread", type=float, default=0.0, help="train-ghn --spread for --whole and --curriculum")
+    parser.add_argument("--mix-families", action="store_true", help="train every run with train-ghn --mix-families")
     parser.add_argument("--pools", nargs="*", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--curriculum", type=int, default=None, help="train the whole zoo from this pool's weights")
     parser.add_argument("--steps", type=int, default=600)
@@ -294,20 +299,22 @@ def main() -> None:
     for reference in args.reference:
         print(json.dumps(probe(reference, records, source, batch_size), indent=1), flush=True)
     spread = f"-spread{args.spread:g}" if args.spread else ""
+    mixed = "-mixed" if args.mix_families else ""
     order = families(zoo, args.first)
     runs: list[tuple[Path, Path | None, float, list[str] | None]] = [
-        (ROOT / "runs" / f"{zoo.name}-{pool_name(k, args.first)}-{args.steps}", None, 0.0, order[:k])
+        (ROOT / "runs" / f"{zoo.name}-{pool_name(k, args.first)}{mixed}-{args.steps}", None, 0.0, order[:k])
         for k in args.pools
     ]
     if args.whole:
-        runs.append((ROOT / "runs" / f"{zoo.name}-whole{spread}-{args.steps}", None, args.spread, None))
+        runs.append((ROOT / "runs" / f"{zoo.name}-whole{spread}{mixed}-{args.steps}", None, args.spread, None))
     if args.curriculum is not None:
-        start = ROOT / "runs" / f"{zoo.name}-{pool_name(args.curriculum, args.first)}-{args.start_steps or args.steps}"
-        run = ROOT / "runs" / f"{zoo.name}-curriculum{args.curriculum}{spread}-{args.steps}"
+        stage = f"{pool_name(args.curriculum, args.first)}{mixed}-{args.start_steps or args.steps}"
+        start = ROOT / "runs" / f"{zoo.name}-{stage}"
+        run = ROOT / "runs" / f"{zoo.name}-curriculum{args.curriculum}{spread}{mixed}-{args.steps}"
         runs.append((run, start, args.spread, None))
     for run, initial, weight, pool in runs:
         if not args.probe_only:
-            train_run(recipe, zoo, run, args.steps, initial, weight, pool)
+            train_run(recipe, zoo, run, args.steps, initial, weight, pool, args.mix_families)
         print(json.dumps(probe(run, records, source, batch_size), indent=1), flush=True)
     if args.plot is not None:
         plot([run for run, *_ in runs], args.plot, floor, zoo.name)

@@ -184,7 +184,43 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
 def test_zoo_families_are_for_a_mini_zoo(vits, tmp_path):
     with pytest.raises(TrainError, match=r"tiny-vits: its architectures have no zoo family \(--zoo-families is for"):
         train(quick(vits, tmp_path / "plain", steps=1, zoo_families=["vit_small"]))
-    assert not (tmp_path / "plain" / "model.safetensors").exists()
+    with pytest.raises(TrainError, match=r"tiny-vits: its architectures have no zoo family \(--mix-families is for"):
+        train(quick(vits, tmp_path / "plain", steps=1, mix_families=True))
+    assert not (tmp_path / "plain").exists()
+
+
+def zoo_pool(sizes: dict[str, int]) -> ArchPool:
+    """An ArchPool over records that carry only their zoo family: what ``draw`` reads."""
+    pool = ArchPool.__new__(ArchPool)
+    pool.dataset, pool.records = "zoo", []
+    for family, size in sizes.items():
+        pool.records += [SimpleNamespace(config={"zoo_family": family}) for _ in range(size)]
+    return pool
+
+
+def test_mixed_meta_batches_draw_every_family_alike_and_none_twice():
+    """Uniformly over architectures a family of 20 among four singletons takes 87% of the draws;
+    mixed, each of the 5 families is drawn in 4 of 5 meta-batches of 4, never twice in one."""
+    pool = zoo_pool({"big": 20, "a": 1, "b": 1, "c": 1, "d": 1})
+    family = [r.config["zoo_family"] for r in pool.records]
+    generator = torch.Generator().manual_seed(0)
+    uniform = [family[i] for _ in range(500) for i in pool.draw(4, generator)]
+    mixed = [[family[i] for i in pool.draw(4, generator, mix_families=True)] for _ in range(500)]
+    assert uniform.count("big") / len(uniform) > 0.8
+    assert all(len(set(batch)) == 4 for batch in mixed)
+    shares = {name: sum(name in batch for batch in mixed) / 500 for name in ("big", "a", "b", "c", "d")}
+    assert all(0.72 < share < 0.88 for share in shares.values()), shares
+    drawn = {i for _ in range(200) for i in pool.draw(4, generator, mix_families=True) if family[i] == "big"}
+    assert len(drawn) == 20  # and within a family, any of its architectures
+    # more architectures a step than families: families repeat, each still as likely
+    assert len(pool.draw(12, generator, mix_families=True)) == 12
+    # the uniform draw is the one runs recorded before the option: the same generator, the same indices
+    first, second = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert pool.draw(4, first) == torch.randint(len(pool), (4,), generator=second).tolist()
+    with pytest.raises(TrainError, match=r"^plain: its architectures have no zoo family \(--mix-families is for"):
+        plain = zoo_pool({})
+        plain.dataset, plain.records = "plain", [SimpleNamespace(config={}) for _ in range(3)]
+        plain.draw(2, generator, mix_families=True)
 
 
 @pytest.mark.parametrize("names", [[], [""], [" deep"], "deep", ["deep", 3]])

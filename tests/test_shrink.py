@@ -263,6 +263,10 @@ def test_a_tiny_mini_zoo_is_generated_split_by_zoo_family_and_its_records_train(
     assert ghn.info["train"]["zoo_families"] == [family] and ghn.config.roles == tuple(pool.roles())
     kept = [r.graph for r in pool.records if r.config["zoo_family"] == family]
     assert len(kept) < len(pool.records) and ghn.info["space"] == json.loads(json.dumps(training_space(kept)))
+    # meta-batches that mix the zoo's families, each family as likely (2 families, 3 a step: one repeats)
+    mixed = [*train[:6], str(tmp_path / "mixed"), "--steps", "1", "--meta-batch", "3", "--batch-size", "2"]
+    assert CliRunner().invoke(app, [*mixed, "--mix-families"]).exit_code == 0
+    assert load_checkpoint(tmp_path / "mixed").info["train"]["mix_families"] is True
     unknown = CliRunner().invoke(app, [*train[:6], str(tmp_path / "none"), "--zoo-families", f"{family},nosuch"])
     assert unknown.exit_code == 1 and "split 'train' has no zoo family 'nosuch'; it has " in unknown.stderr
     # and evaluated on the held-out family, each model built by its library (eval-ghn refused

@@ -98,6 +98,13 @@ def train_ghn(
         "with the role maps of the whole split: a curriculum's first stage, from which --initial-checkpoint "
         "starts the whole zoo; the decoder zoo leaves the unigram plateau so (docs/experiments.md).",
     ),
+    mix_families: bool = typer.Option(
+        False,
+        "--mix-families/--no-mix-families",
+        help="Draw each step's architectures from --meta-batch different families of a mini zoo, every family "
+        "as likely as any other, instead of uniformly over the architectures (where a large family takes most "
+        "steps).",
+    ),
     role_maps: bool = typer.Option(
         False,
         "--role-maps/--no-role-maps",
@@ -177,6 +184,7 @@ def train_ghn(
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],
+        mix_families=mix_families,
         role_maps=role_maps,
         role_key=role_key,
         max_roles=max_roles,

@@ -67,15 +67,46 @@ class ArchPool:
         model = build_model(self.records[index].config, self.device)
         return {name: param.detach() for name, param in model.named_parameters(remove_duplicate=False)}
 
+    def zoo_families(self, option: str) -> dict[str, list[int]]:
+        """The indices of the pool's architectures by mini-zoo family (their ``zoo_family``), the
+        families by name. TrainError naming the dataset and ``option`` (the flag that needs
+        families) when the architectures have none, as a sampled dataset's (vits-1k) do not."""
+        families: dict[str, list[int]] = {}
+        for index, record in enumerate(self.records):
+            if record.config.get("zoo_family") is not None:
+                families.setdefault(record.config["zoo_family"], []).append(index)
+        if not families:
+            raise TrainError(f"{self.dataset}: its architectures have no zoo family ({option} is for a mini zoo)")
+        return dict(sorted(families.items()))
+
+    def draw(self, count: int, generator: torch.Generator, mix_families: bool = False) -> list[int]:
+        """``count`` architectures for one training step, drawn with ``generator``: uniformly over
+        the pool (GHN-3's and LoGAH's sampling), or with ``mix_families`` one from each of
+        ``count`` different zoo families, every family as likely as any other whatever its size
+        (families repeat only in a pool of fewer than ``count``).
+
+        Why the second: a mini zoo's families differ in size (zoo-vits-mini's train split gives
+        ``vision_transformer`` 89 of its 343 architectures and 21 of its 36 families 5 or fewer),
+        so uniform draws spend a quarter of the meta-batch on one family and seldom meet most of
+        the others; a hypernetwork meant for families it never saw is trained on every family
+        alike (issue #45's lead "meta-batches that mix families")."""
+        if not mix_families:
+            return torch.randint(len(self), (count,), generator=generator).tolist()
+        families = list(self.zoo_families("--mix-families").values())
+        if count <= len(families):
+            picked = torch.randperm(len(families), generator=generator)[:count].tolist()
+        else:
+            picked = torch.randint(len(families), (count,), generator=generator).tolist()
+        members = [families[family] for family in picked]
+        return [indices[int(torch.randint(len(indices), (1,), generator=generator))] for indices in members]
+
     def keep_zoo_families(self, names: Sequence[str]) -> None:
         """Keep only the architectures of the mini-zoo families ``names`` (their ``zoo_family``):
         a curriculum's first stage, on a few families, before the whole zoo. Call it before any
         architecture is encoded or built, and after reading what must stay the whole split's
         (:meth:`roles`: a later stage on the whole zoo starts from this one's weights). TrainError
         naming the dataset and a family the split does not have."""
-        have = {r.config.get("zoo_family") for r in self.records} - {None}
-        if not have:
-            raise TrainError(f"{self.dataset}: its architectures have no zoo family (--zoo-families is for a mini zoo)")
+        have = self.zoo_families("--zoo-families")
         missing = [name for name in names if name not in have]
         if missing:
             raise TrainError(

@@ -90,6 +90,7 @@ RESUMED_OPTIONS = (
     "keep_init",
     "initial_checkpoint",
     "zoo_families",
+    "mix_families",
     "role_maps",
     "role_key",
     "max_roles",
@@ -119,6 +120,7 @@ UNRECORDED = {
     "keep_init": False,
     "initial_checkpoint": None,
     "zoo_families": None,
+    "mix_families": False,
     "role_maps": False,
     "role_key": LoGAHConfig.role_key,
     "max_roles": None,
@@ -153,6 +155,9 @@ class TrainConfig:
     # train on only these families of a mini zoo (their zoo_family), role maps still the whole
     # split's: a curriculum's first stage, which a stage on the whole zoo starts from; None: all
     zoo_families: list[str] | None = None
+    # each step's architectures from meta_batch different zoo families, every family alike
+    # (ArchPool.draw); False: uniformly over the architectures, as GHN-3 and LoGAH draw
+    mix_families: bool = False
     meta_batch: int = 4  # architectures per step (per process)
     batch_size: int = 32  # images or sequences per architecture
     seq_len: int = 64
@@ -199,6 +204,7 @@ class TrainConfig:
         if self.level_head and self.decoder != "low_rank":
             raise TrainError(f"--level-head needs the low_rank decoder, not {self.decoder!r}")
         check_flag("keep_init", self.keep_init, TrainError)
+        check_flag("mix_families", self.mix_families, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
         if self.zoo_families is not None and (
             not isinstance(self.zoo_families, list)
@@ -435,6 +441,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     roles = pool.roles(config.role_key, config.max_roles) if config.role_maps else ()  # the whole split's
     if config.zoo_families is not None:
         pool.keep_zoo_families(config.zoo_families)
+    if config.mix_families:
+        pool.zoo_families("--mix-families")  # a pool without families fails here, before any write
     data = config.data or default_source(pool.family)
     if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
         options = {**asdict(config), "data": data}
@@ -498,7 +506,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             seed = step_seed(config.seed, step, rank)
             torch.manual_seed(seed)  # dropout in the target models draws from here: a resumed step repeats too
             generator = torch.Generator().manual_seed(seed)
-            indices = torch.randint(len(pool), (config.meta_batch,), generator=generator).tolist()
+            indices = pool.draw(config.meta_batch, generator, config.mix_families)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
             loss, ce, metric, penalty, spread, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
