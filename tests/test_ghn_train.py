@@ -204,23 +204,24 @@ def test_mixed_meta_batches_draw_every_family_alike_and_none_twice():
     pool = zoo_pool({"big": 20, "a": 1, "b": 1, "c": 1, "d": 1})
     family = [r.config["zoo_family"] for r in pool.records]
     generator = torch.Generator().manual_seed(0)
+    families = list(pool.zoo_families("--mix-families").values())
     uniform = [family[i] for _ in range(500) for i in pool.draw(4, generator)]
-    mixed = [[family[i] for i in pool.draw(4, generator, mix_families=True)] for _ in range(500)]
+    mixed = [[family[i] for i in pool.draw(4, generator, families)] for _ in range(500)]
     assert uniform.count("big") / len(uniform) > 0.8
     assert all(len(set(batch)) == 4 for batch in mixed)
     shares = {name: sum(name in batch for batch in mixed) / 500 for name in ("big", "a", "b", "c", "d")}
     assert all(0.72 < share < 0.88 for share in shares.values()), shares
-    drawn = {i for _ in range(200) for i in pool.draw(4, generator, mix_families=True) if family[i] == "big"}
+    drawn = {i for _ in range(200) for i in pool.draw(4, generator, families) if family[i] == "big"}
     assert len(drawn) == 20  # and within a family, any of its architectures
     # more architectures a step than families: families repeat, each still as likely
-    assert len(pool.draw(12, generator, mix_families=True)) == 12
+    assert len(pool.draw(12, generator, families)) == 12
     # the uniform draw is the one runs recorded before the option: the same generator, the same indices
     first, second = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     assert pool.draw(4, first) == torch.randint(len(pool), (4,), generator=second).tolist()
     with pytest.raises(TrainError, match=r"^plain: its architectures have no zoo family \(--mix-families is for"):
         plain = zoo_pool({})
         plain.dataset, plain.records = "plain", [SimpleNamespace(config={}) for _ in range(3)]
-        plain.draw(2, generator, mix_families=True)
+        plain.zoo_families("--mix-families")
 
 
 @pytest.mark.parametrize("names", [[], [""], [" deep"], "deep", ["deep", 3]])

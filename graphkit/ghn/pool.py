@@ -79,20 +79,22 @@ class ArchPool:
             raise TrainError(f"{self.dataset}: its architectures have no zoo family ({option} is for a mini zoo)")
         return dict(sorted(families.items()))
 
-    def draw(self, count: int, generator: torch.Generator, mix_families: bool = False) -> list[int]:
+    def draw(
+        self, count: int, generator: torch.Generator, families: Sequence[Sequence[int]] | None = None
+    ) -> list[int]:
         """``count`` architectures for one training step, drawn with ``generator``: uniformly over
-        the pool (GHN-3's and LoGAH's sampling), or with ``mix_families`` one from each of
-        ``count`` different zoo families, every family as likely as any other whatever its size
-        (families repeat only in a pool of fewer than ``count``).
+        the pool (GHN-3's and LoGAH's sampling), or, given ``families`` (the pool's indices by
+        family, :meth:`zoo_families`' values), one from each of ``count`` different families,
+        every family as likely as any other whatever its size (families repeat only where there
+        are fewer than ``count``).
 
         Why the second: a mini zoo's families differ in size (zoo-vits-mini's train split gives
         ``vision_transformer`` 89 of its 343 architectures and 21 of its 36 families 5 or fewer),
         so uniform draws spend a quarter of the meta-batch on one family and seldom meet most of
         the others; a hypernetwork meant for families it never saw is trained on every family
         alike (issue #45's lead "meta-batches that mix families")."""
-        if not mix_families:
+        if families is None:
             return torch.randint(len(self), (count,), generator=generator).tolist()
-        families = list(self.zoo_families("--mix-families").values())
         if count <= len(families):
             picked = torch.randperm(len(families), generator=generator)[:count].tolist()
         else:

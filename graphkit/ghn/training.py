@@ -441,8 +441,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     roles = pool.roles(config.role_key, config.max_roles) if config.role_maps else ()  # the whole split's
     if config.zoo_families is not None:
         pool.keep_zoo_families(config.zoo_families)
-    if config.mix_families:
-        pool.zoo_families("--mix-families")  # a pool without families fails here, before any write
+    # --mix-families: the pool's indices by family, once; a pool without families fails here, before any write
+    families = list(pool.zoo_families("--mix-families").values()) if config.mix_families else None
     data = config.data or default_source(pool.family)
     if resume:  # a zoo's pool (timm, transformers) has no default source: its run recorded --data
         options = {**asdict(config), "data": data}
@@ -506,7 +506,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             seed = step_seed(config.seed, step, rank)
             torch.manual_seed(seed)  # dropout in the target models draws from here: a resumed step repeats too
             generator = torch.Generator().manual_seed(seed)
-            indices = pool.draw(config.meta_batch, generator, config.mix_families)
+            indices = pool.draw(config.meta_batch, generator, families)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
             loss, ce, metric, penalty, spread, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
