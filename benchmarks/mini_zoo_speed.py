@@ -6,7 +6,7 @@ zoo-vits-mini` within 30 minutes on 2 cores, `zoo-decoders-mini` within 15).
     .venv/bin/python benchmarks/mini_zoo_speed.py --zoo zoo-decoders-mini --workers 1
     .venv/bin/python benchmarks/mini_zoo_speed.py --from out/zoo-vits-mini  # a finished run, not rerun
 
-Each mini zoo is generated into a fresh folder under out/ (`--workers`, default one per core).
+Each mini zoo is generated afresh into out/mini-zoo-speed/ (`--workers`, default one per core).
 Every model's outcome records the seconds of each step: the full model built on meta (with
 timm, while its constructor's arguments are read) and traced, the shrunk variants built and
 traced (every plan of the ladder that was tried), and the trainability check (a CPU build,
@@ -33,6 +33,8 @@ from graphkit.datasets.zoo import ZOOS, generate_zoo  # noqa: E402
 
 STEPS = ("build", "trace", "shrink", "check")
 MINI_ZOOS = [name for name, zoo in ZOOS.items() if zoo.mini]
+#: where the benchmark generates each mini zoo afresh (emptied first)
+SPEED_RUNS = common.ROOT / "out" / "mini-zoo-speed"
 
 
 def table(args) -> str:
@@ -76,13 +78,15 @@ def table(args) -> str:
     sample = f"the first {args.num} models of each mini zoo, a family at a time; " if args.num else ""
     if args.runs:
         sample = f"tabulated from finished runs ({', '.join(args.runs)}); "
+    folders = args.runs or [f"{SPEED_RUNS.relative_to(common.ROOT)}/zoo-*-mini"]
+    reports = ", ".join(f"{folder}/report.md" for folder in folders)
     head = (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores"
         f"{'' if args.runs else f' ({workers} workers)'}, {sample}with "
         f"{', '.join(f'{k} {v}' for k, v in versions.items())}"
         f"{'' if args.runs else ', from an empty folder'}. Command: "
         f"`.venv/bin/python benchmarks/mini_zoo_speed.py{_options(args)} --write`; "
-        "every failure is in out/zoo-*-mini/report.md." + (f" {args.note}" if args.note else "")
+        f"every failure is in {reports}." + (f" {args.note}" if args.note else "")
     )
     return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n"
 
@@ -102,7 +106,7 @@ def _runs(args, workers: int) -> Iterator[tuple[str, dict, float | None]]:
             yield report["zoo"], report, None
         return
     for name in args.zoo or MINI_ZOOS:
-        out = common.ROOT / "out" / name
+        out = SPEED_RUNS / name  # its own folder: out/<zoo>, a user's finished zoo, is left alone
         shutil.rmtree(out, ignore_errors=True)
         began = time.perf_counter()
         result = generate_zoo(name, out, workers=workers, limit=args.num)

@@ -14,6 +14,10 @@ everything else at lr, on the benchmark's batches; `--one-lr` trains everything 
     .venv/bin/python experiments/patch_lr.py --inits predicted --one-lr  # plain AdamW, the benchmark's arm
     .venv/bin/python experiments/patch_lr.py --model vit_base_patch16_224 --inits own --one-lr
     .venv/bin/python experiments/patch_lr.py --inits own --one-lr --lr 1e-3 --every 25  # an lr the own init learns at?
+    .venv/bin/python experiments/patch_lr.py --model vit_tiny_patch16_224 --steps 400  # where the own init learns
+
+The training batches are drawn as the steps need them (`common.batches_in_order`: the benchmark's
+batches, without holding 400 of them at 224 px, 7.7 GB).
 
 The own init trains under the same factors unless `--one-lr` says otherwise: the control that
 tells what the optimiser does from what the prediction does.
@@ -45,7 +49,7 @@ def fine_tune(name: str, init: str, steps: int, one_lr: bool, every: int, lr: fl
     source = load_source("digits")
     model = built(name, {})
     graph = trace(model)
-    held_out, batches = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
+    held_out, batch_at = common.batches_in_order(source, model, BATCH_SIZE, BATCHES)
     ghn = bundled_hypernetwork(CHECKPOINT)
     twin = twin_of(ghn, graph)
     factors = {} if one_lr else lr_scale(graph, twin)
@@ -53,7 +57,7 @@ def fine_tune(name: str, init: str, steps: int, one_lr: bool, every: int, lr: fl
     if init == "predicted":
         predict(model, ghn, graph=graph, grow=twin or False)
     at = sorted({*range(0, steps + 1, every), steps})
-    _, scores = up_train(model, "image", batches.__getitem__, steps, lr, held_out=held_out, at=at, lr_scale=factors)
+    _, scores = up_train(model, "image", batch_at, steps, lr, held_out=held_out, at=at, lr_scale=factors)
     for step in at:
         arm = "one lr" if one_lr else f"lr factors {factors}"
         print(name, init, f"lr {lr:g},", arm, step, "%.2f / %.2f" % scores[step])
