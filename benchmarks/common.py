@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def cores() -> int:
     """CPU cores this process may use."""
     return len(os.sched_getaffinity(0))
+
+
+def fresh_folder(benchmark: str, name: str) -> Path:
+    """``out/<benchmark>/<name>``, emptied, for what ``benchmark`` generates afresh: a folder of its
+    own, so that a benchmark never empties a finished ``out/<name>`` (a zoo ``graphkit generate``
+    wrote, which later commands read)."""
+    folder = ROOT / "out" / benchmark / name
+    shutil.rmtree(folder, ignore_errors=True)
+    return folder
 
 
 def run_fresh(script: str, *args: str) -> dict:

@@ -19,7 +19,6 @@ sample's mean seconds per model for every candidate, shared by the workers.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -33,8 +32,6 @@ from graphkit.datasets.zoo import ZOOS, generate_zoo  # noqa: E402
 
 STEPS = ("build", "trace", "shrink", "check")
 MINI_ZOOS = [name for name, zoo in ZOOS.items() if zoo.mini]
-#: where the benchmark generates each mini zoo afresh (emptied first)
-SPEED_RUNS = common.ROOT / "out" / "mini-zoo-speed"
 
 
 def table(args) -> str:
@@ -78,7 +75,7 @@ def table(args) -> str:
     sample = f"the first {args.num} models of each mini zoo, a family at a time; " if args.num else ""
     if args.runs:
         sample = f"tabulated from finished runs ({', '.join(args.runs)}); "
-    folders = args.runs or [f"{SPEED_RUNS.relative_to(common.ROOT)}/zoo-*-mini"]
+    folders = args.runs or ["out/mini-zoo-speed/zoo-*-mini"]
     reports = ", ".join(f"{folder}/report.md" for folder in folders)
     head = (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores"
@@ -94,6 +91,7 @@ def table(args) -> str:
 def _options(args) -> str:
     """The options that reproduce the table, as the command line gives them."""
     runs = "".join(f" --from {folder}" for folder in args.runs or [])
+    runs += "".join(f" --zoo {name}" for name in args.zoo or [])
     return runs + (f" --num {args.num}" if args.num else "") + (f" --workers {args.workers}" if args.workers else "")
 
 
@@ -106,8 +104,7 @@ def _runs(args, workers: int) -> Iterator[tuple[str, dict, float | None]]:
             yield report["zoo"], report, None
         return
     for name in args.zoo or MINI_ZOOS:
-        out = SPEED_RUNS / name  # its own folder: out/<zoo>, a user's finished zoo, is left alone
-        shutil.rmtree(out, ignore_errors=True)
+        out = common.fresh_folder("mini-zoo-speed", name)
         began = time.perf_counter()
         result = generate_zoo(name, out, workers=workers, limit=args.num)
         yield name, result.report, time.perf_counter() - began

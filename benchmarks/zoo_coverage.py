@@ -4,15 +4,15 @@ validated with no `other:` op; generation within 15 minutes on 2 cores). Coverag
 candidates the library itself builds: a reference config that transformers cannot instantiate
 is listed in the report, not held against the tracer.
 
-    .venv/bin/python benchmarks/zoo_coverage.py --zoo zoo-vits  # one zoo, into out/zoo-vits
+    .venv/bin/python benchmarks/zoo_coverage.py --zoo zoo-vits  # one zoo, into out/zoo-coverage/zoo-vits
     .venv/bin/python benchmarks/zoo_coverage.py --num 10        # a quick check: the first 10 of each
     .venv/bin/python benchmarks/zoo_coverage.py --zoo zoo-vits --sample 60 --workers 1  # 60 spread over it
     .venv/bin/python benchmarks/zoo_coverage.py --write         # both zoos; updates BENCHMARKS.md
 
-Each zoo is generated into a fresh folder under out/ with one worker per core; the table gives
+Each zoo is generated afresh into out/zoo-coverage/ with one worker per core; the table gives
 the candidates, the coverage, the records, the models `graphkit predict` accepts with the bundled
 hypernetworks, the failures and the wall time; below it, the refusals by reason (the op kinds no
-bundled hypernetwork of the model's input trained on). The reports (out/zoo-*/report.md) name
+bundled hypernetwork of the model's input trained on). The reports (out/zoo-coverage/zoo-*/report.md) name
 every model that failed and why. ``--sample N`` takes N candidates spread evenly over the zoo's
 sorted list (every k-th), for a shared machine.
 """
@@ -20,7 +20,6 @@ sorted list (every k-th), for a shared machine.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from collections import Counter
@@ -41,8 +40,7 @@ def table(args) -> str:
     versions, refusals = {}, Counter()
     workers = args.workers or common.cores()
     for name in args.zoo or [name for name, zoo in ZOOS.items() if not zoo.mini]:  # mini zoos: mini_zoo_speed.py
-        out = common.ROOT / "out" / name
-        shutil.rmtree(out, ignore_errors=True)
+        out = common.fresh_folder("zoo-coverage", name)
         zoo = ZOOS[name]
         if args.sample:  # the worker processes fork from here and see the sampled zoo
             everything = zoo.candidates()
@@ -67,7 +65,7 @@ def table(args) -> str:
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, {sample}with "
         f"{', '.join(f'{k} {v}' for k, v in versions.items())}; {workers} worker(s), from an empty folder. "
         "Command: `.venv/bin/python benchmarks/zoo_coverage.py --write`; the failures are in "
-        "out/zoo-*/report.md."
+        "out/zoo-coverage/zoo-*/report.md."
     )
     reasons = [f"- {reason}: {n}" for reason, n in refusals.most_common()] or ["- none"]
     return (
