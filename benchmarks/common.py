@@ -52,12 +52,13 @@ def batches_in_order(source, model, batch_size: int, held_out: int) -> tuple[lis
     are 7.7 GB). The function gives batch ``step`` only when called in order."""
     shape, generator = data_config(model), torch.Generator().manual_seed(0)
     evaluation = [source.batch(shape, batch_size, generator, "eval") for _ in range(held_out)]
-    drawn = [-1]
+    drawn = -1
 
     def batch_at(step: int):
-        if step != drawn[0] + 1:
-            raise ValueError(f"training batch {step} asked for after batch {drawn[0]}: they are drawn in order")
-        drawn[0] = step
+        nonlocal drawn
+        if step != drawn + 1:
+            raise ValueError(f"training batch {step} asked for after batch {drawn}: they are drawn in order")
+        drawn = step
         return source.batch(shape, batch_size, generator, "train")
 
     return evaluation, batch_at
