@@ -50,8 +50,10 @@ from graphkit.families.vit import VITS_1K  # noqa: E402
 from graphkit.ghn import training  # noqa: E402
 from graphkit.ghn.checkpoint import load_checkpoint  # noqa: E402
 from graphkit.ghn.grow import lr_scale, twin_of  # noqa: E402
+from graphkit.ghn.model import LoGAH  # noqa: E402
 from graphkit.ghn.predict import predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
+from graphkit.graph import ArchGraph  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import up_train  # noqa: E402
@@ -105,18 +107,17 @@ def train_run(name: str, steps: int) -> None:
     training.train(config, progress=True)
 
 
-def scores(label: str, checkpoints: dict[str, Path], source, steps: int) -> dict[str, dict[int, tuple[float, float]]]:
-    """Held-out (loss, accuracy) of ``label``'s model from its own init and from each checkpoint's
-    prediction, at step 0 and after ``steps`` AdamW steps on the same batches."""
+def scores(
+    label: str, ghns: dict[str, LoGAH], graph: ArchGraph, source, steps: int
+) -> dict[str, dict[int, tuple[float, float]]]:
+    """Held-out (loss, accuracy) of ``label``'s model (traced as ``graph``) from its own init and
+    from each hypernetwork's prediction, at step 0 and after ``steps`` AdamW steps on the same batches."""
     name, kwargs = MODELS[label]
-    model = built(name, kwargs)
-    graph = trace(model)
-    held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
+    held_out, train = common.fixed_batches(source, built(name, kwargs), BATCH_SIZE, BATCHES, steps)
     results = {}
-    for arm, path in {"own init": None, **checkpoints}.items():
+    for arm, ghn in {"own init": None, **ghns}.items():
         model, factors = built(name, kwargs), {}
-        if path is not None:
-            ghn = load_checkpoint(path)
+        if ghn is not None:
             twin = twin_of(ghn, graph)
             factors = lr_scale(graph, twin)
             predict(model, ghn, graph=graph, grow=twin or False)
@@ -128,6 +129,7 @@ def scores(label: str, checkpoints: dict[str, Path], source, steps: int) -> dict
 
 def table(checkpoints: dict[str, Path], steps: int, only: str = "") -> str:
     source = load_source("digits")
+    ghns = {arm: load_checkpoint(path) for arm, path in checkpoints.items()}
     arms = ["own init", *checkpoints]
     lines = [
         "| model | tokens | "
@@ -141,8 +143,9 @@ def table(checkpoints: dict[str, Path], steps: int, only: str = "") -> str:
         if not any(part in label for part in only.split(",")):
             continue
         start = time.perf_counter()
-        result = scores(label, checkpoints, source, steps)
-        grid = extent(trace(built(name, kwargs)))["grid"]
+        graph = trace(built(name, kwargs))
+        result = scores(label, ghns, graph, source, steps)
+        grid = extent(graph)["grid"]
         cells = [f"{result[arm][at][0]:.2f} / {result[arm][at][1]:.2f}" for at in (0, steps) for arm in arms]
         lines.append(f"| {label} | {grid} x {grid} | " + " | ".join(cells) + " |")
         print(lines[-1], f"({time.perf_counter() - start:.0f} s)", flush=True)
