@@ -257,6 +257,7 @@ def test_the_space_records_the_patch_size_and_the_token_grid():
     assert [(extent(g)["patch"], extent(g)["grid"]) for g in graphs] == [(2, 4), (4, 8)]
     space = training_space(graphs)
     assert (space["patch"], space["grid"], space["resolution"]) == ([2, 4], [4, 8], [8, 32])
+    assert space["patch_by_grid"] == {"4": [2, 2], "8": [4, 4]}
     text = graphkit.trace(build_model({"family": "gpt2", "num_layers": 1, "hidden": 32, "heads": 2, **SMALL_VOCAB}))
     assert (extent(text)["patch"], extent(text)["grid"]) == (None, None)
 
@@ -302,6 +303,36 @@ def test_a_patch_size_or_token_grid_outside_the_space_is_predicted_at_trained_on
         "its 256-wide twin (4 heads), grown to its width, its patch embedding and position table resized from "
         "the twin's patch 2 at 8 px (4 x 4 tokens) to its 14 x 14 tokens, its output layer scaled by 4/14",
     )
+
+
+def test_a_patch_size_is_read_against_those_trained_on_its_token_grid():
+    """Patch 2 or 4 at 8 px trains 4 x 4 tokens at patch 2 and 2 x 2 at patch 4: a model at 16 px
+    with patch 4 lies inside each extent's bounds, but its pair was never trained, and it is
+    predicted at patch 2 on its grid (decoded directly it started at 2.73 on digits, its own
+    init at 2.37; docs/experiments.md, "Training across token grids")."""
+    across = load_checkpoint("logah-tiny-vits")
+    graphs = [
+        graphkit.trace(build_model(dict(VIT, num_layers=3, hidden=256, heads=4, patch_size=patch), "meta"))
+        for patch in (2, 4)
+    ]
+    across.info = {**across.info, "space": training_space(graphs)}
+
+    def twin(size, patch):
+        graph = graphkit.trace(
+            build_model(dict(VIT, num_layers=3, hidden=256, heads=4, image_size=size, patch_size=patch), "meta")
+        )
+        found = twin_of(across, graph)
+        return found and (found.config["patch_size"], found.config["image_size"])
+
+    assert twin(8, 2) is None and twin(8, 4) is None  # trained pairs: decoded directly
+    assert twin(16, 4) == (2, 8)  # inside both bounds, an untrained pair: patch 2 on its 4 x 4 grid
+    assert twin(32, 8) == (2, 8)
+    assert twin(16, 8) == (4, 8)  # 2 x 2 tokens: the patch trained there
+    assert twin(24, 8) == (2, 6)  # 3 x 3 tokens, between the trained grids: the finer one's patch
+    assert twin(64, 4) == (2, 8)  # finer than any trained grid: the finest, at its patch
+    # a checkpoint from before the pairs were recorded reads the patch bounds alone
+    across.info["space"] = {key: value for key, value in across.info["space"].items() if key != "patch_by_grid"}
+    assert twin(16, 4) is None
 
 
 @pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "vit_base_patch32_clip_224"])

@@ -44,8 +44,8 @@ is, because the decoder extrapolates in depth (12-layer ViTs predicted from 3- t
 score 0.29-0.69 on digits from the predicted parameters alone).
 
 A patch size is resized the same way (FlexiViT, Beyer et al., 2023): the twin keeps the model's
-token grid at the nearest trained patch size (a ViT at 16 px with patch 4: patch 2 at 8 px, the
-same 4 x 4 tokens), and its patch embedding is resized to the model's kernel by the pseudo-inverse
+token grid at the nearest patch size trained on that grid (a ViT at 16 px with patch 4: patch 2
+at 8 px, the same 4 x 4 tokens), and its patch embedding is resized to the model's kernel by the pseudo-inverse
 of the image resize (``timm.layers.resample_patch_embed``), so that a patch of an image
 upscaled by the same factor gives the token the twin's patch gives. The bundled ViT
 hypernetwork trained at patch 2 on 8-pixel digits; decoded directly at 16 px with patch 4 (the
@@ -113,7 +113,7 @@ from graphkit.families.libraries import EXPERT_MLP_FIELDS, HEAD_FIELDS, KV_HEAD_
 from graphkit.ghn.calibrate import output_layer
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
-from graphkit.ghn.space import extent, trained_bounds, widest_at_depth
+from graphkit.ghn.space import extent, patches_at_grid, trained_bounds, widest_at_depth
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 from graphkit.tracing import trace
@@ -311,8 +311,8 @@ class Twin(NamedTuple):
 def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | None:
     """``graph``'s twin inside the space ``ghn`` trained on (its ``info["space"]``): at the
     widest width trained at its depth (or the nearest depth trained) when it is wider than that,
-    at the nearest trained patch size when its own lies outside the trained ones, and at the
-    finest trained token grid when its own is finer. The twin is built from the config graphkit's
+    at the finest trained token grid when its own is finer, and at the nearest patch size trained
+    on that grid when its own was not. The twin is built from the config graphkit's
     family reads off the graph; a wide transformers decoder that no family reads, or whose
     family's twin lacks its parameters, from its own config class when its ``model`` is given
     (:func:`library_twin`).
@@ -333,10 +333,13 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     # a grid finer than any trained is predicted at the finest trained and its position table
     # upsampled; a coarser one keeps its own (downsampled from 4 x 4 to 2 x 2, the bundled ViT's
     # prediction fine-tuned worse: 0.65 after 100 steps on digits against 0.32 at its own grid)
-    patches, grids = trained_bounds(space, "patch"), trained_bounds(space, "grid")
+    grids = trained_bounds(space, "grid")
     patch, grid = size["patch"], size["grid"]
-    patch = patch if patches is None or patch is None else min(max(patch, patches[0]), patches[1])
     grid = grid if grids is None or grid is None else min(grid, grids[1])
+    # the patch sizes trained on that grid: a dataset with patch 2 or 4 at 8 px never trained patch 4
+    # on 4 x 4 tokens (decoded directly at 16 px: 2.73 on digits at step 0, its own init 2.37)
+    patches = patches_at_grid(space, grid) if space else None
+    patch = patch if patches is None or patch is None else min(max(patch, patches[0]), patches[1])
     regrid = (patch, grid) != (size["patch"], size["grid"])
     if not (wide or regrid):
         return None

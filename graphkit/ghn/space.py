@@ -27,7 +27,11 @@ The space also records ``width_by_depth``: per depth, the narrowest and widest w
 LoGAH's datasets make deeper models narrower, and the hypernetwork predicts well only near
 that envelope: a 12-layer, 768-wide ViT grown from a 256-wide twin scores 0.60 on digits from
 the predicted parameters alone, from a 512-wide twin 0.19 (:mod:`graphkit.ghn.grow` picks its
-twin's width from it).
+twin's width from it). And ``patch_by_grid`` the same way: per token grid, the smallest and
+largest patch trained. A dataset with patch 2 or 4 at 8 px trains 4 x 4 tokens at patch 2 and
+2 x 2 at patch 4, never 4 x 4 at patch 4; a model at 16 px with patch 4 is inside the bounds of
+each extent alone, and decoded directly started at 2.73 on digits where its twin at patch 2
+would start near 0.86 (docs/experiments.md, "Training across token grids").
 
 And ``tied``: whether any training model shared its token embedding with its output head
 (:func:`tied_embeddings`). A hypernetwork that saw untied models only predicts a tied model's
@@ -136,16 +140,21 @@ def tied_embeddings(graph: ArchGraph) -> bool:
     return any(node.op == "head" and tables.intersection(node.attrs.get("tied") or ()) for node in graph.nodes)
 
 
+#: the bounds of one extent recorded per value of another: table -> (the extent keyed on, the one bounded)
+_BOUNDS_BY = {"width_by_depth": ("depth", "width"), "patch_by_grid": ("grid", "patch")}
+
+
 def _widen(bounds: list[int] | None, value: int) -> list[int]:
     return [value, value] if bounds is None else [min(bounds[0], value), max(bounds[1], value)]
 
 
 def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
     """The smallest and largest of each extent over ``graphs`` (extents no graph has are left
-    out), ``width_by_depth``: {depth (a string, as JSON keys are): [narrowest, widest]}, and
-    ``tied``: whether any of them ties its token embedding to its head."""
+    out), ``width_by_depth``: {depth (a string, as JSON keys are): [narrowest, widest]},
+    ``patch_by_grid``: {token grid: [smallest, largest patch]}, and ``tied``: whether any of them
+    ties its token embedding to its head."""
     space: dict[str, Any] = {}
-    by_depth: dict[int, list[int]] = {}
+    by: dict[str, dict[int, list[int]]] = {table: {} for table in _BOUNDS_BY}
     tied = False
     for graph in graphs:
         tied = tied or tied_embeddings(graph)
@@ -153,10 +162,13 @@ def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
         for name, value in extents.items():
             if value is not None:
                 space[name] = _widen(space.get(name), value)
-        if extents["depth"] is not None and extents["width"] is not None:
-            by_depth[extents["depth"]] = _widen(by_depth.get(extents["depth"]), extents["width"])
-    if by_depth:
-        space["width_by_depth"] = {str(depth): by_depth[depth] for depth in sorted(by_depth)}
+        for table, (key_name, name) in _BOUNDS_BY.items():
+            key, value = extents[key_name], extents[name]
+            if key is not None and value is not None:
+                by[table][key] = _widen(by[table].get(key), value)
+    for table, values in by.items():
+        if values:
+            space[table] = {str(key): values[key] for key in sorted(values)}
     space["tied"] = tied
     return space
 
@@ -168,16 +180,31 @@ def trained_bounds(space: Any, name: str) -> list[int] | None:
     return bounds if isinstance(bounds, list) and len(bounds) == 2 else None
 
 
+def _bounds_at(space: Mapping[str, Any], by: str, key: int | None, name: str) -> list[int] | None:
+    """The bounds ``space[by]`` records at ``key``, or at the recorded key nearest to it (the
+    larger one on a tie); extent ``name``'s bounds over the whole space when it records no
+    ``by`` or ``key`` is unknown."""
+    table = space.get(by)
+    if isinstance(table, Mapping) and table and key is not None:
+        nearest = min((int(k) for k in table), key=lambda k: (abs(k - key), -k))
+        return [int(bound) for bound in table[str(nearest)]]
+    return trained_bounds(space, name)
+
+
 def widest_at_depth(space: Mapping[str, Any], depth: int) -> int | None:
     """The widest width trained at ``depth``, or at the recorded depth nearest to it (the deeper
     one on a tie); the widest width of all when the space records no depths; None when it
     records no widths."""
-    by_depth = space.get("width_by_depth")
-    if isinstance(by_depth, Mapping) and by_depth:
-        nearest = min((int(d) for d in by_depth), key=lambda d: (abs(d - depth), -d))
-        return int(by_depth[str(nearest)][1])
-    bounds = trained_bounds(space, "width")
-    return int(bounds[1]) if bounds else None
+    bounds = _bounds_at(space, "width_by_depth", depth, "width")
+    return bounds[1] if bounds else None
+
+
+def patches_at_grid(space: Mapping[str, Any], grid: int | None) -> list[int] | None:
+    """The [smallest, largest] patch trained on a ``grid`` x ``grid`` token grid, or on the
+    recorded grid nearest to it (the finer one on a tie); the patch bounds over the whole space
+    when it records none per grid (a checkpoint from before ``patch_by_grid``) or the grid is
+    unknown; None when it records no patches."""
+    return _bounds_at(space, "patch_by_grid", grid, "patch")
 
 
 def _beyond(space: Mapping[str, Any], graph: ArchGraph) -> Iterator[tuple[str, int, int, int]]:
@@ -238,4 +265,5 @@ __all__ = [
     "outside_training_space",
     "space_distance",
     "widest_at_depth",
+    "patches_at_grid",
 ]
