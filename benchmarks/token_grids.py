@@ -27,7 +27,8 @@ prediction's resized or grown weights at `predict`'s lr factors):
 
 `--train` generates the dataset first when `out/<name>` is missing (seconds) and writes
 `runs/token-grids/<name>-<steps>`; the table scores every run found there, beside the shipped
-checkpoint. `--only "8 px,16 px"` scores the models whose label holds either text.
+checkpoint (`--runs "grids24-3500,grids24-7000"`: those whose folder name holds either text).
+`--only "8 px,16 px"` scores the models whose label holds either text.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="score only the models whose label holds one of these texts (comma-separated)"
     )
+    parser.add_argument(
+        "--runs", default="", help="score only the runs whose folder name holds one of these texts (comma-separated)"
+    )
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
     if args.train:
@@ -171,12 +175,15 @@ def main() -> None:
     )
     checkpoints = {"shipped: vits-digits, 3500 steps": Path("logah-tiny-vits")}
     checkpoints |= {
-        "{}, {} steps".format(*path.name.rsplit("-", 1)): path for path in runs if (path / "model.safetensors").exists()
+        "{}, {} steps".format(*path.name.rsplit("-", 1)): path
+        for path in runs
+        if (path / "model.safetensors").exists() and any(part in path.name for part in args.runs.split(","))
     }
     if len(checkpoints) == 1:
         sys.exit(f"no run under {RUNS}: train one first (--train NAME)")
     text = table(checkpoints, args.steps, args.only)
-    command = "--write" + (f" --only {args.only!r}" if args.only else "")
+    filters = (("runs", args.runs), ("only", args.only))
+    command = "--write" + "".join(f" --{flag} {value!r}" for flag, value in filters if value)
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}. Held-out "
         f"digits, loss / accuracy (chance 2.30 / 0.10), at step 0 and after {args.steps} AdamW steps (lr {LR:g}, batch "
