@@ -109,29 +109,37 @@ def train_run(name: str, steps: int) -> None:
 
 
 def scores(
-    label: str, ghns: dict[str, LoGAH], graph: ArchGraph, source, steps: int
+    label: str, starts: dict[str, tuple[LoGAH, float | None]], graph: ArchGraph, source, steps: int
 ) -> dict[str, dict[int, tuple[float, float]]]:
     """Held-out (loss, accuracy) of ``label``'s model (traced as ``graph``) from its own init and
-    from each hypernetwork's prediction, at step 0 and after ``steps`` AdamW steps on the same batches."""
+    from each start, a hypernetwork's prediction ``P`` (shrink None) or ``W0 + shrink * P`` on the
+    own init ``W0`` (`predict --shrink`), at step 0 and after ``steps`` AdamW steps on the same batches."""
     name, kwargs = MODELS[label]
     held_out, train = common.fixed_batches(source, built(name, kwargs), BATCH_SIZE, BATCHES, steps)
     results = {}
-    for arm, ghn in {"own init": None, **ghns}.items():
+    for arm, start in {"own init": None, **starts}.items():
         model, factors = built(name, kwargs), {}
-        if ghn is not None:
+        if start is not None:
+            ghn, shrink = start
             twin = twin_of(ghn, graph)
             factors = lr_scale(graph, twin)
-            predict(model, ghn, graph=graph, grow=twin or False)
+            on_init = {"keep_init": True, "shrink": shrink} if shrink is not None else {}
+            predict(model, ghn, graph=graph, grow=twin or False, **on_init)
         _, results[arm] = up_train(
             model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps), lr_scale=factors
         )
     return results
 
 
-def table(checkpoints: dict[str, Path], steps: int, only: str = "") -> str:
+def table(checkpoints: dict[str, Path], steps: int, only: str = "", shrink: float | None = None) -> str:
     source = load_source("digits")
-    ghns = {arm: load_checkpoint(path) for arm, path in checkpoints.items()}
-    arms = ["own init", *checkpoints]
+    starts: dict[str, tuple[LoGAH, float | None]] = {}
+    for arm, path in checkpoints.items():
+        ghn = load_checkpoint(path)
+        starts[arm] = (ghn, None)
+        if shrink is not None:
+            starts[f"{arm}, W0 + {shrink:g} P"] = (ghn, shrink)
+    arms = ["own init", *starts]
     lines = [
         "| model | tokens | "
         + " | ".join(f"{arm} @0" for arm in arms)
@@ -145,7 +153,7 @@ def table(checkpoints: dict[str, Path], steps: int, only: str = "") -> str:
             continue
         start = time.perf_counter()
         graph = trace(built(name, kwargs))
-        result = scores(label, ghns, graph, source, steps)
+        result = scores(label, starts, graph, source, steps)
         grid = extent(graph)["grid"]
         cells = [f"{result[arm][at][0]:.2f} / {result[arm][at][1]:.2f}" for at in (0, steps) for arm in arms]
         lines.append(f"| {label} | {grid} x {grid} | " + " | ".join(cells) + " |")
@@ -164,6 +172,11 @@ def main() -> None:
     parser.add_argument(
         "--runs", default="", help="score only the runs whose folder name holds one of these texts (comma-separated)"
     )
+    parser.add_argument(
+        "--shrink",
+        type=float,
+        help="also start each checkpoint as W0 + SHRINK * P on the own init (predict --shrink; shrink and perturb)",
+    )
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
     if args.train:
@@ -181,8 +194,10 @@ def main() -> None:
     }
     if len(checkpoints) == 1:
         sys.exit(f"no run under {RUNS}: train one first (--train NAME)")
-    text = table(checkpoints, args.steps, args.only)
-    filters = (("runs", args.runs), ("only", args.only))
+    if args.shrink is not None and not 0 < args.shrink <= 1:
+        parser.error(f"--shrink must lie in (0, 1], got {args.shrink}")
+    text = table(checkpoints, args.steps, args.only, args.shrink)
+    filters = (("runs", args.runs), ("only", args.only), ("shrink", args.shrink))
     command = "--write" + "".join(f" --{flag} {value!r}" for flag, value in filters if value)
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}. Held-out "
