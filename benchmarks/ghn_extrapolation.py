@@ -25,6 +25,7 @@ Three tables, each a BENCHMARKS.md section per family (``--table`` picks):
     .venv/bin/python benchmarks/ghn_extrapolation.py --write              # also update BENCHMARKS.md
     .venv/bin/python benchmarks/ghn_extrapolation.py --family vit --table paper --write
     .venv/bin/python benchmarks/ghn_extrapolation.py --family gpt2 --table paper --steps 300 --device cuda
+    .venv/bin/python benchmarks/ghn_extrapolation.py --family vit --table paper --ghn runs/candidate  # not bundled
 
 On 2 CPU cores: extrapolation about 40 min for ViTs and 25 for GPT-2s, paper 15 and 40,
 propagation a few minutes each (GPT-2 and LLaMA with their 10-minute control).
@@ -50,7 +51,10 @@ from graphkit.ghn.calibrate import calibrate
 from graphkit.ghn.checkpoint import bundled_checkpoint
 from graphkit.ghn.evaluate import fine_tune, initialise
 from graphkit.ghn.keep_init import keep_init_as_is
+from graphkit.ghn.model import LoGAH
+from graphkit.ghn.pool import with_init_constants
 from graphkit.ghn.predict import predicted_params
+from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
 from graphkit.training.data import default_source, load_source, output_loss
 
@@ -120,21 +124,35 @@ PAPER = {
 }
 
 
+def traced(config: dict, ghn: LoGAH) -> ArchGraph:
+    """The graph of the model of ``config`` as ``ghn`` reads it: traced on the meta device, with the
+    init constants a checkpoint that decodes around them needs (read off the model built with weights)."""
+    graph = trace(build_model(config, "meta"))
+    return with_init_constants(graph, config) if ghn.config.init_anchors else graph
+
+
 def how_far(config: dict, space: dict) -> str:
     """The shape's width and depth as multiples of the widest and deepest trained."""
     return f"{config['hidden'] / space['width'][1]:.1f}x wide, {config['num_layers'] / space['depth'][1]:.1f}x deep"
 
 
 def fine_tuning(
-    family: str, shapes: list[tuple[str, dict]], inits: tuple[str, ...], at: tuple[int, ...], device: str
+    family: str,
+    shapes: list[tuple[str, dict]],
+    inits: tuple[str, ...],
+    at: tuple[int, ...],
+    device: str,
+    checkpoint: Path | None = None,
 ) -> str:
     """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
     step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
     parameters; "calibrated": the same, calibrated; "keep_init": the same added onto the family's
     init; "random" and "orthogonal" as in eval-ghn). "predict" is the prediction alone, which is
-    ``predict --no-keep-init`` for a family that keeps its init by default (GPT-2)."""
+    ``predict --no-keep-init`` for a family that keeps its init by default (GPT-2). ``checkpoint``
+    replaces the family's bundled one (a candidate for shipping)."""
 
-    ghn = load_checkpoint(bundled_checkpoint(family)).to(device)
+    checkpoint = checkpoint or bundled_checkpoint(family)
+    ghn = load_checkpoint(checkpoint).to(device)
     source = load_source(default_source(family), seq_len=64)
     space = ghn.info["space"]
     heads = {
@@ -145,7 +163,7 @@ def fine_tuning(
         "orthogonal": "orthogonal",
     }
     rows = [
-        f"**{family}** ({bundled_checkpoint(family).name}; trained widths {space['width'][0]}-{space['width'][1]}, "
+        f"**{family}** ({checkpoint.name}; trained widths {space['width'][0]}-{space['width'][1]}, "
         f"depths {space['depth'][0]}-{space['depth'][1]}), held-out "
         f"loss / accuracy at steps {', '.join(map(str, at))}:",
         "",
@@ -157,7 +175,7 @@ def fine_tuning(
     wins, kept_wins = dict.fromkeys(at, 0), dict.fromkeys(at, 0)
     for what, config in shapes:
         config = resolve_config(config)
-        graph = trace(build_model(config, "meta"))
+        graph = traced(config, ghn)
         generator = torch.Generator().manual_seed(0)
         held_out = [
             [t.to(device) for t in source.batch(config, BATCH[family], generator, split="eval")] for _ in range(4)
@@ -215,7 +233,7 @@ def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
     return stream.pow(2).mean().sqrt().item(), varying.item(), logits.std().item()
 
 
-def propagation(family: str) -> str:
+def propagation(family: str, checkpoint: Path | None = None) -> str:
     """The propagation table of one family: ``predict``'s model, the same prediction calibrated
     (``--calibrate``), and the family's init, measured on a batch the calibration did not see (random
     images, or random token ids over the whole vocabulary). For a language model also the
@@ -223,7 +241,7 @@ def propagation(family: str) -> str:
     same share of a model trained directly (:func:`trained_shares`), the control that says what
     share trained models have."""
 
-    ghn = load_checkpoint(bundled_checkpoint(family))
+    ghn = load_checkpoint(checkpoint or bundled_checkpoint(family))
     text = family != "vit"
     source = load_source(default_source(family), seq_len=64) if text else None
     rows = [
@@ -244,7 +262,7 @@ def propagation(family: str) -> str:
             torch.manual_seed(0)  # the init calibrate() reads, built once for both
             init_model = build_model(config, "cpu").eval()
         init = stream_statistics(init_model, family, inputs)
-        graph = trace(build_model(config, "meta"))
+        graph = traced(config, ghn)
         model = copy.deepcopy(
             init_model
         )  # a built model, as a user's is (its computed buffers, e.g. rotary, are there)
@@ -311,9 +329,19 @@ def main() -> None:
         "--steps", type=int, help="the last fine-tuning horizon (default: 100; paper: 300 for ViTs, 100 for GPT-2s)"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the fine-tuning tables)")
+    parser.add_argument(
+        "--ghn",
+        type=Path,
+        help="a checkpoint folder in place of the family's bundled one (a candidate's regressions: printed only)",
+    )
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.ghn is not None:
+        if args.write:
+            parser.error("--ghn is printed only: BENCHMARKS.md records the bundled checkpoints")
+        if not (args.ghn / "config.json").is_file():
+            parser.error(f"--ghn {args.ghn}: no config.json there (not a checkpoint folder)")
 
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
@@ -324,7 +352,9 @@ def main() -> None:
             command = f"benchmarks/ghn_extrapolation.py --family {family} --table {name} --write"
             text = f"Measured {time.strftime('%Y-%m-%d')} on {where}; "
             if name == "propagation":
-                text += f"forward passes only. Command: `.venv/bin/python {command}`.\n\n" + propagation(family)
+                text += f"forward passes only. Command: `.venv/bin/python {command}`.\n\n" + propagation(
+                    family, args.ghn
+                )
             else:
                 shapes, inits, at = (
                     PAPER[family]
@@ -335,7 +365,8 @@ def main() -> None:
                     at = tuple(sorted({0, *(h for h in at if h < args.steps), args.steps}))
                 text += (
                     "AdamW lr 3e-4, the same batches for every initialisation. "
-                    f"Command: `.venv/bin/python {command}`.\n\n" + fine_tuning(family, shapes, inits, at, args.device)
+                    f"Command: `.venv/bin/python {command}`.\n\n"
+                    + fine_tuning(family, shapes, inits, at, args.device, args.ghn)
                 )
             print(text, flush=True)
             if args.write:  # one section a table and family, so that rerunning one leaves the others

@@ -10,7 +10,7 @@ against its own init's 2.38 (BENCHMARKS.md, "Resolutions and patch sizes"). No r
 token is the mean of the four it covers, a temperature on the output layer: each either stays
 behind at step 0 or loses the 100-step lead).
 
-The lever here is the data: vits-digits' space with patch 2 or 4 at 8 px (`RECIPE`, token grids
+The lever here is the data: vits-digits' space with patch 2 or 4 at 8 px (the recipe vits-digits-grids24, token grids
 4 x 4 and 2 x 2, 160 architectures), trained with the bundled checkpoint's recipe (the
 Makefile's `bundled` line: meta-batch 4, batch 32, `--lr-fan-in 8`), against its control, the
 same recipe and steps on vits-digits itself. Both are then scored on timm ViTs as
@@ -46,8 +46,6 @@ import vit_resolution  # noqa: E402
 from vit_resolution import BATCH_SIZE, BATCHES, LR, SMALL, built  # noqa: E402
 
 from graphkit.datasets.generate import generate  # noqa: E402
-from graphkit.datasets.recipes import Recipe  # noqa: E402
-from graphkit.families.vit import VITS_1K  # noqa: E402
 from graphkit.ghn import training  # noqa: E402
 from graphkit.ghn.checkpoint import load_checkpoint  # noqa: E402
 from graphkit.ghn.grow import lr_scale, twin_of  # noqa: E402
@@ -60,15 +58,8 @@ from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import up_train  # noqa: E402
 
 ROOT = common.ROOT
-#: vits-digits' space (ViTs-1K's bins and heads at 8 px) with patch 2 or 4: 4 x 4 and 2 x 2 tokens
-RECIPE = {
-    **VITS_1K,
-    "name": "vits-digits-grids24",
-    "description": "vits-digits' space with patch 2 or 4 at 8 px: token grids 4 x 4 and 2 x 2",
-    "fixed": {"image_size": 8, "num_classes": 10},
-    "choices": {"patch_size": [2, 4]},
-}
-DATASETS = {"vits-digits": "vits-digits", "vits-digits-grids24": RECIPE}
+#: the control's dataset and the lever's (vits-digits' space with patch 2 or 4 at 8 px: token grids 4 x 4 and 2 x 2)
+DATASETS = ("vits-digits", "vits-digits-grids24")
 #: the Makefile's `bundled` line for logah-tiny-vits, less its 3,500 steps
 TRAIN = {"meta_batch": 4, "batch_size": 32, "lr_fan_in": 8.0}
 #: label -> (timm model name, its keyword arguments): vit_resolution's ViT-S rows on grids 2 x 2 to 8 x 8
@@ -102,8 +93,7 @@ def train_run(name: str, steps: int) -> None:
     """Train the bundled ViT recipe for ``steps`` on the dataset ``name`` (generated first when missing)."""
     dataset = ROOT / "out" / name
     if not dataset.exists():
-        recipe = DATASETS[name]
-        generate(recipe if isinstance(recipe, str) else Recipe.from_dict(recipe), dataset, workers=2)
+        generate(name, dataset, workers=2)
     config = training.TrainConfig(dataset=str(dataset), out=str(run_folder(name, steps)), steps=steps, **TRAIN)
     training.train(config, progress=True)
 
@@ -163,7 +153,7 @@ def table(checkpoints: dict[str, Path], steps: int, only: str = "", shrink: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", choices=sorted(DATASETS), help="train a run on this dataset instead of scoring")
+    parser.add_argument("--train", choices=DATASETS, help="train a run on this dataset instead of scoring")
     parser.add_argument("--train-steps", type=int, default=1500, help="the run's steps")
     parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps after step 0")
     parser.add_argument(

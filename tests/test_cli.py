@@ -142,7 +142,7 @@ def test_dataset_commands(tmp_path, monkeypatch):
         (
             ["generate", "vits-2k"],
             "unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, "
-            "vits-1k, vits-digits (or a .json / .yaml recipe file)",
+            "vits-1k, vits-digits, vits-digits-grids24 (or a .json / .yaml recipe file)",
         ),
         (["ls", "no-such-folder"], "no-such-folder: no such dataset folder"),
         (["stats", "."], ".: not a graphkit dataset (no data/*.parquet files)"),

@@ -35,6 +35,16 @@ def test_vits_digits_keeps_the_space_the_bundled_hypernetwork_trained_on():
     assert "choices" not in RECIPES["vits-digits"].to_dict()  # its manifests read as before the field existed
 
 
+def test_vits_digits_grids24_is_the_vits_digits_space_at_two_token_grids():
+    """Patch 2 and 4 at 8 px (token grids 4 x 4 and 2 x 2) over the very architectures of
+    vits-digits, so that a run on it differs from the bundled one in the grids alone."""
+    shape = lambda c: (c["num_layers"], c["hidden"], c["heads"], c["mlp"])  # noqa: E731
+    digits = {shape(c) for c in RECIPES["vits-digits"].space}
+    space = RECIPES["vits-digits-grids24"].space
+    assert len(space) == 160 and {c["image_size"] for c in space} == {8}
+    assert {p: {shape(c) for c in space if c["patch_size"] == p} for p in (2, 4)} == {2: digits, 4: digits}
+
+
 def test_gpts_1k_follows_the_paper():
     space = RECIPES["gpts-1k"].space
     assert len(space) == 2 * 893  # every shape twice: the head tied to the token embedding, or not
@@ -78,7 +88,8 @@ def test_recipe_files_and_errors(tmp_path):
     assert get_recipe(str(HERE / "recipes" / "tiny-llamas.yaml")).space
     assert Recipe.from_dict(RECIPES["vits-1k"].to_dict()) == RECIPES["vits-1k"]
     with pytest.raises(
-        RecipeError, match="unknown recipe 'vits-2k'; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits"
+        RecipeError,
+        match="unknown recipe .vits-2k.; known recipes: gpts-1k, llamas-1k, vits-1k, vits-digits, vits-digits-grids24",
     ):
         get_recipe("vits-2k")
     with pytest.raises(RecipeError, match="nope.json: no such recipe file"):

@@ -85,7 +85,7 @@ def test_a_family_with_a_shrink_predict_cannot_use_is_refused_unregistered():
 def test_tables_are_live_views():
     before = set(RECIPES), dict(BUNDLED), dict(DEFAULT_SOURCES)
     assert before == (
-        {"vits-1k", "vits-digits", "gpts-1k", "llamas-1k"},
+        {"vits-1k", "vits-digits", "vits-digits-grids24", "gpts-1k", "llamas-1k"},
         {"vit": "logah-tiny-vits", "gpt2": "logah-tiny-gpts", "llama": "logah-tiny-llamas"},
         {"vit": "digits", "gpt2": "stdlib-text", "llama": "stdlib-text"},
     )

@@ -56,9 +56,9 @@ RESUME_HINT = "its workers are stopped and {kept} are kept; run it again with --
 def generate(
     recipe: str = typer.Argument(
         ...,
-        help="vits-1k, gpts-1k, llamas-1k, vits-digits, a .json / .yaml recipe file, or a zoo of real "
-        "architectures: zoo-vits (timm's vision transformers) or zoo-decoders (transformers' causal LMs), "
-        "and their trainable mini versions zoo-vits-mini and zoo-decoders-mini.",
+        help="vits-1k, gpts-1k, llamas-1k, vits-digits, vits-digits-grids24, a .json / .yaml recipe file, "
+        "or a zoo of real architectures: zoo-vits (timm's vision transformers) or zoo-decoders "
+        "(transformers' causal LMs), and their trainable mini versions zoo-vits-mini and zoo-decoders-mini.",
     ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset folder (default: the recipe's name)."),
     num: Optional[int] = typer.Option(

@@ -104,6 +104,14 @@ FAMILY = register_family(
                     "trains"
                 ),
             },
+            {
+                # the same space at patch 2 and 4, token grids 4 x 4 and 2 x 2: training across token grids
+                # (issue #45 item 4; benchmarks/token_grids.py, docs/experiments.md "Training across token grids")
+                **VITS_1K,
+                "name": "vits-digits-grids24",
+                "fixed": {"image_size": 8, "num_classes": 10},
+                "description": "vits-digits' space at 8 px with patch 2 or 4: token grids 4 x 4 and 2 x 2",
+            },
         ),
         data="digits",
         bundled_ghn="logah-tiny-vits",
