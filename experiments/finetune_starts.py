@@ -94,7 +94,8 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
     shrink = float(kind.split(":")[1]) if shrunk else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
-            in_block = ".layers." in name or ".h." in name or ".blocks." in name
+            # a block's parameter: under layers (LLaMA), h (GPT-2) or blocks (timm's ViT, whose names start there)
+            in_block = any(f".{blocks}." in f".{name}" for blocks in ("layers", "h", "blocks"))
             if kind == "own" or (kind == "blocks" and not in_block) or (kind == "outer" and in_block):
                 continue
             value = predicted[name].to(param.dtype)
