@@ -142,16 +142,15 @@ def fine_tuning(
     inits: tuple[str, ...],
     at: tuple[int, ...],
     device: str,
-    checkpoint: Path | None = None,
+    checkpoint: Path,
 ) -> str:
     """A fine-tuning table of one family: for each shape, the held-out loss / accuracy after each
     step count in ``at`` from each initialisation in ``inits`` ("predict": ``predict``'s
     parameters; "calibrated": the same, calibrated; "keep_init": the same added onto the family's
     init; "random" and "orthogonal" as in eval-ghn). "predict" is the prediction alone, which is
-    ``predict --no-keep-init`` for a family that keeps its init by default (GPT-2). ``checkpoint``
-    replaces the family's bundled one (a candidate for shipping)."""
+    ``predict --no-keep-init`` for a family that keeps its init by default (GPT-2). ``checkpoint``:
+    the family's bundled one, or a candidate for shipping."""
 
-    checkpoint = checkpoint or bundled_checkpoint(family)
     ghn = load_checkpoint(checkpoint).to(device)
     source = load_source(default_source(family), seq_len=64)
     space = ghn.info["space"]
@@ -233,7 +232,7 @@ def stream_statistics(model, family: str, inputs) -> tuple[float, float, float]:
     return stream.pow(2).mean().sqrt().item(), varying.item(), logits.std().item()
 
 
-def propagation(family: str, checkpoint: Path | None = None) -> str:
+def propagation(family: str, checkpoint: Path) -> str:
     """The propagation table of one family: ``predict``'s model, the same prediction calibrated
     (``--calibrate``), and the family's init, measured on a batch the calibration did not see (random
     images, or random token ids over the whole vocabulary). For a language model also the
@@ -241,7 +240,7 @@ def propagation(family: str, checkpoint: Path | None = None) -> str:
     same share of a model trained directly (:func:`trained_shares`), the control that says what
     share trained models have."""
 
-    ghn = load_checkpoint(checkpoint or bundled_checkpoint(family))
+    ghn = load_checkpoint(checkpoint)
     text = family != "vit"
     source = load_source(default_source(family), seq_len=64) if text else None
     rows = [
@@ -346,6 +345,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     where = f"a GPU ({torch.cuda.get_device_name()})" if args.device != "cpu" else f"{common.cores()} CPU cores"
     for family in args.family or USER_SHAPES:
+        checkpoint = args.ghn or bundled_checkpoint(family)
         for name in args.table or TABLES:
             if name != "propagation" and family not in SHAPES:
                 continue  # the fine-tuning tables are the issue's ViTs and GPT-2s
@@ -353,7 +353,7 @@ def main() -> None:
             text = f"Measured {time.strftime('%Y-%m-%d')} on {where}; "
             if name == "propagation":
                 text += f"forward passes only. Command: `.venv/bin/python {command}`.\n\n" + propagation(
-                    family, args.ghn
+                    family, checkpoint
                 )
             else:
                 shapes, inits, at = (
@@ -366,7 +366,7 @@ def main() -> None:
                 text += (
                     "AdamW lr 3e-4, the same batches for every initialisation. "
                     f"Command: `.venv/bin/python {command}`.\n\n"
-                    + fine_tuning(family, shapes, inits, at, args.device, args.ghn)
+                    + fine_tuning(family, shapes, inits, at, args.device, checkpoint)
                 )
             print(text, flush=True)
             if args.write:  # one section a table and family, so that rerunning one leaves the others
