@@ -52,7 +52,7 @@ from graphkit.ghn.checkpoint import bundled_checkpoint
 from graphkit.ghn.evaluate import fine_tune, initialise
 from graphkit.ghn.keep_init import keep_init_as_is
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.pool import with_init_constants
+from graphkit.ghn.pool import as_read
 from graphkit.ghn.predict import predicted_params
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
@@ -127,8 +127,7 @@ PAPER = {
 def traced(config: dict, ghn: LoGAH) -> ArchGraph:
     """The graph of the model of ``config`` as ``ghn`` reads it: traced on the meta device, with the
     init constants a checkpoint that decodes around them needs (read off the model built with weights)."""
-    graph = trace(build_model(config, "meta"))
-    return with_init_constants(graph, config) if ghn.config.init_anchors else graph
+    return as_read(trace(build_model(config, "meta")), config, ghn.config)
 
 
 def how_far(config: dict, space: dict) -> str:

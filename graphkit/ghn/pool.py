@@ -145,9 +145,15 @@ def functional_model(config: dict[str, Any], device: str | torch.device) -> nn.M
 
 
 def graph_for(record: Record, config: LoGAHConfig) -> ArchGraph:
-    """The graph of a dataset ``record`` as a LoGAH of ``config`` reads it: with its model's init
-    constants (:func:`with_init_constants`) when the LoGAH decodes around them, as it is otherwise."""
-    return with_init_constants(record.graph, record.config) if config.init_anchors else record.graph
+    """The graph of a dataset ``record`` as a LoGAH of ``config`` reads it (:func:`as_read`)."""
+    return as_read(record.graph, record.config, config)
+
+
+def as_read(graph: ArchGraph, model_config: dict[str, Any], config: LoGAHConfig) -> ArchGraph:
+    """``graph``, of the model of ``model_config``, as a LoGAH of ``config`` reads it: with the
+    model's init constants (:func:`with_init_constants`) when the LoGAH decodes around them, as it
+    is otherwise."""
+    return with_init_constants(graph, model_config) if config.init_anchors else graph
 
 
 def with_init_constants(graph: ArchGraph, config: dict[str, Any]) -> ArchGraph:
