@@ -18,8 +18,9 @@ families carry the class in their features and not in their logits): any start f
 init, ``+zero-head`` sets it to zero.
 
 Every start sees the same batches and the same random init ``W0`` as ``eval-ghn`` draws them
-(seed 0, batches of ``--batch-size``, AdamW at ``--lr``), so the rows for ``own`` and
-``predicted`` repeat what ``eval-ghn`` records.
+(``--seed``, 0 as ``eval-ghn``'s default; batches of ``--batch-size``, AdamW at ``--lr``), so the rows for
+``own`` and ``predicted`` repeat what ``eval-ghn --seed`` records. Other seeds draw other batches and
+another W0: how far a difference between starts stands above one run's noise.
 
     .venv/bin/python experiments/finetune_starts.py --archs 2 --part 0/2   # and 1/2 beside it: 30 min on 2 cores
     .venv/bin/python experiments/finetune_starts.py --archs 2 --starts own predicted blocks outer unit-norms
@@ -70,8 +71,10 @@ def classifier(model: torch.nn.Module, classes: int) -> list[str]:
     ]
 
 
-def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: int = 0) -> torch.nn.Module:
-    """The model of ``config`` with its own init ``W0`` drawn from seed 0, then set as ``kind``
+def start(
+    config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: int = 0, seed: int = 0
+) -> torch.nn.Module:
+    """The model of ``config`` with its own init ``W0`` drawn from ``seed``, then set as ``kind``
     says: ``own`` (W0), ``predicted`` (P), ``mix:A`` (``P + A W0`` for every parameter of two or
     more dimensions, ``P`` for the rest), ``blocks`` (P in the blocks, W0 elsewhere: the
     embeddings, the head, the final norm), ``outer`` (the reverse), ``unit-norms`` (P with every
@@ -85,7 +88,7 @@ def start(config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: 
     then sets the :func:`classifier` of ``classes`` outputs to the own init's or to zero."""
     head = next((h for h in HEADS if kind.endswith(h)), "")
     kind = kind.removesuffix(head)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = build_model(config, "cpu")
     heads = classifier(model, classes) if head else []
     kept = {name: param.detach().clone() for name, param in model.named_parameters() if name in heads}
@@ -146,6 +149,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0, help="of W0 and the batches, as eval-ghn --seed")
     parser.add_argument("--summary", type=Path, help="print the means and wins of a file of this script's rows")
     args = parser.parse_args()
     if args.summary:
@@ -167,14 +171,15 @@ def main() -> None:
         except GraphkitError as e:
             print(json.dumps({"id": record.id, "skipped": str(e)}), flush=True)
             continue
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(args.seed)
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
         batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
         predicted = predicted_params(ghn, graph_for(record, ghn.config))  # init constants, if it decodes around them
-        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(start(record.config, predicted, "own"), predicted)}))
+        own = start(record.config, predicted, "own", seed=args.seed)
+        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(own, predicted)}))
         classes = record.config["num_classes"] if source.task == "image" else 0  # the model's outputs
         for kind in args.starts:
-            model = start(record.config, predicted, kind, classes)
+            model = start(record.config, predicted, kind, classes, args.seed)
             estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])
             _, scores = up_train(model, source.task, batches.__getitem__, args.steps, args.lr, held_out=held_out, at=at)
             row = {"id": record.id, "start": kind}
