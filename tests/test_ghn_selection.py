@@ -54,7 +54,7 @@ def test_a_wider_deeper_target_keeps_its_own_init_where_the_source_has_nothing()
 @pytest.mark.parametrize(
     ("inits", "message"),
     [
-        (("predicted", "random"), "must name predicted, random and orthogonal"),
+        (("predicted", "orthogonal"), "must name predicted and random"),
         (("predicted", "random", "orthogonal", "chosen"), "accepted: predicted, random, orthogonal, selected"),
         (("predicted", "random", "orthogonal", "random"), "each once"),
     ],

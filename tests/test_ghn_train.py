@@ -680,12 +680,18 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
         "--batch-size",
         "4",
         "--calibrate",
+        "--inits",
+        "predicted,random",  # the prediction against the model's own init alone: no orthogonal fine-tuning
         "--workers",
         "1",
     )
     assert calibrated.exit_code == 0, calibrated.output
-    rows = json.loads((tmp_path / "calibrated" / "eval.json").read_text())["rows"]
+    report = json.loads((tmp_path / "calibrated" / "eval.json").read_text())
+    rows = report["rows"]
+    assert [r["init"] for r in rows] == ["predicted", "random"]
     assert [r["calibrated"] for r in rows] == [r["init"] == "predicted" for r in rows]
+    assert set(report["summary"]["wins"]["1"]) == {"random"} and "predicted_beats_orthogonal" not in report["summary"]
+    assert "orthogonal" not in calibrated.stdout
 
 
 @pytest.mark.slow
@@ -716,6 +722,9 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     ) in line
     result = run("predict", ROOT / "examples" / "vit_tiny_cifar.py", "--ghn", tmp_path / "run")
     assert result.exit_code == 0 and result.stdout.startswith(line[:40]), result.output
+    without = {k: v for k, v in summary.items() if k not in ("orthogonal", "predicted_beats_orthogonal")}
+    record_evaluation(tmp_path / "run", without, dataset="out/vits-digits", split="eval", data="digits")
+    assert describe(load_checkpoint(tmp_path / "run")).endswith("they beat random on 88%")  # eval-ghn --inits
     record_evaluation(
         tmp_path / "run", {**summary, "residual_scale": True}, dataset="out/gpts-1k", split="eval", data="stdlib-text"
     )
@@ -727,7 +736,7 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     line = describe(load_checkpoint(tmp_path / "run"), keep_init=True)
     assert line.endswith(
         "not on the prediction added onto the init as predict writes it here (graphkit eval-ghn "
-        "--inits predicted,random,orthogonal,keep_init --record measures that)"
+        "--inits predicted,random,keep_init --record measures that)"
     ), line
     # ...and gives the record's keep_init scores where it does
     added = {
@@ -744,7 +753,7 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     # a record of the prediction added whole says nothing of it shrunk, and one measured shrunk says so
     assert describe(load_checkpoint(tmp_path / "run"), keep_init=True, shrink=0.5).endswith(
         "not on the prediction x 0.5 added onto the init as predict writes it here (graphkit eval-ghn "
-        "--inits predicted,random,orthogonal,keep_init --shrink 0.5 --record measures that)"
+        "--inits predicted,random,keep_init --shrink 0.5 --record measures that)"
     )
     record_evaluation(
         tmp_path / "run", {**summary, **added, "shrink": 0.5}, dataset="out/gpts-1k", split="eval", data="stdlib-text"

@@ -443,7 +443,8 @@ def eval_ghn(
     inits: str = typer.Option(
         "predicted,random,orthogonal",
         "--inits",
-        help="Initialisations to compare, comma-separated: predicted, random and orthogonal always; selected: "
+        help="Initialisations to compare, comma-separated: predicted and random (the model's own init) always; "
+        "orthogonal: orthogonal weights (the default adds it); selected: "
         "weight selection (Xu et al., 2024) from the train split's smallest model, trained first on the same "
         "data for --select-steps steps; keep_init: random's init plus the prediction (predict --keep-init).",
     ),
@@ -464,8 +465,9 @@ def eval_ghn(
         "widths' ratio; as `predict --out` records and `finetune` applies; --no-lr-scale: one lr.",
     ),
 ) -> None:
-    """Compare predicted parameters with random and orthogonal initialisation (and weight
-    selection, with --inits ...,selected) on held-out architectures."""
+    """Compare predicted parameters with each model's own (random) initialisation, orthogonal
+    initialisation (unless --inits leaves it out) and weight selection (with --inits ...,selected)
+    on held-out architectures."""
     from rich.table import Table
 
     from graphkit.fileio import check_output_dir, check_output_file, write_text_atomic

@@ -292,13 +292,15 @@ def record_evaluation(
         "wins": summary["wins"],
         "residual_scale": bool(summary.get("residual_scale", False)),
         "predicted_beats_random": summary["predicted_beats_random"],
-        "predicted_beats_orthogonal": summary["predicted_beats_orthogonal"],
         "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
         "final": {
             init: {"loss": summary[init]["loss"], "accuracy": summary[init]["accuracy"]}
             for init in ("predicted", "random", "orthogonal")
+            if init in summary
         },
     }
+    if "predicted_beats_orthogonal" in summary:  # eval-ghn --inits without orthogonal leaves it out
+        record["predicted_beats_orthogonal"] = summary["predicted_beats_orthogonal"]
     if "keep_init" in summary:  # what predict writes for a family that keeps its init (GPT-2)
         record["keep_init"] = {
             "alone": {"loss": summary["keep_init"]["loss_0"], "accuracy": summary["keep_init"]["accuracy_0"]},
@@ -347,11 +349,15 @@ def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
         return (
             f"{held_out}, the predicted parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); "
             f"after {record['steps']} fine-tuning steps they beat random on "
-            f"{100 * record['predicted_beats_random']:.0f}% and orthogonal on "
-            f"{100 * record['predicted_beats_orthogonal']:.0f}%"
+            f"{100 * record['predicted_beats_random']:.0f}%"
+            + (
+                f" and orthogonal on {100 * record['predicted_beats_orthogonal']:.0f}%"
+                if "predicted_beats_orthogonal" in record
+                else ""
+            )
         ) + (
             f"; measured on the prediction alone, not on the prediction{times} added onto the init as predict "
-            "writes it here (graphkit eval-ghn --inits predicted,random,orthogonal,keep_init"
+            "writes it here (graphkit eval-ghn --inits predicted,random,keep_init"
             f"{'' if shrink == 1 else f' --shrink {shrink:g}'} --record measures that)"
             if keep_init
             else ""

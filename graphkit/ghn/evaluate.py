@@ -52,7 +52,9 @@ from graphkit.validation import check_counts, check_device, check_flag, check_nu
 from graphkit.workers import ended_by_sigterm, worker_pool
 
 INITS = ("predicted", "random", "orthogonal", "selected", "keep_init")
-#: what every evaluation compares; ``selected`` (it trains a model first) and ``keep_init`` are added on request
+#: what every evaluation compares: the prediction and the model's own init (its constructor's)
+REQUIRED_INITS = ("predicted", "random")
+#: what an evaluation compares unless told; ``selected`` (it trains a model first) and ``keep_init`` on request
 DEFAULT_INITS = ("predicted", "random", "orthogonal")
 #: training batches whose inputs give a BatchNorm model its running statistics before step 0
 NORM_BATCHES = 4
@@ -79,7 +81,7 @@ class EvalConfig:
         False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
     )
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
-    inits: tuple[str, ...] = DEFAULT_INITS  # DEFAULT_INITS, and selected and keep_init if asked for
+    inits: tuple[str, ...] = DEFAULT_INITS  # REQUIRED_INITS and any of INITS's others
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
     shrink: float | None = None  # keep_init adds the prediction times this (W0 + shrink P); None: as predict does
     lr_scale: bool = True  # fine-tune what a twin resized or grew at its lr factor (graphkit.ghn.grow.lr_scale)
@@ -87,9 +89,9 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.inits = tuple(self.inits)
         unknown = [i for i in self.inits if i not in INITS]
-        if unknown or not set(DEFAULT_INITS) <= set(self.inits) or len(set(self.inits)) != len(self.inits):
+        if unknown or not set(REQUIRED_INITS) <= set(self.inits) or len(set(self.inits)) != len(self.inits):
             raise EvalError(
-                f"inits {','.join(map(str, self.inits))}: must name predicted, random and orthogonal, and may add "
+                f"inits {','.join(map(str, self.inits))}: must name predicted and random, and may add orthogonal, "
                 f"selected and keep_init, each once; accepted: {', '.join(INITS)}"
             )
         if self.select_steps is not None:
@@ -386,11 +388,11 @@ def _run_all(
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means per initialisation at every horizon, and at each horizon the fraction of
     architectures where ``predicted`` has a lower held-out loss than each other initialisation
-    (``random``, ``orthogonal``, and ``selected`` when evaluated); ``residual_scale``, whether
+    (``random``, and ``orthogonal`` and ``selected`` when evaluated); ``residual_scale``, whether
     the predictions had their residual branches scaled
     (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many architectures the
     predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random``
-    / ``predicted_beats_orthogonal`` (and ``_selected``, ``_keep_init``) are the verdicts at the
+    (and ``_orthogonal``, ``_selected``, ``_keep_init`` when evaluated) are the verdicts at the
     final step. With ``keep_init`` rows, ``keep_init_wins`` holds its fractions as ``wins`` holds
     predicted's (against predicted and the others), ``keep_init_beats_random`` its verdict and
     ``shrink`` the factor its prediction was added with."""
