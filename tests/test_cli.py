@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer.main
 from helpers import MODEL_FILES, ROOT
 from typer.testing import CliRunner
 
@@ -96,6 +97,18 @@ def test_help_is_useful():
     assert result.exit_code == 0
     for word in ("MODEL.py", "--out", "--format", "--fold", "meta"):
         assert word in result.stdout
+
+
+def test_the_command_list_gives_each_summary_as_one_paragraph():
+    """`graphkit --help` lists each command with its docstring's first paragraph on lines of the
+    terminal's width, not broken where the source's lines end."""
+    group = typer.main.get_command(app)
+    context = group.context_class(group)
+    summaries = {name: group.get_command(context, name).short_help for name in group.list_commands(context)}
+    assert summaries["eval-ghn"].startswith("Compare predicted parameters with each model's own (random) init")
+    assert all(summary and "\n" not in summary and "  " not in summary for summary in summaries.values()), summaries
+    listing = run("--help")
+    assert listing.exit_code == 0 and "initialisation, orthogonal initialisation" in listing.stdout
 
 
 def test_console_script_is_installed():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -77,6 +78,15 @@ class OneLineUsageErrors(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         with _usage_errors_in_one_line():
             return super().invoke(ctx)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command, its summary in ``graphkit --help``'s list (its docstring's first
+        paragraph) reflowed: under ``rich_markup_mode="rich"`` Typer keeps the docstring's line
+        breaks there, which broke each summary at the source's line ends."""
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.short_help is None and command.help:
+            command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split())
+        return command
 
 
 if TYPE_CHECKING:
