@@ -84,7 +84,9 @@ def start(
     perturb: Ash & Adams, 2020), ``outer-alone:L`` (``L P + W0`` in the blocks, ``P`` alone
     outside them: the embeddings, the head and the final norm as predicted, a start that might
     keep some of the prediction's step-0 loss), ``init-rms`` (P with each parameter of two or more
-    dimensions scaled to the RMS of its ``W0``). A kind ending in ``+own-head`` or ``+zero-head``
+    dimensions scaled to the RMS of its ``W0``), ``qk:S`` (P with every query and key projection,
+    weights and biases, times S: attention logits S^2 times as large; S = 0 attends uniformly, as
+    the own init nearly does). A kind ending in ``+own-head`` or ``+zero-head``
     then sets the :func:`classifier` of ``classes`` outputs to the own init's or to zero."""
     head = next((h for h in HEADS if kind.endswith(h)), "")
     kind = kind.removesuffix(head)
@@ -112,6 +114,8 @@ def start(
                 u, s, vh = torch.linalg.svd(value.double(), full_matrices=False)
                 k = int(kind.split(":")[1])
                 value = (value.double() - (u[:, :k] * s[:k]) @ vh[:k]).to(param.dtype)
+            if kind.startswith("qk:"):
+                value = scale_queries_and_keys(name, value, float(kind.split(":")[1]))
             if kind.startswith("outer-alone:") and not in_block:
                 param.copy_(value)
             else:
@@ -120,6 +124,20 @@ def start(
         for name, value in kept.items():
             params[name].copy_(value if head == "+own-head" else torch.zeros_like(value))
     return model
+
+
+def scale_queries_and_keys(name: str, value: torch.Tensor, factor: float) -> torch.Tensor:
+    """``value`` (the parameter ``name``) with its query and key part times ``factor``: the first
+    two thirds of a fused projection (timm's ``qkv``, rows; GPT-2's ``c_attn``, a Conv1D's
+    columns), or all of a separate ``q_proj`` / ``k_proj``; any other parameter as it is."""
+    value = value.clone()
+    if name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
+        value[: 2 * value.shape[0] // 3] *= factor
+    elif name.endswith(("c_attn.weight", "c_attn.bias")):
+        value[..., : 2 * value.shape[-1] // 3] *= factor
+    elif any(f".{proj}." in f".{name}" for proj in ("q_proj", "k_proj")):
+        value *= factor
+    return value
 
 
 def rms_ratios(model: torch.nn.Module, predicted: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -149,6 +167,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup", type=int, default=0, help="steps of linear lr warm-up, every start alike")
     parser.add_argument("--seed", type=int, default=0, help="of W0 and the batches, as eval-ghn --seed")
     parser.add_argument("--summary", type=Path, help="print the means and wins of a file of this script's rows")
     args = parser.parse_args()
@@ -181,7 +200,16 @@ def main() -> None:
         for kind in args.starts:
             model = start(record.config, predicted, kind, classes, args.seed)
             estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])
-            _, scores = up_train(model, source.task, batches.__getitem__, args.steps, args.lr, held_out=held_out, at=at)
+            _, scores = up_train(
+                model,
+                source.task,
+                batches.__getitem__,
+                args.steps,
+                args.lr,
+                held_out=held_out,
+                at=at,
+                warmup=args.warmup,
+            )
             row = {"id": record.id, "start": kind}
             row.update({str(h): round(scores[h][0], 4) for h in at})
             row["accuracy"] = {str(h): round(scores[h][1], 4) for h in at}
@@ -189,7 +217,9 @@ def main() -> None:
 
 
 def summary(lines: list[dict]) -> None:
-    """Mean loss per start and horizon, and how often each start beats the own init."""
+    """Mean loss per start and horizon, its mean paired difference to the own init with that
+    mean's standard error (how far it stands above one run's noise), and how often each start
+    beats the own init."""
     by_id: dict[str, dict] = {}
     for row in lines:
         by_id.setdefault(row["id"], {})[row["start"]] = row
@@ -197,9 +227,7 @@ def summary(lines: list[dict]) -> None:
     horizons = [k for k in lines[0] if k not in ("id", "start", "accuracy")]
     for s in starts:
         means = [statistics.mean(r[s][h] for r in by_id.values() if s in r) for h in horizons]
-        wins = [
-            statistics.mean(r[s][h] < r["own"][h] for r in by_id.values() if s in r and "own" in r) for h in horizons
-        ]
+        paired = [[r[s][h] - r["own"][h] for r in by_id.values() if s in r and "own" in r] for h in horizons]
         accuracy = [
             statistics.mean(r[s]["accuracy"][h] for r in by_id.values() if s in r and "accuracy" in r[s])
             if all("accuracy" in r[s] for r in by_id.values() if s in r)
@@ -211,8 +239,13 @@ def summary(lines: list[dict]) -> None:
             " ".join(f"{m:.3f}" for m in means),
             "accuracy",
             " ".join(f"{a:.2f}" for a in accuracy),
+            "minus own",
+            " ".join(
+                f"{statistics.mean(d):+.3f}±{statistics.stdev(d) / math.sqrt(len(d)):.3f}" if len(d) > 1 else "-"
+                for d in paired
+            ),
             "wins",
-            " ".join(f"{w:.0%}" for w in wins),
+            " ".join(f"{statistics.mean(d < 0 for d in ds):.0%}" if ds else "-" for ds in paired),
         )
 
 

@@ -22,7 +22,7 @@ from graphkit.finetune import (
     starting_weights,
 )
 from graphkit.params import read_params, save_params, weights_digest
-from graphkit.training.loop import estimate_batch_norm, param_groups, up_train
+from graphkit.training.loop import estimate_batch_norm, param_groups, up_train, warmup_factor
 
 runner = CliRunner()
 
@@ -45,6 +45,24 @@ def test_up_training_lowers_the_loss_on_the_batches_it_trains_on():
     losses, scores = up_train(model, "text", lambda step: batch, 20, 3e-3, held_out=[batch], at=(0, 20))
     assert len(losses) == 20 and losses[-1] < losses[0]
     assert scores[20][0] < scores[0][0]
+
+
+def test_a_warm_up_raises_the_rate_linearly_from_the_first_step():
+    """AdamW's first step moves each weight by about lr, whatever its gradient: under a warm-up of
+    4 steps it moves it by about lr / 4, and by step 4 the rate is whole."""
+    assert [warmup_factor(step, 4) for step in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0
+    batch = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+    batch = (batch[:, :-1], batch[:, 1:])
+    moved = {}
+    for warmup in (0, 4):
+        model = tiny_llama()
+        before = model.get_parameter("model.layers.0.mlp.up_proj.weight").detach().clone()
+        up_train(model, "text", lambda step: batch, 1, 1e-3, weight_decay=0.0, warmup=warmup)
+        moved[warmup] = (model.get_parameter("model.layers.0.mlp.up_proj.weight") - before).abs().max().item()
+    assert moved[0] == pytest.approx(1e-3, rel=0.01) and moved[4] == pytest.approx(1e-3 / 4, rel=0.01)
+    with pytest.raises(TrainError, match="warmup -1: must be 0"):
+        up_train(tiny_llama(), "text", lambda step: batch, 1, 1e-3, warmup=-1)
 
 
 @pytest.mark.slow
