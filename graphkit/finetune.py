@@ -35,7 +35,7 @@ from graphkit.training.state import load_optimizer_state, read_trainer_state, sa
 from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device, is_number
 
 #: the options that shape an up-training's result: a resume must repeat them (steps may grow)
-RESUMED = ("data", "lr", "batch_size", "seq_len", "weight_decay", "seed", "lr_scale")
+RESUMED = ("data", "lr", "warmup", "batch_size", "seq_len", "weight_decay", "seed", "lr_scale")
 #: the safetensors metadata key of a prediction's learning-rate factors (JSON: name -> factor)
 LR_SCALE_KEY = "graphkit_lr_scale"
 #: what an up-training run folder holds (either format); a fresh run refuses a folder holding any
@@ -44,7 +44,8 @@ RUN_FILES = ("model.safetensors", "config.json", "generation_config.json", "metr
 
 @dataclass
 class FinetuneConfig:
-    """How to up-train: ``steps`` AdamW steps at ``lr`` (constant) on batches of ``batch_size``
+    """How to up-train: ``steps`` AdamW steps at ``lr`` (constant after ``warmup`` steps of a linear
+    warm-up: :func:`graphkit.training.loop.warmup_factor`) on batches of ``batch_size``
     from ``data`` (a spec as ``--data`` takes it; None: the model's bundled data), text windows of
     ``seq_len`` tokens; a checkpoint every ``checkpoint_every`` steps, a metrics line every
     ``log_every``; ``eval_batches`` held-out batches scored at the end; ``lr_scale`` trains the
@@ -52,6 +53,7 @@ class FinetuneConfig:
 
     steps: int = 100
     lr: float = 3e-4
+    warmup: int = 0
     batch_size: int = 16
     seq_len: int = 64
     weight_decay: float = 0.01
@@ -67,6 +69,7 @@ class FinetuneConfig:
         check_counts(
             self, ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every", "eval_batches"), TrainError
         )
+        check_counts(self, ("warmup",), TrainError, least=0)
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("weight_decay", self.weight_decay, TrainError, positive=False)
         check_seed(self.seed, TrainError)
@@ -263,6 +266,7 @@ def finetune(
         run=run,
         progress=progress,
         lr_scale=config.lr_scale,
+        warmup=config.warmup,
     )
     loss, accuracy = score(model, held_out, source.task)
     run.log({"step": config.steps, "eval_loss": loss, "eval_accuracy": accuracy})

@@ -67,9 +67,10 @@ def test_a_warm_up_raises_the_rate_linearly_from_the_first_step():
 
 @pytest.mark.slow
 def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
-    """Step i draws its batch and dropout from a seed of its own, and the checkpoint holds the
-    optimizer's state: 2 steps, then a resume to 4, give the weights of 4 steps in one go."""
-    config = dict(steps=4, batch_size=2, seq_len=16, checkpoint_every=2, log_every=1, device="cpu")
+    """Step i draws its batch and dropout from a seed of its own, the checkpoint holds the
+    optimizer's state and the warm-up's rate is the step's: 2 steps, then a resume to 4, give the
+    weights of 4 steps in one go, a warm-up of 3 steps across the resume."""
+    config = dict(steps=4, batch_size=2, seq_len=16, checkpoint_every=2, log_every=1, device="cpu", warmup=3)
     whole = tiny_llama()
     finetune(whole, tmp_path / "whole", FinetuneConfig(**config), progress=False)
     parts = tiny_llama()
@@ -87,6 +88,10 @@ def test_a_resume_with_other_options_is_refused(tmp_path):
     finetune(tiny_llama(), tmp_path, FinetuneConfig(**config), progress=False)
     with pytest.raises(TrainError, match=r"was trained with --lr 0.0003, not 0.001"):
         finetune(tiny_llama(), tmp_path, FinetuneConfig(**{**config, "steps": 2, "lr": 1e-3}), resume=True)
+    with pytest.raises(TrainError, match=r"was trained with --warmup 0, not 5"):
+        finetune(tiny_llama(), tmp_path, FinetuneConfig(**{**config, "steps": 2, "warmup": 5}), resume=True)
+    with pytest.raises(TrainError, match=r"^warmup must be an integer >= 0; got -1"):
+        FinetuneConfig(**{**config, "warmup": -1})
 
 
 def test_a_resume_from_another_model_of_the_same_shapes_is_refused(tmp_path):
@@ -125,7 +130,8 @@ def test_finetune_writes_the_trained_model_in_either_format(format, tmp_path):
 
     out = tmp_path / "run"
     args = ["finetune", model_file(tmp_path), "--steps", "3", "-b", "2", "--seq-len", "16", "--out", str(out)]
-    result = runner.invoke(app, [*args, "--format", format, "--device", "cpu"])
+    warmup = ["--warmup", "2"] if format == "graphkit" else []
+    result = runner.invoke(app, [*args, "--format", format, "--device", "cpu", *warmup])
     assert result.exit_code == 0, result.output
     assert "step 3: loss" in result.stdout and "held-out loss" in result.stdout
     checkpoint, _ = read_params(out / "checkpoint" / "model.safetensors")
@@ -136,6 +142,7 @@ def test_finetune_writes_the_trained_model_in_either_format(format, tmp_path):
     else:
         trained, metadata = read_params(out / "model.safetensors")
         assert json.loads(metadata["graphkit_finetune"])["steps"] == 3
+        assert json.loads(metadata["graphkit_finetune"])["warmup"] == 2
     assert all(torch.equal(trained[name], value) for name, value in checkpoint.items())
     again = runner.invoke(app, [*args, "--format", format])  # a second fresh run into the same folder
     assert again.exit_code == 1 and "already holds" in again.stderr and "--resume" in again.stderr

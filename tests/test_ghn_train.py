@@ -665,33 +665,29 @@ def test_eval_ghn_compares_three_initialisations(vits, tmp_path):
     assert recorded["predicted_alone"]["accuracy"] == summary["predicted"]["accuracy_0"]
     assert load_checkpoint(tmp_path / "run").info["evaluation"] == recorded  # the weights are untouched, still loadable
     assert summary["calibrated"] == 0
-    calibrated = run(
-        "eval-ghn",
-        "--dataset",
-        vits,
-        "--ghn",
-        tmp_path / "run",
-        "--out",
-        tmp_path / "calibrated",
-        "--archs",
-        "1",
-        "--steps",
-        "1",
-        "--batch-size",
-        "4",
-        "--calibrate",
-        "--inits",
-        "predicted,random",  # the prediction against the model's own init alone: no orthogonal fine-tuning
-        "--workers",
-        "1",
-    )
-    assert calibrated.exit_code == 0, calibrated.output
-    report = json.loads((tmp_path / "calibrated" / "eval.json").read_text())
+
+    def one_step(folder: str, *options: str):
+        """eval-ghn on one architecture for one step, the prediction against the model's own init
+        alone (no orthogonal fine-tuning), inline: the report and the result."""
+        base = ["--archs", "1", "--steps", "1", "--batch-size", "4", "--inits", "predicted,random", "--workers", "1"]
+        result = run(
+            "eval-ghn", "--dataset", vits, "--ghn", tmp_path / "run", "--out", tmp_path / folder, *base, *options
+        )
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / folder / "eval.json").read_text()), result
+
+    report, calibrated = one_step("calibrated", "--calibrate")
     rows = report["rows"]
     assert [r["init"] for r in rows] == ["predicted", "random"]
     assert [r["calibrated"] for r in rows] == [r["init"] == "predicted" for r in rows]
     assert set(report["summary"]["wins"]["1"]) == {"random"} and "predicted_beats_orthogonal" not in report["summary"]
     assert "orthogonal" not in calibrated.stdout
+    report, warmed = one_step("warmed", "--warmup", "2")  # the one step at half the lr
+    assert "each fine-tuning warmed up its lr over 2 steps" in warmed.stdout
+    assert report["summary"]["warmup"] == 2 and all(r["warmup"] == 2 for r in report["rows"])
+    own, own_warmed = rows[1], report["rows"][1]  # the same init, batches and step: the rate alone differs
+    assert own["init"] == own_warmed["init"] == "random" and own["loss_0"] == own_warmed["loss_0"]
+    assert own["loss_1"] != own_warmed["loss_1"]
 
 
 @pytest.mark.slow
@@ -725,6 +721,11 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     without = {k: v for k, v in summary.items() if k not in ("orthogonal", "predicted_beats_orthogonal")}
     record_evaluation(tmp_path / "run", without, dataset="out/vits-digits", split="eval", data="digits")
     assert describe(load_checkpoint(tmp_path / "run")).endswith("they beat random on 88%")  # eval-ghn --inits
+    warmed = {**without, "warmup": 25}
+    record_evaluation(tmp_path / "run", warmed, dataset="out/vits-digits", split="eval", data="digits")
+    assert "after 300 fine-tuning steps (a 25-step warm-up) they beat random on 88%" in describe(
+        load_checkpoint(tmp_path / "run")
+    )
     record_evaluation(
         tmp_path / "run", {**summary, "residual_scale": True}, dataset="out/gpts-1k", split="eval", data="stdlib-text"
     )
@@ -772,6 +773,7 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
         ("--archs", "0", "archs must be an integer >= 1; got 0"),
         ("--batch-size", "0", "batch-size must be an integer >= 1; got 0"),
         ("--lr", "nan", "lr must be a positive number; got nan"),
+        ("--warmup", "-1", "warmup must be an integer >= 0; got -1"),
         ("--device", "bogus", "unknown device 'bogus'; accepted: cpu, cuda, cuda:N"),
         ("--shrink", "0", "shrink must be a number above 0 and at most 1 (W0 + shrink * prediction); got 0.0"),
         ("--shrink", "0.5", "shrink 0.5 scales the keep_init row; add keep_init to inits"),

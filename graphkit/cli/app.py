@@ -443,7 +443,14 @@ def finetune(
         "instead of the model's own weights; give it again with --resume.",
     ),
     steps: int = typer.Option(100, "--steps", help="AdamW steps, one batch each."),
-    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (constant)."),
+    lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate (constant after --warmup)."),
+    warmup: int = typer.Option(
+        0,
+        "--warmup",
+        help="Steps over which the learning rate rises linearly to --lr (0: none; resume with the same). "
+        "AdamW's first steps move every weight by about --lr: a predicted start (--params) can lose much of its "
+        'lead there (docs/experiments.md, "Warm-up").',
+    ),
     batch_size: int = typer.Option(16, "--batch-size", "-b", help="Images or sequences per step."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence (language models)."),
     weight_decay: float = typer.Option(0.01, "--weight-decay"),
@@ -492,6 +499,7 @@ def finetune(
     config = FinetuneConfig(
         steps=steps,
         lr=lr,
+        warmup=warmup,
         batch_size=batch_size,
         seq_len=seq_len,
         weight_decay=weight_decay,
@@ -518,6 +526,8 @@ def finetune(
     record: dict[str, Any] = {"steps": steps, "data": data, "lr": lr, "batch_size": batch_size, "seed": seed}
     if config.lr_scale:
         record["lr_scale"] = config.lr_scale
+    if warmup:
+        record["warmup"] = warmup
     if params is not None:
         record["params"] = params.name
     save_finetuned(loaded.model, folder, format.value, record)

@@ -415,6 +415,12 @@ def eval_ghn(
     batch_size: int = typer.Option(32, "--batch-size", "-b"),
     seq_len: int = typer.Option(64, "--seq-len"),
     lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate for fine-tuning."),
+    warmup: int = typer.Option(
+        0,
+        "--warmup",
+        help="Steps over which each fine-tuning's learning rate rises linearly to --lr, every initialisation "
+        "alike (0: none).",
+    ),
     seed: int = typer.Option(0, "--seed"),
     device: Optional[str] = typer.Option(
         None, "--device", help="cpu, cuda, cuda:1 (default: $GRAPHKIT_DEVICE, else the GPU if there is one, else cpu)."
@@ -483,6 +489,7 @@ def eval_ghn(
         batch_size=batch_size,
         seq_len=seq_len,
         lr=lr,
+        warmup=warmup,
         seed=seed,
         device=device,
         residual_scale=residual_scale,
@@ -536,6 +543,8 @@ def eval_ghn(
             highlight=False,
             soft_wrap=True,
         )
+    if config.warmup:
+        console.print(f"each fine-tuning warmed up its lr over {config.warmup} steps", highlight=False)
     if summary.get("shrink", 1) != 1:
         console.print(f"keep_init: random's init plus the prediction x {summary['shrink']:g}", highlight=False)
     if "selected" in config.inits:

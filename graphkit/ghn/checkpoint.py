@@ -291,6 +291,7 @@ def record_evaluation(
         "steps": int(final),
         "wins": summary["wins"],
         "residual_scale": bool(summary.get("residual_scale", False)),
+        "warmup": summary.get("warmup", 0),
         "predicted_beats_random": summary["predicted_beats_random"],
         "predicted_alone": {"loss": summary["predicted"]["loss_0"], "accuracy": summary["predicted"]["accuracy_0"]},
         "final": {
@@ -338,17 +339,20 @@ def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
         scaled = ", residual branches scaled as the family's init does" if record.get("residual_scale") else ""
         held_out = f"{trained}; held out: {record['archs']} {Path(record['dataset']).name} architectures{scaled}"
         times = "" if shrink == 1 else f" x {shrink:g}"
+        steps = f"{record['steps']} fine-tuning steps" + (
+            f" (a {record['warmup']}-step warm-up)" if record.get("warmup") else ""
+        )
         if keep_init and "keep_init" in record and record["keep_init"].get("shrink", 1.0) == shrink:
             added = record["keep_init"]
             return (
                 f"{held_out}, the prediction{times} added onto their init {added['alone']['accuracy']:.2f} accuracy "
-                f"(loss {added['alone']['loss']:.2f}); after {record['steps']} fine-tuning steps it beats random on "
+                f"(loss {added['alone']['loss']:.2f}); after {steps} it beats random on "
                 f"{100 * added['beats_random']:.0f}%"
             )
         alone = record["predicted_alone"]
         return (
             f"{held_out}, the predicted parameters alone {alone['accuracy']:.2f} accuracy (loss {alone['loss']:.2f}); "
-            f"after {record['steps']} fine-tuning steps they beat random on "
+            f"after {steps} they beat random on "
             f"{100 * record['predicted_beats_random']:.0f}%"
             + (
                 f" and orthogonal on {100 * record['predicted_beats_orthogonal']:.0f}%"

@@ -73,6 +73,7 @@ class EvalConfig:
     batch_size: int = 32
     seq_len: int = 64
     lr: float = 3e-4  # AdamW; ViTs trained from scratch diverge at 1e-3 without warm-up
+    warmup: int = 0  # steps of linear lr warm-up, every initialisation alike (graphkit.training.loop.warmup_factor)
     eval_batches: int = 4
     seed: int = 0
     device: str | None = None  # None: $GRAPHKIT_DEVICE, else cuda if available, else cpu
@@ -97,6 +98,7 @@ class EvalConfig:
         if self.select_steps is not None:
             check_counts(self, ("select_steps",), EvalError)
         check_counts(self, ("steps", "archs", "batch_size", "seq_len", "eval_batches"), EvalError)
+        check_counts(self, ("warmup",), EvalError, least=0)
         if self.workers is not None:
             check_counts(self, ("workers",), EvalError)
         check_number("lr", self.lr, EvalError, positive=True)
@@ -161,12 +163,15 @@ def fine_tune(
     held_out: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     at: Sequence[int] = (),
     lr_scale: dict[str, float] | None = None,
+    warmup: int = 0,
 ) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Train ``model`` one AdamW step per batch (:func:`graphkit.training.loop.up_train`, the loop every
-    up-training runs; the parameters ``lr_scale`` names at ``lr`` times their factor); returns the
-    training losses and the held-out (loss, accuracy) after each step count in ``at`` (0: before the
-    first step)."""
-    return up_train(model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at, lr_scale=lr_scale)
+    up-training runs; the parameters ``lr_scale`` names at ``lr`` times their factor; the rate warmed
+    up over ``warmup`` steps); returns the training losses and the held-out (loss, accuracy) after
+    each step count in ``at`` (0: before the first step)."""
+    return up_train(
+        model, task, batches.__getitem__, len(batches), lr, held_out=held_out, at=at, lr_scale=lr_scale, warmup=warmup
+    )
 
 
 def evaluate(
@@ -250,6 +255,7 @@ def evaluate(
                     held_out,
                     source.task,
                     config.lr,
+                    config.warmup,
                     scales if init == "predicted" else {},
                     at,
                     config.seed,
@@ -264,6 +270,7 @@ def evaluate(
                 "residual_scale": should_scale_residuals(record.graph, config.residual_scale),
                 "calibrated": config.calibrate and init == "predicted",
                 "lr_scale": scales if init == "predicted" else {},
+                "warmup": config.warmup,
                 "horizons": at,
             }
             if init == "keep_init":
@@ -310,6 +317,7 @@ class _FineTuning(NamedTuple):
     held_out: tuple[torch.Tensor, torch.Tensor]
     task: str
     lr: float
+    warmup: int
     lr_scale: dict[str, float]  # the factors of what a prediction's twin resized or grew (graphkit.ghn.grow.lr_scale)
     at: list[int]
     seed: int
@@ -329,7 +337,7 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
         list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out)
     )
     estimate_batch_norm(model, [x for x, _ in batches[:NORM_BATCHES]])
-    curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at, job.lr_scale)
+    curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at, job.lr_scale, job.warmup)
     return job.number, curve, scores
 
 
@@ -391,7 +399,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (``random``, and ``orthogonal`` and ``selected`` when evaluated); ``residual_scale``, whether
     the predictions had their residual branches scaled
     (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many architectures the
-    predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``predicted_beats_random``
+    predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``warmup``, the steps of the
+    fine-tunings' warm-up; ``predicted_beats_random``
     (and ``_orthogonal``, ``_selected``, ``_keep_init`` when evaluated) are the verdicts at the
     final step. With ``keep_init`` rows, ``keep_init_wins`` holds its fractions as ``wins`` holds
     predicted's (against predicted and the others), ``keep_init_beats_random`` its verdict and
@@ -410,6 +419,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
+    summary["warmup"] = rows[0].get("warmup", 0)
     if "keep_init" in inits:
         summary["shrink"] = next(r.get("shrink", 1.0) for r in rows if r["init"] == "keep_init")
     for init in ("predicted", "keep_init") if "keep_init" in inits else ("predicted",):
