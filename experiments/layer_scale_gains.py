@@ -167,7 +167,7 @@ def gain_gradients(checkpoint: str, zoo: Path, per_family: int, batches: int = 4
         sums = []
         for _ in range(batches):
             params = {name: value.detach().requires_grad_() for name, value in ghn([encoded])[0].items()}
-            loss, _ = training.run_models(pool, [index], [params], source, config, generator)
+            loss, _, _ = training.run_models(pool, [index], [params], source, config, generator)
             grads = torch.autograd.grad(loss, [params[name] for name in sorted(gains)])
             sums.append(sum(g.sum().item() for g in grads))
         positive = sum(v > 0 for v in sums)

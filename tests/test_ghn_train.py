@@ -43,7 +43,7 @@ from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, family_turns,
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder, inverse_participation
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.training import parameter_groups, run_models
+from graphkit.ghn.training import look_ahead_loss, parameter_groups, run_models
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.training.data import load_source
@@ -101,7 +101,7 @@ def test_a_few_steps_lower_the_loss_on_a_fixed_batch(which, request):
     graphs = [pool.encoded(i, ghn.config) for i in indices]
     losses = []
     for _ in range(8):
-        loss, _ = run_models(pool, indices, ghn(graphs), source, config, torch.Generator().manual_seed(0))
+        loss, _, _ = run_models(pool, indices, ghn(graphs), source, config, torch.Generator().manual_seed(0))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -127,6 +127,7 @@ def test_training_writes_checkpoints_metrics_and_a_loadable_hypernetwork(vits, t
     assert all(m["archs_per_s"] > 0 and m["lr"] >= 0 for m in lines)
     assert all(0 < m["factor_similarity"] < 1 and m["grad_norms"]["mlp"] > 0 for m in lines)
     assert all(0 < m["feature_constancy"] < 1e4 for m in lines)  # the head's input: tiny ViTs' pooled features
+    assert not any("look_ahead" in m for m in lines)  # logged only when the run looks ahead
     assert (run_dir / "metrics.png").stat().st_size > 10_000
     ghn = load_checkpoint(run_dir)
     assert ghn.info["family"] == "vit" and "attention" in ghn.info["trained_ops"] and ghn.info["data"] == "digits"
@@ -961,3 +962,53 @@ def test_the_spread_penalty_moves_what_it_targets(gpts, tmp_path):
     for bad in (-1.0, float("nan")):
         with pytest.raises(TrainError, match="spread must be"):
             quick(gpts, tmp_path / "bad", spread=bad)
+
+
+def test_the_look_ahead_scores_the_end_of_fine_tuning_with_the_end_points_gradient():
+    """look_ahead_loss: the value is the loss after its AdamW steps, taken here with a real
+    optimizer on a real module, and the gradient with respect to the start is the gradient at the
+    end point (first order); the start itself is left as it was."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    start = {name: value.detach().clone().requires_grad_() for name, value in model.named_parameters()}
+    before = {name: value.detach().clone() for name, value in start.items()}
+    batches = [(torch.randn(16, 6), torch.randint(3, (16,))) for _ in range(4)]
+    drawn = iter(batches)
+    value = look_ahead_loss(model, start, lambda: next(drawn), "image", steps=3, lr=0.05)
+    value.backward()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    for inputs, labels in batches[:3]:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+    inputs, labels = batches[3]
+    optimizer.zero_grad()
+    end = torch.nn.functional.cross_entropy(model(inputs), labels)
+    end.backward()
+    assert value.item() == pytest.approx(end.item(), rel=1e-5)
+    before_loss = torch.nn.functional.cross_entropy(torch.func.functional_call(model, before, (inputs,)), labels)
+    assert end.item() < before_loss.item()  # the steps moved somewhere: a look-ahead of 0 steps would fail above
+    for name, param in model.named_parameters():
+        assert torch.allclose(start[name].grad, param.grad, atol=1e-6), name
+        assert torch.equal(start[name].detach(), before[name]), name
+
+
+@pytest.mark.slow
+def test_a_look_ahead_run_logs_and_records_it_and_its_options_are_checked(vits, tmp_path):
+    train(quick(vits, tmp_path / "ahead", steps=2, look_ahead=2), progress=False)
+    lines = [json.loads(line) for line in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < line["look_ahead"] < line["loss"] for line in lines), lines
+    train_config = json.loads((tmp_path / "ahead" / "config.json").read_text())["train"]
+    assert train_config["look_ahead"] == 2 and train_config["look_ahead_lr"] == 3e-4
+    for bad, message in (
+        ({"look_ahead": -1}, "look-ahead must be an integer >= 0; got"),
+        ({"look_ahead": 1.5}, "look-ahead must be an integer >= 0; got"),
+        ({"look_ahead": 2, "look_ahead_lr": 0.0}, "look-ahead-lr must be a positive number"),
+        ({"look_ahead": 2, "look_ahead_lr": float("nan")}, "look-ahead-lr must be a positive number"),
+        ({"look_ahead_lr": 1e-3}, "--look-ahead-lr needs --look-ahead"),
+    ):
+        with pytest.raises(TrainError, match=re.escape(message)):
+            quick(vits, tmp_path / "bad", **bad)
+    assert not (tmp_path / "bad").exists()
+    result = run("train-ghn", "--dataset", vits, "--out", tmp_path / "bad", "--look-ahead", "-2")
+    assert result.exit_code == 1 and "look-ahead must be an integer >= 0; got -2" in result.stderr

@@ -148,6 +148,18 @@ def train_ghn(
         help="Weight of the penalty on predicted blocks with their energy in one direction (the low-rank "
         "decoder's mean inverse participation ratio; 1.0 in the bundled LLaMA's second stage).",
     ),
+    look_ahead: int = typer.Option(
+        0,
+        "--look-ahead",
+        metavar="N",
+        help="Score each prediction also by its loss after N AdamW steps of fine-tuning from it, first-order "
+        "(the gradient where the steps end, as first-order MAML), to move predictions towards starts that train; "
+        "each step costs about N more model passes per architecture (0: off). "
+        'See docs/experiments.md, "A look-ahead objective".',
+    ),
+    look_ahead_lr: float = typer.Option(
+        3e-4, "--look-ahead-lr", help="The look-ahead's AdamW learning rate (eval-ghn's --lr by default)."
+    ),
     clip: float = typer.Option(5.0, "--clip", help="Gradient-norm clipping."),
     amp: Optional[bool] = typer.Option(None, "--amp/--no-amp", help="bf16 autocast (default: on with a GPU)."),
     seed: int = typer.Option(0, "--seed"),
@@ -198,6 +210,8 @@ def train_ghn(
         weight_decay=weight_decay,
         gamma=gamma,
         spread=spread,
+        look_ahead=look_ahead,
+        look_ahead_lr=look_ahead_lr,
         clip=clip,
         amp=amp,
         seed=seed,

@@ -102,8 +102,9 @@ class Stopwatch:
 
 
 def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
-    """The run's curves as a PNG: training loss and accuracy, the gradient norm of each part of the
-    hypernetwork (log scale), the factor similarity and the feature constancy, by step. A collapse
+    """The run's curves as a PNG: training loss (and the look-ahead's, where the run has one) and
+    accuracy, the gradient norm of each part of the hypernetwork (log scale), the factor similarity
+    and the feature constancy, by step. A collapse
     shows as gradient norms falling by orders of magnitude while the similarity climbs towards 1;
     a plateau where the predicted models ignore their input, as a constancy far above 1."""
     import matplotlib
@@ -114,7 +115,12 @@ def plot_metrics(metrics_file: str | Path, png: str | Path) -> None:
     lines = [json.loads(line) for line in Path(metrics_file).read_text().splitlines()]
     steps = [m["step"] for m in lines]
     fig, (loss_ax, grad_ax, sim_ax, const_ax) = plt.subplots(1, 4, figsize=(17, 3.6))
-    loss_ax.plot(steps, [m["ce"] for m in lines], label="cross-entropy")
+    loss_ax.plot(steps, [m["ce"] for m in lines], label="as predicted")
+    if any("look_ahead" in m for m in lines):  # --look-ahead: where the fine-tuning steps took the predictions
+        loss_ax.plot(
+            steps, [m.get("look_ahead", float("nan")) for m in lines], color="tab:green", label="after the look-ahead"
+        )
+        loss_ax.legend(fontsize=7)
     loss_ax.set(xlabel="step", ylabel="training cross-entropy", title="loss")
     accuracy_ax = loss_ax.twinx()
     accuracy_ax.plot(steps, [m["metric"] for m in lines], color="tab:orange", alpha=0.6)

@@ -22,7 +22,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,8 @@ from graphkit.validation import (
 LR_FAN_IN = 64
 #: the per-parameter gain head trains at GAIN_LR times the base lr; see parameter_groups
 GAIN_LR = 0.1
+#: the default of ``TrainConfig.look_ahead_lr``: the rate ``eval-ghn`` fine-tunes at (EvalConfig.lr)
+LOOK_AHEAD_LR = 3e-4
 #: consecutive steps with a non-finite loss or gradient norm that stop training (fewer are skipped)
 SKIPPED_IN_A_ROW = 5
 #: devices with a fused AdamW: one kernel per parameter group instead of about nine per tensor
@@ -106,6 +108,8 @@ RESUMED_OPTIONS = (
     "weight_decay",
     "gamma",
     "spread",
+    "look_ahead",
+    "look_ahead_lr",
     "clip",
     "amp",
     "seed",
@@ -126,6 +130,8 @@ UNRECORDED = {
     "max_roles": None,
     "role_rows": LoGAHConfig.role_rows,
     "spread": 0.0,
+    "look_ahead": 0,
+    "look_ahead_lr": LOOK_AHEAD_LR,
 }
 
 
@@ -169,6 +175,10 @@ class TrainConfig:
     # weight of the low-rank decoder's spread (Decoded.spread): a penalty on predicted blocks that
     # put their energy in one direction (docs/experiments.md, "The curriculum with the spread penalty")
     spread: float = 0.0
+    # score each prediction also by its loss after this many AdamW steps of fine-tuning from it
+    # (look_ahead_loss: first-order, as first-order MAML); 0: by its loss as predicted alone
+    look_ahead: int = 0
+    look_ahead_lr: float = LOOK_AHEAD_LR  # those steps' learning rate (eval-ghn's by default)
     clip: float = 5.0
     amp: bool | None = None  # bf16 autocast; None: on when training on a GPU
     deterministic: bool = False  # deterministic kernels on a GPU (see repeatable); CPU runs repeat without
@@ -182,7 +192,10 @@ class TrainConfig:
         check_counts(
             self, ("steps", "meta_batch", "batch_size", "seq_len", "checkpoint_every", "log_every"), TrainError
         )
-        check_counts(self, ("depth_buckets",), TrainError, least=0)
+        check_counts(self, ("depth_buckets", "look_ahead"), TrainError, least=0)
+        check_number("look_ahead_lr", self.look_ahead_lr, TrainError, positive=True)
+        if self.look_ahead_lr != LOOK_AHEAD_LR and not self.look_ahead:  # recorded, yet it would change nothing
+            raise TrainError("--look-ahead-lr needs --look-ahead (the steps it is the rate of); add --look-ahead N")
         check_number("lr", self.lr, TrainError, positive=True)
         check_number("clip", self.clip, TrainError, positive=True)
         check_number("lr_fan_in", self.lr_fan_in, TrainError, positive=True)
@@ -299,20 +312,26 @@ def meta_batch_loss(
     config: TrainConfig,
     generator: torch.Generator,
     amp: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One training step's forward: the loss (mean cross-entropy plus ``gamma`` times the mean
-    parameter norm plus ``spread`` times the decoder's spread), its parts (cross-entropy, metric,
-    norm, spread) and the node embeddings. ``model`` is the LoGAH, or its DDP wrapper; ``graphs``
-    are the encodings of ``indices``."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One training step's forward: the loss (mean cross-entropy, plus the mean loss after the
+    look-ahead's fine-tuning with ``config.look_ahead``, plus ``gamma`` times the mean parameter
+    norm plus ``spread`` times the decoder's spread), its parts (cross-entropy, metric, norm,
+    spread, the look-ahead's loss or None) and the node embeddings. ``model`` is the LoGAH, or its
+    DDP wrapper; ``graphs`` are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
         predicted, norms, nodes, spread = model(graphs, details=True)
     # graphkit's families run in bf16 throughout; a library's models (a zoo's), as the library
     # wrote them, keep float32 buffers (batch norm's running statistics) and float32 arithmetic of
     # their own (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
     in_bf16 = amp and get_family(pool.family).bf16
-    ce, metric = run_models(pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None)
+    ce, metric, ahead = run_models(
+        pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None
+    )
     penalty = norms.mean()
-    return ce + config.gamma * penalty + config.spread * spread, ce, metric, penalty, spread, nodes
+    loss = ce + config.gamma * penalty + config.spread * spread
+    if ahead is not None:
+        loss = loss + ahead
+    return loss, ce, metric, penalty, spread, ahead, nodes
 
 
 def run_models(
@@ -323,11 +342,13 @@ def run_models(
     config: TrainConfig,
     generator: torch.Generator,
     dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Mean loss and mean metric (accuracy) of the models ``indices`` with ``predicted``
-    parameters, each on its own data batch; with ``dtype``, the models run in it throughout
-    (parameters and images; the loss in float32), else in float32 (parameters decoded in bf16
-    under autocast are cast up).
+    parameters, each on its own data batch, and with ``config.look_ahead`` the mean loss after
+    that many AdamW steps of fine-tuning from them (:func:`look_ahead_loss`; else None); with
+    ``dtype``, the models run in it throughout (parameters and images; the loss in float32), else
+    in float32 (parameters decoded in bf16 under autocast are cast up). The look-ahead fine-tunes
+    in float32, as ``eval-ghn`` does.
 
     Why a dtype and not autocast for the target models: the hypernetwork decodes in bf16 under
     autocast, and autocast would cast every LayerNorm's input, weight and bias to float32 and
@@ -335,7 +356,7 @@ def run_models(
     of a meta-batch-8 step's kernel launches. bf16 norms accumulate in float32 and round their
     output, as the next Linear's cast did, so little else changes."""
 
-    losses, metrics = [], []
+    losses, metrics, ahead = [], [], []
     for index, params in zip(indices, predicted):
         model = pool.model(index).train()
         inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
@@ -349,7 +370,51 @@ def run_models(
         loss, metric = output_loss(source.task, output, labels.to(pool.device))
         losses.append(loss)
         metrics.append(metric)
-    return torch.stack(losses).mean(), torch.stack(metrics).float().mean()
+        if config.look_ahead:
+            record = pool.records[index].config
+            batch = lambda: tuple(t.to(pool.device) for t in source.batch(record, config.batch_size, generator))  # noqa: E731
+            start = {name: value.float() for name, value in params.items()}
+            ahead.append(look_ahead_loss(model, start, batch, source.task, config.look_ahead, config.look_ahead_lr))
+    mean_ahead = torch.stack(ahead).mean() if ahead else None
+    return torch.stack(losses).mean(), torch.stack(metrics).float().mean(), mean_ahead
+
+
+def look_ahead_loss(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    task: str,
+    steps: int,
+    lr: float,
+    weight_decay: float = 0.01,
+) -> torch.Tensor:
+    """The loss of ``model`` after ``steps`` AdamW steps (``lr``, ``weight_decay``: up_train's
+    fine-tuning, which eval-ghn measures) from ``params``, each step and the final loss on a new
+    ``batch()``, as a tensor whose gradient with respect to ``params`` is the gradient at the end
+    point: first-order MAML's approximation, which treats the steps' Jacobian as the identity.
+
+    Why: a prediction scored by its loss alone can sit where fine-tuning is slower than from the
+    model's own init (docs/experiments.md, "Where the 2 x 2 head start goes"); scored by where
+    fine-tuning takes it, the hypernetwork is meant to move towards starts that train. First order,
+    because the exact gradient would backpropagate through every step (memory and time times
+    ``steps``). It ignores how the steps depend on where they begin: on the 2 x 2 ViTs, 20 steps
+    scored so moved nothing in 150 hypernetwork steps (docs/experiments.md, "A look-ahead
+    objective"); horizons past where the starts separate, or the exact gradient, are untried."""
+    fast = {name: value.detach().clone().requires_grad_(True) for name, value in params.items()}
+    optimizer = torch.optim.AdamW(fast.values(), lr=lr, weight_decay=weight_decay)
+    for _ in range(steps):
+        inputs, labels = batch()
+        loss, _ = output_loss(task, functional_call(model, fast, (inputs,)), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    inputs, labels = batch()
+    loss, _ = output_loss(task, functional_call(model, fast, (inputs,)), labels)
+    grads = torch.autograd.grad(loss, list(fast.values()), allow_unused=True)
+    # sum(p * g) has the value of a constant and the gradient g with respect to each p
+    surrogate = torch.stack([(value * grad).sum() for value, grad in zip(params.values(), grads) if grad is not None])
+    surrogate = surrogate.sum()
+    return loss.detach() + surrogate - surrogate.detach()
 
 
 @contextlib.contextmanager
@@ -508,7 +573,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             generator = torch.Generator().manual_seed(seed)
             indices = pool.draw(config.meta_batch, generator, families)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            loss, ce, metric, penalty, spread, nodes = meta_batch_loss(
+            loss, ce, metric, penalty, spread, ahead, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
             )
             optimizer.zero_grad(set_to_none=True)
@@ -535,7 +600,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 schedule.step()  # a skipped step still counts: a resumed run's schedule stays where this one's is
             done = step + 1
             if logging:
-                values = torch.stack([t.detach().float() for t in (loss, ce, metric, penalty, spread)])
+                logged = (loss, ce, metric, penalty, spread) + (() if ahead is None else (ahead,))
+                values = torch.stack([t.detach().float() for t in logged])
                 if world > 1:
                     dist.all_reduce(values)
                     values /= world
@@ -554,6 +620,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     "metric": values[2].item(),
                     "norm": values[3].item(),
                     "spread": values[4].item(),
+                    **({} if ahead is None else {"look_ahead": values[5].item()}),
                     "lr": optimizer.param_groups[-1]["lr"],
                     "grad_norm": grad_norm.item(),
                     "archs_per_s": config.meta_batch * world * (done - start) / elapsed,
