@@ -359,7 +359,8 @@ def run_models(
     losses, metrics, ahead = [], [], []
     for index, params in zip(indices, predicted):
         model = pool.model(index).train()
-        inputs, labels = source.batch(pool.records[index].config, config.batch_size, generator)
+        record = pool.records[index].config
+        inputs, labels = source.batch(record, config.batch_size, generator)
         inputs = inputs.to(pool.device)
         params = {name: value.to(dtype or torch.float32) for name, value in params.items()}  # no copy if in it
         if config.keep_init:
@@ -371,7 +372,6 @@ def run_models(
         losses.append(loss)
         metrics.append(metric)
         if config.look_ahead:
-            record = pool.records[index].config
             batch = lambda: tuple(t.to(pool.device) for t in source.batch(record, config.batch_size, generator))  # noqa: E731
             start = {name: value.float() for name, value in params.items()}
             ahead.append(look_ahead_loss(model, start, batch, source.task, config.look_ahead, config.look_ahead_lr))
