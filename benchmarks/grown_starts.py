@@ -20,8 +20,14 @@ the same batches for every start:
 - the default start decoded directly (``predict --no-grow``), what ``predict`` wrote before for the
   shapes inside the widest width trained.
 
+With ``--warmup N`` every start is fine-tuned with a linear warm-up of the rate over the first N
+steps, as timm's and transformers' recipes do (``finetune --warmup``), and the own init is also
+fine-tuned without one (the control: a warm-up can slow the own init, so the prediction must beat
+its better recipe); the legacy ``--no-grow`` start is left out.
+
     .venv/bin/python benchmarks/grown_starts.py                  # about 50 minutes on 2 cores
     .venv/bin/python benchmarks/grown_starts.py --cases vit-s --steps 100
+    .venv/bin/python benchmarks/grown_starts.py --cases llama-12x512 mistral-12x512 --warmup 25
 """
 
 from __future__ import annotations
@@ -63,30 +69,36 @@ def build(spec) -> torch.nn.Module:
     return mistral(*spec) if isinstance(spec, tuple) else build_model(resolve_config(spec), "cpu")
 
 
-def starts(name: str) -> list[tuple[str, str]]:
-    """The starts measured for the case ``name``, (key, label) (see the module docstring)."""
+def starts(name: str, warmup: int = 0) -> list[tuple[str, str, int]]:
+    """The starts measured for the case ``name``, (key, label, warm-up steps) (see the module
+    docstring)."""
     checkpoint, _, _, spec = CASES[name]
     ghn = load_checkpoint(checkpoint)
     graph = graphkit.trace(build(spec))
     if should_keep_init(graph, None, ghn.info):
         factor = f"W0 + {default_shrink(graph, ghn.info):g} P"
-        return [
+        labels = [
             ("own", "own init"),
             ("default", f"{factor} (`predict`), one lr"),
             ("alone", "P (`--no-keep-init`), lr factors"),
             ("direct", f"{factor} decoded directly (`--no-grow`), one lr"),
         ]
-    return [
-        ("own", "own init"),
-        ("alone", "P (`predict`), lr factors"),
-        ("default", "P, one lr (`--no-lr-scale`)"),
-        ("direct", "P decoded directly (`--no-grow`), one lr"),
-    ]
+    else:
+        labels = [
+            ("own", "own init"),
+            ("alone", "P (`predict`), lr factors"),
+            ("default", "P, one lr (`--no-lr-scale`)"),
+            ("direct", "P decoded directly (`--no-grow`), one lr"),
+        ]
+    if not warmup:
+        return [(key, label, 0) for key, label in labels]
+    control = ("own", "own init, no warm-up", 0)
+    return [control] + [(key, f"{label}, {warmup}-step warm-up", warmup) for key, label in labels if key != "direct"]
 
 
-def run(name: str, start: str, steps: int) -> tuple[dict[int, float], str]:
-    """Fine-tune the case ``name`` from the start keyed ``start`` (:func:`starts`); the held-out
-    loss by step and the twin's width."""
+def run(name: str, start: str, steps: int, warmup: int = 0) -> tuple[dict[int, float], str]:
+    """Fine-tune the case ``name`` from the start keyed ``start`` (:func:`starts`), the rate
+    warmed up over ``warmup`` steps; the held-out loss by step and the twin's width."""
     torch.set_num_threads(1)
     checkpoint, data, batch_size, spec = CASES[name]
     ghn = load_checkpoint(checkpoint)
@@ -107,31 +119,41 @@ def run(name: str, start: str, steps: int) -> tuple[dict[int, float], str]:
     scales = lr_scale(graph, twin) if start == "alone" else {}
     at = sorted({0, min(100, steps), steps})
     _, scores = up_train(
-        model, source.task, batches.__getitem__, steps, 3e-4, held_out=held_out, at=at, lr_scale=scales
+        model, source.task, batches.__getitem__, steps, 3e-4, held_out=held_out, at=at, lr_scale=scales, warmup=warmup
     )
     return {h: scores[h][0] for h in at}, "-" if twin is None else str(twin.config["hidden"])
 
 
 def table(args) -> str:
-    jobs = [(name, key, label) for name in args.cases for key, label in starts(name)]
+    if args.warmup and args.write:
+        raise SystemExit("--write records the table without a warm-up; --warmup's table is printed only")
+    jobs = [(name, *start) for name in args.cases for start in starts(name, args.warmup)]
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(run, [j[0] for j in jobs], [j[1] for j in jobs], [args.steps] * len(jobs)))
+        results = list(
+            pool.map(run, [j[0] for j in jobs], [j[1] for j in jobs], [args.steps] * len(jobs), [j[3] for j in jobs])
+        )
     at = sorted(results[0][0])
     lines = [
         "| case | twin width | start | " + " | ".join(f"loss @{h}" for h in at) + " |",
         "|---" * (3 + len(at)) + "|",
     ]
-    own = {name: losses for (name, key, _), (losses, _) in zip(jobs, results) if key == "own"}
-    for (name, key, label), (losses, twin) in zip(jobs, results):
+    # the reference at each step: the own init's lower loss over the recipes measured
+    own: dict[str, dict[int, float]] = {}
+    for (name, key, *_), (losses, _) in zip(jobs, results):
+        if key == "own":
+            own[name] = {h: min(v, own.get(name, {}).get(h, v)) for h, v in losses.items()}
+    for (name, key, label, _), (losses, twin) in zip(jobs, results):
         cells = [f"**{v:.3f}**" if key != "own" and v < own[name][h] else f"{v:.3f}" for h, v in losses.items()]
         lines.append(f"| {name} | {twin} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(
         [
             *lines,
             "",
-            f"Bold: below the own init's loss at that step. Measured {time.strftime('%Y-%m-%d')} on {common.cores()} "
+            "Bold: below the own init's loss at that step (with a warm-up, the lower of its two). "
+            f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} "
             f"CPU cores, torch {torch.__version__}, one thread a run. Command: `.venv/bin/python "
-            f"benchmarks/grown_starts.py --cases {' '.join(args.cases)} --steps {args.steps} --write`.",
+            f"benchmarks/grown_starts.py --cases {' '.join(args.cases)} --steps {args.steps}"
+            + (f" --warmup {args.warmup}`." if args.warmup else " --write`."),
             "",
         ]
     )
@@ -141,6 +163,9 @@ def options(parser) -> None:
     parser.add_argument("--cases", nargs="*", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=common.cores(), help="runs side by side, one thread each")
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="steps of linear lr warm-up for every start (and a control)"
+    )
 
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ def warmup_factor(step: int, warmup: int) -> float:
     is harmless; from a prediction it is not: one such step on a predicted ViT's attention
     weights alone takes its held-out loss from 0.90 to 2.35. On the 2 x 2 token grid a warm-up
     does not let that prediction out-train the own init (docs/experiments.md, "Warm-up, the
-    learning rate and the attention's temperature").
+    learning rate and the attention's temperature"); on wider ViTs and decoders `predict`'s start
+    warmed up over 25 steps gains up to 0.12 nats at 300 steps and beats the own init's better
+    recipe at 100 and 300 ("The same starts under a warm-up").
     timm's and transformers' training recipes warm up for the same reason."""
     return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
