@@ -39,9 +39,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from graphkit.ghn.calibrate import output_layer  # noqa: E402
 from graphkit.ghn.grow import logit_scale, lr_scale, twin_of  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
+from graphkit.sources import load_model_source  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import score, up_train  # noqa: E402
@@ -60,14 +62,24 @@ MODELS = {
     "ViT-S depth 6, 32 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=32, patch_size=2)),
     "`vit_small_patch16_224`, 224 px": ("vit_small_patch16_224", {}),
     "`vit_base_patch16_224`, 224 px": ("vit_base_patch16_224", {}),
+    # timm's variants and transformers' ViTs as their libraries build them, at 224 px: grown through a
+    # twin since 2026-12-01 (graphkit.families.vit.OPTIONS, graphkit.ghn.grow.library_twin); before,
+    # decoded directly
+    "`vit_base_patch32_224`, 224 px": ("vit_base_patch32_224", {}),
+    "`vit_base_patch32_clip_224` (pre-norm), 224 px": ("vit_base_patch32_clip_224", {}),
+    "transformers' `ViTForImageClassification`, 224 px": ("hf:vit", {"num_labels": 10}),
+    "transformers' `DeiTForImageClassification`, 224 px": ("hf:deit", {"num_labels": 10}),
 }
 BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
 
 
 def built(name: str, kwargs: dict) -> torch.nn.Module:
+    """The model from seed 0: timm's ``name`` with 10 classes, or transformers' model type after ``hf:``."""
     import timm
 
     torch.manual_seed(0)
+    if name.startswith("hf:"):
+        return load_model_source(name + "?" + "&".join(f"{k}={v}" for k, v in kwargs.items())).model
     return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
 
 
@@ -77,7 +89,7 @@ def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
     size = extent(graph)
     held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
     ghn = bundled_hypernetwork(CHECKPOINT)
-    twin = twin_of(ghn, graph)
+    twin = twin_of(ghn, graph, model)
     factors = lr_scale(graph, twin)
     scores = {}
     arms = ("own init", "decoded directly", "predicted") + (("own init, lr factors",) if factors and steps else ())
@@ -118,17 +130,18 @@ def temperatures(source, only: str) -> str:
     for label, (name, kwargs) in MODELS.items():
         model = built(name, kwargs)
         graph = trace(model)
-        twin = twin_of(ghn, graph)
+        twin = twin_of(ghn, graph, model)
         ratio = 1.0 if twin is None else logit_scale(graph, twin)
         if ratio == 1 or (only and only not in label):
             continue
         held_out, _ = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, 0)
         predict(model, ghn, graph=graph, grow=twin)
-        unscaled = {name: p.detach() / ratio for name, p in model.head.named_parameters()}
+        head = model.get_submodule(output_layer(graph))
+        unscaled = {name: p.detach() / ratio for name, p in head.named_parameters()}
         cells = []
         for f in (*FACTORS, ratio):
             with torch.no_grad():
-                for name, p in model.head.named_parameters():
+                for name, p in head.named_parameters():
                     p.copy_(unscaled[name] * f)
             loss, accuracy = score(model, held_out, "image")
             cells.append(f"{loss:.2f} / {accuracy:.2f}")

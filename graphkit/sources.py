@@ -275,8 +275,9 @@ def _default_class(model_type: str) -> Any:  # a transformers model class, or No
         modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
     ):
-        if model_type in mapping:
-            return _transformers_class(cast(str, mapping[model_type]))
+        if model_type in mapping:  # a name, or names (DeiT's classifier, then its distilled one): the first
+            names = mapping[model_type]
+            return _transformers_class(cast(str, names if isinstance(names, str) else names[0]))
     return None
 
 
@@ -293,10 +294,11 @@ def _transformers_class(name: str) -> Any:  # a transformers model class, or Non
 
 def _config_fields(config_class: Any) -> list[str]:  # a transformers PretrainedConfig subclass
     """The fields a config class takes: its defaults' entries, its aliases (GPT-2's
-    ``hidden_size`` for ``n_embd``) and its constructor's named arguments, less those that
-    describe a saved file."""
+    ``hidden_size`` for ``n_embd``), its constructor's named arguments and ``num_labels`` (every
+    config's class count, which its defaults hold only as ``id2label``: an image classifier's is 2
+    unless set), less those that describe a saved file."""
     with _quiet():
-        names = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {}))
+        names = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {})) | {"num_labels"}
     names |= {
         p.name
         for p in inspect.signature(config_class.__init__).parameters.values()

@@ -154,6 +154,59 @@ def test_config_is_read_back_from_the_graph(config):
     assert config_from_graph(graphkit.trace(build_model(full))) == full
 
 
+#: timm's VisionTransformer variants, shrunk: (name, what their parameters show, the options read back)
+TIMM_VARIANTS = [
+    ("vit_base_patch32_clip_224", {"pre_norm": True}),
+    # layer scale read off a model built on meta, which holds no value: timm's usual one
+    ("deit3_small_patch16_224", {"init_values": 1e-5, "no_embed_class": True}),
+    ("vit_small_patch14_reg4_dinov2", {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True}),
+    ("vit_base_patch16_siglip_gap_224", {"fc_norm": False}),  # pooled by the mean: no class token by default
+    ("vit_medium_patch16_gap_256", {"fc_norm": False, "init_values": 1e-5, "qkv_bias": False}),
+    ("beit3_base_patch16_224", {"class_token": True, "scale_attn_norm": True, "scale_mlp_norm": True}),
+    ("eva_large_patch14_196", {"class_token": True}),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), TIMM_VARIANTS, ids=[name for name, _ in TIMM_VARIANTS])
+def test_timm_vit_variants_are_read_back_with_the_options_their_parameters_show(name, options):
+    """What a timm ViT variant's parameters show (CLIP's pre-norm, layer scale, register tokens, a
+    pooled model's final norm, BEiT-3's inner norms) is read into its config, so that the model the
+    config builds has every parameter the variant has, at its shape."""
+    import timm  # noqa: PLC0415
+
+    shrink = dict(embed_dim=64, depth=2, num_heads=2, img_size=32, patch_size=8, num_classes=10)
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, **shrink)
+    config = config_from_graph(graphkit.trace(model))
+    assert {key: config[key] for key in FAMILIES["vit"].options if key in config} == options
+    assert (config["image_size"], config["patch_size"], config["hidden"]) == (32, 8, 64)
+    shapes = {name: tuple(p.shape) for name, p in build_model(config).named_parameters()}
+    assert shapes == {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def test_vit_options_stay_out_of_the_configs_of_plain_models():
+    """A config without options resolves as before (dataset records keep their content); an option
+    given is checked, and a pooled model's class token follows its pool unless a config says."""
+    full = resolve_config(dict(family="vit", num_layers=2, hidden=64, heads=2))
+    assert not set(full) & set(FAMILIES["vit"].options)
+    with pytest.raises(ConfigError, match="vit config: reg_tokens must be an integer >= 1; got 0"):
+        resolve_config(dict(family="vit", num_layers=2, hidden=64, heads=2, reg_tokens=0))
+    with pytest.raises(ConfigError, match="global_pool 'token' needs class_token true"):
+        build_model(dict(family="vit", num_layers=2, hidden=64, heads=2, class_token=False))
+    pooled = build_model(dict(family="vit", num_layers=2, hidden=64, heads=2, global_pool="avg"))
+    assert pooled.cls_token is None and pooled.fc_norm.weight.shape == (64,)
+
+
+def test_a_vit_whose_mlp_is_not_timms_has_no_config():
+    """DINOv2-giant's packed SwiGLU has an fc1 twice as wide as fc2's input: no vit config builds it."""
+    import timm  # noqa: PLC0415
+
+    with torch.device("meta"):
+        model = timm.create_model("vit_giant_patch14_dinov2", pretrained=False, embed_dim=96, depth=1, num_heads=2)
+    with pytest.raises(ConfigError, match="an MLP whose fc1 .* is not fc2's input"):
+        config_from_graph(graphkit.trace(model))
+
+
 def test_graph_of_an_unknown_family():
 
     graph = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))

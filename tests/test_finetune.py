@@ -168,6 +168,22 @@ def test_finetune_trains_an_image_model_on_digits(tmp_path):
     assert "blocks.0.attn.qkv.weight" in tensors
 
 
+@pytest.mark.parametrize("model_type", ["vit", "deit"])
+def test_finetune_trains_a_transformers_image_classifier_on_digits(model_type, tmp_path):
+    """transformers' image classifiers take images shaped by their own config (image size,
+    channels, class count) and the bundled digits, as its language models take text; before,
+    their graph was read as a timm ViT's and refused."""
+    out = tmp_path / "run"
+    spec = (
+        f"hf:{model_type}?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2"
+        "&intermediate_size=64&num_labels=10"
+    )
+    result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "4", "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines if "loss" in line)
+
+
 @pytest.mark.slow
 def test_finetune_starts_from_a_params_file_and_resumes_only_with_it(tmp_path):
     """`predict --out P` then `finetune MODEL --params P`: the run starts from P's weights (the

@@ -4,7 +4,7 @@ they compute (graphkit.ghn.grow)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import timm_vit
+from helpers import meta, timm_vit
 
 import graphkit
 from graphkit.errors import ConfigError
@@ -335,16 +335,69 @@ def test_a_patch_size_is_read_against_those_trained_on_its_token_grid():
     assert twin(16, 4) is None
 
 
-@pytest.mark.parametrize("name", ["deit_tiny_distilled_patch16_224", "vit_base_patch32_clip_224"])
-def test_a_model_with_parts_its_family_config_lacks_has_no_twin_and_is_decoded_directly(vits, name):
-    """A distilled DeiT's distillation token and a CLIP ViT's pre-norm are no part of a ``vit``
-    config: a twin read back from the graph would lack them (predict raised KeyError)."""
-    model = timm_vit(name, num_classes=10)
+def test_a_model_with_parts_its_family_config_lacks_has_no_twin_and_is_decoded_directly(vits):
+    """A distilled DeiT's distillation token is no part of a ``vit`` config: a twin read back
+    from the graph would lack it (predict raised KeyError)."""
+    model = timm_vit("deit_tiny_distilled_patch16_224", num_classes=10)
     graph = graphkit.trace(model)
     assert twin_of(vits, graph) is None
     written = predict(model, vits, graph=graph)
     assert written.keys() == {name for name, _ in model.named_parameters()}
     torch.testing.assert_close(written["pos_embed"], predicted_params(vits, graph, grow=False)["pos_embed"])
+
+
+def resized_like_the_twin(vits, graph, twin, kernel: str) -> None:
+    """Every parameter ``predict`` writes for ``graph`` is its twin's prediction, the patch
+    embedding ``kernel`` resized (the same token grid: nothing else changes)."""
+    params = predicted_params(vits, graph, grow=twin)
+    expected = predicted_params(vits, graphkit.trace(twin.model))
+    assert params.keys() == expected.keys() == {name for node in graph.nodes for name in node.params}
+    for name, value in params.items():
+        torch.testing.assert_close(
+            value, resize_patches(expected[name], tuple(value.shape[2:])) if name == kernel else expected[name]
+        )
+
+
+def test_a_timm_variant_is_predicted_through_a_twin_with_its_parts(vits):
+    """CLIP's ViT (a norm on the stream before the blocks, no patch-embedding bias) has a twin
+    since its config reads the pre-norm: at 16 px with patch 4 its own config at 8 px with patch 2."""
+    model = timm_vit("vit_base_patch32_clip_224", embed_dim=256, depth=3, num_heads=4, img_size=16, patch_size=4)
+    graph = graphkit.trace(model)
+    twin = twin_of(vits, graph)
+    assert twin is not None and (twin.config["pre_norm"], twin.config["patch_size"], twin.config["image_size"]) == (
+        True,
+        2,
+        8,
+    )
+    resized_like_the_twin(vits, graph, twin, "patch_embed.proj.weight")
+
+
+def test_a_transformers_vit_is_predicted_through_a_twin_of_its_own_class(vits):
+    """transformers' ViT names its parameters its own way, so no graphkit family reads it: at 16 px
+    with patch 4 its twin is its own class at 8 px with patch 2 (the same 4 x 4 tokens), found
+    through the model; at 224 px with patch 16 and ViT-B's width, its own class at 256 wide."""
+    from transformers import ViTConfig, ViTForImageClassification  # noqa: PLC0415
+
+    config = ViTConfig(
+        hidden_size=256, num_hidden_layers=3, num_attention_heads=4, intermediate_size=1024, image_size=16,
+        patch_size=4, num_labels=10,
+    )  # fmt: skip
+    model = meta(lambda: ViTForImageClassification(config))
+    graph = graphkit.trace(model)
+    assert twin_of(vits, graph) is None  # without the model: nothing to build a twin from
+    twin = twin_of(vits, graph, model)
+    assert twin is not None and twin.config == {"hidden": 256, "heads": 4, "patch_size": 2, "image_size": 8}
+    assert type(twin.model) is ViTForImageClassification
+    assert twin_phrase(graph, twin) == (
+        "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without changing what "
+        "it computes"
+    )
+    kernel = "vit.embeddings.patch_embeddings.projection.weight"
+    assert lr_scale(graph, twin) == {kernel: 1 / 4}
+    resized_like_the_twin(vits, graph, twin, kernel)
+    base = meta(lambda: ViTForImageClassification(ViTConfig(num_labels=10)))
+    twin = twin_of(vits, graphkit.trace(base), base)
+    assert twin is not None and twin.config == {"hidden": 256, "heads": 4, "patch_size": 2, "image_size": 8}
 
 
 def test_a_resized_patch_embedding_gives_the_twins_tokens_on_a_patch_upscaled_as_the_data_is():

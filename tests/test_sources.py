@@ -118,6 +118,14 @@ def test_spec_names_and_keys():
         parse_spec("hf:llama?b=[1", "llama?b=[1")
 
 
+def test_an_image_classifier_spec_takes_its_class_count():
+    """``num_labels`` is every transformers config's class count, held in its defaults only as
+    ``id2label``: hf: takes it (an image classifier has 2 classes unless told)."""
+    tiny = "hf:vit?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2"
+    assert load_model_source(tiny, weights=False).model.classifier.out_features == 2
+    assert load_model_source(tiny + "&num_labels=10", weights=False).model.classifier.out_features == 10
+
+
 # -- Hugging Face folders ----------------------------------------------------------------------
 
 

@@ -36,6 +36,10 @@ class Family:
     blocks: str  # path of the stack of ``num_layers`` identical blocks, e.g. "transformer.h" ("" for a library's)
     required: tuple[str, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # keys a config may carry but need not, each checked against the type of its value here and,
+    # unlike a default, left out of the resolved config when absent: a variant of the family's
+    # models that only some configs describe (timm's ViT variants: graphkit.families.vit.OPTIONS)
+    options: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
     mlp_ratio: float = 4.0  # ``mlp`` defaults to mlp_ratio * hidden
     from_graph: Callable[[ArchGraph], dict[str, Any]] | None = None  # the config a traced graph came from
@@ -60,8 +64,9 @@ class Family:
     bf16: bool = True
 
     def resolve(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """The full config: defaults filled in, every key known, required keys present."""
-        known = {"family", "mlp", "attention", "kv_heads", *self.required, *self.defaults}
+        """The full config: defaults filled in, every key known, required keys present, the
+        options given checked."""
+        known = {"family", "mlp", "attention", "kv_heads", *self.required, *self.defaults, *self.options}
         unknown = sorted(set(config) - known)
         if unknown:
             raise ConfigError(
@@ -78,6 +83,9 @@ class Family:
         kinds = {"kv_heads": None, "mlp": 1, **self.defaults}  # a value is checked against its default's type
         for key, default in kinds.items():
             self._check_value(key, full[key], default)
+        for key, kind in self.options.items():
+            if key in full:
+                self._check_value(key, full[key], kind)
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
         if full["attention"] is not None and full["attention"] not in ATTENTION_VARIANTS:

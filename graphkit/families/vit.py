@@ -1,7 +1,10 @@
-"""ViT image classifiers: timm's VisionTransformer (class token, learned positions, pre-norm)."""
+"""ViT image classifiers: timm's VisionTransformer (class token, learned positions, pre-norm),
+and the variants of it that timm registers under other names, as far as their parameters show
+them (:data:`OPTIONS`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -10,22 +13,47 @@ from graphkit.attention.builtin import TIMM_ATTENTION
 from graphkit.families.registry import ConfigError, Family, register_family
 from graphkit.graph import ArchGraph
 
+#: timm VisionTransformer options that its parameters show, with timm's defaults. A config carries
+#: one only where a model differs (:func:`from_graph` reads them off a traced timm model: CLIP's
+#: pre-norm, DINOv2's layer scale, register tokens, a pooled model's final norm), so that the
+#: configs of graphkit's own recipes, and the dataset records written from them, stay as they were.
+#: Why they matter: a model's twin inside a hypernetwork's training space
+#: (:func:`graphkit.ghn.grow.twin_of`) is built from its config and must have its parameters;
+#: before these were read, 144 of timm's 165 VisionTransformer models had none and were decoded
+#: directly at their resolution, where the bundled ViT hypernetwork's prediction is worse than the
+#: model's own init.
+OPTIONS: dict[str, Any] = {
+    "class_token": True,  # default: a class token when pooling by it
+    "reg_tokens": 1,  # register tokens (none by default; the value here is the type: a count)
+    "no_embed_class": False,  # the position table covers the patches only, not the prefix tokens
+    "qkv_bias": True,
+    "qk_norm": False,
+    "scale_attn_norm": False,  # a norm before the attention's output projection (BEiT-3)
+    "scale_mlp_norm": False,  # a norm inside the MLP (BEiT-3)
+    "init_values": 1e-5,  # layer scale (none by default), its gains' initial value
+    "pre_norm": False,  # a norm on the stream before the blocks, and no patch-embedding bias (CLIP)
+    "final_norm": True,
+    "fc_norm": False,  # default: a norm after pooling when pooling by the mean, else one before
+}
+
 
 def build(config: dict[str, Any], init: bool = True) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
+    options = {key: config[key] for key in OPTIONS if key in config}
+    options.setdefault("class_token", config["global_pool"] == "token")
     return VisionTransformer(
         img_size=config["image_size"],
         patch_size=config["patch_size"],
         in_chans=config["in_chans"],
         num_classes=config["num_classes"],
         global_pool=config["global_pool"],
-        class_token=config["global_pool"] == "token",
         embed_dim=config["hidden"],
         depth=config["num_layers"],
         num_heads=config["heads"],
         mlp_ratio=config["mlp"] / config["hidden"],
         weight_init="" if init else "skip",
+        **options,
     )
 
 
@@ -37,16 +65,47 @@ def _check(config: dict[str, Any]) -> None:
         )
     if config["global_pool"] not in ("token", "avg"):
         raise ConfigError(f"vit config: global_pool must be 'token' or 'avg', got {config['global_pool']!r}")
+    if config["global_pool"] == "token" and not config.get("class_token", True):
+        raise ConfigError("vit config: global_pool 'token' needs class_token true")
 
 
 def from_graph(graph: ArchGraph) -> dict[str, Any]:
-    """Read a timm ViT's config back from its graph (parameter shapes and attention attrs)."""
+    """Read a timm ViT's config back from its graph: parameter shapes, attention attrs and the
+    input's shape; :data:`OPTIONS` only where the model differs from timm's defaults."""
     shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
     hidden, in_chans, patch, _ = shapes["patch_embed.proj.weight"]
     attention = [n.attrs for n in graph.nodes if n.op == "attention"]
     variant = attention[0].get("variant")
     pooled = any(n.op == "mean_pool" for n in graph.nodes)
-    tokens = shapes["pos_embed"][1] - (0 if pooled else 1)
+    class_token = "cls_token" in shapes
+    reg_tokens = shapes["reg_token"][1] if "reg_token" in shapes else 0
+    prefix = int(class_token) + reg_tokens
+    rows = shapes["pos_embed"][1]
+    inputs = graph.meta.get("input_shapes") or []
+    image = inputs[0][-1] if inputs and len(inputs[0]) == 4 else None
+    # the position table covers the patches alone when its rows are the image's token grid
+    no_embed_class = prefix > 0 and image is not None and rows == (image // patch) ** 2
+    grid = math.isqrt(rows - (0 if no_embed_class else prefix))
+    mlp = shapes["blocks.0.mlp.fc1.weight"][0]
+    if shapes["blocks.0.mlp.fc2.weight"][1] != mlp:  # a packed gated MLP (DINOv2-giant's SwiGLU)
+        raise ConfigError(f"vit config: an MLP whose fc1 ({mlp}) is not fc2's input is not timm's Mlp")
+    fc_norm = "fc_norm.weight" in shapes
+    found = {
+        "class_token": class_token,
+        "reg_tokens": reg_tokens,
+        "no_embed_class": no_embed_class,
+        "qkv_bias": "blocks.0.attn.qkv.bias" in shapes,
+        "qk_norm": "blocks.0.attn.q_norm.weight" in shapes,
+        "scale_attn_norm": "blocks.0.attn.norm.weight" in shapes,
+        "scale_mlp_norm": "blocks.0.mlp.norm.weight" in shapes,
+        "pre_norm": "norm_pre.weight" in shapes,
+        "final_norm": fc_norm or "norm.weight" in shapes,
+        "fc_norm": fc_norm,
+    }
+    defaults = {**OPTIONS, "class_token": not pooled, "reg_tokens": 0, "fc_norm": pooled and found["final_norm"]}
+    options = {key: value for key, value in found.items() if value != defaults[key]}
+    if "blocks.0.ls1.gamma" in shapes:  # its constructor's value where the traced model held one
+        options["init_values"] = (graph.meta.get("init") or {}).get("blocks.ls1.gamma", OPTIONS["init_values"])
     return {
         "family": "vit",
         "num_layers": len(attention),
@@ -54,12 +113,13 @@ def from_graph(graph: ArchGraph) -> dict[str, Any]:
         "heads": attention[0]["heads"],
         "attention": variant,
         "kv_heads": attention[0]["kv_heads"] if variant else None,
-        "mlp": shapes["blocks.0.mlp.fc1.weight"][0],
-        "image_size": round(tokens**0.5) * patch,
+        "mlp": mlp,
+        "image_size": grid * patch,
         "patch_size": patch,
         "in_chans": in_chans,
         "num_classes": shapes["head.weight"][0],
         "global_pool": "avg" if pooled else "token",
+        **options,
     }
 
 
@@ -87,6 +147,7 @@ FAMILY = register_family(
         blocks="blocks",
         required=("num_layers", "hidden", "heads"),
         defaults={"image_size": 32, "patch_size": 2, "in_chans": 3, "num_classes": 10, "global_pool": "token"},
+        options=OPTIONS,
         check=_check,
         from_graph=from_graph,
         traced_as=("vit",),

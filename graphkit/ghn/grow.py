@@ -92,8 +92,19 @@ the factor, 0.20 after 300 (own init 2.23 and 1.51; ``benchmarks/grown_starts.py
 
 A model is grown when it is wider than the widest width trained at its depth, not only than the
 widest of all (a 12 x 384 ViT-S: 1.00 at step 0 grown from 256, 1.44 decoded directly). A
-transformers decoder no graphkit family reads (Qwen2, Gemma) gets a twin of its own config class
-(:func:`library_twin`) when the model is at hand."""
+transformers model no graphkit family reads (Qwen2, Gemma, transformers' own ViT and DeiT) gets
+a twin of its own config class (:func:`library_twin`) when the model is at hand; timm's ViT
+variants (CLIP's pre-norm, layer scale, register tokens) get one from the options their config
+reads (:data:`graphkit.families.vit.OPTIONS`).
+
+Growing fixes the shapes, not what the hypernetwork never saw. Two variants it never trained on
+start worse than a plain ViT of their shape (held-out digits, step 0; BENCHMARKS.md,
+"Resolutions and patch sizes"): a pre-norm on the stream (CLIP; a 12 x 256 ViT at the trained 8
+px: 3.36 predicted, 0.99 without the pre-norm, own init 2.34): the norm brings every token's row
+to one size, where the predicted stream's smallest row was a third of its mean (RMS 0.05 against
+0.16), and the norm's gain set to that mean leaves it at 2.81; and
+transformers' separate query, key and value projections (a 6 x 256 ViT at 8 px: 3.76, timm's
+fused one 0.80)."""
 
 from __future__ import annotations
 
@@ -117,6 +128,7 @@ from graphkit.ghn.space import extent, patches_at_grid, trained_bounds, widest_a
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 from graphkit.tracing import trace
+from graphkit.validation import is_count
 
 #: ops whose weight's input axis reads a previous activation (its values are split among the copies)
 READERS = ("linear", "head", "patch_embed", "conv")
@@ -313,9 +325,9 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     widest width trained at its depth (or the nearest depth trained) when it is wider than that,
     at the finest trained token grid when its own is finer, and at the nearest patch size trained
     on that grid when its own was not. The twin is built from the config graphkit's
-    family reads off the graph; a wide transformers decoder that no family reads, or whose
-    family's twin lacks its parameters, from its own config class when its ``model`` is given
-    (:func:`library_twin`).
+    family reads off the graph, when that config builds the model's own parameters at their
+    shapes; a transformers model that no family reads, or whose family's twin lacks its
+    parameters, from its own config class when its ``model`` is given (:func:`library_twin`).
 
     None when neither applies, when the checkpoint records no space, when there is nothing to
     build a twin from, when the twin would lack or add parameters (the model has parts its
@@ -346,11 +358,12 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     family = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None)
     if family is not None and _same_parameters(family.model, graph):
         return family
-    if not wide or regrid or model is None:
+    width = size["width"]
+    if model is None or width is None:
         return None
     # a family read a config off the graph whose twin lacks the model's parameters, or none did
-    assert widest is not None and size["width"] is not None, "wide means both are known"
-    library = library_twin(model, size["width"], widest)
+    widest_twin = widest if wide and widest is not None else width
+    library = library_twin(model, width, widest_twin, (patch, grid) if regrid else None)
     return library if library is not None and _same_parameters(library.model, graph) else None
 
 
@@ -372,6 +385,10 @@ def _family_twin(
     try:
         config = config_from_graph(graph)
     except ConfigError:
+        return None
+    # the config read back must describe the model itself, shape by shape, before a twin is made of it
+    own = {name: tuple(p.shape) for name, p in build_model(config, "meta").named_parameters()}
+    if own != {name: tuple(shape) for node in graph.nodes for name, shape in node.params.items()}:
         return None
     if wide:
         if config["hidden"] != size["width"]:
@@ -417,27 +434,38 @@ def _scaled_fields(fields: Mapping[str, Any], width: int, twin: int) -> dict[str
     return out
 
 
-def library_twin(model: nn.Module, width: int, widest: int) -> Twin | None:
-    """A transformers decoder's twin at the widest width up to ``widest`` at which its heads and
+def library_twin(
+    model: nn.Module, width: int, widest: int, regrid: tuple[int | None, int | None] | None = None
+) -> Twin | None:
+    """A transformers model's twin at the widest width up to ``widest`` at which its heads and
     K/V groups stay whole, with the head size kept: its own config with the stream, the heads,
-    the K/V heads and the MLPs scaled by one factor (:func:`_scaled_fields`), built on the meta
-    device by its own class. Why its own class: a decoder of a model type no graphkit family reads
-    (Qwen2's biased projections, Qwen3's per-head norms) still has a twin the hypernetwork can
-    predict, as a 12 x 512 Mistral has one at width 128 (a head size of 64: two heads). None when
-    ``model`` has no transformers config, no field of it gives the width, or no width holds whole
-    heads."""
+    the K/V heads and the MLPs scaled by one factor (:func:`_scaled_fields`), and, given
+    ``regrid``'s (patch, grid), an image model's ``patch_size`` and ``image_size`` set to that
+    patch on that token grid; built on the meta device by its own class. Why its own class: a
+    model of a type no graphkit family reads (Qwen2's biased projections, Qwen3's per-head norms,
+    transformers' ViT with its own parameter names) still has a twin the hypernetwork can
+    predict, as a 12 x 512 Mistral has one at width 128 (a head size of 64: two heads) and
+    ``ViTForImageClassification`` at 224 px one at 8 px with patch 2. None when ``model`` has no
+    transformers config, no field of it gives the width, no width holds whole heads, or a
+    ``regrid`` model's config has no whole ``patch_size`` and ``image_size``."""
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(config, "to_dict", None)):
         return None
     fields = config.to_dict()
     if not any(fields.get(k) == width for k in WIDTH_FIELDS):
         return None
+    image: dict[str, int] = {}
+    if regrid is not None:
+        patch, grid = regrid
+        if patch is None or grid is None or not all(is_count(fields.get(k)) for k in ("patch_size", "image_size")):
+            return None
+        image = {"patch_size": patch, "image_size": patch * grid}
     for twin in range(widest, 0, -1):
         overrides = _scaled_fields(fields, width, twin)
         if overrides is None:
             continue
         narrow = copy.deepcopy(config)
-        for key, value in overrides.items():
+        for key, value in {**overrides, **image}.items():
             setattr(narrow, key, value)
         with torch.device("meta"), skip_weight_init():
             built = type(model)(narrow)
@@ -445,7 +473,7 @@ def library_twin(model: nn.Module, width: int, widest: int) -> Twin | None:
         if callable(tie):  # tied as the model is, which a build without its init skips
             tie()
         heads = next(v for k, v in overrides.items() if k in HEAD_FIELDS)
-        return Twin({"hidden": twin, "heads": heads}, built)
+        return Twin({"hidden": twin, "heads": heads, **image}, built)
     return None
 
 

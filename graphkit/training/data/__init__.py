@@ -30,6 +30,7 @@ from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
 from graphkit.training.data.text import TextSource, stdlib_text, text_file, wikitext
+from graphkit.validation import is_count
 
 #: each family's default data source (``Family.data``), a live view of the family registry
 DEFAULT_SOURCES = FamilyTable("data")
@@ -60,29 +61,37 @@ def default_source(family: str | None) -> str:
     return DEFAULT_SOURCES[family]
 
 
+#: an image data config's keys, by the transformers config field that holds each
+IMAGE_FIELDS = {"image_size": "image_size", "in_chans": "num_channels", "num_classes": "num_labels"}
+
+
 def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str, Any]:
     """The config a data source shapes its batches by for ``model``: a transformers language
     model's read off its own config (its vocabulary and context; family: its model type), so that
-    any causal LM, LLaMA-like or a converted DeepSeek, takes text; anything else's from its graph,
-    for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError when neither
-    says (see :func:`graphkit.families.config_from_graph`)."""
+    any causal LM, LLaMA-like or a converted DeepSeek, takes text; a transformers image
+    classifier's likewise (its image size, channels and class count: ViT, DeiT); anything else's
+    from its graph, for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError
+    when none says (see :func:`graphkit.families.config_from_graph`)."""
     config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None) or type(model).__name__
     vocab = getattr(config, "vocab_size", None)
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(vocab, int) and isinstance(context, int):
-        return {
-            "family": getattr(config, "model_type", None) or type(model).__name__,
-            "vocab_size": vocab,
-            "context": context,
-        }
+        return {"family": family, "vocab_size": vocab, "context": context}
+    image = {key: getattr(config, field, None) for key, field in IMAGE_FIELDS.items()}
+    if all(is_count(value) for value in image.values()):
+        return {"family": family, **image}
     return config_from_graph(trace(model, example_inputs))
 
 
 def source_for(config: dict[str, Any]) -> str:
     """The bundled data for the model ``config`` describes: its family's, else stdlib-text for any
-    language model (a config with a vocabulary); a DataError naming the families otherwise."""
+    language model (a config with a vocabulary) and digits for any image model (one with an image
+    size); a DataError naming the families otherwise."""
     if config.get("family") not in DEFAULT_SOURCES and "vocab_size" in config:
         return "stdlib-text"
+    if config.get("family") not in DEFAULT_SOURCES and "image_size" in config:
+        return "digits"
     return default_source(config.get("family"))
 
 
