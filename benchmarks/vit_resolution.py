@@ -5,7 +5,8 @@ own init, at step 0 and after fine-tuning.
     .venv/bin/python benchmarks/vit_resolution.py          # print the table
     .venv/bin/python benchmarks/vit_resolution.py --write  # and update BENCHMARKS.md
 
-Each model is timm's VisionTransformer built on the CPU from seed 0, with 10 classes. Its data
+Each model is timm's VisionTransformer built on the CPU from seed 0, with 10 classes, or one of
+the variants timm registers (CLIP's pre-norm), or transformers' ViT or DeiT classifier. Its data
 is scikit-learn's digits, held-out split, resized bilinearly to the model's resolution (as
 `eval-ghn --data digits` gives them). Columns, held-out loss:
 
@@ -63,8 +64,8 @@ MODELS = {
     "`vit_small_patch16_224`, 224 px": ("vit_small_patch16_224", {}),
     "`vit_base_patch16_224`, 224 px": ("vit_base_patch16_224", {}),
     # timm's variants and transformers' ViTs as their libraries build them, at 224 px: grown through a
-    # twin since 2026-12-01 (graphkit.families.vit.OPTIONS, graphkit.ghn.grow.library_twin); before,
-    # decoded directly
+    # twin since 2026-12-01 (graphkit.families.vit.OPTIONS, graphkit.families.equivalents,
+    # graphkit.ghn.grow.library_twin); before, decoded directly. Plain ViT-B/32 is CLIP's control
     "`vit_base_patch32_224`, 224 px": ("vit_base_patch32_224", {}),
     "`vit_base_patch32_clip_224` (pre-norm), 224 px": ("vit_base_patch32_clip_224", {}),
     "transformers' `ViTForImageClassification`, 224 px": ("hf:vit", {"num_labels": 10}),

@@ -17,6 +17,7 @@ from graphkit.families import (
     resolve_config,
     traced_family,
 )
+from graphkit.families.equivalents import renamed, vit_equivalent
 
 CONFIGS = {
     "vit": dict(family="vit", num_layers=4, hidden=256, heads=8),
@@ -205,6 +206,34 @@ def test_a_vit_whose_mlp_is_not_timms_has_no_config():
         model = timm.create_model("vit_giant_patch14_dinov2", pretrained=False, embed_dim=96, depth=1, num_heads=2)
     with pytest.raises(ConfigError, match="an MLP whose fc1 .* is not fc2's input"):
         config_from_graph(graphkit.trace(model))
+
+
+def test_transformers_vit_computes_what_its_timm_equivalent_computes():
+    """The renaming is the function: a random timm ViT's parameters, renamed into transformers'
+    ViT (q, k and v as the fused projection's row blocks), give its logits; a model that is not
+    transformers' ViT classifier, or one with another activation, has no equivalent."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTModel  # noqa: PLC0415
+
+    fields = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=16)
+    torch.manual_seed(0)
+    hf = ViTForImageClassification(ViTConfig(**fields, patch_size=4, num_labels=7)).eval()
+    found = vit_equivalent(hf)
+    assert found is not None
+    config, renaming = found
+    assert (config["mlp"], config["num_classes"], config["patch_size"]) == (96, 7, 4)
+    torch.manual_seed(1)
+    timm_vit = build_model(config, "cpu")
+    with torch.no_grad():
+        for p in timm_vit.parameters():  # norms and biases away from 1 and 0, so that each is carried
+            p.add_(torch.randn_like(p) * 0.1)
+    values = renamed(dict(timm_vit.named_parameters()), renaming)
+    assert values.keys() == dict(hf.named_parameters()).keys()
+    hf.load_state_dict({name: value.detach() for name, value in values.items()})
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(images).logits, timm_vit(images), rtol=1e-4, atol=1e-4)
+    assert vit_equivalent(ViTModel(ViTConfig(**fields))) is None
+    assert vit_equivalent(ViTForImageClassification(ViTConfig(**fields, hidden_act="relu"))) is None
 
 
 def test_graph_of_an_unknown_family():

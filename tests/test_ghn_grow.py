@@ -12,6 +12,7 @@ from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import (
+    EQUIVALENT,
     GrowError,
     GrownDecoding,
     Twin,
@@ -346,18 +347,6 @@ def test_a_model_with_parts_its_family_config_lacks_has_no_twin_and_is_decoded_d
     torch.testing.assert_close(written["pos_embed"], predicted_params(vits, graph, grow=False)["pos_embed"])
 
 
-def resized_like_the_twin(vits, graph, twin, kernel: str) -> None:
-    """Every parameter ``predict`` writes for ``graph`` is its twin's prediction, the patch
-    embedding ``kernel`` resized (the same token grid: nothing else changes)."""
-    params = predicted_params(vits, graph, grow=twin)
-    expected = predicted_params(vits, graphkit.trace(twin.model))
-    assert params.keys() == expected.keys() == {name for node in graph.nodes for name in node.params}
-    for name, value in params.items():
-        torch.testing.assert_close(
-            value, resize_patches(expected[name], tuple(value.shape[2:])) if name == kernel else expected[name]
-        )
-
-
 def test_a_timm_variant_is_predicted_through_a_twin_with_its_parts(vits):
     """CLIP's ViT (a norm on the stream before the blocks, no patch-embedding bias) has a twin
     since its config reads the pre-norm: at 16 px with patch 4 its own config at 8 px with patch 2."""
@@ -369,35 +358,91 @@ def test_a_timm_variant_is_predicted_through_a_twin_with_its_parts(vits):
         2,
         8,
     )
-    resized_like_the_twin(vits, graph, twin, "patch_embed.proj.weight")
+    params = predicted_params(vits, graph, grow=twin)
+    expected = predicted_params(vits, graphkit.trace(twin.model))
+    assert params.keys() == expected.keys() == {name for name, _ in model.named_parameters()}
+    for name, value in params.items():
+        resized = name == "patch_embed.proj.weight"
+        torch.testing.assert_close(value, resize_patches(expected[name], (4, 4)) if resized else expected[name])
 
 
-def test_a_transformers_vit_is_predicted_through_a_twin_of_its_own_class(vits):
-    """transformers' ViT names its parameters its own way, so no graphkit family reads it: at 16 px
-    with patch 4 its twin is its own class at 8 px with patch 2 (the same 4 x 4 tokens), found
-    through the model; at 224 px with patch 16 and ViT-B's width, its own class at 256 wide."""
+def hf_vit(**fields):
     from transformers import ViTConfig, ViTForImageClassification  # noqa: PLC0415
 
-    config = ViTConfig(
-        hidden_size=256, num_hidden_layers=3, num_attention_heads=4, intermediate_size=1024, image_size=16,
-        patch_size=4, num_labels=10,
-    )  # fmt: skip
-    model = meta(lambda: ViTForImageClassification(config))
+    config = dict(hidden_size=256, num_hidden_layers=3, num_attention_heads=4, intermediate_size=1024, num_labels=10)
+    return meta(lambda: ViTForImageClassification(ViTConfig(**{**config, **fields})))
+
+
+def test_a_transformers_vit_is_predicted_as_the_timm_vit_it_computes(vits):
+    """transformers' ViT is timm's with q, k and v apart and other names: inside the space its
+    twin is that timm ViT at its own shapes, and every parameter predicted is the timm ViT's
+    prediction, renamed, q, k and v the fused projection's row blocks; without the model at hand
+    there is no twin."""
+    model = hf_vit(image_size=8, patch_size=2)
     graph = graphkit.trace(model)
-    assert twin_of(vits, graph) is None  # without the model: nothing to build a twin from
+    assert twin_of(vits, graph) is None
     twin = twin_of(vits, graph, model)
-    assert twin is not None and twin.config == {"hidden": 256, "heads": 4, "patch_size": 2, "image_size": 8}
-    assert type(twin.model) is ViTForImageClassification
+    assert twin is not None and twin.renaming is not None and twin.config["family"] == "vit"
+    assert (twin.config["hidden"], twin.config["image_size"], twin.config["patch_size"]) == (256, 8, 2)
+    assert twin_phrase(graph, twin) == EQUIVALENT and lr_scale(graph, twin) == {}
+    params = predicted_params(vits, graph, grow=twin)
+    timm_params = predicted_params(vits, graphkit.trace(twin.model))
+    assert params.keys() == {name for name, _ in model.named_parameters()}
+    fused = timm_params["blocks.1.attn.qkv.weight"]
+    for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        torch.testing.assert_close(params[f"vit.layers.1.attention.{name}.weight"], fused[i * 256 : (i + 1) * 256])
+    torch.testing.assert_close(params["classifier.weight"], timm_params["head.weight"])
+    torch.testing.assert_close(params["vit.embeddings.position_embeddings"], timm_params["pos_embed"])
+
+
+def test_a_transformers_vit_outside_the_space_is_grown_from_its_timm_twin(vits):
+    """At 16 px with patch 4 (the trained 4 x 4 tokens) the twin is the timm ViT at 8 px with
+    patch 2, its kernel resized; at ViT-B's shape and 224 px, the 256-wide timm ViT, grown and
+    resized, each grown weight at the widths' ratio in fine-tuning."""
+    model = hf_vit(image_size=16, patch_size=4)
+    graph = graphkit.trace(model)
+    twin = twin_of(vits, graph, model)
+    assert twin is not None and (twin.config["patch_size"], twin.config["image_size"]) == (2, 8)
     assert twin_phrase(graph, twin) == (
-        "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without changing what "
-        "it computes"
+        f"{EQUIVALENT}, its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without "
+        "changing what it computes"
     )
     kernel = "vit.embeddings.patch_embeddings.projection.weight"
     assert lr_scale(graph, twin) == {kernel: 1 / 4}
-    resized_like_the_twin(vits, graph, twin, kernel)
-    base = meta(lambda: ViTForImageClassification(ViTConfig(num_labels=10)))
-    twin = twin_of(vits, graphkit.trace(base), base)
-    assert twin is not None and twin.config == {"hidden": 256, "heads": 4, "patch_size": 2, "image_size": 8}
+    params = predicted_params(vits, graph, grow=twin)
+    expected = predicted_params(vits, graphkit.trace(twin.model))
+    torch.testing.assert_close(params[kernel], resize_patches(expected["patch_embed.proj.weight"], (4, 4)))
+    torch.testing.assert_close(params["vit.layers.2.mlp.fc2.weight"], expected["blocks.2.mlp.fc2.weight"])
+    base = hf_vit(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    graph = graphkit.trace(base)
+    twin = twin_of(vits, graph, base)
+    assert twin is not None and (twin.config["hidden"], twin.config["heads"], twin.config["image_size"]) == (256, 4, 8)
+    assert twin_phrase(graph, twin).startswith(f"{EQUIVALENT}, its 256-wide twin (4 heads), grown to its width, ")
+    factors = lr_scale(graph, twin)
+    assert factors["vit.layers.0.attention.k_proj.weight"] == 256 / 768 and factors[kernel] == 1 / 64
+    # grown: k's first 256 rows are the twin's k rows (the fused projection's second block), each
+    # row's values split among the copies of the input coordinate they read, summing to the twin's
+    wide = hf_vit(hidden_size=640, num_hidden_layers=6, num_attention_heads=10, intermediate_size=640)
+    graph = graphkit.trace(wide)
+    twin = twin_of(vits, graph, wide)
+    assert twin is not None and twin.config["hidden"] == 256
+    params = predicted_params(vits, graph, grow=twin)
+    fused = predicted_params(vits, graphkit.trace(twin.model))["blocks.4.attn.qkv.weight"]
+    k = params["vit.layers.4.attention.k_proj.weight"]
+    assert k.shape == (640, 640) and fused.shape == (768, 256)
+    torch.testing.assert_close(k[:256].sum(1), fused[256:512].sum(1), rtol=1e-4, atol=1e-5)
+
+
+def test_a_transformers_deit_is_predicted_through_a_twin_of_its_own_class(vits):
+    """DeiT's distillation token has no timm ViT to be: at 224 px its twin is its own class,
+    256 wide, at 8 px with patch 2, found through the model."""
+    from transformers import DeiTConfig, DeiTForImageClassification  # noqa: PLC0415
+
+    model = meta(lambda: DeiTForImageClassification(DeiTConfig(num_labels=10)))
+    graph = graphkit.trace(model)
+    twin = twin_of(vits, graph, model)
+    assert twin is not None and twin.renaming is None and type(twin.model) is DeiTForImageClassification
+    assert twin.config == {"hidden": 256, "heads": 4, "patch_size": 2, "image_size": 8}
 
 
 def test_a_resized_patch_embedding_gives_the_twins_tokens_on_a_patch_upscaled_as_the_data_is():

@@ -252,7 +252,8 @@ def predict(
         help="Predict a model wider than any the hypernetwork trained on, or with a patch size or a finer "
         "token grid it never trained on, as its twin inside the training space, grown to its width (Net2Net), "
         "its patch embedding resized (FlexiViT), its position table resized to its grid and its output layer "
-        "scaled by the grids' ratio; --no-grow decodes it directly.",
+        "scaled by the grids' ratio, and transformers' ViT as the timm ViT it computes the same function as; "
+        "--no-grow decodes it directly.",
     ),
     calibrate: bool = typer.Option(
         False,

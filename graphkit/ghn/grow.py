@@ -120,6 +120,7 @@ from torch import nn
 from graphkit.compat import skip_weight_init
 from graphkit.errors import GrowError
 from graphkit.families import ConfigError, build_model, config_from_graph
+from graphkit.families.equivalents import Renaming, block_shape, renamed, vit_equivalent
 from graphkit.families.libraries import EXPERT_MLP_FIELDS, HEAD_FIELDS, KV_HEAD_FIELDS, MLP_FIELDS, WIDTH_FIELDS
 from graphkit.ghn.calibrate import output_layer
 from graphkit.ghn.encoding import Target, targets
@@ -260,7 +261,8 @@ class GrownDecoding:
     into their destinations (the interface of :class:`~graphkit.ghn.model.LowRankDecoding`): the
     twin's values are checked for NaN and Inf before anything is written, and the wide model
     never exists twice in memory, only one grown parameter beside it. ``head_factor`` multiplies
-    the output layer (:func:`logit_scale`)."""
+    the output layer (:func:`logit_scale`); ``renaming`` reads the twin's values by the model's
+    names (:attr:`Twin.renaming`)."""
 
     def __init__(
         self,
@@ -270,8 +272,9 @@ class GrownDecoding:
         twin: int,
         max_slots: int,
         head_factor: float = 1.0,
+        renaming: Renaming | None = None,
     ) -> None:
-        self.graph, self.twin_params = graph, twin_params
+        self.graph, self.twin_params = graph, twin_params if renaming is None else renamed(twin_params, renaming)
         self.width, self.twin, self.head_factor = width, twin, head_factor
         self.targets = targets(graph, max_slots)
         self._tied_norms = _tied_head_norms(graph)
@@ -314,10 +317,21 @@ def _narrower(config: dict[str, Any], space: Mapping[str, Any], depth: int) -> d
 
 class Twin(NamedTuple):
     """A model's twin inside a hypernetwork's training space (:func:`twin_of`): its config and
-    the twin itself, built on the meta device once, to be checked, traced and described."""
+    the twin itself, built on the meta device once, to be checked, traced and described; and,
+    for a model of another library that computes what the twin's family computes (transformers'
+    ViT), the ``renaming`` of the model's parameters into the twin's
+    (:mod:`graphkit.families.equivalents`)."""
 
     config: dict[str, Any]
     model: nn.Module
+    renaming: Renaming | None = None
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The twin's parameter shapes by the model's names."""
+        own = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+        if self.renaming is None:
+            return own
+        return {name: block_shape(own[source], block) for name, (source, block) in self.renaming.items()}
 
 
 def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | None:
@@ -353,6 +367,13 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     patches = patches_at_grid(space, grid) if space else None
     patch = patch if patches is None or patch is None else min(max(patch, patches[0]), patches[1])
     regrid = (patch, grid) != (size["patch"], size["grid"])
+    # a model another library writes as a family's model computes (transformers' ViT) is predicted as
+    # that model, at its own shapes too: the hypernetwork read the family's graphs, not the library's
+    equivalent = vit_equivalent(model) if model is not None else None
+    if equivalent is not None:
+        config, renaming = equivalent
+        twin = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None, config)
+        return twin._replace(renaming=renaming) if twin is not None else None
     if not (wide or regrid):
         return None
     family = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None)
@@ -378,18 +399,21 @@ def _family_twin(
     space: Mapping[str, Any],
     wide: bool,
     regrid: tuple[int | None, int | None] | None,
+    config: dict[str, Any] | None = None,
 ) -> Twin | None:
-    """The twin :func:`twin_of` describes, from the config graphkit's family reads off ``graph``
-    (of extent ``size``): narrowed when ``wide``, at ``regrid``'s (patch, grid) when given. None
-    when no family reads it or no width holds whole heads."""
-    try:
-        config = config_from_graph(graph)
-    except ConfigError:
-        return None
-    # the config read back must describe the model itself, shape by shape, before a twin is made of it
-    own = {name: tuple(p.shape) for name, p in build_model(config, "meta").named_parameters()}
-    if own != {name: tuple(shape) for node in graph.nodes for name, shape in node.params.items()}:
-        return None
+    """The twin :func:`twin_of` describes, from ``config`` (an equivalent's, checked already)
+    or the config graphkit's family reads off ``graph`` (of extent ``size``): narrowed when
+    ``wide``, at ``regrid``'s (patch, grid) when given. None when no family reads it or no width
+    holds whole heads."""
+    if config is None:
+        try:
+            config = config_from_graph(graph)
+        except ConfigError:
+            return None
+        # the config read back must describe the model itself, shape by shape, before a twin is made of it
+        own = {name: tuple(p.shape) for name, p in build_model(config, "meta").named_parameters()}
+        if own != {name: tuple(shape) for node in graph.nodes for name, shape in node.params.items()}:
+            return None
     if wide:
         if config["hidden"] != size["width"]:
             return None
@@ -477,22 +501,27 @@ def library_twin(
     return None
 
 
+#: how :func:`twin_phrase` names a twin that is another library's model (:attr:`Twin.renaming`)
+EQUIVALENT = "the timm ViT it computes the same function as (q, k and v fused)"
+
+
 def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
     """How ``graph`` is predicted through its ``twin`` (:func:`twin_of`'s), for predict's
     output: "its 512-wide twin (8 heads), grown to its width without changing what it
     computes", "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding
     resized without changing what it computes", "its twin with patch 2 at 8 px (4 x 4 tokens),
     its patch embedding and position table resized to its 14 x 14 tokens, its output layer
-    scaled by 4/14" (:func:`logit_scale`), or a width and one of those."""
+    scaled by 4/14" (:func:`logit_scale`), or a width and one of those; each after
+    :data:`EQUIVALENT` for another library's model."""
     size, config = extent(graph), twin.config
-    parts = []
+    parts = [EQUIVALENT] if twin.renaming is not None else []
     if config["hidden"] != size["width"]:
         parts.append(f"its {config['hidden']}-wide twin ({config['heads']} heads), grown to its width")
     if config.get("patch_size") is None or (config["patch_size"], config["image_size"]) == (
         size["patch"],
         size["resolution"],
     ):
-        return ", ".join(parts) + " without changing what it computes"
+        return ", ".join(parts) + ("" if parts == [EQUIVALENT] else " without changing what it computes")
     grid, twin_grid = size["grid"], config["image_size"] // config["patch_size"]
     where = f"patch {config['patch_size']} at {config['image_size']} px"
     if twin_grid == grid:
@@ -508,7 +537,8 @@ def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
         after = f" to its {grid} x {grid} tokens"
         if logit_scale(graph, twin) < 1:
             after += f", its output layer scaled by {twin_grid}/{grid}"
-    parts.append(f"{resized} from the twin's {what}" if parts else f"its twin with {what}, {resized}")
+    grown = len(parts) > (twin.renaming is not None)
+    parts.append(f"{resized} from the twin's {what}" if grown else f"its twin with {what}, {resized}")
     return ", ".join(parts) + after
 
 
@@ -521,13 +551,14 @@ def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | N
     if twin is None:
         return None
     twin_graph = trace(twin.model)
-    if "init" in graph.meta:  # the twin is built on meta; its 1-D constants are the model's, name by name
+    if "init" in graph.meta and twin.renaming is None:  # built on meta: its 1-D constants are the model's, by name
         twin_graph.meta["init"] = graph.meta["init"]
     with torch.no_grad():
         params = ghn.predict(twin_graph)
     width = extent(graph)["width"]
     assert width is not None, "a twin is made for a model with a width"
-    return GrownDecoding(graph, params, width, twin.config["hidden"], ghn.config.max_slots, logit_scale(graph, twin))
+    head = logit_scale(graph, twin)
+    return GrownDecoding(graph, params, width, twin.config["hidden"], ghn.config.max_slots, head, twin.renaming)
 
 
 def logit_scale(graph: ArchGraph, twin: Twin) -> float:
@@ -550,7 +581,7 @@ def lr_scale(graph: ArchGraph, twin: Twin | None) -> dict[str, float]:
     wants a smaller lr)."""
     if twin is None:
         return {}
-    twin_shapes = {name: tuple(p.shape) for name, p in twin.model.named_parameters()}
+    twin_shapes = twin.shapes()
     tied_norms = _tied_head_norms(graph)
     scales = {}
     for target in targets(graph):
