@@ -245,6 +245,9 @@ def _load_transformers_type(source: str, spec: str, weights: bool) -> ModelFile:
                 f"{source}: {config_class.__name__} has no field {field!r}"
                 + _suggest(field, accepted, f"its fields: {', '.join(accepted)}")
             )
+    labels = fields.get("num_labels", 0)
+    if isinstance(labels, bool) or not isinstance(labels, int) or labels < 0:  # transformers reads -1 as 0
+        raise ModelSourceError(f"{source}: num_labels must be an integer >= 0 (0: no classifier); got {labels!r}")
     try:
         with _quiet():
             config = config_class(**fields)

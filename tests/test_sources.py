@@ -292,6 +292,8 @@ def test_help_shows_every_form():
         ("trace", "timm:", "timm: needs a model name"),
         ("trace", "hf:qwen9", "transformers has no model type 'qwen9'; did you mean"),
         ("trace", "hf:qwen2?hiden_size=64", "Qwen2Config has no field 'hiden_size'; did you mean hidden_size"),
+        ("trace", "hf:vit?num_labels=-1", "num_labels must be an integer >= 0 (0: no classifier); got -1"),
+        ("trace", "hf:vit?num_labels=nan", "num_labels must be an integer >= 0 (0: no classifier); got 'nan'"),
         (
             "trace",
             "hf:qwen2?num_hidden_layers=abc",

@@ -88,8 +88,14 @@ def _vit_renaming(model: nn.Module, depth: int) -> Renaming | None:
         return None
     prefix, layers = stacks[0]
     whole = (0, 1)
-    linears = (("qkv", (0, 3)), ("qkv", (1, 3)), ("qkv", (2, 3)), ("proj", whole), ("fc1", whole), ("fc2", whole))
-    timm_linears = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+    linears = (
+        ("attn.qkv", (0, 3)),
+        ("attn.qkv", (1, 3)),
+        ("attn.qkv", (2, 3)),
+        ("attn.proj", whole),
+        ("mlp.fc1", whole),
+        ("mlp.fc2", whole),
+    )
     renaming: Renaming = {}
     for i, layer in enumerate(layers):
         found = [(n, m) for n, m in layer.named_modules() if isinstance(m, (nn.Linear, nn.LayerNorm))]
@@ -97,9 +103,9 @@ def _vit_renaming(model: nn.Module, depth: int) -> Renaming | None:
         norms = [n for n, m in found if isinstance(m, nn.LayerNorm)]
         if len(maps) != len(linears) or len(norms) != 2:
             return None
-        for name, (kind, block) in zip(maps, linears):
+        for name, (timm_name, block) in zip(maps, linears):
             for what in ("weight", "bias"):
-                renaming[f"{prefix}.{i}.{name}.{what}"] = (f"blocks.{i}.{timm_linears[kind]}.{what}", block)
+                renaming[f"{prefix}.{i}.{name}.{what}"] = (f"blocks.{i}.{timm_name}.{what}", block)
         for name, timm_name in zip(norms, ("norm1", "norm2")):
             for what in ("weight", "bias"):
                 renaming[f"{prefix}.{i}.{name}.{what}"] = (f"blocks.{i}.{timm_name}.{what}", whole)

@@ -80,12 +80,10 @@ class Family:
             self._check_value(key, full[key], 1)
         if full["mlp"] is None:
             full["mlp"] = int(self.mlp_ratio * full["hidden"])
-        kinds = {"kv_heads": None, "mlp": 1, **self.defaults}  # a value is checked against its default's type
-        for key, default in kinds.items():
+        # a value is checked against its default's type, an option given against its own
+        given = {key: kind for key, kind in self.options.items() if key in full}
+        for key, default in {"kv_heads": None, "mlp": 1, **self.defaults, **given}.items():
             self._check_value(key, full[key], default)
-        for key, kind in self.options.items():
-            if key in full:
-                self._check_value(key, full[key], kind)
         if full["hidden"] % full["heads"]:
             raise ConfigError(f"{self.name} config: hidden {full['hidden']} is not divisible by heads {full['heads']}")
         if full["attention"] is not None and full["attention"] not in ATTENTION_VARIANTS:

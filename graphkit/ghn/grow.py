@@ -367,16 +367,17 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     patches = patches_at_grid(space, grid) if space else None
     patch = patch if patches is None or patch is None else min(max(patch, patches[0]), patches[1])
     regrid = (patch, grid) != (size["patch"], size["grid"])
+    regrid_to = (patch, grid) if regrid else None
     # a model another library writes as a family's model computes (transformers' ViT) is predicted as
     # that model, at its own shapes too: the hypernetwork read the family's graphs, not the library's
     equivalent = vit_equivalent(model) if model is not None else None
     if equivalent is not None:
         config, renaming = equivalent
-        twin = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None, config)
+        twin = _family_twin(graph, size, space or {}, wide, regrid_to, config)
         return twin._replace(renaming=renaming) if twin is not None else None
     if not (wide or regrid):
         return None
-    family = _family_twin(graph, size, space or {}, wide, (patch, grid) if regrid else None)
+    family = _family_twin(graph, size, space or {}, wide, regrid_to)
     if family is not None and _same_parameters(family.model, graph):
         return family
     width = size["width"]
@@ -384,7 +385,7 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
         return None
     # a family read a config off the graph whose twin lacks the model's parameters, or none did
     widest_twin = widest if wide and widest is not None else width
-    library = library_twin(model, width, widest_twin, (patch, grid) if regrid else None)
+    library = library_twin(model, width, widest_twin, regrid_to)
     return library if library is not None and _same_parameters(library.model, graph) else None
 
 
@@ -515,7 +516,8 @@ def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
     :data:`EQUIVALENT` for another library's model."""
     size, config = extent(graph), twin.config
     parts = [EQUIVALENT] if twin.renaming is not None else []
-    if config["hidden"] != size["width"]:
+    widened = config["hidden"] != size["width"]
+    if widened:
         parts.append(f"its {config['hidden']}-wide twin ({config['heads']} heads), grown to its width")
     if config.get("patch_size") is None or (config["patch_size"], config["image_size"]) == (
         size["patch"],
@@ -537,8 +539,7 @@ def twin_phrase(graph: ArchGraph, twin: Twin) -> str:
         after = f" to its {grid} x {grid} tokens"
         if logit_scale(graph, twin) < 1:
             after += f", its output layer scaled by {twin_grid}/{grid}"
-    grown = len(parts) > (twin.renaming is not None)
-    parts.append(f"{resized} from the twin's {what}" if grown else f"its twin with {what}, {resized}")
+    parts.append(f"{resized} from the twin's {what}" if widened else f"its twin with {what}, {resized}")
     return ", ".join(parts) + after
 
 

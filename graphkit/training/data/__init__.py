@@ -88,10 +88,11 @@ def source_for(config: dict[str, Any]) -> str:
     """The bundled data for the model ``config`` describes: its family's, else stdlib-text for any
     language model (a config with a vocabulary) and digits for any image model (one with an image
     size); a DataError naming the families otherwise."""
-    if config.get("family") not in DEFAULT_SOURCES and "vocab_size" in config:
-        return "stdlib-text"
-    if config.get("family") not in DEFAULT_SOURCES and "image_size" in config:
-        return "digits"
+    if config.get("family") not in DEFAULT_SOURCES:
+        if "vocab_size" in config:
+            return "stdlib-text"
+        if "image_size" in config:
+            return "digits"
     return default_source(config.get("family"))
 
 
