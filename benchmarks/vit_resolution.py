@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from graphkit.errors import UntrainedOpError  # noqa: E402
 from graphkit.ghn.calibrate import output_layer  # noqa: E402
 from graphkit.ghn.grow import logit_scale, lr_scale, twin_of  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
@@ -70,6 +71,13 @@ MODELS = {
     "`vit_base_patch32_clip_224` (pre-norm), 224 px": ("vit_base_patch32_clip_224", {}),
     "transformers' `ViTForImageClassification`, 224 px": ("hf:vit", {"num_labels": 10}),
     "transformers' `DeiTForImageClassification`, 224 px": ("hf:deit", {"num_labels": 10}),
+    # layer scale, which the checkpoint never trained on: predicted as the plain twin with its gains at 1
+    # since 2026-12-01 (graphkit.families.equivalents.plain_form); before, by logah-tiny-zoo-vision
+    "ViT-S depth 6, 8 px, patch 2, layer scale": (
+        "vit_small_patch16_224",
+        dict(SMALL, img_size=8, patch_size=2, init_values=1e-5),
+    ),
+    "`deit3_small_patch16_224` (layer scale), 224 px": ("deit3_small_patch16_224", {}),
 }
 BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
 
@@ -96,16 +104,22 @@ def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
     arms = ("own init", "decoded directly", "predicted") + (("own init, lr factors",) if factors and steps else ())
     for init in arms:
         model = built(name, kwargs)
-        if init in ("decoded directly", "predicted"):
-            predict(model, ghn, graph=graph, grow=(twin or False) if init == "predicted" else False)
         if init == "decoded directly":
+            try:
+                predict(model, ghn, graph=graph, grow=False)
+            except UntrainedOpError:  # an op the checkpoint never trained on (layer scale): only its twin is predicted
+                continue
             scores[init] = {0: score(model, held_out, "image")}
             continue
+        if init == "predicted":
+            predict(model, ghn, graph=graph, grow=twin or False)
         scale = factors if init in ("predicted", "own init, lr factors") else {}
         _, scores[init] = up_train(
             model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps), lr_scale=scale
         )
-    cells = [f"{scores[init][0][0]:.2f} / {scores[init][0][1]:.2f}" for init in arms[:3]]
+    cells = [
+        f"{scores[init][0][0]:.2f} / {scores[init][0][1]:.2f}" if init in scores else "refused" for init in arms[:3]
+    ]
     if steps:
         cells += [
             f"{scores[init][steps][0]:.2f} / {scores[init][steps][1]:.2f}" if init in scores else "-"

@@ -234,6 +234,29 @@ def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     torch.testing.assert_close(weight[512:], weight[:256])
 
 
+def test_predict_takes_a_layer_scale_vit_as_its_plain_twin_and_says_so(tmp_path):
+    """DeiT-III at the trained shapes goes to the ViT checkpoint, which never saw layer scale, and
+    is predicted as its plain twin, its gains written as 1; told not to predict through a twin, it
+    is refused in one line that names the op and the twin."""
+    source = "timm:deit3_small_patch16_224?img_size=8&patch_size=2&depth=3&embed_dim=256&num_heads=4&num_classes=10"
+    out = tmp_path / "deit3.safetensors"
+    result = run("predict", source, "--out", out)
+    assert result.exit_code == 0, result.output
+    twin = "its twin with its prefix tokens' positions in the position table (added to the tokens) and without layer "
+    assert (
+        f"bundled hypernetwork logah-tiny-vits: trained on image models and on every op kind {source} has as {twin}"
+        in (" ".join(result.stdout.split()))
+    )
+    assert f"predicting it as {twin}" in " ".join(result.stdout.split())
+    gains = {name: t for name, t in load_file(out).items() if name.endswith(".gamma")}
+    assert len(gains) == 6 and all(torch.equal(t, torch.ones(256)) for t in gains.values())
+    line = one_line_error(run("predict", source, "--no-grow"))
+    assert line.startswith(
+        "error: node 'blocks.0.ls1.scale' has op 'scale', which this hypernetwork was not trained on"
+    )
+    assert line.endswith(f"predicted through a twin (grow) it is: {twin}scale (its gains set to 1)")
+
+
 @pytest.mark.slow
 def test_predict_grows_a_transformers_decoder_of_no_graphkit_family_through_its_own_class(tmp_path):
     """A 12 x 384 Qwen2 (no graphkit family reads it) goes to the LLaMA checkpoint, whose 9-layer

@@ -17,7 +17,7 @@ from graphkit.families import (
     resolve_config,
     traced_family,
 )
-from graphkit.families.equivalents import renamed, vit_equivalent
+from graphkit.families.equivalents import plain_form, renamed, vit_equivalent
 
 CONFIGS = {
     "vit": dict(family="vit", num_layers=4, hidden=256, heads=8),
@@ -234,6 +234,53 @@ def test_transformers_vit_computes_what_its_timm_equivalent_computes():
         torch.testing.assert_close(hf(images).logits, timm_vit(images), rtol=1e-4, atol=1e-4)
     assert vit_equivalent(ViTModel(ViTConfig(**fields))) is None
     assert vit_equivalent(ViTForImageClassification(ViTConfig(**fields, hidden_act="relu"))) is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(init_values=1e-5),
+        dict(no_embed_class=True),
+        dict(no_embed_class=True, init_values=1e-6, reg_tokens=2),
+        dict(no_embed_class=True, reg_tokens=2, class_token=False, global_pool="avg"),
+    ],
+    ids=["layer-scale", "patch-positions", "deit3-with-registers", "pooled-registers"],
+)
+def test_a_vit_variant_computes_its_plain_form_from_converted_parameters(options):
+    """The conversion is the function: a random plain ViT's parameters, converted (layer scale's
+    gains at 1, the position table's prefix rows added to the prefix tokens), load into the variant
+    and give the plain ViT's logits; the form's ops lack layer scale's ``scale`` and nothing else."""
+    import timm  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    shape = dict(embed_dim=64, depth=2, num_heads=2, img_size=16, patch_size=4, num_classes=7)
+    variant = timm.create_model("vit_small_patch16_224", pretrained=False, **shape, **options).eval()
+    graph = graphkit.trace(variant)
+    form = plain_form(graph)
+    assert form is not None and not set(form.config) & set(form.options) and set(form.options) <= set(options)
+    assert form.ops == {n.op for n in graph.nodes} - ({"scale"} if "init_values" in options else set())
+    plain = build_model(form.config, "cpu").eval()
+    with torch.no_grad():
+        for p in plain.parameters():  # norms and biases away from 1 and 0, the tables away from 0
+            p.add_(torch.randn_like(p) * 0.1)
+    variant.load_state_dict(form.convert(dict(plain.state_dict())), strict=True)
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(variant(images), plain(images), rtol=1e-5, atol=1e-5)
+
+
+def test_plain_models_and_other_families_have_no_plain_form():
+    """A ViT with no such option, one with only options that change what it computes (qk-norm), a
+    decoder and a graph of no family have none: they are predicted as themselves."""
+    import timm  # noqa: PLC0415
+
+    for kwargs in ({}, {"qk_norm": True}):
+        with torch.device("meta"):
+            model = timm.create_model("vit_small_patch16_224", pretrained=False, depth=1, img_size=32, **kwargs)
+        assert plain_form(graphkit.trace(model)) is None
+    assert plain_form(graphkit.trace(build_model(CONFIGS["gpt2"]))) is None
+    exotic = graphkit.trace(meta(ExoticLM), (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
+    assert plain_form(exotic) is None
 
 
 def test_graph_of_an_unknown_family():

@@ -131,7 +131,9 @@ def test_input_task_is_read_off_the_graph():
         (lambda: llama(layers=2), "logah-tiny-llamas"),
         (lambda: gpt2(layers=2), "logah-tiny-gpts"),
         (lambda: small_timm("deit_small_patch16_224"), "logah-tiny-vits"),
-        (lambda: small_timm("deit3_small_patch16_224"), "logah-tiny-zoo-vision"),  # layer scale
+        # layer scale, which the family's checkpoint never saw: predicted as the plain ViT it computes
+        (lambda: small_timm("deit3_small_patch16_224"), "logah-tiny-vits"),
+        (lambda: small_timm("vit_base_patch16_siglip_gap_224"), "logah-tiny-zoo-vision"),  # pooled by the mean
         pytest.param(
             lambda: small_timm("swin_tiny_patch4_window7_224"), "logah-tiny-zoo-vision", marks=pytest.mark.slow
         ),
@@ -141,12 +143,13 @@ def test_input_task_is_read_off_the_graph():
             "logah-tiny-zoo-decoders",
         ),
     ],
-    ids=["mistral", "qwen2", "llama", "gpt2", "deit", "deit3", "swin", "gemma", "qwen3_moe"],
+    ids=["mistral", "qwen2", "llama", "gpt2", "deit", "deit3", "siglip-gap", "swin", "gemma", "qwen3_moe"],
 )
 def test_a_model_gets_the_checkpoint_trained_on_its_input_and_its_ops(build, chosen):
     """A family's checkpoint where one holds every op (a Mistral or a Qwen2 gets LLaMA's, measured
-    on held-out LLaMAs), the one trained across families where none does (a DeiT-III's layer scale,
-    a Swin's shifted windows, a Gemma's gelu, a Qwen3-MoE's experts)."""
+    on held-out LLaMAs; a DeiT-III's plain twin, without its layer scale, the ViT one), the one
+    trained across families where none does (a SigLIP's mean pooling, a Swin's shifted windows, a
+    Gemma's gelu, a Qwen3-MoE's experts)."""
     graph = trace(build())
     assert bundled_for(graph).name == chosen and prediction_refusal(graph) is None
 
@@ -196,13 +199,13 @@ def test_a_decoder_of_another_family_is_predicted_whole_and_runs(model_type):
 @pytest.fixture
 def zoo_vision(tmp_path):
     """A checkpoint added later, as train-ghn writes one trained on a vision zoo: the bundled
-    ViT's weights, a config that records layer scale among its trained ops, registered as a
+    ViT's weights, a config that records mean pooling among its trained ops, registered as a
     family's bundled checkpoint and removed afterwards."""
     folder = tmp_path / "logah-tiny-zoo-vision"
     folder.mkdir()
     shutil.copy(PRETRAINED / "logah-tiny-vits" / "model.safetensors", folder)
     info = json.loads((PRETRAINED / "logah-tiny-vits" / "config.json").read_text())
-    info.update(family="zoo-vision", trained_on=["zoo-vits-mini"], trained_ops=[*info["trained_ops"], "scale"])
+    info.update(family="zoo-vision", trained_on=["zoo-vits-mini"], trained_ops=[*info["trained_ops"], "mean_pool"])
     info["space"]["resolution"] = [32, 32]
     (folder / "config.json").write_text(json.dumps(info))
     register_family(
@@ -222,12 +225,11 @@ def zoo_vision(tmp_path):
 
 @pytest.mark.slow
 def test_a_checkpoint_added_later_is_chosen_by_its_config_alone(zoo_vision):
-    """DeiT-III (timm's deit module: the vit family) has layer scale, which the family's own
-    checkpoint never trained on: the new one that did predicts it. A plain DeiT fits both and
-    gets its family's own; a hand-written ViT of no family gets the one whose training space
-    (32 px) it lies nearer."""
-    deit3 = trace(small_timm("deit3_small_patch16_224"))
-    assert bundled_for(deit3) == zoo_vision and prediction_refusal(deit3) is None
+    """A SigLIP ViT (the vit family) pools by the mean, which the family's own checkpoint never
+    trained on: the new one that did predicts it. A plain DeiT fits both and gets its family's
+    own; a hand-written ViT of no family gets the one whose training space (32 px) it lies nearer."""
+    siglip = trace(small_timm("vit_base_patch16_siglip_gap_224"))
+    assert bundled_for(siglip) == zoo_vision and prediction_refusal(siglip) is None
     deit = trace(small_timm("deit_small_patch16_224"))
     assert bundled_for(deit).name == "logah-tiny-vits"
     vit = build_model({"family": "vit", "num_layers": 2, "hidden": 64, "heads": 2, "patch_size": 8}, "meta")

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from helpers import meta, timm_vit
 
 import graphkit
-from graphkit.errors import ConfigError
+from graphkit.errors import ConfigError, UntrainedOpError
 from graphkit.families import build_model, config_from_graph, resolve_config
 from graphkit.ghn import load_checkpoint
+from graphkit.ghn.checkpoint import bundled_for, check_graph
 from graphkit.ghn.encoding import targets
 from graphkit.ghn.grow import (
     EQUIVALENT,
@@ -364,6 +365,45 @@ def test_a_timm_variant_is_predicted_through_a_twin_with_its_parts(vits):
     for name, value in params.items():
         resized = name == "patch_embed.proj.weight"
         torch.testing.assert_close(value, resize_patches(expected[name], (4, 4)) if resized else expected[name])
+
+
+def test_a_layer_scale_vit_is_predicted_as_the_plain_vit_it_computes(vits):
+    """DeiT-III (layer scale, a position table for the patches only) at the trained shapes: the
+    bundled ViT checkpoint never saw layer scale's op, so the model is refused as itself and
+    predicted as its plain twin, whose prediction is converted: gains at 1, the table's class row
+    added to the class token, so that the model computes what the predicted plain ViT computes.
+    That checkpoint, not the one trained across families, is the one bundled for it."""
+    model = timm_vit("deit3_small_patch16_224", embed_dim=256, depth=3, num_heads=4, img_size=8, patch_size=2)
+    graph = graphkit.trace(model)
+    assert bundled_for(graph).name == "logah-tiny-vits"
+    with pytest.raises(UntrainedOpError, match="has op 'scale'.*and without layer scale"):
+        check_graph(vits, graph)
+    check_graph(vits, graph, plain=True)
+    twin = twin_of(vits, graph)
+    assert twin is not None and twin.plain is not None and twin.plain.options == ("no_embed_class", "init_values")
+    assert not {"no_embed_class", "init_values"} & set(twin.config) and twin.config["hidden"] == 256
+    assert twin_phrase(graph, twin) == (
+        "its twin with its prefix tokens' positions in the position table (added to the tokens) and without layer "
+        "scale (its gains set to 1) without changing what it computes"
+    )
+    params = predicted_params(vits, graph, grow=twin)
+    plain = predicted_params(vits, graphkit.trace(twin.model))
+    assert params.keys() == {name for name, _ in model.named_parameters()}
+    assert torch.equal(params["blocks.2.ls2.gamma"], torch.ones(256))
+    torch.testing.assert_close(params["cls_token"], plain["cls_token"] + plain["pos_embed"][:, :1])
+    torch.testing.assert_close(params["blocks.1.attn.qkv.weight"], plain["blocks.1.attn.qkv.weight"])
+    written = predict(model, vits, graph=graph)
+    ours, theirs = model.to_empty(device="cpu"), build_model(twin.config, "cpu")
+    ours.load_state_dict(written), theirs.load_state_dict(plain)
+    images = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(images), theirs.eval()(images), rtol=1e-5, atol=1e-5)
+    with pytest.raises(UntrainedOpError, match="has op 'scale'"):
+        predict(
+            timm_vit("deit3_small_patch16_224", embed_dim=256, depth=3, num_heads=4, img_size=8, patch_size=2),
+            vits,
+            grow=False,
+        )
 
 
 def hf_vit(**fields):

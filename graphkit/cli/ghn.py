@@ -284,7 +284,7 @@ def predict(
     from graphkit.finetune import LR_SCALE_KEY, lr_scale_phrase
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
-    from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe
+    from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe, knows_every_op, plain_for
     from graphkit.ghn.grow import lr_scale, twin_of, twin_phrase
     from graphkit.ghn.keep_init import (
         default_shrink,
@@ -305,12 +305,15 @@ def predict(
     loaded, graph = trace_loaded(loaded)
     chosen = bundled_for(graph) if ghn is None else None
     hypernet = load_checkpoint(chosen if chosen is not None else str(ghn))
-    check_graph(hypernet, graph)  # a model it cannot predict is one error line, with no scores or warning before it
+    # a model it cannot predict is one error line, with no scores or warning before it
+    check_graph(hypernet, graph, plain=grow)
     if chosen is not None:  # chosen by what the model is: say which, since it need not be its family's
         task = checkpoint_task(hypernet.info)
+        # a model with an op it never saw is predicted as the plain model it computes (layer scale's gains at 1)
+        plain = plain_for(hypernet.info, graph) if grow and not knows_every_op(hypernet.info, graph) else None
         console.print(
             f"bundled hypernetwork {chosen.name}: trained on {task + ' models and on ' if task else ''}every op "
-            f"kind {loaded.name} has",
+            f"kind {loaded.name} has" + (f" as its twin {' and '.join(plain.parts)}" if plain is not None else ""),
             highlight=False,
             soft_wrap=True,
         )

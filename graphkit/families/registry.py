@@ -40,6 +40,12 @@ class Family:
     # unlike a default, left out of the resolved config when absent: a variant of the family's
     # models that only some configs describe (timm's ViT variants: graphkit.families.vit.OPTIONS)
     options: Mapping[str, Any] = field(default_factory=dict)
+    # options a model computes its config without when its parameters are converted from that
+    # config's model's, each with how predict names the plain model and the conversion: layer scale
+    # with its gains at 1 (graphkit.families.equivalents.plain_form: predicted as that plain model)
+    plain: Mapping[str, tuple[str, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]]] = field(
+        default_factory=dict
+    )
     check: Callable[[dict[str, Any]], None] | None = None
     mlp_ratio: float = 4.0  # ``mlp`` defaults to mlp_ratio * hidden
     from_graph: Callable[[ArchGraph], dict[str, Any]] | None = None  # the config a traced graph came from

@@ -20,6 +20,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import fields as dataclass_fields
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 
 from graphkit.errors import CheckpointError, UntrainedOpError
 from graphkit.families import FamilyTable
+from graphkit.families.equivalents import PlainForm, plain_form
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
@@ -216,9 +218,24 @@ def bundled_names() -> list[str]:
     return list(dict.fromkeys([*BUNDLED.values(), *ZOO_BUNDLED]))
 
 
-def _missing_ops(info: Mapping[str, Any], ops: set[str]) -> tuple[str, ...]:
+def _missing_ops(info: Mapping[str, Any], ops: AbstractSet[str]) -> tuple[str, ...]:
     trained = info.get("trained_ops")
     return () if trained is None else tuple(sorted(ops - set(trained)))
+
+
+def knows_every_op(info: Mapping[str, Any], graph: ArchGraph) -> bool:
+    """Whether a checkpoint of config ``info`` trained on every op kind ``graph`` has (one
+    without a record of them: on all)."""
+    return not _missing_ops(info, {node.op for node in graph.nodes})
+
+
+def plain_for(info: Mapping[str, Any], graph: ArchGraph, form: PlainForm | None = None) -> PlainForm | None:
+    """The plain form (:func:`~graphkit.families.equivalents.plain_form`; ``form`` when the
+    caller has it) that a checkpoint of config ``info`` predicts ``graph``'s model as: the form,
+    when the checkpoint trained on every op kind it has (the bundled ViT hypernetwork never saw
+    layer scale's ``scale``, which the plain ViT lacks). None otherwise."""
+    form = form if form is not None else plain_form(graph)
+    return form if form is not None and not _missing_ops(info, form.ops) else None
 
 
 def bundled_for(graph: ArchGraph) -> Path:
@@ -240,7 +257,10 @@ def bundled_for(graph: ArchGraph) -> Path:
     same_task = [n for n in names if task is None or checkpoint_task(infos[n]) in (None, task)]
     candidates = same_task or names
     ops = {node.op for node in graph.nodes}
-    missing = {name: _missing_ops(infos[name], ops) for name in candidates}
+    # a model that computes a plainer one of its family (layer scale's gains at 1) is predicted as that
+    # one (graphkit.ghn.grow), and misses only the ops that one has
+    form = plain_form(graph)
+    missing = {name: _missing_ops(infos[name], form.ops if form is not None else ops) for name in candidates}
     own = BUNDLED.get(str(graph.meta.get("family")))
     # a family's checkpoint, measured on its held-out architectures, before one trained across families
     # (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance, issue #45)
@@ -260,18 +280,25 @@ def bundled_for(graph: ArchGraph) -> Path:
     return _locate(best)
 
 
-def check_graph(ghn: LoGAH, graph: ArchGraph) -> None:
+def check_graph(ghn: LoGAH, graph: ArchGraph, plain: bool = False) -> None:
     """Refuse a graph with an op the hypernetwork never saw in training (its prediction for that
-    node would be untrained noise); a hypernetwork without training info accepts every graph."""
+    node would be untrained noise); a hypernetwork without training info accepts every graph.
+    ``plain`` accepts, too, a graph whose plain form has none such (:func:`plain_for`), for a
+    caller that predicts the model as that form (predict, through its twin)."""
     info = getattr(ghn, "info", {})
+    if knows_every_op(info, graph):
+        return
+    form = plain_for(info, graph)
+    if plain and form is not None:
+        return
     missing = _missing_ops(info, {node.op for node in graph.nodes})
-    if missing:
-        unseen = next(node for node in graph.nodes if node.op in missing)
-        raise UntrainedOpError(
-            f"node {unseen.name!r} has op {unseen.op!r}, which this hypernetwork was not trained on "
-            f"(trained on: {', '.join(sorted(info['trained_ops']))})",
-            missing,
-        )
+    unseen = next(node for node in graph.nodes if node.op in missing)
+    raise UntrainedOpError(
+        f"node {unseen.name!r} has op {unseen.op!r}, which this hypernetwork was not trained on "
+        f"(trained on: {', '.join(sorted(info['trained_ops']))})"
+        + (f"; predicted through a twin (grow) it is: its twin {' and '.join(form.parts)}" if form else ""),
+        missing,
+    )
 
 
 def record_evaluation(

@@ -133,7 +133,7 @@ def refusal_reason(graph: ArchGraph, ghn: LoGAH | None = None) -> Refusal | None
     would predict it."""
     try:
         ghn = ghn if ghn is not None else bundled_hypernetwork(str(bundled_for(graph)))
-        check_graph(ghn, graph)
+        check_graph(ghn, graph, plain=True)  # as predict's default (grow) sees it
         # a graph traced on meta has no init constants; predict reads them from the model's library,
         # so it is encoded here as if it had them (an empty record: each 1-D parameter by its kind)
         encode(
@@ -220,7 +220,7 @@ def predict(
     graph = graph if graph is not None else trace(model, example_inputs)
     if ghn is None:
         ghn = load_checkpoint(bundled_for(graph))
-    check_graph(ghn, graph)
+    check_graph(ghn, graph, plain=grow is not False)  # a plain form is predicted through a twin
     if calibrate:
         check_calibration(graph)
     device = next(ghn.parameters()).device
