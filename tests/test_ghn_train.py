@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import ON_EVERY_DEVICE
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import graphkit
@@ -180,6 +181,22 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
         train(quick(vits, tmp_path / "unlevelled", initial_checkpoint=str(tmp_path / "level")))
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*nowhere: no hypernetwork checkpoint there"):
         train(quick(vits, tmp_path / "missing", initial_checkpoint=str(tmp_path / "nowhere")))
+    # a checkpoint of an older op vocabulary (the bundled ones read 32 ids): its rows copied, the new ids fresh
+    older = tmp_path / "older"
+    shutil.copytree(tmp_path / "first", older)
+    weights = load_file(older / "model.safetensors")
+    op_rows = "encoder.op_embed.weight"
+    save_file({**weights, op_rows: weights[op_rows][:32].contiguous()}, older / "model.safetensors")
+    config_file = older / "config.json"
+    info = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**info, "ops_version": 2, "logah": {**info["logah"], "num_ops": 32}}))
+    assert load_checkpoint(older).config.num_ops == 32
+    train(quick(vits, tmp_path / "extended", steps=1, lr=1e-12, initial_checkpoint=str(older)), progress=False)
+    extended = load_checkpoint(tmp_path / "extended").state_dict()
+    assert extended[op_rows].shape[0] == first[op_rows].shape[0] > 32
+    assert torch.allclose(extended[op_rows][:32], first[op_rows][:32], atol=1e-6)
+    assert torch.allclose(extended[op_rows][32:], unrelated[op_rows][32:], atol=1e-6)  # a fresh run's rows
+    assert all(torch.allclose(extended[k], v, atol=1e-6) for k, v in first.items() if k != op_rows)
 
 
 def test_zoo_families_are_for_a_mini_zoo(vits, tmp_path):

@@ -88,7 +88,8 @@ def train_ghn(
         metavar="<path>",
         help="Start from this hypernetwork's weights (a run folder or a bundled name) instead of a fresh "
         "LoGAH with the same options: a curriculum's next stage, e.g. a pool of 4 LLaMAs first, then llamas-1k, "
-        "which leaves the unigram plateau where a fresh start does not (docs/experiments.md).",
+        "which leaves the unigram plateau where a fresh start does not (docs/experiments.md). One of an older op "
+        "vocabulary (the bundled ones) starts the run's newer one, the op ids it never read fresh.",
     ),
     zoo_families: Optional[str] = typer.Option(
         None,

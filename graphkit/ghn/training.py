@@ -458,11 +458,17 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     TrainError naming the first setting in which their configs differ (the variant, the roles a
     pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles. A run
     with a level head may start from a checkpoint without one: the head starts at zero, so the
-    start decodes as the checkpoint does."""
+    start decodes as the checkpoint does. So may a run whose op vocabulary is newer than the
+    checkpoint's (the bundled ones read 32 op ids, a fresh run 51): op ids never change meaning, so
+    the checkpoint's embedding rows are copied and the ids it never read keep their fresh rows."""
     # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
     adds_level = ghn.config.level_head and not initial.config.level_head
+    adds_ops = initial.config.num_ops < ghn.config.num_ops
     comparable = replace(
-        initial.config, init_anchors=ghn.config.init_anchors, level_head=initial.config.level_head or adds_level
+        initial.config,
+        init_anchors=ghn.config.init_anchors,
+        level_head=initial.config.level_head or adds_level,
+        num_ops=ghn.config.num_ops if adds_ops else initial.config.num_ops,
     )
     if comparable != ghn.config:
         field = next(f for f in asdict(ghn.config) if getattr(comparable, f) != getattr(ghn.config, f))
@@ -472,7 +478,12 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
             "--role-key, ...) or start fresh"
         )
     # the configs agree but for the head, so the head's parameters are all a fresh run may miss
-    ghn.load_state_dict(initial.state_dict(), strict=not adds_level)
+    state = initial.state_dict()
+    if adds_ops:
+        known = state["encoder.op_embed.weight"]
+        fresh = ghn.encoder.op_embed.weight.detach()[known.shape[0] :]
+        state["encoder.op_embed.weight"] = torch.cat([known, fresh.to(known.device, known.dtype)])
+    ghn.load_state_dict(state, strict=not adds_level)
 
 
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
