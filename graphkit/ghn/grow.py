@@ -589,8 +589,8 @@ def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | N
     width = extent(graph)["width"]
     assert width is not None, "a twin is made for a model with a width"
     head = logit_scale(graph, twin)
-    config = twin.config
-    return GrownDecoding(graph, params, width, config["hidden"], ghn.config.max_slots, head, twin.renaming, twin.plain)
+    hidden = twin.config["hidden"]
+    return GrownDecoding(graph, params, width, hidden, ghn.config.max_slots, head, twin.renaming, twin.plain)
 
 
 def logit_scale(graph: ArchGraph, twin: Twin) -> float:
