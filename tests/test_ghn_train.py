@@ -155,6 +155,14 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert all(torch.allclose(started[k], v, atol=1e-6) for k, v in first.items())
     assert not all(torch.allclose(unrelated[k], v, atol=1e-3) for k, v in first.items())
     assert load_checkpoint(tmp_path / "next").info["train"]["initial_checkpoint"] == str(tmp_path / "first")
+    # its card tells the whole history, not only the last run's steps
+    assert load_checkpoint(tmp_path / "next").info["stages"] == [
+        {"dataset": "tiny-vits", "data": "digits", "steps": 2},
+        {"dataset": "tiny-vits", "data": "digits", "steps": 1},
+    ]
+    assert describe(load_checkpoint(tmp_path / "next")).startswith(
+        "LoGAH-tiny trained on tiny-vits with digits (2 steps), then on tiny-vits with digits (1 steps); "
+    )
     # a stage trained on graphs without init constants may start one on graphs with them
     config_file = tmp_path / "first" / "config.json"
     config_file.write_text(config_file.read_text().replace('"init_anchors": true', '"init_anchors": false'))
@@ -189,6 +197,7 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     save_file({**weights, op_rows: weights[op_rows][:32].contiguous()}, older / "model.safetensors")
     config_file = older / "config.json"
     info = json.loads(config_file.read_text())
+    del info["stages"]  # the bundled checkpoints predate stages: one run, described by its dataset and steps
     config_file.write_text(json.dumps({**info, "ops_version": 2, "logah": {**info["logah"], "num_ops": 32}}))
     assert load_checkpoint(older).config.num_ops == 32
     train(quick(vits, tmp_path / "extended", steps=1, lr=1e-12, initial_checkpoint=str(older)), progress=False)
@@ -197,6 +206,8 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert torch.allclose(extended[op_rows][:32], first[op_rows][:32], atol=1e-6)
     assert torch.allclose(extended[op_rows][32:], unrelated[op_rows][32:], atol=1e-6)  # a fresh run's rows
     assert all(torch.allclose(extended[k], v, atol=1e-6) for k, v in first.items() if k != op_rows)
+    assert [s["steps"] for s in load_checkpoint(tmp_path / "extended").info["stages"]] == [2, 1]
+    assert load_checkpoint(tmp_path / "extended").info["trained_on"] == ["tiny-vits"]  # each dataset once
 
 
 def test_zoo_families_are_for_a_mini_zoo(vits, tmp_path):
@@ -251,9 +262,11 @@ def test_zoo_families_must_be_family_names(names, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ON_EVERY_DEVICE)
 def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, monkeypatch):
-    """On a GPU only with --deterministic: atomic adds sum in a varying order otherwise."""
+    """On a GPU only with --deterministic: atomic adds sum in a varying order otherwise. A run
+    started from a checkpoint keeps that one's history through the resume."""
+    train(quick(vits, tmp_path / "first", steps=2, device=device), progress=False)
     straight = tmp_path / "straight"
-    options = dict(steps=6, device=device, deterministic=device != "cpu")
+    options = dict(steps=6, device=device, deterministic=device != "cpu", initial_checkpoint=str(tmp_path / "first"))
     train(quick(vits, straight, **options), progress=False)
 
     calls = {"n": 0}
@@ -276,6 +289,8 @@ def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, 
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     steps = [json.loads(line)["step"] for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+    history = load_checkpoint(interrupted).info["stages"]
+    assert history == load_checkpoint(straight).info["stages"] and [s["steps"] for s in history] == [2, 6]
 
 
 @pytest.mark.slow
@@ -537,14 +552,17 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating():
 def test_bundled_checkpoints(family):
     ghn = load_checkpoint(BUNDLED[family])
     assert ghn.info["family"] == family and ghn.info["variant"] == "tiny"
-    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (v2's
-    # 32; the GPT-2 and LLaMA ones, retrained on tied and untied models, v4's); none reads depth;
-    # the GPT-2 one reads tying; the language models' decode each parameter role through its own map
+    # it reads the op ids of the vocabulary it was trained on, whose meaning never changes (v4's:
+    # the GPT-2 and LLaMA ones retrained on tied and untied models, the ViT one trained further on
+    # pre-norm ViTs); none reads depth; the GPT-2 one reads tying; the language models' decode each
+    # parameter role through its own map
     version = ghn.info["ops_version"]
     assert ghn.config.num_ops == VOCABULARY_SIZES[version] == ghn.encoder.op_embed.num_embeddings
-    assert version == (2 if family == "vit" else 4) and ghn.config.depth_buckets == 0
+    assert version == 4 and ghn.config.depth_buckets == 0
     assert ghn.config.tie_feature is (family == "gpt2") and ghn.info["space"].get("tied", False) is (family != "vit")
-    assert ghn.config.init_anchors is False  # trained before graphs recorded their init constants
+    # the ViT one's second stage decodes 1-D parameters around their init constants; the others were
+    # trained before graphs recorded them
+    assert ghn.config.init_anchors is (family == "vit")
     language = family in ("gpt2", "llama")
     assert (len(ghn.config.roles) > 0) == language and ghn.info["train"].get("role_maps", False) == language
     # names without block indices, as they were trained (recorded only since roles had a key)

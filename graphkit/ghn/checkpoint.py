@@ -351,13 +351,18 @@ def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
     """One line on what a checkpoint was trained on and its recorded held-out effect, e.g.
     "LoGAH-tiny trained on vits-digits with digits (400 steps); held out: 8 architectures, the
     predicted parameters alone 0.62 accuracy; after 300 fine-tuning steps they beat random on 88%
-    and orthogonal on 50%". With ``keep_init`` (predict adds the prediction onto the model's own
-    init, times ``shrink``), the recorded effect of that instead, or, where none was recorded with
-    that ``shrink``, a note that the scores are the prediction alone's."""
+    and orthogonal on 50%"; a checkpoint trained further names each stage ("trained on vits-digits
+    with digits (3500 steps), then on vits-digits-mixed with digits (3000 steps)"). With
+    ``keep_init`` (predict adds the prediction onto the model's own init, times ``shrink``), the
+    recorded effect of that instead, or, where none was recorded with that ``shrink``, a note that
+    the scores are the prediction alone's."""
     info = getattr(ghn, "info", {})
-    trained = (
-        f"LoGAH-{info.get('variant', 'custom')} trained on {Path(str(info.get('dataset', '?'))).name} "
-        f"with {info.get('data', '?')} ({info.get('steps', '?')} steps)"
+    stages = info.get("stages")  # a checkpoint trained further on another dataset: each run, in order
+    history = [stage for stage in stages if isinstance(stage, Mapping)] if isinstance(stages, list) else []
+    history = history or [info]
+    trained = f"LoGAH-{info.get('variant', 'custom')} trained on " + ", then on ".join(
+        f"{Path(str(stage.get('dataset', '?'))).name} with {stage.get('data', '?')} ({stage.get('steps', '?')} steps)"
+        for stage in history
     )
     record = info.get("evaluation")
     if record is None:

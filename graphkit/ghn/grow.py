@@ -134,6 +134,7 @@ from graphkit.ghn.calibrate import output_layer
 from graphkit.ghn.checkpoint import plain_for
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
+from graphkit.ghn.pool import with_init_constants
 from graphkit.ghn.space import extent, patches_at_grid, trained_bounds, widest_at_depth
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
@@ -584,6 +585,8 @@ def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | N
     twin_graph = trace(twin.model)
     if "init" in graph.meta and twin.renaming is None:  # built on meta: its 1-D constants are the model's, by name
         twin_graph.meta["init"] = graph.meta["init"]
+    elif ghn.config.init_anchors:  # another library's names (transformers' ViT): the twin's own init's constants
+        twin_graph = with_init_constants(twin_graph, twin.config)
     with torch.no_grad():
         params = ghn.predict(twin_graph)
     width = extent(graph)["width"]

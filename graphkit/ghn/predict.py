@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from graphkit.buffers import install_buffers, materialize_buffers, meta_buffers, rebuilt_buffers
-from graphkit.errors import BufferRebuildError, GraphkitError, KeepInitError, PredictError
-from graphkit.families import family_default
+from graphkit.errors import BufferRebuildError, ConfigError, GraphkitError, KeepInitError, PredictError
+from graphkit.families import config_from_graph, family_default
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
 from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
@@ -49,6 +49,7 @@ from graphkit.ghn.keep_init import (
     should_keep_init,
 )
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
+from graphkit.ghn.pool import with_init_constants
 from graphkit.graph import ArchGraph
 from graphkit.params import (
     available_memory,
@@ -99,7 +100,12 @@ def predicted_params(
     """Every parameter of ``graph``'s model as :func:`predict` would write it (grown when the
     model is wider than the training space, residual branches scaled as ``residual_scale`` and
     :func:`should_scale_residuals` say), as new tensors by state-dict name: for evaluation, where no
-    model holds them yet."""
+    model holds them yet. A graph traced on the meta device, which records no init, gets the
+    init record of its config's model where the checkpoint decodes around one (as a dataset's
+    graphs do in training: :func:`graphkit.ghn.pool.with_init_constants`)."""
+    if ghn.config.init_anchors and "init" not in graph.meta:
+        with contextlib.suppress(ConfigError):  # no family reads its config: the encoder's error says what to do
+            graph = with_init_constants(graph, config_from_graph(graph))
     plan = targets(graph, ghn.config.max_slots)
     params = decoding(ghn, graph, grow).write_into({t.name: torch.empty(t.shape, device="meta") for t in plan})
     if should_scale_residuals(graph, residual_scale):

@@ -22,7 +22,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -486,8 +486,28 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     ghn.load_state_dict(state, strict=not adds_level)
 
 
-def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> int:
-    """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had done."""
+def stages(earlier: Mapping[str, Any] | None, dataset: str, data: str, steps: int) -> list[dict[str, Any]]:
+    """What a checkpoint was trained on, stage by stage: the stages of ``earlier`` (the info of the
+    checkpoint a run started from; a checkpoint recorded before stages were counts as one stage),
+    then this run's ``steps`` on ``dataset`` with ``data``. A checkpoint trained further on a new
+    dataset is described by its whole history, not only by its last run's steps."""
+    history: list[dict[str, Any]] = []
+    if earlier is not None:
+        history = list(earlier.get("stages") or [])
+        if not history:
+            history = [
+                {
+                    "dataset": Path(str(earlier.get("dataset", "?"))).name,
+                    "data": earlier.get("data"),
+                    "steps": earlier.get("steps"),
+                }
+            ]
+    return [*history, {"dataset": Path(dataset).name, "data": data, "steps": steps}]
+
+
+def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
+    """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had
+    done and its info."""
     saved = load_checkpoint(folder)
     if saved.config != ghn.config:
         raise TrainError(
@@ -495,7 +515,7 @@ def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> i
         )
     ghn.load_state_dict(saved.state_dict())
     state = load_optimizer_state(folder, optimizer)
-    return int(state["step"])
+    return int(state["step"]), dict(saved.info)
 
 
 def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, float]:
@@ -541,7 +561,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
     optimizer = make_optimizer(ghn, config)
-    start = resume_from(out / "checkpoint", ghn, optimizer) if resume else 0
+    start, saved = resume_from(out / "checkpoint", ghn, optimizer) if resume else (0, {})
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, cosine, last_epoch=start - 1
@@ -549,12 +569,17 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     model = nn.parallel.DistributedDataParallel(ghn) if world > 1 else ghn
     amp = device.type == "cuda" if config.amp is None else config.amp
     tasks = {input_task(r.graph) for r in pool.records} - {None}
+    # a start from a checkpoint extends that one's history; a resume, the history its start recorded
+    history = stages(initial.info if initial is not None else None, str(config.dataset), data, config.steps)
+    if "stages" in saved:
+        history = [*saved["stages"][:-1], history[-1]]
     info = {  # what bundled_for chooses by: task, trained_ops, space (and family)
         "variant": config.variant,
         "family": pool.family,
         "task": tasks.pop() if len(tasks) == 1 else None,
         "trained_ops": pool.ops(),
-        "trained_on": [Path(config.dataset).name],
+        "trained_on": list(dict.fromkeys(str(stage["dataset"]) for stage in history)),
+        "stages": history,
         "data": data,
         "train": asdict(config),
         "dataset": str(config.dataset),
