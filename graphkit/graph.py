@@ -92,8 +92,9 @@ class ArchGraph:
     ``meta`` holds graph-level facts (family, model_class, num_params, input_shapes,
     ops_version, and ``init``: the 1-D parameters the model's constructor fills with one
     constant, :func:`graphkit.tracing.tracer.init_constants`, with ``logit_scale`` beside it
-    where the model scales its logits by a constant, :func:`graphkit.tracing.tracer.logit_scale`);
-    it is not part of the :meth:`fingerprint`.
+    where the model scales its logits by a constant, :func:`graphkit.tracing.tracer.logit_scale`;
+    and ``spare``: the parameters the forward never reads, owned by no node, name -> shape,
+    :func:`graphkit.tracing.builder.is_spare`); it is not part of the :meth:`fingerprint`.
     """
 
     nodes: list[Node]
@@ -370,6 +371,8 @@ class ArchGraph:
         )
         for (num_experts, top_k, width), layers in experts.items():
             lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
+        for name, shape in meta.get("spare", {}).items():
+            lines.append(f"spare: {name} {list(shape)}, never read by forward (predict leaves it at its init)")
         return "\n".join(lines)
 
 

@@ -35,6 +35,7 @@ from graphkit.ghn.checkpoint import (
 from graphkit.ghn.keep_init import keep_init_as_is
 from graphkit.ghn.predict import predict, prediction_refusal, reason_of, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
+from graphkit.params import read_params
 from graphkit.sources import load_model_source
 from graphkit.tracing import trace
 from graphkit.training.data import data_config, load_source
@@ -419,3 +420,26 @@ def test_full_size_zoo_models_are_predicted_on_meta_and_run(build, inputs, chose
         output = model(inputs())
     logits = getattr(output, "logits", output)
     assert logits.shape[-1] in (1000, 151936) and torch.isfinite(logits).all()
+
+
+def test_predict_leaves_a_spare_parameter_at_the_models_own_init(tmp_path):
+    """transformers' DINOv2 holds a mask token its classifier never reads: `predict` was refused
+    at the trace; it now predicts every other parameter and leaves the token as the library
+    builds it (zeros), on a meta-built model as on one with weights, and says so."""
+    spec = "hf:dinov2?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2&num_labels=10"
+    out = tmp_path / "dinov2.safetensors"
+    result = runner.invoke(app, ["predict", spec, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "left at the model's own init: dinov2.embeddings.mask_token, which forward never reads" in " ".join(
+        result.stdout.split()
+    )
+    tensors, _ = read_params(out)
+    assert torch.equal(tensors["dinov2.embeddings.mask_token"], torch.zeros(1, 32))
+    model = load_model_source(spec, weights=True).model
+    with torch.no_grad():
+        model.dinov2.embeddings.mask_token.fill_(0.5)
+    own = model.classifier.weight.detach().clone()
+    written = predict(model)
+    assert "dinov2.embeddings.mask_token" not in written and "classifier.weight" in written
+    assert torch.equal(model.dinov2.embeddings.mask_token, torch.full((1, 32), 0.5))
+    assert not torch.equal(model.classifier.weight, own)

@@ -413,3 +413,49 @@ def test_a_parameter_on_a_branch_not_taken_is_named_as_unused():
         graphkit.trace(Branchy(), torch.randn(16, 16))
     with pytest.raises(TraceError, match=r"parameter 'a.weight' is not used"):
         graphkit.trace(Branchy(), torch.randn(2, 16))
+
+
+class Patches(nn.Module):
+    """A patch embedding with a masked-image-modelling token its forward reads only when given a
+    mask (BEiT's, DINOv2's ``mask_token``), and a bias it never reads."""
+
+    def __init__(self, spare: str = "mask_token") -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.register_parameter(spare, nn.Parameter(torch.zeros(1, 1, 16)))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.proj(x)
+        return x if mask is None else torch.where(mask[..., None], next(iter(self._parameters.values())), x)
+
+
+class MaskedImageModel(nn.Module):
+    def __init__(self, spare: str = "mask_token") -> None:
+        super().__init__()
+        self.embed, self.head = Patches(spare), nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def test_a_mask_token_the_forward_never_reads_is_recorded_as_spare():
+    """DINOv2 from transformers was refused for its mask token (read only with
+    ``bool_masked_pos``, which an image classifier is never given): it is spare, recorded beside
+    the graph and owned by no node."""
+    graph = graphkit.trace(MaskedImageModel(), torch.randn(2, 4, 16))
+    assert graph.meta["spare"] == {"embed.mask_token": [1, 1, 16]}
+    assert not any("embed.mask_token" in node.params for node in graph.nodes)
+    assert graph.num_params == sum(p.numel() for p in MaskedImageModel().parameters()) - 16
+    assert "spare: embed.mask_token [1, 1, 16], never read by forward" in graph.summary()
+    assert "spare" not in graphkit.trace(nn.Linear(16, 16), torch.randn(2, 16)).meta
+
+
+def test_an_unread_parameter_of_a_module_that_runs_is_refused_as_such():
+    """Only a known spare kind passes: any other parameter unread by a module that runs may be
+    one a branch not taken reads."""
+    with pytest.raises(
+        TraceError,
+        match=r"parameter 'embed.extra' is not used by forward with these inputs \(module 'embed' \(Patches\) runs "
+        r"but never reads it\)",
+    ):
+        graphkit.trace(MaskedImageModel("extra"), torch.randn(2, 4, 16))

@@ -231,7 +231,10 @@ def predict(
         check_calibration(graph)
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
-    check_params(model, {t.name: torch.empty(t.shape, device="meta") for t in plan}, source=f"{type(model).__name__}: ")
+    spare = graph.meta.get("spare", {})  # never read by the forward: left at the model's own init
+    planned = {t.name: torch.empty(t.shape, device="meta") for t in plan}
+    spare_shapes = {name: torch.empty(shape, device="meta") for name, shape in spare.items()}
+    check_params(model, {**planned, **spare_shapes}, source=f"{type(model).__name__}: ")
     destinations: dict[str, torch.Tensor] = {t.name: model.get_parameter(t.name) for t in plan}
     new = {id(p): p for p in destinations.values() if p.is_meta}.values()
     wanted = None if buffers == "all" or calibrate else set(persistent_buffers(model))  # calibration runs it
@@ -247,6 +250,15 @@ def predict(
     # the buffers a meta-built model computed in __init__ (rotary inv_freq, position indices), on the
     # device its parameters will be on; refused here, naming the buffer, when no library recomputes one
     rebuilt = rebuilt_buffers(model, next((p.device for p in model.parameters() if not p.is_meta), device), meta)
+    if any(model.get_parameter(name).is_meta for name in spare):  # initialised as its library builds it
+        try:
+            _materialise(model, destinations, device)
+        except KeepInitError as e:
+            raise PredictError(
+                f"{type(model).__name__}: no library initialisation fills its parameters on the meta device, and its "
+                f"spare parameter {next(iter(spare))!r} (never read by forward) is left at its init; build the model "
+                "with weights"
+            ) from e
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
         graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
     # the model itself can give a twin the graph cannot: a transformers decoder of no graphkit family
@@ -331,6 +343,24 @@ def _built_off_meta(
     return fresh
 
 
+def _materialise(model: nn.Module, destinations: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Give every meta parameter of ``model`` a new tensor on ``device``, initialised as its
+    library builds it (:func:`_built_off_meta`), and point ``destinations`` at the new tensors.
+    Raises KeepInitError, with the model's meta parameters put back, when no library
+    initialisation fills one."""
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    meta = {canonical[id(p)]: p for p in model.parameters() if p.is_meta}  # a tied parameter once
+    try:
+        fresh = _built_off_meta(model, meta, device)
+    except GraphkitError:
+        names = tied_names(model)
+        for name, p in meta.items():
+            replace_parameter(model, name, p, names)
+        raise
+    new = {id(meta[name]): tensor for name, tensor in fresh.items()}
+    destinations.update({name: new.get(id(p), p) for name, p in destinations.items()})
+
+
 def _onto_init(
     model: nn.Module, graph: ArchGraph, destinations: dict[str, torch.Tensor], device: torch.device
 ) -> set[str]:
@@ -338,18 +368,8 @@ def _onto_init(
     dimensions), after giving the model's meta parameters new tensors on ``device``, initialised
     as its library builds them; ``destinations`` is updated to them. Raises KeepInitError, with
     the model's meta parameters put back, when no library initialisation fills one."""
-    canonical = {id(p): name for name, p in model.named_parameters()}
-    meta = {canonical[id(p)]: p for p in destinations.values() if p.is_meta}  # a tied parameter once
-    if meta:
-        try:
-            fresh = _built_off_meta(model, meta, device)
-        except GraphkitError:
-            names = tied_names(model)
-            for name, p in meta.items():
-                replace_parameter(model, name, p, names)
-            raise
-        new = {id(meta[name]): tensor for name, tensor in fresh.items()}
-        destinations.update({name: new.get(id(p), p) for name, p in destinations.items()})
+    if any(p.is_meta for p in destinations.values()):
+        _materialise(model, destinations, device)
     return {name for name, p in destinations.items() if adds_onto_init(p.shape)}
 
 

@@ -64,6 +64,21 @@ def graph_from_export(
     return _GraphBuilder(model, program, inputs).build()
 
 
+#: parameter names (their last part) that a model holds for a use its forward never makes for the
+#: inputs it is traced and predicted with: the masked-image-modelling token of DINOv2, BEiT, ViT
+#: with ``use_mask_token``, read only where the forward is given ``bool_masked_pos``
+SPARE_NAMES = ("mask_token",)
+
+
+def is_spare(name: str) -> bool:
+    """Whether the parameter ``name`` (a state-dict name) is spare when its forward does not read
+    it: its last part is one of :data:`SPARE_NAMES`. The tracer records a spare parameter in
+    ``graph.meta["spare"]`` instead of refusing the model, and ``predict`` leaves it at the
+    model's own init; any other parameter the forward never reads is refused
+    (:class:`~graphkit.errors.UnusedParameterError`), since it may be one a branch not taken reads."""
+    return name.rpartition(".")[2] in SPARE_NAMES
+
+
 class _GraphBuilder:
     """Builds one exported model's graph; it is the :class:`~graphkit.tracing.state.BuildContext`
     its attention and MoE rules read."""
@@ -331,18 +346,23 @@ class _GraphBuilder:
     def _check_all_parameters_used(self) -> None:
         """Refuse a model with a parameter its forward never reads for these inputs (a spare
         submodule, or a branch not taken such as ``if x.shape[1] > 8``): no node could own it,
-        so neither a hypernetwork nor the compiler could account for it."""
+        so neither a hypernetwork nor the compiler could account for it. A spare parameter
+        (:func:`is_spare`) is let through: the tracer records it beside the graph."""
         used: dict[str, bool] = {}  # a tied parameter has one placeholder per name; one read suffices
         for node in self.graph.nodes:
             if node.op == "placeholder" and node.name in self.param_names:
                 name = self.param_names[node.name]
                 used[name] = used.get(name, False) or bool(node.users)
-        unused = [name for name, read in used.items() if not read]
+        unused = [name for name, read in used.items() if not read and not is_spare(name)]
         if unused:
             name = unused[0]
             path = name.rpartition(".")[0]
+            ran = {p for node in self.graph.nodes for p in self.stack(node)}
+            kind = type(self.model.get_submodule(path)).__name__ if path else ""
             where = (
-                f"module '{path}' ({type(self.model.get_submodule(path)).__name__}) never runs"
+                f"module '{path}' ({kind}) runs but never reads it"
+                if path in ran
+                else f"module '{path}' ({kind}) never runs"
                 if path
                 else f"the model never reads its own parameter {name!r}"
             )

@@ -17,7 +17,7 @@ from torch import nn
 
 from graphkit.errors import TraceError
 from graphkit.graph import ArchGraph, graph_meta, without_block_indices
-from graphkit.tracing.builder import graph_from_export
+from graphkit.tracing.builder import graph_from_export, is_spare
 from graphkit.tracing.export import export_program
 from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfold
 from graphkit.tracing.inputs import ExampleInputs, example_inputs_for, normalise_inputs, tensors_of, text_config
@@ -31,7 +31,10 @@ def trace(
     ``model`` may live on any device, ``meta`` included (no weights needed). ``example_inputs``
     is built from the model when omitted (images of its image size, or a short sequence of
     token ids with ``use_cache=False``). Raises :class:`TraceError` with a one-line reason when
-    the model cannot be exported, and GraphError if the result fails ``validate()``.
+    the model cannot be exported, and GraphError if the result fails ``validate()``. A
+    parameter the forward never reads is refused (UnusedParameterError) unless it is spare
+    (:func:`~graphkit.tracing.builder.is_spare`, a masked-image-modelling token): those are
+    recorded as ``graph.meta["spare"]``, name -> shape, and owned by no node.
 
     ``cache`` (a dict the caller keeps) reuses exports between models whose exported part has
     the same structure: module types, parameter shapes, scalar attributes and input shapes, so
@@ -65,9 +68,13 @@ def trace(
         num_params=sum(p.numel() for p in params.values()),
         input_shapes=[list(t.shape) for t in tensors_of((args, kwargs))],
     )
+    owned = {name for node in graph.nodes for name in node.params}
+    spare = {name: list(p.shape) for name, p in params.items() if name not in owned and is_spare(name)}
+    if spare:  # never read by the forward: recorded, so that what predicts or compiles the graph knows
+        graph.meta["spare"] = spare
     if not any(p.is_meta for p in params.values()):  # on meta its init is unknown: no record, not an empty one
         graph.meta.update(init_record(model, graph, example_inputs))
-    graph.validate({k: tuple(p.shape) for k, p in params.items()})
+    graph.validate({k: tuple(p.shape) for k, p in params.items() if k not in spare})
     return graph
 
 
