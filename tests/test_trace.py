@@ -196,6 +196,18 @@ def test_example_inputs_are_built_for_images_and_token_ids():
     assert kwargs["input_ids"].shape[1] >= 2 and kwargs["use_cache"] is False
 
 
+def test_an_image_classifier_on_a_multimodal_config_gets_images_of_its_vision_size():
+    """CLIP's image classifier has a text tower's vocabulary in its config beside the vision
+    tower's image size; it was given token ids, and its forward failed on the missing images."""
+    from transformers import CLIPConfig, CLIPForImageClassification
+
+    vision = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    with torch.device("meta"):
+        model = CLIPForImageClassification(CLIPConfig(vision_config={**vision, "num_hidden_layers": 1}))
+    args, kwargs = graphkit.example_inputs_for(model)
+    assert args[0].shape == (2, 3, 32, 32) and not kwargs
+
+
 def test_a_multimodal_config_is_read_through_its_text_part():
     # Gemma 3's config has no vocab_size of its own; its text part has (get_text_config)
     from transformers import Gemma3Config  # noqa: PLC0415 (slow to import)

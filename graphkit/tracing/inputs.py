@@ -129,6 +129,8 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         height, width = (int(s) for s in patch.img_size)
         return int(channels), height, width
     config = getattr(model, "config", None)
+    if _reads_images_only(model):  # CLIP's or SigLIP's image classifier: the image size is its vision config's
+        config = getattr(config, "vision_config", None) or config
     if config is not None and getattr(config, "image_size", None):
         size = config.image_size
         size = (size, size) if isinstance(size, int) else tuple(size)
@@ -136,6 +138,17 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
     if isinstance(cfg, Mapping) and cfg.get("input_size"):
         return tuple(int(s) for s in cfg["input_size"])  # type: ignore[return-value]
     return None
+
+
+def _reads_images_only(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes images (``pixel_values``) and no token ids: an image
+    classifier built on a multimodal config (CLIP's, SigLIP's), whose config says the text
+    tower's vocabulary beside the vision tower's image size."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward with no signature to read
+        return False
+    return "pixel_values" in parameters and "input_ids" not in parameters
 
 
 def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[tuple, dict]:
