@@ -77,11 +77,13 @@ bundled: $(STAMP)
 	test -d out/llamas-1k || $(BIN)/graphkit generate llamas-1k --out out/llamas-1k --workers 2
 	test -d out/zoo-vits-mini || $(BIN)/graphkit generate zoo-vits-mini --out out/zoo-vits-mini --workers 2
 	test -d out/zoo-decoders-mini || $(BIN)/graphkit generate zoo-decoders-mini --out out/zoo-decoders-mini --workers 2
-	rm -rf runs/logah-tiny-vits-digits runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders-4 runs/logah-tiny-zoo-decoders
-	# ViTs in two stages (docs/experiments.md, "Training on pre-norm ViTs"): vits-digits, then it and its pre-norm twin (CLIP's)
+	rm -rf runs/logah-tiny-vits-digits runs/logah-tiny-vits-mixed runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders-4 runs/logah-tiny-zoo-decoders
+	# ViTs in three stages (docs/experiments.md, "Training on pre-norm ViTs", "A third stage across token grids"):
+	# vits-digits; then it and its pre-norm twins (CLIP's); then those and its patch-4 twins (a 2 x 2 token grid)
 	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits-digits --steps 3500 --meta-batch 4 --batch-size 32 --lr-fan-in 8
-	test -d out/vits-digits-mixed || $(BIN)/python experiments/pre_norm.py data
-	$(BIN)/graphkit train-ghn --dataset out/vits-digits-mixed --out runs/logah-tiny-vits --steps 3000 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --initial-checkpoint runs/logah-tiny-vits-digits
+	test -d out/vits-digits-grids-mixed || $(BIN)/python experiments/pre_norm.py data
+	$(BIN)/graphkit train-ghn --dataset out/vits-digits-mixed --out runs/logah-tiny-vits-mixed --steps 3000 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --initial-checkpoint runs/logah-tiny-vits-digits
+	$(BIN)/graphkit train-ghn --dataset out/vits-digits-grids-mixed --out runs/logah-tiny-vits --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --initial-checkpoint runs/logah-tiny-vits-mixed
 	$(BIN)/graphkit train-ghn --dataset out/gpts-1k --out runs/logah-tiny-gpts --steps 2400 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --tie-feature
 	test -d out/llamas-4 || $(BIN)/graphkit generate llamas-1k --num 4 --out out/llamas-4 --workers 2
 	# LLaMA in two stages (docs/experiments.md, "The curriculum with the spread penalty"): 4 architectures, then the space, blocks kept spread

@@ -176,7 +176,7 @@ def main() -> None:
         RUNS.glob("*-*"),
         key=lambda path: (path.name.rsplit("-", 1)[0], int(path.name.rsplit("-", 1)[1])),
     )
-    checkpoints = {"shipped: vits-digits, 3500 steps": Path("logah-tiny-vits")}
+    checkpoints = {"shipped (logah-tiny-vits)": Path("logah-tiny-vits")}
     checkpoints |= {
         "{}, {} steps".format(*path.name.rsplit("-", 1)): path
         for path in runs

@@ -19,11 +19,19 @@ the bundled checkpoint as shipped; trained 500 steps more on the mixed dataset; 
 control, 500 steps more on vits-digits alone, so that what more training does is not credited
 to the pre-norm data.
 
+`data` also writes `out/vits-digits-patch4`, the same architectures at patch 4 (a 2 x 2 token
+grid, coarser than the 4 x 4 one the checkpoint trained on), and `out/vits-digits-grids-mixed`,
+the three kinds in one folder, all in vits-digits' splits: the data of a third stage across token
+grids (docs/experiments.md, "A third stage across token grids"):
+
+    .venv/bin/python -m graphkit train-ghn --dataset out/vits-digits-grids-mixed --initial-checkpoint \
+        graphkit/ghn/pretrained/logah-tiny-vits --steps 1500 --lr-fan-in 8 --out runs/grids-mixed-1500
+
 `score` prints, for each checkpoint, the held-out architectures' step-0 loss / accuracy (the
 prediction alone, as `predict` writes it) on digits, the mean over the 8 held-out architectures
-of each dataset, beside their own inits' mean; then CLIP's ViT-B/32 and the plain ViT-B/32 at
-224 px, predicted as `predict` does (through their twins), as `benchmarks/vit_resolution.py`
-scores them.
+of each dataset (plain, pre-norm, patch 4), beside their own inits' mean; then CLIP's ViT-B/32
+and the plain ViT-B/32 at 224 px, predicted as `predict` does (through their twins), as
+`benchmarks/vit_resolution.py` scores them.
 """
 
 from __future__ import annotations
@@ -52,41 +60,57 @@ from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import score  # noqa: E402
 
 PLAIN, PRE_NORM, MIXED = ROOT / "out/vits-digits", ROOT / "out/vits-digits-pre-norm", ROOT / "out/vits-digits-mixed"
+#: vits-digits' architectures at patch 4 (a 2 x 2 token grid), and the three kinds in one folder
+PATCH4, GRIDS_MIXED = ROOT / "out/vits-digits-patch4", ROOT / "out/vits-digits-grids-mixed"
+#: the fields a twin changes: an architecture is the same one whatever their values
+TWIN_FIELDS = ("pre_norm", "patch_size")
 
 
 def _architecture(config: dict) -> str:
-    return json.dumps({k: v for k, v in config.items() if k != "pre_norm"}, sort_keys=True)
+    return json.dumps({k: v for k, v in config.items() if k not in TWIN_FIELDS}, sort_keys=True)
 
 
-def data() -> None:
-    """Write the pre-norm dataset in vits-digits' splits, then the mixed one."""
+def _twins(folder: Path, fixed: dict, description: str, splits: dict[str, str]) -> None:
+    """Write vits-digits' architectures with ``fixed`` changed into ``folder``, each record in the
+    split its architecture has in vits-digits (``splits``)."""
     recipe = next(r for r in FAMILIES["vit"].recipes if r["name"] == "vits-digits")
-    recipe = {**recipe, "name": "vits-digits-pre-norm", "fixed": {**recipe["fixed"], "pre_norm": True}}
-    recipe["description"] = "vits-digits' space with CLIP's pre-norm"
-    scratch = ROOT / "out/vits-digits-pre-norm.json"
+    recipe = {**recipe, "name": folder.name, "fixed": {**recipe["fixed"], **fixed}, "description": description}
+    scratch = folder.with_suffix(".json")
     scratch.write_text(json.dumps(recipe))
-    if not PLAIN.exists():
-        subprocess.run([sys.executable, "-m", "graphkit", "generate", "vits-digits", "--out", PLAIN], check=True)
-    for folder in (PRE_NORM, MIXED):
-        shutil.rmtree(folder, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "graphkit", "generate", scratch, "--out", PRE_NORM], check=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "graphkit", "generate", scratch, "--out", folder], check=True)
     scratch.unlink()
-    splits = {_architecture(json.loads(c)): s for c, s in load(PLAIN).metadata()[["config", "split"]].values}
-    for shard in sorted((PRE_NORM / "data").glob("*.parquet")):
+    for shard in sorted((folder / "data").glob("*.parquet")):
         rows = read_rows(shard)
         for row in rows:
             row["split"] = splits[_architecture(json.loads(row["config"]))]
         shard.unlink()
         for split in ("train", "eval"):
             write_shard([r for r in rows if r["split"] == split], shard.parent / f"{split}-{shard.name}")
-    (MIXED / "data").mkdir(parents=True)
-    for name, folder in (("plain", PLAIN), ("pre-norm", PRE_NORM)):
-        for shard in (folder / "data").glob("*.parquet"):
-            shutil.copy(shard, MIXED / "data" / f"{name}-{shard.name}")
+
+
+def _merged(folder: Path, parts: dict[str, Path]) -> None:
+    """Copy the shards of each of ``parts`` (name -> dataset folder) into one dataset ``folder``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "data").mkdir(parents=True)
+    for name, part in parts.items():
+        for shard in (part / "data").glob("*.parquet"):
+            shutil.copy(shard, folder / "data" / f"{name}-{shard.name}")
     manifest = json.loads((PLAIN / "manifest.json").read_text())  # its ops; the name says what the folder is
-    (MIXED / "manifest.json").write_text(json.dumps({**manifest, "name": MIXED.name}))
-    counts = load(MIXED).metadata().groupby("split").size().to_dict()
-    print(f"wrote {PRE_NORM} and {MIXED} ({counts})")
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "name": folder.name}))
+    counts = load(folder).metadata().groupby("split").size().to_dict()
+    print(f"wrote {folder} ({counts})")
+
+
+def data() -> None:
+    """Write the pre-norm and patch-4 datasets in vits-digits' splits, then the mixed ones."""
+    if not PLAIN.exists():
+        subprocess.run([sys.executable, "-m", "graphkit", "generate", "vits-digits", "--out", PLAIN], check=True)
+    splits = {_architecture(json.loads(c)): s for c, s in load(PLAIN).metadata()[["config", "split"]].values}
+    _twins(PRE_NORM, {"pre_norm": True}, "vits-digits' space with CLIP's pre-norm", splits)
+    _twins(PATCH4, {"patch_size": 4}, "vits-digits' space at patch 4: a 2 x 2 token grid", splits)
+    _merged(MIXED, {"plain": PLAIN, "pre-norm": PRE_NORM})
+    _merged(GRIDS_MIXED, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4})
 
 
 def held_out(folder: Path) -> list[dict]:
@@ -99,7 +123,7 @@ def held_out(folder: Path) -> list[dict]:
 def scores(checkpoints: list[str]) -> None:
     """Print the mean step-0 loss / accuracy of each checkpoint's predictions and of the own inits."""
     source = load_source("digits")
-    for folder in (PLAIN, PRE_NORM):
+    for folder in (PLAIN, PRE_NORM, PATCH4):
         configs = held_out(folder)
         rows = {}
         for name in ["own init", *checkpoints]:

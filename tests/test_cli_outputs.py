@@ -213,7 +213,7 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
     assert line == (
         "warning: vit_b16.py lies outside the space this hypernetwork was trained on: width 768 is 1.5x the "
         "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
-        "28x the largest trained (8 px), patch size 16 px is 8.0x the largest trained (2 px), token grid 14 tokens "
+        "28x the largest trained (8 px), patch size 16 px is 4.0x the largest trained (4 px), token grid 14 tokens "
         "a side is 3.5x the largest trained (4 tokens a side), where predictions may start worse than the "
         "model's own init; the scores above were measured inside that space, not on this model"
     )

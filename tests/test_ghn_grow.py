@@ -283,14 +283,17 @@ def test_a_patch_size_or_token_grid_outside_the_space_is_predicted_at_trained_on
         "its twin with patch 2 at 8 px (the same 4 x 4 tokens), its patch embedding resized without changing "
         "what it computes",
     )
-    # a grid coarser than the trained keeps its own (2 x 2); a finer one is predicted at the trained 4 x 4
-    assert twin(num_layers=3, hidden=384, heads=6, image_size=8, patch_size=4) == (
+    # the 2 x 2 grid is trained at patch 4 (the checkpoint's third stage), and read at that patch
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=8, patch_size=4) is None
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=8) == (
         384,
-        2,
         4,
-        "its twin with patch 2 at 4 px (the same 2 x 2 tokens), its patch embedding resized without changing what "
+        8,
+        "its twin with patch 4 at 8 px (the same 2 x 2 tokens), its patch embedding resized without changing what "
         "it computes",
     )
+    # a grid coarser than any trained keeps its own (1 x 1); a finer one is predicted at the finest trained, 4 x 4
+    assert twin(num_layers=3, hidden=384, heads=6, image_size=4, patch_size=4) is None
     assert twin(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=2) == (
         384,
         2,
@@ -567,9 +570,12 @@ def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expecte
 
     assert warning(num_layers=3, hidden=384, heads=6) is None
     assert warning(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=4) == (
-        "resolution 16 px is 2.0x the largest trained (8 px), patch size 4 px is 2.0x the largest trained (2 px)"
+        "resolution 16 px is 2.0x the largest trained (8 px)"
+    )
+    assert warning(num_layers=3, hidden=384, heads=6, image_size=16, patch_size=8) == (
+        "resolution 16 px is 2.0x the largest trained (8 px), patch size 8 px is 2.0x the largest trained (4 px)"
     )
     assert warning(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=4) == (
-        "resolution 32 px is 4.0x the largest trained (8 px), patch size 4 px is 2.0x the largest trained (2 px), "
+        "resolution 32 px is 4.0x the largest trained (8 px), "
         f"token grid 8 tokens a side is 2.0x the largest trained (4 tokens a side), {GRID_CAVEAT}"
     )
