@@ -208,15 +208,18 @@ def test_a_vit_whose_mlp_is_not_timms_has_no_config():
         config_from_graph(graphkit.trace(model))
 
 
-def test_transformers_vit_computes_what_its_timm_equivalent_computes():
+@pytest.mark.parametrize("kind", ["ViT", "ViTMSN"])
+def test_transformers_vit_computes_what_its_timm_equivalent_computes(kind):
     """The renaming is the function: a random timm ViT's parameters, renamed into transformers'
-    ViT (q, k and v as the fused projection's row blocks), give its logits; a model that is not
-    transformers' ViT classifier, or one with another activation, has no equivalent."""
+    ViT or ViT-MSN (q, k and v as the fused projection's row blocks), give its logits; a model
+    that is not such a classifier, or one with another activation, has no equivalent."""
+    import transformers  # noqa: PLC0415
     from transformers import ViTConfig, ViTForImageClassification, ViTModel  # noqa: PLC0415
 
     fields = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, image_size=16)
+    classifier, config_class = (getattr(transformers, f"{kind}{part}") for part in ("ForImageClassification", "Config"))
     torch.manual_seed(0)
-    hf = ViTForImageClassification(ViTConfig(**fields, patch_size=4, num_labels=7)).eval()
+    hf = classifier(config_class(**fields, patch_size=4, num_labels=7)).eval()
     found = vit_equivalent(hf)
     assert found is not None
     config, renaming = found

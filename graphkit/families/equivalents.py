@@ -36,6 +36,11 @@ from graphkit.validation import is_count
 Renaming = dict[str, tuple[str, tuple[int, int]]]
 
 
+#: transformers' image classifiers that are timm's ViT under other names, and their model types:
+#: ViT-MSN is ViT pretrained another way (masked siamese networks), the same classifier
+VIT_CLASSIFIERS = {"ViTForImageClassification": "vit", "ViTMSNForImageClassification": "vit_msn"}
+
+
 def vit_equivalent(model: nn.Module) -> tuple[dict[str, Any], Renaming] | None:
     """The graphkit ``vit`` config of the timm ViT that transformers' ``model`` computes the same
     function as, and the renaming of its parameters into that ViT's; None for any other model,
@@ -48,7 +53,7 @@ def vit_equivalent(model: nn.Module) -> tuple[dict[str, Any], Renaming] | None:
     norms' epsilon is timm's (1e-6 against transformers' 1e-12): the same function to float
     precision for any stream not near zero."""
     config: Any = getattr(model, "config", None)
-    if type(model).__name__ != "ViTForImageClassification" or getattr(config, "model_type", None) != "vit":
+    if VIT_CLASSIFIERS.get(type(model).__name__) != getattr(config, "model_type", None):
         return None
     fields = [
         "hidden_size",
