@@ -255,9 +255,9 @@ def predict(
             _materialise(model, destinations, device)
         except KeepInitError as e:
             raise PredictError(
-                f"{type(model).__name__}: no library initialisation fills its parameters on the meta device, and its "
-                f"spare parameter {next(iter(spare))!r} (never read by forward) is left at its init; build the model "
-                "with weights"
+                f"{type(model).__name__}: its spare parameter {next(iter(spare))!r} (never read by forward) keeps "
+                "the init its library gives it, but no library initialisation fills the model's meta parameters; "
+                "build the model with weights"
             ) from e
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
         graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
