@@ -93,8 +93,9 @@ class ArchGraph:
     ops_version, and ``init``: the 1-D parameters the model's constructor fills with one
     constant, :func:`graphkit.tracing.tracer.init_constants`, with ``logit_scale`` beside it
     where the model scales its logits by a constant, :func:`graphkit.tracing.tracer.logit_scale`;
-    and ``spare``: the parameters the forward never reads, owned by no node, name -> shape,
-    :func:`graphkit.tracing.builder.is_spare`); it is not part of the :meth:`fingerprint`.
+    and ``spare``: the parameters that cannot change the output, owned by no node, name -> shape:
+    those the forward never reads, :func:`graphkit.tracing.builder.is_spare`, and those it reads
+    only into values it discards); it is not part of the :meth:`fingerprint`.
     """
 
     nodes: list[Node]
@@ -371,8 +372,15 @@ class ArchGraph:
         )
         for (num_experts, top_k, width), layers in experts.items():
             lines.append(f"moe: {layers} x experts={num_experts} top_k={top_k} intermediate_size={width}")
+        spare: dict[str, list[str]] = {}  # module -> its spare parameters, each "name [shape]"
         for name, shape in meta.get("spare", {}).items():
-            lines.append(f"spare: {name} {list(shape)}, never read by forward (predict leaves it at its init)")
+            module, _, short = name.rpartition(".")
+            spare.setdefault(module, []).append(f"{short} {list(shape)}")
+        for module, held in spare.items():
+            lines.append(
+                f"spare: {module or 'the model'} ({', '.join(held)}), cannot change the output "
+                "(predict leaves it at its init)"
+            )
         return "\n".join(lines)
 
 

@@ -430,8 +430,8 @@ def test_predict_leaves_a_spare_parameter_at_the_models_own_init(tmp_path):
     out = tmp_path / "dinov2.safetensors"
     result = runner.invoke(app, ["predict", spec, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "left at the model's own init: dinov2.embeddings.mask_token, which forward never reads" in " ".join(
-        result.stdout.split()
+    assert "left at the model's own init, as they cannot change its output (spare): dinov2.embeddings.mask_token" in (
+        " ".join(result.stdout.split())
     )
     tensors, _ = read_params(out)
     assert torch.equal(tensors["dinov2.embeddings.mask_token"], torch.zeros(1, 32))

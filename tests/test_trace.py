@@ -208,6 +208,22 @@ def test_an_image_classifier_on_a_multimodal_config_gets_images_of_its_vision_si
     assert args[0].shape == (2, 3, 32, 32) and not kwargs
 
 
+def test_clip_and_siglip_image_classifiers_trace_with_their_unused_towers_parts_spare():
+    """CLIP's image classifier pools its vision tower before ``post_layernorm``, SigLIP's without
+    its MAP head: both were refused ("not connected to the output"); those parameters are spare."""
+    from transformers import CLIPConfig, CLIPForImageClassification, SiglipConfig, SiglipForImageClassification
+
+    vision = {"image_size": 32, "patch_size": 8, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    clip = CLIPForImageClassification(CLIPConfig(vision_config={**vision, "num_hidden_layers": 2}))
+    graph = graphkit.trace(clip)
+    assert set(graph.meta["spare"]) == {"vision_model.post_layernorm.weight", "vision_model.post_layernorm.bias"}
+    assert graph.op_counts()["attention"] == 2
+    siglip = SiglipForImageClassification(SiglipConfig(vision_config={**vision, "num_hidden_layers": 2}))
+    spare = graphkit.trace(siglip).meta["spare"]
+    assert spare and all(name.startswith("vision_model.head.") for name in spare)
+    assert {name for name, _ in siglip.vision_model.head.named_parameters(prefix="vision_model.head")} == set(spare)
+
+
 def test_a_multimodal_config_is_read_through_its_text_part():
     # Gemma 3's config has no vocab_size of its own; its text part has (get_text_config)
     from transformers import Gemma3Config  # noqa: PLC0415 (slow to import)

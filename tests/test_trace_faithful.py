@@ -446,8 +446,66 @@ def test_a_mask_token_the_forward_never_reads_is_recorded_as_spare():
     assert graph.meta["spare"] == {"embed.mask_token": [1, 1, 16]}
     assert not any("embed.mask_token" in node.params for node in graph.nodes)
     assert graph.num_params == sum(p.numel() for p in MaskedImageModel().parameters()) - 16
-    assert "spare: embed.mask_token [1, 1, 16], never read by forward" in graph.summary()
+    assert "spare: embed (mask_token [1, 1, 16]), cannot change the output" in graph.summary()
     assert "spare" not in graphkit.trace(nn.Linear(16, 16), torch.randn(2, 16)).meta
+
+
+class Discarding(nn.Module):
+    """A classifier that runs a norm and a pooling head and pools without them, as CLIP's and
+    SigLIP's transformers image classifiers do with their vision tower's ``post_layernorm`` and
+    MAP head; with ``write`` it instead writes its projection into a buffer it returns."""
+
+    def __init__(self, write: bool = False) -> None:
+        super().__init__()
+        self.write = write
+        self.proj, self.post_norm, self.pool_head = nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        self.pool_head(self.post_norm(x[:, 0])).tanh()  # computed, never used
+        if self.write:  # a value that reaches the output only through a write into another tensor
+            out = torch.zeros(x.shape[0], 11)
+            out[:, 1:] = self.head(x.mean(1))
+            return out
+        return self.head(x.mean(1))
+
+
+def test_parameters_read_only_into_discarded_values_are_spare():
+    """CLIP's and SigLIP's image classifiers were refused: a parametric node whose value the
+    forward discards "is not connected to the output". Such parameters cannot change the output:
+    they are recorded as spare and owned by no node, and what reads them is dropped as dead code."""
+    model = Discarding()
+    graph = graphkit.trace(model, torch.randn(2, 4, 16))
+    dead = {"post_norm.weight", "post_norm.bias", "pool_head.weight", "pool_head.bias"}
+    assert set(graph.meta["spare"]) == dead
+    assert not any(name.startswith(("post_norm", "pool_head")) for node in graph.nodes for name in node.params)
+    assert [node.op for node in graph.nodes] == ["input", "linear", "mean_pool", "head", "output"]
+    assert "spare: post_norm (weight [16], bias [16]), cannot change the output" in graph.summary()
+    # written into a tensor the forward returns: live, owned, not spare
+    written = graphkit.trace(Discarding(write=True), torch.randn(2, 4, 16))
+    assert "head.weight" not in written.meta["spare"]
+    assert any("head.weight" in node.params for node in written.nodes)
+
+
+class DiscardingBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.aux = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.aux(x)  # computed, never used
+        return x + self.fc(x).relu()
+
+
+def test_discarded_parameters_of_folded_blocks_are_spare_in_every_block():
+    """The tracer exports a stack's first two blocks and replicates the second: what a block
+    discards is spare in every block, not only in the two traced."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.Sequential(*[DiscardingBlock() for _ in range(5)]), nn.Linear(16, 4))
+    folded = graphkit.trace(model, torch.randn(2, 16))
+    assert set(folded.meta["spare"]) == {f"1.{k}.aux.{p}" for k in range(5) for p in ("weight", "bias")}
+    whole = graphkit.trace(model, torch.randn(2, 16), fold_repeats=False)
+    assert folded.fingerprint() == whole.fingerprint() and folded.meta["spare"] == whole.meta["spare"]
 
 
 def test_an_unread_parameter_of_a_module_that_runs_is_refused_as_such():

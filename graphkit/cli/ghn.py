@@ -393,7 +393,8 @@ def predict(
     spare = graph.meta.get("spare", {})
     if spare:
         console.print(
-            f"left at the model's own init: {', '.join(spare)}, which forward never reads (spare)", highlight=False
+            f"left at the model's own init, as they cannot change its output (spare): {', '.join(spare)}",
+            highlight=False,
         )
     # a prediction added onto the model's own init keeps the init's kernel, which wants the usual lr
     scales = {} if should_keep_init(graph, keep_init, hypernet.info) else lr_scale(graph, twin)

@@ -231,7 +231,7 @@ def predict(
         check_calibration(graph)
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
-    spare = graph.meta.get("spare", {})  # never read by the forward: left at the model's own init
+    spare = graph.meta.get("spare", {})  # cannot change the output: left at the model's own init
     planned = {t.name: torch.empty(t.shape, device="meta") for t in plan}
     spare_shapes = {name: torch.empty(shape, device="meta") for name, shape in spare.items()}
     check_params(model, {**planned, **spare_shapes}, source=f"{type(model).__name__}: ")
@@ -255,8 +255,8 @@ def predict(
             _materialise(model, destinations, device)
         except KeepInitError as e:
             raise PredictError(
-                f"{type(model).__name__}: its spare parameter {next(iter(spare))!r} (never read by forward) keeps "
-                "the init its library gives it, but no library initialisation fills the model's meta parameters; "
+                f"{type(model).__name__}: its spare parameter {next(iter(spare))!r} (it cannot change the output) "
+                "keeps the init its library gives it, but no library initialisation fills the model's meta parameters; "
                 "build the model with weights"
             ) from e
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init

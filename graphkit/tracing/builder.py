@@ -187,6 +187,7 @@ class _GraphBuilder:
             node.meta["_gk_pos"] = pos
         self._index_calls(nodes)
         self.aliases = Aliases(nodes)
+        self.discarded = self._discarded(nodes)
         self.constants = ConstantEvaluator(self.program, self.inputs, self.aliases)
         self.region_of = self.attention.regions(nodes)
         self.moe_call_of = self.moe.calls(nodes, self.attention.cores)
@@ -195,7 +196,8 @@ class _GraphBuilder:
         for node in nodes:
             if node.op == "placeholder":
                 if node.name in self.param_names:
-                    self.param_src[node] = frozenset({self.param_names[node.name]})
+                    name = self.param_names[node.name]
+                    self.param_src[node] = frozenset() if name in self.discarded else frozenset({name})
                     self.prod[node] = frozenset()
                 elif node.name in self.user_inputs:
                     self.prod[node] = frozenset({self.INPUT})
@@ -214,7 +216,37 @@ class _GraphBuilder:
             if call.group is not None:
                 self.groups[call.group].attrs.update(self.moe.attrs(call))
         self._check_all_parameters_used()
-        return self._assemble(output_node)
+        graph = self._assemble(output_node)
+        if self.discarded:
+            graph.meta["discarded"] = sorted(self.discarded)
+        return graph
+
+    def _discarded(self, nodes: list[fx.Node]) -> set[str]:
+        """The parameters the forward reads only into values it then discards: CLIP's image
+        classifier runs its vision tower's ``post_layernorm`` and pools without it, SigLIP's runs a
+        MAP head it does not use. They cannot change the output, so no node owns them (the ops
+        that read them are left parameter-free and dropped as dead code) and the tracer records
+        them as spare. Liveness is read off the exported program itself, not off the graph being
+        built, so a value the builder fails to connect is still refused as unconnected; a write
+        into a live tensor's storage (``copy_``, ``index_put_``) is live, through its aliases."""
+        output = next((node for node in reversed(nodes) if node.op == "output"), None)
+        if output is None:
+            return set()
+        live: set[fx.Node] = set()
+        stack = [output]
+        while stack:
+            node = stack.pop()
+            if node in live:
+                continue
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+            stack.extend(self.aliases.writers(node, output))
+        read: dict[str, bool] = {}  # a tied parameter has one placeholder per name; one live read suffices
+        for node in nodes:
+            if node.op == "placeholder" and node.name in self.param_names and node.users:
+                name = self.param_names[node.name]
+                read[name] = read.get(name, False) or node in live
+        return {name for name, live_read in read.items() if not live_read}
 
     def _visit(self, node: fx.Node) -> None:
         """Give one op its place: part of a module's node, an attention or MoE node, passed

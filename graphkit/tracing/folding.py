@@ -125,6 +125,12 @@ def unfold(graph: ArchGraph, path: str, length: int, start: int = 0) -> ArchGrap
     for k in range(2, length):
         new_nodes += [_renamed(nodes[j], path, start + 1, start + k) for j in b1]
     new_nodes += [nodes[i] for i in suffix]
+    meta = dict(graph.meta)
+    if meta.get("discarded"):  # parameters a block reads only into values it discards: in every block
+        block1 = re.compile(rf"^{re.escape(path)}\.{start + 1}(?=$|[._])")
+        in_block1 = [p for p in meta["discarded"] if block1.match(p)]
+        copies = {block1.sub(f"{path}.{start + k}", p) for k in range(2, length) for p in in_block1}
+        meta["discarded"] = sorted({*meta["discarded"], *copies})
     edges: set[tuple[int, int]] = set()
     for s, d in graph.edges:
         bs, bd = block[s], block[d]
@@ -146,7 +152,7 @@ def unfold(graph: ArchGraph, path: str, length: int, start: int = 0) -> ArchGrap
             edges.add((at(length - 1, pos1[s]), shift(d)))
         else:  # block 0 feeding the suffix, or anything else that is not a chain
             return None
-    return ArchGraph(nodes=new_nodes, edges=sorted(edges), meta=graph.meta)
+    return ArchGraph(nodes=new_nodes, edges=sorted(edges), meta=meta)
 
 
 def _run_index(module: str, path: str, start: int) -> int | None:

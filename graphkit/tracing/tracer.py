@@ -33,8 +33,10 @@ def trace(
     token ids with ``use_cache=False``). Raises :class:`TraceError` with a one-line reason when
     the model cannot be exported, and GraphError if the result fails ``validate()``. A
     parameter the forward never reads is refused (UnusedParameterError) unless it is spare
-    (:func:`~graphkit.tracing.builder.is_spare`, a masked-image-modelling token): those are
-    recorded as ``graph.meta["spare"]``, name -> shape, and owned by no node.
+    (:func:`~graphkit.tracing.builder.is_spare`, a masked-image-modelling token). Those, and the
+    parameters the forward reads only into values it discards (CLIP's image classifier pools
+    before its ``post_layernorm``), are recorded as ``graph.meta["spare"]``, name -> shape, and
+    owned by no node.
 
     ``cache`` (a dict the caller keeps) reuses exports between models whose exported part has
     the same structure: module types, parameter shapes, scalar attributes and input shapes, so
@@ -62,15 +64,23 @@ def trace(
     finally:
         model.train(was_training)
     params = dict(model.named_parameters())
-    graph.meta = graph_meta(
-        family=_family(model),
-        model_class=f"{type(model).__module__}.{type(model).__qualname__}",
-        num_params=sum(p.numel() for p in params.values()),
-        input_shapes=[list(t.shape) for t in tensors_of((args, kwargs))],
+    discarded = set(graph.meta.get("discarded", ()))
+    # a new graph, not the builder's: an export cache may hand the same one to the next model
+    graph = ArchGraph(
+        nodes=graph.nodes,
+        edges=graph.edges,
+        meta=graph_meta(
+            family=_family(model),
+            model_class=f"{type(model).__module__}.{type(model).__qualname__}",
+            num_params=sum(p.numel() for p in params.values()),
+            input_shapes=[list(t.shape) for t in tensors_of((args, kwargs))],
+        ),
     )
     owned = {name for node in graph.nodes for name in node.params}
-    spare = {name: list(p.shape) for name, p in params.items() if name not in owned and is_spare(name)}
-    if spare:  # never read by the forward: recorded, so that what predicts or compiles the graph knows
+    spare = {
+        name: list(p.shape) for name, p in params.items() if name not in owned and (is_spare(name) or name in discarded)
+    }
+    if spare:  # cannot change the output: recorded, so that what predicts or compiles the graph knows
         graph.meta["spare"] = spare
     if not any(p.is_meta for p in params.values()):  # on meta its init is unknown: no record, not an empty one
         graph.meta.update(init_record(model, graph, example_inputs))
