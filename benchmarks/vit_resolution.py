@@ -1,5 +1,5 @@
 """The resolutions and patch sizes users bring (issue #45 item 4): timm ViTs predicted by the
-bundled ViT hypernetwork (vits-digits: 8-pixel digits, patch 2, 4 x 4 tokens) against their
+bundled ViT hypernetwork (8-pixel digits, patch 2 and 4: 4 x 4 and 2 x 2 tokens) against their
 own init, at step 0 and after fine-tuning.
 
     .venv/bin/python benchmarks/vit_resolution.py          # print the table
@@ -185,8 +185,9 @@ def table(args) -> str:
         print(rows[-1], flush=True)
     return (
         f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores, torch {torch.__version__}, "
-        f"checkpoint {CHECKPOINT} (trained at 8 px, patch 2: 4 x 4 tokens). Held-out digits, loss / accuracy "
-        f"(chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps (224 px: {args.big_steps or 'not run'}), "
+        f"checkpoint {CHECKPOINT} (trained at 8 px, patch 2 and 4: 4 x 4 and 2 x 2 tokens). Held-out digits, "
+        f"loss / accuracy (chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps "
+        f"(224 px: {args.big_steps or 'not run'}), "
         "a resized kernel at lr times the kernels' area ratio for the prediction (and for 'own init, lr factors'). "
         "Command: `.venv/bin/python benchmarks/vit_resolution.py --write`.\n\n" + "\n".join(rows) + "\n"
     )
