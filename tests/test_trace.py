@@ -208,6 +208,21 @@ def test_an_image_classifier_on_a_multimodal_config_gets_images_of_its_vision_si
     assert args[0].shape == (2, 3, 32, 32) and not kwargs
 
 
+def test_a_transformers_image_model_without_an_image_size_gets_imagenet_sized_images():
+    """ResNet's, RegNet's, BiT's, CvT's and SegFormer's configs give no image size: their
+    classifiers were refused ("cannot guess example inputs"); they take ImageNet's 224 px, with
+    the config's channels."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10)
+    with torch.device("meta"):
+        model = ResNetForImageClassification(config)
+    args, kwargs = graphkit.example_inputs_for(model)
+    assert args[0].shape == (2, 1, 224, 224) and not kwargs
+    graph = graphkit.trace(model)
+    assert graph.meta["input_shapes"] == [[2, 1, 224, 224]] and graph.op_counts()["conv"] >= 3
+
+
 def test_clip_and_siglip_image_classifiers_trace_with_their_unused_towers_parts_spare():
     """CLIP's image classifier pools its vision tower before ``post_layernorm``, SigLIP's without
     its MAP head: both were refused ("not connected to the output"); those parameters are spare."""

@@ -14,12 +14,17 @@ from graphkit.validation import is_count
 
 ExampleInputs = Any  # a tensor, a tuple of positional args, a dict of kwargs, or (args, kwargs)
 
+#: the image side for a transformers image model whose config gives none: the ImageNet resolution
+#: its checkpoints are trained at and its image processor crops to
+DEFAULT_IMAGE_SIZE = 224
+
 
 def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
     """Inputs to trace ``model`` with: ``(args, kwargs)`` on the model's device.
 
     Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
-    ``pretrained_cfg['input_size']``) get a batch of two images; models with a
+    ``pretrained_cfg['input_size']``, else 224 px for a transformers model whose main input is
+    ``pixel_values``) get a batch of two images; models with a
     ``config.vocab_size`` (or a multimodal config's text part with one) get two sequences of
     ``length`` token ids, fewer where the position table is shorter (``use_cache=False`` when
     accepted);
@@ -135,8 +140,13 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         size = config.image_size
         size = (size, size) if isinstance(size, int) else tuple(size)
         return (int(getattr(config, "num_channels", 3)), *size)
-    if isinstance(cfg, Mapping) and cfg.get("input_size"):
-        return tuple(int(s) for s in cfg["input_size"])  # type: ignore[return-value]
+    for record in (cfg, getattr(config, "pretrained_cfg", None)):  # TimmWrapper keeps timm's in its config
+        if isinstance(record, Mapping) and record.get("input_size"):
+            return tuple(int(s) for s in record["input_size"])  # type: ignore[return-value]
+    if config is not None and getattr(model, "main_input_name", None) == "pixel_values":
+        # a transformers image model whose config has no image size (ResNet, RegNet, BiT, CvT, SegFormer):
+        # it takes any size, and is published and preprocessed at ImageNet's
+        return int(getattr(config, "num_channels", 3)), DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
     return None
 
 
