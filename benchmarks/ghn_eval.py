@@ -37,7 +37,7 @@ from graphkit.datasets.generate import generate
 from graphkit.datasets.zoo import ZOOS, generate_zoo
 from graphkit.families import get_family
 from graphkit.ghn.checkpoint import BUNDLED, record_evaluation
-from graphkit.ghn.evaluate import DEFAULT_INITS, INITS, EvalConfig, evaluate, plot, summarize
+from graphkit.ghn.evaluate import DEFAULT_INITS, EvalConfig, evaluate, plot, summarize
 from graphkit.training.data import default_source
 
 #: per bundled checkpoint's family (its config.json's): the dataset whose eval split it is measured
@@ -98,7 +98,7 @@ def table(
         steps=STEPS,
         batch_size=run["batch_size"],
         device=device,
-        inits=INITS if selected else DEFAULT_INITS + keep_init,
+        inits=DEFAULT_INITS + ("selected",) * selected + keep_init,
         shrink=shrink,
     )
     tic = time.perf_counter()
