@@ -62,23 +62,28 @@ ROOT = common.ROOT
 DATASETS = ("vits-digits", "vits-digits-grids24")
 #: the Makefile's `bundled` line for logah-tiny-vits, less its 3,500 steps
 TRAIN = {"meta_batch": 4, "batch_size": 32, "lr_fan_in": 8.0}
-#: label -> (timm model name, its keyword arguments): vit_resolution's ViT-S rows on grids 2 x 2 to 8 x 8
-#: (384 wide at depth 6, grown from the trained 256), then 256 wide at depth 4 at 8 px (inside the
-#: trained width envelope: nothing grown), each patch
-MODELS = (
-    {label: vit_resolution.MODELS[label] for label in ("ViT-S depth 6, 8 px, patch 2", "ViT-S depth 6, 8 px, patch 4")}
-    | {
-        f"ViT depth 4, 256 wide, 8 px, patch {patch}": (
+#: label -> (timm model name, its keyword arguments): ViT-S (384 wide at depth 6, grown from the
+#: trained 256) on grids 2 x 2 to 8 x 8, vit_resolution's rows and the 8 x 8 grid at 16 px; then 256
+#: wide at depth 4 (inside the trained width envelope: nothing grown) at 8 px with each patch and on
+#: the 8 x 8 grid at 16 and 32 px
+MODELS = {
+    label: vit_resolution.MODELS[label]
+    for label in (
+        "ViT-S depth 6, 8 px, patch 2",
+        "ViT-S depth 6, 8 px, patch 4",
+        "ViT-S depth 6, 16 px, patch 4",
+        "ViT-S depth 6, 32 px, patch 4",
+    )
+} | {
+    "ViT-S depth 6, 16 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=16, patch_size=2)),
+    **{
+        f"ViT depth 4, 256 wide, {pixels} px, patch {patch}": (
             "vit_small_patch16_224",
-            dict(SMALL, depth=4, embed_dim=256, num_heads=4, img_size=8, patch_size=patch),
+            dict(SMALL, depth=4, embed_dim=256, num_heads=4, img_size=pixels, patch_size=patch),
         )
-        for patch in (2, 4)
-    }
-    | {
-        label: vit_resolution.MODELS[label]
-        for label in ("ViT-S depth 6, 16 px, patch 4", "ViT-S depth 6, 32 px, patch 4")
-    }
-)
+        for pixels, patch in ((8, 2), (8, 4), (16, 2), (32, 4))
+    },
+}
 
 
 #: the runs' folder: <dataset>-<steps> each

@@ -27,9 +27,16 @@ grids (docs/experiments.md, "A third stage across token grids"):
     .venv/bin/python -m graphkit train-ghn --dataset out/vits-digits-grids-mixed --initial-checkpoint \
         graphkit/ghn/pretrained/logah-tiny-vits --steps 1500 --lr-fan-in 8 --out runs/grids-mixed-1500
 
+and `out/vits-digits-grid8`, the same architectures at 16 px with patch 2 (an 8 x 8 grid), and
+`out/vits-digits-grids-248`, the four kinds in one folder (docs/experiments.md, "Training on the
+8 x 8 grid too"; a third stage on it from the two-stage checkpoint, 32 minutes on 2 cores):
+
+    .venv/bin/python -m graphkit train-ghn --dataset out/vits-digits-grids-248 --initial-checkpoint \
+        runs/pre-norm-mixed-3000 --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --out runs/grids-248-1500
+
 `score` prints, for each checkpoint, the held-out architectures' step-0 loss / accuracy (the
 prediction alone, as `predict` writes it) on digits, the mean over the 8 held-out architectures
-of each dataset (plain, pre-norm, patch 4), beside their own inits' mean; then CLIP's ViT-B/32
+of each dataset (plain, pre-norm, patch 4, the 8 x 8 grid), beside their own inits' mean; then CLIP's ViT-B/32
 and the plain ViT-B/32 at 224 px, predicted as `predict` does (through their twins), as
 `benchmarks/vit_resolution.py` scores them.
 """
@@ -62,8 +69,10 @@ from graphkit.training.loop import score  # noqa: E402
 PLAIN, PRE_NORM, MIXED = ROOT / "out/vits-digits", ROOT / "out/vits-digits-pre-norm", ROOT / "out/vits-digits-mixed"
 #: vits-digits' architectures at patch 4 (a 2 x 2 token grid), and the three kinds in one folder
 PATCH4, GRIDS_MIXED = ROOT / "out/vits-digits-patch4", ROOT / "out/vits-digits-grids-mixed"
+#: vits-digits' architectures at 16 px with patch 2 (an 8 x 8 token grid), and the four kinds in one folder
+GRID8, GRIDS_248 = ROOT / "out/vits-digits-grid8", ROOT / "out/vits-digits-grids-248"
 #: the fields a twin changes: an architecture is the same one whatever their values
-TWIN_FIELDS = ("pre_norm", "patch_size")
+TWIN_FIELDS = ("pre_norm", "patch_size", "image_size")
 
 
 def _architecture(config: dict) -> str:
@@ -111,6 +120,8 @@ def data() -> None:
     _twins(PATCH4, {"patch_size": 4}, "vits-digits' space at patch 4: a 2 x 2 token grid", splits)
     _merged(MIXED, {"plain": PLAIN, "pre-norm": PRE_NORM})
     _merged(GRIDS_MIXED, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4})
+    _twins(GRID8, {"image_size": 16}, "vits-digits' space at 16 px: an 8 x 8 token grid", splits)
+    _merged(GRIDS_248, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4, "grid8": GRID8})
 
 
 def held_out(folder: Path) -> list[dict]:
@@ -123,7 +134,7 @@ def held_out(folder: Path) -> list[dict]:
 def scores(checkpoints: list[str]) -> None:
     """Print the mean step-0 loss / accuracy of each checkpoint's predictions and of the own inits."""
     source = load_source("digits")
-    for folder in (PLAIN, PRE_NORM, PATCH4):
+    for folder in (PLAIN, PRE_NORM, PATCH4, GRID8):
         configs = held_out(folder)
         rows = {}
         for name in ["own init", *checkpoints]:

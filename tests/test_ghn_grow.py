@@ -28,7 +28,14 @@ from graphkit.ghn.grow import (
     twin_phrase,
 )
 from graphkit.ghn.predict import predict, predicted_params
-from graphkit.ghn.space import GRID_CAVEAT, extent, outside_training_space, training_space, widest_at_depth
+from graphkit.ghn.space import (
+    GRID_CAVEAT,
+    extent,
+    grid_to_predict,
+    outside_training_space,
+    training_space,
+    widest_at_depth,
+)
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 SMALL_VOCAB = {"vocab_size": 97, "context": 32}
@@ -333,7 +340,7 @@ def test_a_patch_size_is_read_against_those_trained_on_its_token_grid():
     assert twin(16, 4) == (2, 8)  # inside both bounds, an untrained pair: patch 2 on its 4 x 4 grid
     assert twin(32, 8) == (2, 8)
     assert twin(16, 8) == (4, 8)  # 2 x 2 tokens: the patch trained there
-    assert twin(24, 8) == (2, 6)  # 3 x 3 tokens, between the trained grids: the finer one's patch
+    assert twin(24, 8) == (4, 8)  # 3 x 3 tokens, between the trained grids: the coarser one, upsampled
     assert twin(64, 4) == (2, 8)  # finer than any trained grid: the finest, at its patch
     # a checkpoint from before the pairs were recorded reads the patch bounds alone
     across.info["space"] = {key: value for key, value in across.info["space"].items() if key != "patch_by_grid"}
@@ -564,6 +571,14 @@ def test_predict_resizes_the_position_table_of_the_twins_prediction_on_a_new_tok
         torch.testing.assert_close(params[name], twin[name], msg=name)
 
 
+def test_a_grid_between_trained_ones_is_predicted_at_the_trained_one_below():
+    space = {"grid": [2, 8], "patch_by_grid": {"2": [4, 4], "4": [2, 2], "8": [2, 2]}}
+    assert [grid_to_predict(space, grid) for grid in (1, 2, 3, 4, 6, 7, 8, 14, None)] == [1, 2, 2, 4, 4, 4, 8, 8, None]
+    # a checkpoint from before patch_by_grid: its bounds alone
+    assert [grid_to_predict({"grid": [2, 4]}, grid) for grid in (3, 14)] == [3, 4]
+    assert grid_to_predict({}, 14) == 14
+
+
 def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expected_to_be_better(vits):
     def warning(**shape):
         return outside_training_space(vits.info, graphkit.trace(build_model(dict(VIT, **shape), "meta")))
@@ -578,4 +593,9 @@ def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expecte
     assert warning(num_layers=3, hidden=384, heads=6, image_size=32, patch_size=4) == (
         "resolution 32 px is 4.0x the largest trained (8 px), "
         f"token grid 8 tokens a side is 2.0x the largest trained (4 tokens a side), {GRID_CAVEAT}"
+    )
+    # 3 x 3 lies inside the grids' bounds, between the 2 x 2 and 4 x 4 trained (2.87 at step 0, own init 2.36)
+    assert warning(num_layers=3, hidden=384, heads=6, image_size=12, patch_size=4) == (
+        "resolution 12 px is 1.5x the largest trained (8 px), "
+        f"token grid 3 tokens a side lies between the trained ones (2 and 4 tokens a side), {GRID_CAVEAT}"
     )

@@ -60,7 +60,9 @@ model's (``timm.layers.resample_abs_pos_embed``), the class token's row kept. On
 digits at step 0, ViT-S at 32 px, patch 4 (8 x 8 tokens) scored 1.83 / 0.47 (loss / accuracy)
 this way, 4.10 / 0.20 decoded directly, 2.35 / 0.16 from its own init; ViT-B/16 at 224 px
 2.23 / 0.30, 3.55 / 0.11 and 2.43 / 0.09. The model no longer computes what the twin does:
-each token sees a smaller part of the image than the twin's did. A coarser grid keeps its own
+each token sees a smaller part of the image than the twin's did. A grid between trained ones
+is predicted the same way from the trained grid below it
+(:func:`~graphkit.ghn.space.grid_to_predict`); a coarser grid than any keeps its own
 (downsampled, the table fine-tuned worse: :func:`twin_of`).
 
 The resized prediction ranks the classes better than the own init but is as confident as at the
@@ -135,7 +137,7 @@ from graphkit.ghn.checkpoint import plain_for
 from graphkit.ghn.encoding import Target, targets
 from graphkit.ghn.model import put
 from graphkit.ghn.pool import with_init_constants
-from graphkit.ghn.space import extent, patches_at_grid, trained_bounds, widest_at_depth
+from graphkit.ghn.space import extent, grid_to_predict, patches_at_grid, widest_at_depth
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 from graphkit.tracing import trace
@@ -378,12 +380,12 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     # 256-wide twin 2.74 (a ViT of that shape on digits: 3.31 and 0.99)
     widest = widest_at_depth(space, size["depth"] or 0) if space else None
     wide = widest is not None and size["width"] is not None and size["width"] > widest
-    # a grid finer than any trained is predicted at the finest trained and its position table
-    # upsampled; a coarser one keeps its own (downsampled from 4 x 4 to 2 x 2, the bundled ViT's
-    # prediction fine-tuned worse: 0.65 after 100 steps on digits against 0.32 at its own grid)
-    grids = trained_bounds(space, "grid")
+    # a grid finer than any trained, or between trained ones, is predicted at the finest trained grid
+    # below it and its position table upsampled; a coarser one keeps its own (downsampled from 4 x 4 to
+    # 2 x 2, the bundled ViT's prediction fine-tuned worse: 0.65 after 100 steps on digits against 0.32
+    # at its own grid)
     patch, grid = size["patch"], size["grid"]
-    grid = grid if grids is None or grid is None else min(grid, grids[1])
+    grid = grid_to_predict(space, grid) if space else grid
     # the patch sizes trained on that grid: a dataset with patch 2 or 4 at 8 px never trained patch 4
     # on 4 x 4 tokens (decoded directly at 16 px: 2.73 on digits at step 0, its own init 2.37)
     patches = patches_at_grid(space, grid) if space else None

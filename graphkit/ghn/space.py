@@ -199,6 +199,25 @@ def widest_at_depth(space: Mapping[str, Any], depth: int) -> int | None:
     return bounds[1] if bounds else None
 
 
+def grid_to_predict(space: Mapping[str, Any], grid: int | None) -> int | None:
+    """The token grid to predict a ``grid`` x ``grid`` model at: the finest grid trained that is
+    not finer than ``grid``, whose position table is then upsampled. A hypernetwork trained on
+    2 x 2, 4 x 4 and 8 x 8 grids scored ViT-B/32's 7 x 7 at 2.67 on digits at step 0 decoded at
+    its own grid, 2.77 predicted at 8 x 8 and downsampled, 1.35 at 4 x 4 and upsampled (its own
+    init 2.36; docs/experiments.md, "Training on the 8 x 8 grid too"). ``grid`` itself where no
+    trained grid is as coarse (a coarser grid keeps its own) or the grid is unknown; the finest
+    trained bound when the space records its grids as bounds only (a checkpoint from before
+    ``patch_by_grid``)."""
+    if grid is None:
+        return None
+    table = space.get("patch_by_grid")
+    if isinstance(table, Mapping) and table:
+        coarser = [int(key) for key in table if int(key) <= grid]
+        return max(coarser) if coarser else grid
+    bounds = trained_bounds(space, "grid")
+    return grid if bounds is None else min(grid, bounds[1])
+
+
 def patches_at_grid(space: Mapping[str, Any], grid: int | None) -> list[int] | None:
     """The [smallest, largest] patch trained on a ``grid`` x ``grid`` token grid, or on the
     recorded grid nearest to it (the finer one on a tie); the patch bounds over the whole space
@@ -213,6 +232,20 @@ def _beyond(space: Mapping[str, Any], graph: ArchGraph) -> Iterator[tuple[str, i
         bounds = trained_bounds(space, name)
         if value is not None and bounds and not bounds[0] <= value <= bounds[1]:
             yield name, value, bounds[0], bounds[1]
+
+
+def _between_trained_grids(space: Mapping[str, Any], graph: ArchGraph) -> str | None:
+    """A phrase for a token grid inside the trained grids' bounds that none of them is (3 x 3 where
+    2 x 2 and 4 x 4 trained: the bundled ViT checkpoint's prediction, made at 2 x 2 and resized,
+    started at 2.87 on digits against its own init's 2.36, and stayed behind after 100 steps), else None."""
+    grid, bounds, table = extent(graph)["grid"], trained_bounds(space, "grid"), space.get("patch_by_grid")
+    if grid is None or bounds is None or not isinstance(table, Mapping) or not bounds[0] < grid < bounds[1]:
+        return None
+    trained = sorted(int(key) for key in table)
+    if grid in trained:
+        return None
+    listed = ", ".join(map(str, trained[:-1])) + f" and {trained[-1]}"
+    return f"token grid {grid} tokens a side lies between the trained ones ({listed} tokens a side), {GRID_CAVEAT}"
 
 
 def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | None:
@@ -238,6 +271,9 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
             beyond.append(f"{label} {value:,}{unit} is below the smallest trained ({low:,}{unit})")
         if name == "grid":
             beyond[-1] += f", {GRID_CAVEAT}"
+    between = _between_trained_grids(space, graph)
+    if between is not None:
+        beyond.append(between)
     if space.get("tied") is not True and tied_embeddings(graph):  # not recorded: trained before tying was
         beyond.append("its input and output embeddings are tied, and it trained on untied models only")
     return ", ".join(beyond) or None
@@ -266,4 +302,5 @@ __all__ = [
     "space_distance",
     "widest_at_depth",
     "patches_at_grid",
+    "grid_to_predict",
 ]

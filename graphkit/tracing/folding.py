@@ -127,7 +127,7 @@ def unfold(graph: ArchGraph, path: str, length: int, start: int = 0) -> ArchGrap
     new_nodes += [nodes[i] for i in suffix]
     meta = dict(graph.meta)
     if meta.get("discarded"):  # parameters a block reads only into values it discards: in every block
-        block1 = re.compile(rf"^{re.escape(path)}\.{start + 1}(?=$|[._])")
+        block1 = _block_pattern(path, start + 1)
         in_block1 = [p for p in meta["discarded"] if block1.match(p)]
         copies = {block1.sub(f"{path}.{start + k}", p) for k in range(2, length) for p in in_block1}
         meta["discarded"] = sorted({*meta["discarded"], *copies})
@@ -164,8 +164,13 @@ def _run_index(module: str, path: str, start: int) -> int | None:
     return int(head) - start if head.isdigit() and int(head) >= start else None
 
 
+def _block_pattern(path: str, index: int) -> re.Pattern[str]:
+    """Matches the start of a name inside block ``path.{index}`` (not ``path.{index}0``, a later block)."""
+    return re.compile(rf"^{re.escape(path)}\.{index}(?=$|[._])")
+
+
 def _renamed(node: Node, path: str, old: int, new: int) -> Node:
-    pattern = re.compile(rf"^{re.escape(path)}\.{old}(?=$|[._])")
+    pattern = _block_pattern(path, old)
     sub = lambda s: pattern.sub(f"{path}.{new}", s)  # noqa: E731
     attrs = dict(node.attrs)
     if "tied" in attrs:
