@@ -210,12 +210,19 @@ def grid_to_predict(space: Mapping[str, Any], grid: int | None) -> int | None:
     ``patch_by_grid``)."""
     if grid is None:
         return None
-    table = space.get("patch_by_grid")
-    if isinstance(table, Mapping) and table:
-        coarser = [int(key) for key in table if int(key) <= grid]
+    trained = _trained_grids(space)
+    if trained:
+        coarser = [trained_grid for trained_grid in trained if trained_grid <= grid]
         return max(coarser) if coarser else grid
     bounds = trained_bounds(space, "grid")
     return grid if bounds is None else min(grid, bounds[1])
+
+
+def _trained_grids(space: Mapping[str, Any]) -> list[int]:
+    """The token grids ``space`` records patches for (``patch_by_grid``'s keys), smallest first;
+    empty for a checkpoint from before ``patch_by_grid``."""
+    table = space.get("patch_by_grid")
+    return sorted(int(key) for key in table) if isinstance(table, Mapping) else []
 
 
 def patches_at_grid(space: Mapping[str, Any], grid: int | None) -> list[int] | None:
@@ -238,11 +245,8 @@ def _between_trained_grids(space: Mapping[str, Any], graph: ArchGraph) -> str | 
     """A phrase for a token grid inside the trained grids' bounds that none of them is (3 x 3 where
     2 x 2 and 4 x 4 trained: the bundled ViT checkpoint's prediction, made at 2 x 2 and resized,
     started at 2.87 on digits against its own init's 2.36, and stayed behind after 100 steps), else None."""
-    grid, bounds, table = extent(graph)["grid"], trained_bounds(space, "grid"), space.get("patch_by_grid")
-    if grid is None or bounds is None or not isinstance(table, Mapping) or not bounds[0] < grid < bounds[1]:
-        return None
-    trained = sorted(int(key) for key in table)
-    if grid in trained:
+    grid, trained = extent(graph)["grid"], _trained_grids(space)
+    if grid is None or not trained or grid in trained or not trained[0] < grid < trained[-1]:
         return None
     listed = ", ".join(map(str, trained[:-1])) + f" and {trained[-1]}"
     return f"token grid {grid} tokens a side lies between the trained ones ({listed} tokens a side), {GRID_CAVEAT}"
