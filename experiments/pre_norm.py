@@ -34,6 +34,11 @@ and `out/vits-digits-grid8`, the same architectures at 16 px with patch 2 (an 8 
     .venv/bin/python -m graphkit train-ghn --dataset out/vits-digits-grids-248 --initial-checkpoint \
         runs/pre-norm-mixed-3000 --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --out runs/grids-248-1500
 
+and `out/vits-digits-grids-248-sparse`, the same with the 8 x 8 records of only a third of the
+training architectures, so that a tenth of the draws are 8 x 8, not a quarter (the same stage
+with `--dataset out/vits-digits-grids-248-sparse --steps 1400`: 18 minutes; "The 8 x 8 stage
+weighted towards the coarser grids").
+
 `score` prints, for each checkpoint, the held-out architectures' step-0 loss / accuracy (the
 prediction alone, as `predict` writes it) on digits, the mean over the 8 held-out architectures
 of each dataset (plain, pre-norm, patch 4, the 8 x 8 grid), beside their own inits' mean; then CLIP's ViT-B/32
@@ -71,6 +76,9 @@ PLAIN, PRE_NORM, MIXED = ROOT / "out/vits-digits", ROOT / "out/vits-digits-pre-n
 PATCH4, GRIDS_MIXED = ROOT / "out/vits-digits-patch4", ROOT / "out/vits-digits-grids-mixed"
 #: vits-digits' architectures at 16 px with patch 2 (an 8 x 8 token grid), and the four kinds in one folder
 GRID8, GRIDS_248 = ROOT / "out/vits-digits-grid8", ROOT / "out/vits-digits-grids-248"
+#: the 8 x 8 records of a third of the training architectures, and the four kinds with them: a
+#: stage whose draws (uniform over architectures) are 10% 8 x 8, not 25%
+GRID8_THIRD, GRIDS_248_SPARSE = ROOT / "out/vits-digits-grid8-third", ROOT / "out/vits-digits-grids-248-sparse"
 #: the fields a twin changes: an architecture is the same one whatever their values
 TWIN_FIELDS = ("pre_norm", "patch_size", "image_size")
 
@@ -111,6 +119,19 @@ def _merged(folder: Path, parts: dict[str, Path]) -> None:
     print(f"wrote {folder} ({counts})")
 
 
+def _thinned(folder: Path, part: Path, every: int) -> None:
+    """Copy the dataset ``part`` into ``folder`` with the train records of only every ``every``-th
+    training architecture (by fingerprint), its held-out records all kept."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "data").mkdir(parents=True)
+    table = load(part).metadata()
+    kept = set(sorted(set(table[table.split == "train"].fingerprint))[::every])
+    for shard in (part / "data").glob("*.parquet"):
+        rows = [r for r in read_rows(shard) if r["split"] == "eval" or r["fingerprint"] in kept]
+        write_shard(rows, folder / "data" / shard.name)
+    shutil.copy(part / "manifest.json", folder / "manifest.json")
+
+
 def data() -> None:
     """Write the pre-norm and patch-4 datasets in vits-digits' splits, then the mixed ones."""
     if not PLAIN.exists():
@@ -122,6 +143,8 @@ def data() -> None:
     _merged(GRIDS_MIXED, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4})
     _twins(GRID8, {"image_size": 16}, "vits-digits' space at 16 px: an 8 x 8 token grid", splits)
     _merged(GRIDS_248, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4, "grid8": GRID8})
+    _thinned(GRID8_THIRD, GRID8, 3)
+    _merged(GRIDS_248_SPARSE, {"plain": PLAIN, "pre-norm": PRE_NORM, "patch4": PATCH4, "grid8": GRID8_THIRD})
 
 
 def held_out(folder: Path) -> list[dict]:
