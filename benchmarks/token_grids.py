@@ -63,7 +63,8 @@ DATASETS = ("vits-digits", "vits-digits-grids24")
 #: the Makefile's `bundled` line for logah-tiny-vits, less its 3,500 steps
 TRAIN = {"meta_batch": 4, "batch_size": 32, "lr_fan_in": 8.0}
 #: label -> (timm model name, its keyword arguments): ViT-S (384 wide at depth 6, grown from the
-#: trained 256) on grids 2 x 2 to 8 x 8, vit_resolution's rows and the 8 x 8 grid at 16 px; then 256
+#: trained 256) on grids 2 x 2 to 8 x 8, vit_resolution's rows, the 8 x 8 grid at 16 px and one
+#: token (16 px with patch 16, the corner of item 4's resolutions and patches); then 256
 #: wide at depth 4 (inside the trained width envelope: nothing grown) at 8 px with each patch and on
 #: the 8 x 8 grid at 16 and 32 px
 MODELS = {
@@ -76,6 +77,7 @@ MODELS = {
     )
 } | {
     "ViT-S depth 6, 16 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=16, patch_size=2)),
+    "ViT-S depth 6, 16 px, patch 16": ("vit_small_patch16_224", dict(SMALL, img_size=16, patch_size=16)),
     **{
         f"ViT depth 4, 256 wide, {pixels} px, patch {patch}": (
             "vit_small_patch16_224",
