@@ -28,7 +28,7 @@ Three tables, each a BENCHMARKS.md section per family (``--table`` picks):
     .venv/bin/python benchmarks/ghn_extrapolation.py --family gpt2 --table paper --steps 300 --device cuda
     .venv/bin/python benchmarks/ghn_extrapolation.py --family vit --table paper --ghn runs/candidate  # not bundled
 
-On 2 CPU cores: extrapolation about 40 min for ViTs and 25 for GPT-2s, paper 15 and 40,
+On 2 CPU cores: extrapolation about 35 min for ViTs and 25 for GPT-2s, paper 47 (ViT-S 17, ViT-B 29) and 40,
 propagation a few minutes each (GPT-2 and LLaMA with their 10-minute control).
 """
 
