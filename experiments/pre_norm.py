@@ -129,7 +129,8 @@ def _thinned(folder: Path, part: Path, every: int) -> None:
     for shard in (part / "data").glob("*.parquet"):
         rows = [r for r in read_rows(shard) if r["split"] == "eval" or r["fingerprint"] in kept]
         write_shard(rows, folder / "data" / shard.name)
-    shutil.copy(part / "manifest.json", folder / "manifest.json")
+    manifest = json.loads((part / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "name": folder.name}))
 
 
 def data() -> None:
