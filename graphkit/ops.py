@@ -35,7 +35,7 @@ OP_DOCS: dict[str, str] = {
     "rotary_embedding": "rotary position embedding (RoPE) tables, applied inside attention",
     "alibi": "ALiBi attention bias",
     "gelu": "GELU activation (exact or tanh approximation)",
-    "silu": "SiLU / swish activation",
+    "silu": "SiLU / swish activation (and hard swish, its piecewise-linear form)",
     "relu": "ReLU activation",
     "tanh": "tanh activation",
     "add": "elementwise sum of two activations (residual connection)",
@@ -47,7 +47,7 @@ OP_DOCS: dict[str, str] = {
     "scale": "elementwise product with a learned parameter (layer scale)",
     "bias": "addition of a learned 1-D parameter",
     "softmax": "softmax outside attention (e.g. router probabilities)",
-    "sigmoid": "sigmoid activation",
+    "sigmoid": "sigmoid activation (and hard sigmoid, its piecewise-linear form)",
     "other": "catch-all id for ops written as 'other:<aten op>'",
     # version 2
     "moe": (

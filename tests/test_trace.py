@@ -239,6 +239,58 @@ def test_clip_and_siglip_image_classifiers_trace_with_their_unused_towers_parts_
     assert {name for name, _ in siglip.vision_model.head.named_parameters(prefix="vision_model.head")} == set(spare)
 
 
+def test_hard_swish_and_hard_sigmoid_are_swish_and_sigmoid_as_modules_and_functions():
+    """The piecewise-linear activations of mobile networks (PP-LCNet's squeeze-excitation gate is an
+    ``nn.Hardsigmoid``) were ``other:aten.hardsigmoid``, which no hypernetwork predicts through."""
+    from transformers import PPLCNetConfig, PPLCNetForImageClassification  # noqa: PLC0415 (slow to import)
+
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.gate = nn.Hardsigmoid()
+
+        def forward(self, x):
+            x = nn.functional.hardswish(self.conv(x))
+            return x * self.gate(x) * nn.functional.hardsigmoid(x.mean((2, 3), keepdim=True))
+
+    counts = graphkit.trace(Gate(), example_inputs=torch.randn(1, 3, 8, 8)).op_counts()
+    assert counts["silu"] == 1 and counts["sigmoid"] == 2
+    assert not [op for op in counts if op.startswith("other:")]
+    counts = graphkit.trace(PPLCNetForImageClassification(PPLCNetConfig())).op_counts()
+    assert counts["sigmoid"] >= 1 and not [op for op in counts if op.startswith("other:")]
+
+
+def test_siglip2_reads_patches_of_any_grid_and_its_grid_inputs_are_constants():
+    """SigLIP 2 (NaFlex) takes flattened patches with each image's grid (``spatial_shapes``) and a
+    padding mask; it resizes its position table to each grid with arithmetic on ``spatial_shapes``,
+    which became ``other:aten.abs`` and ``other:aten.prod`` nodes, and its patch Linear refused
+    the guessed 224-px images. Integer inputs beside the images are constants now: the resized
+    table is the table, and the graph does not depend on the grid it was traced at."""
+    from transformers import Siglip2Config, Siglip2ForImageClassification  # noqa: PLC0415 (slow to import)
+
+    vision = {"patch_size": 4, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    config = Siglip2Config(vision_config={**vision, "num_hidden_layers": 2, "num_patches": 16})
+    torch.manual_seed(0)
+    real = Siglip2ForImageClassification(config)
+    args, kwargs = example_inputs_for(real)
+    assert not args and kwargs["pixel_values"].shape == (2, 16, 3 * 4 * 4)
+    assert kwargs["spatial_shapes"].tolist() == [[4, 4], [4, 4]]
+    assert kwargs["pixel_attention_mask"].tolist() == [[1] * 16] * 2
+    graph = graphkit.trace(real)  # on meta its mask has no values: predict builds it on the CPU (NeedsValuesError)
+    counts = graph.op_counts()
+    assert not [op for op in counts if op.startswith("other:")], counts
+    assert counts["attention"] == 2 and counts["pos_embedding"] == 1 and "div" not in counts and "mul" not in counts
+    assert owner(graph, "vision_model.embeddings.position_embedding.weight").op == "pos_embedding"
+    assert not any(node.attrs["causal"] for node in attention_nodes(graph))
+    wide = {  # an 8 x 2 grid and a 2 x 4 grid padded to 16 patches
+        "pixel_values": torch.randn(2, 16, 48),
+        "pixel_attention_mask": torch.tensor([[1] * 16, [1] * 8 + [0] * 8]),
+        "spatial_shapes": torch.tensor([[8, 2], [2, 4]]),
+    }
+    assert graphkit.trace(real, example_inputs=wide).fingerprint() == graph.fingerprint()
+
+
 def test_a_multimodal_config_is_read_through_its_text_part():
     # Gemma 3's config has no vocab_size of its own; its text part has (get_text_config)
     from transformers import Gemma3Config  # noqa: PLC0415 (slow to import)

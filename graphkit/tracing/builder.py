@@ -79,6 +79,23 @@ def is_spare(name: str) -> bool:
     return name.rpartition(".")[2] in SPARE_NAMES
 
 
+def _reading_inputs(program: torch.export.ExportedProgram, user_inputs: set[str]) -> frozenset[str]:
+    """The user inputs that say how to read the images rather than hold them: every integer or
+    boolean input of a model that also takes a floating-point one (SigLIP 2's patch grid shapes
+    and padding mask beside its patches). The values computed from them alone are constants, like
+    position ids: the position table resized to each image's grid is the table, whatever the grid,
+    and a mask that weights the patches is a constant factor. A language model's token ids are its
+    data, so a model with no floating-point input keeps every input as data."""
+    values = {
+        node.name: node.meta.get("val")
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in user_inputs
+    }
+    if not any(is_float(value) for value in values.values()):
+        return frozenset()
+    return frozenset(name for name, value in values.items() if isinstance(value, torch.Tensor) and not is_float(value))
+
+
 class _GraphBuilder:
     """Builds one exported model's graph; it is the :class:`~graphkit.tracing.state.BuildContext`
     its attention and MoE rules read."""
@@ -109,6 +126,7 @@ class _GraphBuilder:
                 self.param_names[spec.arg.name] = alias.get(spec.target, spec.target)
             elif kind == "USER_INPUT":
                 self.user_inputs.add(spec.arg.name)
+        self.reading_inputs = _reading_inputs(program, self.user_inputs)
         self.attention = AttentionRules(self)
         self.moe = MoeRules(self)
 
@@ -199,8 +217,8 @@ class _GraphBuilder:
                     name = self.param_names[node.name]
                     self.param_src[node] = frozenset() if name in self.discarded else frozenset({name})
                     self.prod[node] = frozenset()
-                elif node.name in self.user_inputs:
-                    self.prod[node] = frozenset({self.INPUT})
+                elif node.name in self.user_inputs:  # a reading input is a constant (positions, masks)
+                    self.prod[node] = frozenset() if node.name in self.reading_inputs else frozenset({self.INPUT})
                 continue
             if node.op == "output":
                 output_node = node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
@@ -22,9 +23,11 @@ DEFAULT_IMAGE_SIZE = 224
 def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
     """Inputs to trace ``model`` with: ``(args, kwargs)`` on the model's device.
 
-    Image models (timm ``patch_embed.img_size``, HF ``config.image_size``, timm
-    ``pretrained_cfg['input_size']``, else 224 px for a transformers model whose main input is
-    ``pixel_values``) get a batch of two images; models with a
+    A model that reads images as patches of any grid (SigLIP 2's NaFlex: ``pixel_values`` of
+    flattened patches, ``pixel_attention_mask`` and ``spatial_shapes``) gets two images of its
+    position table's square grid, unpadded. Other image models (timm ``patch_embed.img_size``, HF
+    ``config.image_size``, timm ``pretrained_cfg['input_size']``, else 224 px for a transformers
+    model whose main input is ``pixel_values``) get a batch of two images; models with a
     ``config.vocab_size`` (or a multimodal config's text part with one) get two sequences of
     ``length`` token ids, fewer where the position table is shorter (``use_cache=False`` when
     accepted);
@@ -34,6 +37,9 @@ def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
     """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     config = getattr(model, "config", None)
+    patches = _patch_inputs(model, device)
+    if patches is not None:
+        return (), patches
     image = _image_size(model)
     if image is not None:
         return (torch.zeros(2, *image, device=device),), {}
@@ -148,6 +154,32 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         # it takes any size, and is published and preprocessed at ImageNet's
         return int(getattr(config, "num_channels", 3)), DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
     return None
+
+
+def _patch_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor] | None:
+    """NaFlex inputs for a model whose forward takes images as flattened patches of any grid
+    (SigLIP 2: ``pixel_values`` of shape (batch, patches, channels x patch x patch), with
+    ``pixel_attention_mask`` and ``spatial_shapes``), else None. The grid is its position table's
+    own (the side of ``num_patches``: 16 x 16 at the default 256, a 256-px image at patch 16), so
+    the table is read unresized, and no patch is padding."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward with no signature to read
+        return None
+    if not {"pixel_values", "pixel_attention_mask", "spatial_shapes"} <= set(parameters):
+        return None
+    config = getattr(model, "config", None)
+    vision = getattr(config, "vision_config", None) or config
+    patches, patch = getattr(vision, "num_patches", None), getattr(vision, "patch_size", None)
+    if not is_count(patches) or not is_count(patch):
+        return None
+    side, patch = math.isqrt(cast(int, patches)), cast(int, patch)
+    channels = int(getattr(vision, "num_channels", 3))
+    return {
+        "pixel_values": torch.zeros(2, side * side, channels * patch * patch, device=device),
+        "pixel_attention_mask": torch.ones(2, side * side, dtype=torch.long, device=device),
+        "spatial_shapes": torch.tensor([[side, side]] * 2, dtype=torch.long, device=device),
+    }
 
 
 def _reads_images_only(model: nn.Module) -> bool:

@@ -225,9 +225,11 @@ ATEN_OPS: dict[str, str] = {
     "conv_transpose3d": "conv",
     "gelu": "gelu",
     "silu": "silu",
+    "hardswish": "silu",  # x * relu6(x + 3) / 6, swish's piecewise-linear form (MobileNetV3, LeViT, PP-LCNet)
     "relu": "relu",
     "tanh": "tanh",
     "sigmoid": "sigmoid",
+    "hardsigmoid": "sigmoid",  # relu6(x + 3) / 6, sigmoid's piecewise-linear form (squeeze-excitation gates)
     "softmax": "softmax",
     "_softmax": "softmax",
     "_safe_softmax": "softmax",
