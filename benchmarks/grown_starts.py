@@ -25,13 +25,17 @@ steps, as timm's and transformers' recipes do (``finetune --warmup``), and the o
 fine-tuned without one (the control: a warm-up can slow the own init, so the prediction must beat
 its better recipe); the legacy ``--no-grow`` start is left out.
 
-    .venv/bin/python benchmarks/grown_starts.py                  # about 50 minutes on 2 cores
+    .venv/bin/python benchmarks/grown_starts.py                  # the ViTs 90 minutes on 2 cores, the decoders 40
     .venv/bin/python benchmarks/grown_starts.py --cases vit-s --steps 100
     .venv/bin/python benchmarks/grown_starts.py --cases llama-12x512 mistral-12x512 --warmup 25
+
+``--write`` records the decoders' cases and the ViTs' in sections of their own (``SECTIONS``): a
+checkpoint retrained for one kind is remeasured without rerunning the other.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -61,6 +65,9 @@ CASES = {
     "llama-12x512": ("logah-tiny-llamas", "stdlib-text", 8, dict(family="llama", num_layers=12, hidden=512, heads=8)),
     "mistral-12x512": ("logah-tiny-zoo-decoders", "stdlib-text", 8, (12, 512)),
 }
+
+#: BENCHMARKS.md section: its cases
+SECTIONS = {"grown_starts": ("llama-12x512", "mistral-12x512"), "grown_starts_vit": ("vit-b", "vit-s")}
 
 
 def build(spec) -> torch.nn.Module:
@@ -124,10 +131,9 @@ def run(name: str, start: str, steps: int, warmup: int = 0) -> tuple[dict[int, f
     return {h: scores[h][0] for h in at}, "-" if twin is None else str(twin.config["hidden"])
 
 
-def table(args) -> str:
-    if args.warmup and args.write:
-        raise SystemExit("--write records the table without a warm-up; --warmup's table is printed only")
-    jobs = [(name, *start) for name in args.cases for start in starts(name, args.warmup)]
+def table(args, cases: list[str]) -> str:
+    """The table of ``cases``, each fine-tuned from every start of :func:`starts`."""
+    jobs = [(name, *start) for name in cases for start in starts(name, args.warmup)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(
             pool.map(run, [j[0] for j in jobs], [j[1] for j in jobs], [args.steps] * len(jobs), [j[3] for j in jobs])
@@ -152,21 +158,36 @@ def table(args) -> str:
             "Bold: below the own init's loss at that step (with a warm-up, the lower of its two). "
             f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} "
             f"CPU cores, torch {torch.__version__}, one thread a run. Command: `.venv/bin/python "
-            f"benchmarks/grown_starts.py --cases {' '.join(args.cases)} --steps {args.steps}"
+            f"benchmarks/grown_starts.py --cases {' '.join(cases)} --steps {args.steps}"
             + (f" --warmup {args.warmup}`." if args.warmup else " --write`."),
             "",
         ]
     )
 
 
-def options(parser) -> None:
+def main() -> None:
+    """Print the table of the cases asked for; with ``--write``, each kind's cases (``SECTIONS``)
+    replace their own section of BENCHMARKS.md, so that rerunning the ViTs leaves the decoders'
+    recorded rows."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     parser.add_argument("--cases", nargs="*", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=common.cores(), help="runs side by side, one thread each")
     parser.add_argument(
         "--warmup", type=int, default=0, help="steps of linear lr warm-up for every start (and a control)"
     )
+    args = parser.parse_args()
+    if args.warmup and args.write:
+        raise SystemExit("--write records the table without a warm-up; --warmup's table is printed only")
+    for key, kind in SECTIONS.items():
+        cases = [name for name in args.cases if name in kind]
+        if cases:
+            text = table(args, cases)
+            print(text, flush=True)
+            if args.write:
+                common.write_section(text, key)
 
 
 if __name__ == "__main__":
-    common.main(__doc__, "grown_starts", table, options)
+    main()
