@@ -105,20 +105,21 @@ def test_predict_works_on_a_zoo_model_or_says_why_not():
     """On a sample: DeiT-Tiny (timm's vision_transformer family) is predicted by the bundled
     ViT hypernetwork, and the predicted model runs; BEiT and Swin have ops it never trained on
     (layer scale, pooling, shifted windows) and get the vision zoo checkpoint, and so does VOLO,
-    whose fold the vision zoo checkpoint learnt once its family stayed in training; GhostNet-V3's
-    hard sigmoid lies outside graphkit's vocabulary, and predict says so in one line."""
+    whose fold the vision zoo checkpoint learnt once its family stayed in training, and GhostNet-V3,
+    whose hard sigmoid is the sigmoid op (it was ``other:aten.hardsigmoid``); CSPDarkNet-53's leaky
+    ReLU lies outside graphkit's vocabulary, and predict says so in one line."""
     deit = build_model({"family": "timm", "model": "deit_tiny_patch16_224"}, "cpu")
     assert prediction_refusal(trace(deit)) is None and bundled_for(trace(deit)).name == "logah-tiny-vits"
     params = predict(deit)
     assert all(torch.isfinite(p).all() for p in params.values())
     with torch.no_grad():
         assert torch.isfinite(deit(torch.randn(1, 3, 224, 224))).all()
-    for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224", "volo_d1_224"):
+    for name in ("beit_base_patch16_224", "swin_tiny_patch4_window7_224", "volo_d1_224", "ghostnetv3_050"):
         graph = trace(build_model({"family": "timm", "model": name}))
         assert prediction_refusal(graph) is None and bundled_for(graph).name == "logah-tiny-zoo-vision"
-    ghostnet = build_model({"family": "timm", "model": "ghostnetv3_050"})
+    darknet = build_model({"family": "timm", "model": "cspdarknet53"})
     nearest = "no bundled hypernetwork was trained on every op of this image model: the nearest, logah-tiny-zoo-vision"
-    assert prediction_refusal(trace(ghostnet)).startswith(f"{nearest}, never saw other:aten.hardsigmoid (bundled: ")
+    assert prediction_refusal(trace(darknet)).startswith(f"{nearest}, never saw other:aten.leaky_relu (bundled: ")
 
 
 def test_bad_zoo_options_are_refused_before_anything_is_written(tmp_path):
