@@ -23,6 +23,7 @@ import common  # noqa: E402
 from graphkit.cli.app import trace_loaded  # noqa: E402
 from graphkit.errors import GraphkitError, ModelSourceError  # noqa: E402
 from graphkit.ghn import bundled_for  # noqa: E402
+from graphkit.ghn.predict import prediction_refusal  # noqa: E402
 from graphkit.sources import load_model_source  # noqa: E402
 
 
@@ -41,10 +42,8 @@ def outcome(model_type: str) -> tuple[str, str]:
     other = sorted(op for op in graph.op_counts() if op.startswith("other:"))
     if other:
         return "other", ", ".join(other)
-    try:
-        return "predictable", bundled_for(graph).name
-    except GraphkitError as e:
-        return "refused", str(e)
+    refusal = prediction_refusal(graph)  # what the zoo reports count predictable models by
+    return ("refused", refusal) if refusal is not None else ("predictable", bundled_for(graph).name)
 
 
 def table(args) -> str:
