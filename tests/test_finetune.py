@@ -11,7 +11,7 @@ from helpers import ROOT, gpt2
 from typer.testing import CliRunner
 
 from graphkit.cli import app
-from graphkit.errors import DataError, TrainError
+from graphkit.errors import ConfigError, DataError, TrainError
 from graphkit.finetune import (
     LR_SCALE_KEY,
     FinetuneConfig,
@@ -22,6 +22,7 @@ from graphkit.finetune import (
     starting_weights,
 )
 from graphkit.params import read_params, save_params, weights_digest
+from graphkit.training.data import data_config, load_source
 from graphkit.training.loop import estimate_batch_norm, param_groups, up_train, warmup_factor
 
 runner = CliRunner()
@@ -168,20 +169,44 @@ def test_finetune_trains_an_image_model_on_digits(tmp_path):
     assert "blocks.0.attn.qkv.weight" in tensors
 
 
-@pytest.mark.parametrize("model_type", ["vit", "deit"])
-def test_finetune_trains_a_transformers_image_classifier_on_digits(model_type, tmp_path):
-    """transformers' image classifiers take images shaped by their own config (image size,
-    channels, class count) and the bundled digits, as its language models take text; before,
-    their graph was read as a timm ViT's and refused."""
+VIT_FIELDS = "image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2&intermediate_size=64"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        f"hf:vit?{VIT_FIELDS}&num_labels=10",
+        f"hf:deit?{VIT_FIELDS}&num_labels=10",
+        "hf:resnet?num_labels=10&embedding_size=8&hidden_sizes=[8,8,16,16]&depths=[1,1,1,1]",
+        "timm:test_convnext?num_classes=10",
+    ],
+    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext"],
+)
+def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec, tmp_path):
+    """Image classifiers take digits shaped by the images they read (a transformers config's image
+    size, else 224 px for a ResNet's, which has none; timm's input size) and the classes they score
+    (``num_labels``, timm's ``num_classes``), as language models take text; before, their graph
+    was read as one of graphkit's families' and every timm model but a ViT was refused."""
     out = tmp_path / "run"
-    spec = (
-        f"hf:{model_type}?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2"
-        "&intermediate_size=64&num_labels=10"
-    )
-    result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "4", "--out", str(out), "--device", "cpu"])
+    result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines if "loss" in line)
+
+
+def test_an_image_classifier_with_too_few_classes_or_non_square_images_is_refused_in_one_line():
+    """The refusal says how to build a model that fits the data, and non-square images, which
+    the sources cannot give, are named before any batch is drawn."""
+    import timm
+
+    source = load_source("digits")
+    few = timm.create_model("test_convnext", pretrained=False, num_classes=5)
+    with pytest.raises(DataError, match="digits has 10 classes but the ConvNeXt config has num_classes 5; build"):
+        source.check(data_config(few))
+    wide = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10))
+    wide.pretrained_cfg, wide.num_classes = {}, 10  # a timm-like classifier reading 3 x 32 x 48 images
+    with pytest.raises(ConfigError, match="Sequential reads 32 x 48 images; the data sources give square ones"):
+        data_config(wide, torch.zeros(2, 3, 32, 48))
 
 
 @pytest.mark.slow

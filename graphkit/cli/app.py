@@ -377,7 +377,7 @@ def convert(
         None,
         "--data",
         help="Calibration data for --grouping keynorm, similarity or search and for --rope-dims, as train-ghn's --data "
-        "(default: the family's bundled data: digits for ViTs, stdlib-text for language models).",
+        "(default: the family's bundled data: digits for image models, stdlib-text for language models).",
     ),
     kv_rank: Optional[int] = typer.Option(
         None, "--kv-rank", help="MLA: numbers per token in the latent K and V are read from (1 to the width)."
@@ -433,7 +433,7 @@ def finetune(
         None,
         "--data",
         help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH or wikitext:DIR "
-        "(default: digits for ViTs, stdlib-text for language models).",
+        "(default: digits for image models, stdlib-text for language models).",
     ),
     params: Optional[Path] = typer.Option(
         None,

@@ -33,7 +33,7 @@ def train_ghn(
         None,
         "--data",
         help="digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR, stdlib-text, text:PATH "
-        "or wikitext:DIR (default: digits for ViTs, stdlib-text for LMs).",
+        "or wikitext:DIR (default: digits for image models, stdlib-text for LMs).",
     ),
     variant: str = typer.Option("tiny", "--variant", help="LoGAH size: tiny, small, base or large (Table 1)."),
     decoder: str = typer.Option(

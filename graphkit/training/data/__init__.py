@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from graphkit.errors import ConfigError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
 from graphkit.tracing import trace
+from graphkit.tracing.inputs import normalise_inputs, tensors_of
 from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
@@ -61,27 +63,48 @@ def default_source(family: str | None) -> str:
     return DEFAULT_SOURCES[family]
 
 
-#: an image data config's keys, by the transformers config field that holds each
-IMAGE_FIELDS = {"image_size": "image_size", "in_chans": "num_channels", "num_classes": "num_labels"}
-
-
 def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str, Any]:
     """The config a data source shapes its batches by for ``model``: a transformers language
     model's read off its own config (its vocabulary and context; family: its model type), so that
-    any causal LM, LLaMA-like or a converted DeepSeek, takes text; a transformers image
-    classifier's likewise (its image size, channels and class count: ViT, DeiT); anything else's
-    from its graph, for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError
-    when none says (see :func:`graphkit.families.config_from_graph`)."""
+    any causal LM, LLaMA-like or a converted DeepSeek, takes text; an image classifier's from the
+    images it reads (``example_inputs``, else those the tracer guesses: timm's ``input_size``, a
+    transformers config's image size) and the classes it scores (timm's ``num_classes``,
+    transformers' ``num_labels``), so that any timm model or transformers image classifier takes
+    images; anything else's from its graph, for graphkit's families (ViTs, GPT-2s, LLaMAs written
+    by hand). A ConfigError when none says (see :func:`graphkit.families.config_from_graph`), or
+    when the images it reads are not square (the sources resize to a square)."""
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None) or type(model).__name__
     vocab = getattr(config, "vocab_size", None)
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(vocab, int) and isinstance(context, int):
         return {"family": family, "vocab_size": vocab, "context": context}
-    image = {key: getattr(config, field, None) for key, field in IMAGE_FIELDS.items()}
-    if all(is_count(value) for value in image.values()):
-        return {"family": family, **image}
+    image = _image_input(model, example_inputs)
+    classes = getattr(model, "num_classes", None) if hasattr(model, "pretrained_cfg") else None  # timm's
+    if classes is None:
+        classes = getattr(config, "num_labels", None)
+    if image is not None and is_count(classes):
+        channels, height, width = image
+        if height != width:
+            raise ConfigError(
+                f"{type(model).__name__} reads {height} x {width} images; the data sources give square ones"
+            )
+        return {"family": family, "image_size": height, "in_chans": channels, "num_classes": classes}
     return config_from_graph(trace(model, example_inputs))
+
+
+def _image_input(model: torch.nn.Module, example_inputs: Any) -> tuple[int, int, int] | None:
+    """(channels, height, width) of the one image batch ``model`` reads (its ``example_inputs``,
+    else the inputs the tracer guesses for it), or None when it reads anything else."""
+    try:
+        args, kwargs = normalise_inputs(model, example_inputs)
+    except TraceError:  # no input to guess: the graph's family decides, or says why not
+        return None
+    tensors = list(tensors_of((args, kwargs)))
+    if len(tensors) == 1 and tensors[0].dim() == 4 and tensors[0].is_floating_point():
+        channels, height, width = tensors[0].shape[1:]
+        return int(channels), int(height), int(width)
+    return None
 
 
 def source_for(config: dict[str, Any]) -> str:

@@ -39,8 +39,9 @@ class ImageSource(DataSource):
         super().check(config)
         if self.num_classes > config["num_classes"]:
             raise DataError(
-                f"{self.spec} has {self.num_classes} classes but the "
-                f"{config['family']} config has num_classes {config['num_classes']}"
+                f"{self.spec} has {self.num_classes} classes but the {config['family']} config has num_classes "
+                f"{config['num_classes']}; build the model with {self.num_classes} (timm: num_classes, "
+                "transformers: num_labels, graphkit's families: num_classes)"
             )
         if self.channels != config["in_chans"] and 1 not in (self.channels, config["in_chans"]):
             raise DataError(
