@@ -28,9 +28,9 @@ from graphkit.attention.mla import attention_metadata
 from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
 from graphkit.params import load_params, read_params, save_params, weights_digest
-from graphkit.training.data import data_config, load_source, source_for
-from graphkit.training.loop import Batch, score, step_seed, up_train
-from graphkit.training.run_folder import check_resume, trim_metrics
+from graphkit.training.data import DataSource, data_config, load_source, model_inputs, output_loss, source_for
+from graphkit.training.loop import Batch, forward, on_device, score, step_seed, up_train
+from graphkit.training.run_folder import check_resume, nothing_left_unless_checkpointed, trim_metrics
 from graphkit.training.state import load_optimizer_state, read_trainer_state, save_optimizer_state
 from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device, is_number
 
@@ -221,6 +221,20 @@ def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str
     return folder / "model.safetensors"
 
 
+def check_output(model: nn.Module, batch: Batch, source: DataSource, shape: Mapping[str, Any]) -> None:
+    """Refuse, before any step, a model whose output on ``batch`` is not what ``source`` scores:
+    class logits for images, next-token logits for text. ImageGPT's image classifier reads colour
+    tokens as a language model does (``data_config`` gives it text) but scores classes."""
+    try:
+        with torch.no_grad():
+            output_loss(source.task, forward(model.eval(), batch[0]), batch[1])
+    except ValueError as e:
+        raise TrainError(
+            f"{shape.get('family')} model: its output does not fit {source.spec} ({e}); finetune trains "
+            "image classifiers on images and language models on text"
+        ) from None
+
+
 def finetune(
     model: nn.Module,
     folder: Path,
@@ -247,27 +261,31 @@ def finetune(
     source.check(shape)
     model.to(device)
 
+    def drawn(generator: torch.Generator, split: str = "train") -> Batch:
+        x, y = source.batch(shape, config.batch_size, generator, split=split)
+        return on_device((model_inputs(x, shape), y), device)
+
     def batch_at(step: int) -> Batch:
-        x, y = source.batch(shape, config.batch_size, torch.Generator().manual_seed(step_seed(config.seed, step)))
-        return x.to(device), y.to(device)
+        return drawn(torch.Generator().manual_seed(step_seed(config.seed, step)))
 
     generator = torch.Generator().manual_seed(config.seed)
-    held_out = [source.batch(shape, config.batch_size, generator, split="eval") for _ in range(config.eval_batches)]
-    held_out = [(x.to(device), y.to(device)) for x, y in held_out]
+    held_out = [drawn(generator, "eval") for _ in range(config.eval_batches)]
+    check_output(model, held_out[0], source, shape)
     run = UpTrainingRun(folder, config, data, resume, started_from)
-    losses, _ = up_train(
-        model,
-        source.task,
-        batch_at,
-        config.steps,
-        config.lr,
-        weight_decay=config.weight_decay,
-        seed=config.seed,
-        run=run,
-        progress=progress,
-        lr_scale=config.lr_scale,
-        warmup=config.warmup,
-    )
-    loss, accuracy = score(model, held_out, source.task)
-    run.log({"step": config.steps, "eval_loss": loss, "eval_accuracy": accuracy})
+    with nothing_left_unless_checkpointed(folder, RUN_FILES, resume):
+        losses, _ = up_train(
+            model,
+            source.task,
+            batch_at,
+            config.steps,
+            config.lr,
+            weight_decay=config.weight_decay,
+            seed=config.seed,
+            run=run,
+            progress=progress,
+            lr_scale=config.lr_scale,
+            warmup=config.warmup,
+        )
+        loss, accuracy = score(model, held_out, source.task)
+        run.log({"step": config.steps, "eval_loss": loss, "eval_accuracy": accuracy})
     return {"step": config.steps, "loss": losses[-1] if losses else None, "eval_loss": loss, "eval_accuracy": accuracy}

@@ -22,7 +22,7 @@ from graphkit.finetune import (
     starting_weights,
 )
 from graphkit.params import read_params, save_params, weights_digest
-from graphkit.training.data import data_config, load_source
+from graphkit.training.data import data_config, load_source, model_inputs
 from graphkit.training.loop import estimate_batch_norm, param_groups, up_train, warmup_factor
 
 runner = CliRunner()
@@ -179,19 +179,64 @@ VIT_FIELDS = "image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_
         f"hf:deit?{VIT_FIELDS}&num_labels=10",
         "hf:resnet?num_labels=10&embedding_size=8&hidden_sizes=[8,8,16,16]&depths=[1,1,1,1]",
         "timm:test_convnext?num_classes=10",
+        'hf:siglip2?num_labels=10&vision_config={"hidden_size":32,"intermediate_size":64,"num_attention_heads":2,'
+        '"num_hidden_layers":1,"num_patches":16,"patch_size":4}',
     ],
-    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext"],
+    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2"],
 )
 def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec, tmp_path):
     """Image classifiers take digits shaped by the images they read (a transformers config's image
     size, else 224 px for a ResNet's, which has none; timm's input size) and the classes they score
-    (``num_labels``, timm's ``num_classes``), as language models take text; before, their graph
-    was read as one of graphkit's families' and every timm model but a ViT was refused."""
+    (``num_labels``, timm's ``num_classes``), as language models take text, and SigLIP 2 its
+    images cut into patches; before, their graph was read as one of graphkit's families' and
+    every timm model but a ViT was refused."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines if "loss" in line)
+
+
+def test_images_are_cut_into_patches_as_siglip2s_image_processor_cuts_them():
+    """SigLIP 2 reads flattened patches; fine-tuning cuts the sources' images as transformers'
+    image processor does (row-major grid, each patch's pixels row by row, channels last), so that
+    a model fine-tuned here reads images as it will be given them."""
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
+    images = torch.randn(3, 3, 8, 12)
+    inputs = model_inputs(images, {"patch_inputs": 4})
+    expected = torch.stack([convert_image_to_patches(image, 4) for image in images])
+    assert torch.equal(inputs["pixel_values"], expected)
+    assert inputs["pixel_attention_mask"].shape == (3, 6) and bool(inputs["pixel_attention_mask"].all())
+    assert inputs["spatial_shapes"].tolist() == [[2, 3]] * 3
+    assert model_inputs(images, {"image_size": 8}) is images  # any other model takes the images
+
+
+def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_to_block_a_rerun(tmp_path):
+    """The error says to rerun with a lower --lr; the same --out must take that rerun, which a
+    metrics log left without a checkpoint would refuse (and --resume, with nothing to resume).
+    A run that fails after a checkpoint keeps it, to resume from."""
+    out = tmp_path / "run"
+    args = ["finetune", f"hf:vit?{VIT_FIELDS}&num_labels=10", "-b", "2", "--log-every", "1", "--device", "cpu"]
+    result = runner.invoke(app, [*args, "--out", str(out), "--steps", "5", "--lr", "1e9"])
+    assert result.exit_code == 1 and "up-train with a lower --lr" in result.output, result.output
+    assert not out.exists()
+    result = runner.invoke(app, [*args, "--out", str(out), "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    kept = tmp_path / "kept"
+    result = runner.invoke(app, [*args, "--out", str(kept), "--steps", "5", "--lr", "1e9", "--checkpoint-every", "1"])
+    assert result.exit_code == 1 and (kept / "checkpoint").is_dir() and (kept / "metrics.jsonl").is_file()
+
+
+def test_a_model_whose_output_the_data_cannot_score_is_refused_before_training(tmp_path):
+    """ImageGPT's image classifier reads colour tokens, as a language model does, and scores
+    classes: text data cannot train it. One line, before any step, and no run folder."""
+    out = tmp_path / "run"
+    spec = "hf:imagegpt?n_layer=1&n_embd=32&n_head=2&n_positions=64"
+    result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "imagegpt model: its output does not fit stdlib-text" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_an_image_classifier_with_too_few_classes_or_non_square_images_is_refused_in_one_line():

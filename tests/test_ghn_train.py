@@ -293,6 +293,32 @@ def test_an_interrupted_run_resumes_to_the_same_weights(device, vits, tmp_path, 
     assert history == load_checkpoint(straight).info["stages"] and [s["steps"] for s in history] == [2, 6]
 
 
+def test_a_fresh_run_stopped_before_its_first_checkpoint_leaves_nothing_to_block_a_rerun(vits, tmp_path, monkeypatch):
+    """A metrics log without a checkpoint would refuse the same command rerun (its --out holds a
+    run's file) and its --resume (no checkpoint): the stopped run removes what it wrote."""
+    original = train_module.run_models
+
+    def stopped_on_the_second_step(*args, **kwargs):
+        stopped_on_the_second_step.calls += 1
+        if stopped_on_the_second_step.calls == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    stopped_on_the_second_step.calls = 0
+    monkeypatch.setattr(train_module, "run_models", stopped_on_the_second_step)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(quick(vits, out, steps=3, checkpoint_every=3), progress=False)
+    assert not out.exists()  # step 1 had logged a metrics line
+    monkeypatch.setattr(train_module, "run_models", original)
+    train(quick(vits, out, steps=2, checkpoint_every=1), progress=False)  # the rerun is not refused
+    stopped_on_the_second_step.calls = 0
+    monkeypatch.setattr(train_module, "run_models", stopped_on_the_second_step)
+    with pytest.raises(KeyboardInterrupt):  # a resumed run keeps what it resumes
+        train(quick(vits, out, steps=4, checkpoint_every=1), resume=True, progress=False)
+    assert (out / "checkpoint").is_dir() and (out / "metrics.jsonl").read_text().count("\n") == 3
+
+
 @pytest.mark.slow
 def test_deterministic_kernels_train_the_same_weights_and_are_switched_off_afterwards(vits, tmp_path, monkeypatch):
     """--deterministic changes how kernels accumulate and which attention kernel runs, not what

@@ -52,7 +52,7 @@ from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.space import input_task, training_space
 from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
 from graphkit.training.loop import step_seed
-from graphkit.training.run_folder import check_resume, run_folder, trim_metrics
+from graphkit.training.run_folder import check_resume, nothing_left_unless_checkpointed, run_folder, trim_metrics
 from graphkit.training.state import load_optimizer_state
 from graphkit.validation import (
     check_counts,
@@ -586,8 +586,6 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         "space": training_space(r.graph for r in pool.records),
         "machine": machine(device, world),
     }
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
     metrics_file = out / "metrics.jsonl"
     if resume and rank == 0:
         trim_metrics(metrics_file, start)
@@ -599,7 +597,10 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         TextColumn("loss {task.fields[loss]}"),
         TimeRemainingColumn(),
     )
-    with repeatable(config.deterministic), Progress(*columns, disable=not (progress and rank == 0)) as bar:
+    # rank 0 writes the run folder; a fresh run stopped before its first checkpoint leaves none
+    folder = nothing_left_unless_checkpointed(out, RUN_FILES, resume) if rank == 0 else contextlib.nullcontext()
+    bar_shown = progress and rank == 0
+    with folder, repeatable(config.deterministic), Progress(*columns, disable=not bar_shown) as bar:
         task = bar.add_task("train", total=config.steps, completed=start, loss="-")
         tic, diagnostics = time.perf_counter(), Stopwatch()  # archs_per_s leaves out what only the log needs
         skipped = in_a_row = 0  # steps skipped for a non-finite loss or gradient norm: since start, and in a row

@@ -156,12 +156,12 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
     return None
 
 
-def _patch_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor] | None:
-    """NaFlex inputs for a model whose forward takes images as flattened patches of any grid
-    (SigLIP 2: ``pixel_values`` of shape (batch, patches, channels x patch x patch), with
-    ``pixel_attention_mask`` and ``spatial_shapes``), else None. The grid is its position table's
-    own (the side of ``num_patches``: 16 x 16 at the default 256, a 256-px image at patch 16), so
-    the table is read unresized, and no patch is padding."""
+def patch_grid(model: nn.Module) -> tuple[int, int, int] | None:
+    """(channels, patch, side) for a model whose forward takes images as flattened patches of any
+    grid (SigLIP 2's NaFlex: ``pixel_values`` of shape (batch, patches, channels x patch x patch),
+    with ``pixel_attention_mask`` and ``spatial_shapes``): ``side`` is its position table's square
+    grid (16 at the default 256 patches, a 256-px image at patch 16), so that the table is read
+    unresized; None for any other model."""
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):  # a forward with no signature to read
@@ -173,13 +173,32 @@ def _patch_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Ten
     patches, patch = getattr(vision, "num_patches", None), getattr(vision, "patch_size", None)
     if not is_count(patches) or not is_count(patch):
         return None
-    side, patch = math.isqrt(cast(int, patches)), cast(int, patch)
-    channels = int(getattr(vision, "num_channels", 3))
+    return int(getattr(vision, "num_channels", 3)), cast(int, patch), math.isqrt(cast(int, patches))
+
+
+def patch_inputs(images: torch.Tensor, patch: int) -> dict[str, torch.Tensor]:
+    """The NaFlex inputs of a batch of images (B, C, H, W), H and W multiples of ``patch``: each
+    image's patches in row-major grid order, each patch's pixels row by row with the channels last
+    (the layout of transformers' ``Siglip2ImageProcessor``), every patch an image's (a mask of
+    ones: no padding), and each image's grid in ``spatial_shapes``."""
+    batch, channels, height, width = images.shape
+    rows, cols = height // patch, width // patch
+    patches = images.reshape(batch, channels, rows, patch, cols, patch).permute(0, 2, 4, 3, 5, 1)
     return {
-        "pixel_values": torch.zeros(2, side * side, channels * patch * patch, device=device),
-        "pixel_attention_mask": torch.ones(2, side * side, dtype=torch.long, device=device),
-        "spatial_shapes": torch.tensor([[side, side]] * 2, dtype=torch.long, device=device),
+        "pixel_values": patches.reshape(batch, rows * cols, patch * patch * channels),
+        "pixel_attention_mask": torch.ones(batch, rows * cols, dtype=torch.long, device=images.device),
+        "spatial_shapes": torch.tensor([[rows, cols]] * batch, dtype=torch.long, device=images.device),
     }
+
+
+def _patch_inputs(model: nn.Module, device: torch.device) -> dict[str, torch.Tensor] | None:
+    """NaFlex inputs for a model that reads patches (:func:`patch_grid`): two blank images of its
+    position table's grid, unpadded; None for any other model."""
+    grid = patch_grid(model)
+    if grid is None:
+        return None
+    channels, patch, side = grid
+    return patch_inputs(torch.zeros(2, channels, side * patch, side * patch, device=device), patch)
 
 
 def _reads_images_only(model: nn.Module) -> bool:

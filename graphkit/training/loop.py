@@ -17,7 +17,21 @@ from torch import nn
 from graphkit.errors import TrainError
 from graphkit.training.data import output_loss
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+#: a batch's inputs and targets; the inputs a tensor, or keyword arguments (SigLIP 2's patches)
+Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]
+
+
+def forward(model: nn.Module, x: torch.Tensor | Mapping[str, torch.Tensor]) -> object:
+    """``model`` run on a batch's inputs: a tensor as its first argument, a dict as keyword
+    arguments, as transformers' Trainer passes a batch."""
+    return model(**x) if isinstance(x, Mapping) else model(x)
+
+
+def on_device(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` (inputs and targets) moved to ``device``."""
+    x, y = batch
+    moved = {k: v.to(device) for k, v in x.items()} if isinstance(x, Mapping) else x.to(device)
+    return moved, y.to(device)
 
 
 class Run(Protocol):
@@ -101,7 +115,7 @@ def score(model: nn.Module, batches: Sequence[Batch], task: str) -> tuple[float,
     """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
     model.eval()
     with torch.no_grad():
-        results = [output_loss(task, model(x), y) for x, y in batches]
+        results = [output_loss(task, forward(model, x), y) for x, y in batches]
     return (sum(r[0].item() for r in results) / len(results), sum(r[1].item() for r in results) / len(results))
 
 
@@ -151,7 +165,7 @@ def up_train(
             if seed is not None:
                 torch.manual_seed(step_seed(seed, step))
             model.train()
-            loss, _ = output_loss(task, model(x), y)
+            loss, _ = output_loss(task, forward(model, x), y)
             if not torch.isfinite(loss):
                 raise TrainError(f"step {step}: the loss is {loss.item()}; up-train with a lower --lr")
             optimizer.zero_grad(set_to_none=True)

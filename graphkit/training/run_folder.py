@@ -2,14 +2,16 @@
 earlier run's files under a fresh run, a checkpoint to resume), the options a resume must
 repeat, and its metrics log cut back to the checkpoint it resumes from. Hypernetwork training
 (:mod:`graphkit.ghn.training`) and up-training (:mod:`graphkit.finetune`) both keep their runs
-this way, each with its own files and options."""
+this way, each with its own files and options; a fresh run that stops before its first checkpoint
+leaves nothing behind (:func:`nothing_left_unless_checkpointed`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,29 @@ def trim_metrics(metrics_file: Path, step: int) -> None:
     if metrics_file.exists():
         lines = metrics_file.read_text().splitlines(keepends=True)
         write_text_atomic(metrics_file, "".join(line for line in lines if logged_step(line) <= step))
+
+
+@contextlib.contextmanager
+def nothing_left_unless_checkpointed(folder: Path, files: tuple[str, ...], resuming: bool) -> Iterator[None]:
+    """Make ``folder`` and run the block as a run into it; if it is a fresh run (not ``resuming``) and stops
+    for any reason (an error, Ctrl-C, SIGTERM) before its first checkpoint (``folder/checkpoint``)
+    is written, remove the run's ``files`` it wrote (its metrics log) and the folder itself when
+    the run made it and left it empty.
+
+    Why: a fresh run is refused where any of ``files`` lies (:func:`run_folder`), and a resume
+    needs a checkpoint, so a metrics log without one would block both: the same command rerun
+    with a lower ``--lr``, as the error says, would be refused. :func:`run_folder` checked that
+    none of ``files`` was there before the run, so each one removed is the run's own."""
+    made = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if not resuming and not (folder / "checkpoint").exists():
+            for name in files:
+                path = folder / name
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+            if made and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise

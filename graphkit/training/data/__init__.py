@@ -16,7 +16,7 @@ A new source is one call of :func:`register_source`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,7 +27,7 @@ from torch import Tensor
 from graphkit.errors import ConfigError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
 from graphkit.tracing import trace
-from graphkit.tracing.inputs import normalise_inputs, tensors_of
+from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of
 from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
@@ -46,6 +46,7 @@ __all__ = [
     "TextSource",
     "calibration_inputs",
     "data_config",
+    "model_inputs",
     "default_source",
     "accepted_sources",
     "load_source",
@@ -70,19 +71,31 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     images it reads (``example_inputs``, else those the tracer guesses: timm's ``input_size``, a
     transformers config's image size) and the classes it scores (timm's ``num_classes``,
     transformers' ``num_labels``), so that any timm model or transformers image classifier takes
-    images; anything else's from its graph, for graphkit's families (ViTs, GPT-2s, LLaMAs written
-    by hand). A ConfigError when none says (see :func:`graphkit.families.config_from_graph`), or
-    when the images it reads are not square (the sources resize to a square)."""
+    images (a model that reads flattened patches, SigLIP 2's, images of its position table's grid
+    and ``patch_inputs``, its patch size: :func:`model_inputs`); anything else's from its graph,
+    for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError when none says
+    (see :func:`graphkit.families.config_from_graph`), or when the images it reads are not square
+    (the sources resize to a square)."""
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None) or type(model).__name__
     vocab = getattr(config, "vocab_size", None)
     context = getattr(config, "max_position_embeddings", None)
     if isinstance(vocab, int) and isinstance(context, int):
         return {"family": family, "vocab_size": vocab, "context": context}
-    image = _image_input(model, example_inputs)
     classes = getattr(model, "num_classes", None) if hasattr(model, "pretrained_cfg") else None  # timm's
     if classes is None:
         classes = getattr(config, "num_labels", None)
+    grid = patch_grid(model)
+    if grid is not None and is_count(classes):  # SigLIP 2's NaFlex: images of its grid, cut into patches
+        channels, patch, side = grid
+        return {
+            "family": family,
+            "image_size": side * patch,
+            "in_chans": channels,
+            "num_classes": classes,
+            "patch_inputs": patch,
+        }
+    image = _image_input(model, example_inputs)
     if image is not None and is_count(classes):
         channels, height, width = image
         if height != width:
@@ -105,6 +118,16 @@ def _image_input(model: torch.nn.Module, example_inputs: Any) -> tuple[int, int,
         channels, height, width = tensors[0].shape[1:]
         return int(channels), int(height), int(width)
     return None
+
+
+def model_inputs(x: Tensor, config: Mapping[str, Any]) -> Tensor | dict[str, Tensor]:
+    """What the model whose data config is ``config`` (:func:`data_config`) takes for the batch
+    ``x`` a source drew for it: ``x`` itself, or, for a model that reads flattened patches
+    (``patch_inputs``: SigLIP 2's NaFlex), ``x``'s images cut into its patches as its image
+    processor cuts them (:func:`graphkit.tracing.inputs.patch_inputs`), a dict of keyword
+    arguments (:func:`graphkit.training.loop.forward` passes it so)."""
+    patch = config.get("patch_inputs")
+    return patch_inputs(x, int(patch)) if patch else x
 
 
 def source_for(config: dict[str, Any]) -> str:
