@@ -22,6 +22,7 @@ from graphkit.finetune import (
     starting_weights,
 )
 from graphkit.params import read_params, save_params, weights_digest
+from graphkit.sources import load_model_source
 from graphkit.training.data import data_config, load_source, model_inputs
 from graphkit.training.loop import estimate_batch_norm, param_groups, up_train, warmup_factor
 
@@ -181,20 +182,44 @@ VIT_FIELDS = "image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_
         "timm:test_convnext?num_classes=10",
         'hf:siglip2?num_labels=10&vision_config={"hidden_size":32,"intermediate_size":64,"num_attention_heads":2,'
         '"num_hidden_layers":1,"num_patches":16,"patch_size":4}',
+        'hf:clip?num_labels=10&vision_config={"num_hidden_layers":1,"hidden_size":32,"intermediate_size":64,'
+        '"num_attention_heads":2,"image_size":32,"patch_size":8}',
     ],
-    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2"],
+    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2", "hf-clip"],
 )
 def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec, tmp_path):
     """Image classifiers take digits shaped by the images they read (a transformers config's image
     size, else 224 px for a ResNet's, which has none; timm's input size) and the classes they score
     (``num_labels``, timm's ``num_classes``), as language models take text, and SigLIP 2 its
     images cut into patches; before, their graph was read as one of graphkit's families' and
-    every timm model but a ViT was refused."""
+    every timm model but a ViT was refused. CLIP's classifier takes images although its config's
+    text part has a vocabulary: its forward reads no token ids."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines if "loss" in line)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "hf:mamba?num_hidden_layers=1&hidden_size=32&vocab_size=300",
+        'hf:gemma3?text_config={"num_hidden_layers":1,"hidden_size":32,"intermediate_size":64,"num_attention_heads":2,'
+        '"num_key_value_heads":1,"head_dim":16,"vocab_size":300}&vision_config={"num_hidden_layers":1,'
+        '"hidden_size":32,"intermediate_size":64,"num_attention_heads":2}',
+    ],
+    ids=["mamba-no-context", "gemma3-text-config"],
+)
+def test_finetune_trains_a_language_model_with_no_position_limit_or_a_multimodal_config(spec, tmp_path):
+    """A causal LM whose config bounds no sequence length (Mamba, BLOOM's ALiBi) takes windows
+    of --seq-len, and one whose vocabulary is its multimodal config's text part's (Gemma 3,
+    Llama 4, Qwen 3.5) takes text; both were refused, their graph read as a graphkit family's."""
+    out = tmp_path / "run"
+    args = ["finetune", spec, "--steps", "2", "-b", "2", "--seq-len", "16", "--out", str(out), "--device", "cpu"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert data_config(load_model_source(spec, weights=False).model)["vocab_size"] == 300
 
 
 def test_images_are_cut_into_patches_as_siglip2s_image_processor_cuts_them():

@@ -52,6 +52,7 @@ from torch import nn
 
 from graphkit.errors import ShrinkError
 from graphkit.families.libraries import (
+    CONTEXT_FIELDS,
     EXPERT_MLP_FIELDS,
     HEAD_FIELDS,
     IMAGE_SIZE,
@@ -454,7 +455,7 @@ DECODER_RULES: dict[str, Rule] = {
     "qk_head_dim": _mla_head,
     **dict.fromkeys(("linear_head_dim",), _head_dim),
     **dict.fromkeys(("linear_num_heads",), _decoder_heads),
-    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"), _cap(DECODER_CONTEXT)),
+    **dict.fromkeys(CONTEXT_FIELDS, _cap(DECODER_CONTEXT)),
     **dict.fromkeys(("sliding_window", "attention_window"), _cap(16)),
     **dict.fromkeys(
         (
@@ -646,11 +647,7 @@ def data_keys(overrides: Mapping[str, Any], reference: Mapping[str, Any] | None 
             "num_classes": NUM_CLASSES,
         }
     context = next(
-        (
-            v
-            for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
-            if isinstance(v := overrides.get(k, reference.get(k)), int)
-        ),
+        (v for k in CONTEXT_FIELDS if isinstance(v := overrides.get(k, reference.get(k)), int)),
         DECODER_CONTEXT,
     )
     return {"vocab_size": BYTE_VOCAB, "context": context}

@@ -44,6 +44,9 @@ KV_HEAD_FIELDS = (
     "multi_query_group_num",
     "swa_num_key_value_heads",
 )
+#: the longest sequence a decoder's position table or cache takes (a model with none of them,
+#: Mamba's or BLOOM's with ALiBi, takes any length)
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
 #: a dense MLP's hidden width
 MLP_FIELDS = ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "intermediate_dim")
 #: an expert's (or a shared expert's) hidden width

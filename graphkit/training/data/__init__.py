@@ -16,6 +16,7 @@ A new source is one call of :func:`register_source`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -26,8 +27,9 @@ from torch import Tensor
 
 from graphkit.errors import ConfigError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
+from graphkit.families.libraries import CONTEXT_FIELDS
 from graphkit.tracing import trace
-from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of
+from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of, text_config
 from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
@@ -66,8 +68,9 @@ def default_source(family: str | None) -> str:
 
 def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str, Any]:
     """The config a data source shapes its batches by for ``model``: a transformers language
-    model's read off its own config (its vocabulary and context; family: its model type), so that
-    any causal LM, LLaMA-like or a converted DeepSeek, takes text; an image classifier's from the
+    model's read off its own config, or a multimodal config's text part (its vocabulary and
+    context, None where no field bounds it; family: its model type), so that any causal LM,
+    LLaMA-like, Mamba, Gemma 3 or a converted DeepSeek, takes text; an image classifier's from the
     images it reads (``example_inputs``, else those the tracer guesses: timm's ``input_size``, a
     transformers config's image size) and the classes it scores (timm's ``num_classes``,
     transformers' ``num_labels``), so that any timm model or transformers image classifier takes
@@ -78,9 +81,10 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     (the sources resize to a square)."""
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None) or type(model).__name__
-    vocab = getattr(config, "vocab_size", None)
-    context = getattr(config, "max_position_embeddings", None)
-    if isinstance(vocab, int) and isinstance(context, int):
+    text = text_config(config) if config is not None and _reads_token_ids(model) else None
+    vocab = getattr(text, "vocab_size", None)
+    if isinstance(vocab, int):  # no position limit (Mamba, BLOOM's ALiBi): the windows' own length
+        context = next((v for field in CONTEXT_FIELDS if is_count(v := getattr(text, field, None))), None)
         return {"family": family, "vocab_size": vocab, "context": context}
     classes = getattr(model, "num_classes", None) if hasattr(model, "pretrained_cfg") else None  # timm's
     if classes is None:
@@ -104,6 +108,15 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
             )
         return {"family": family, "image_size": height, "in_chans": channels, "num_classes": classes}
     return config_from_graph(trace(model, example_inputs))
+
+
+def _reads_token_ids(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``input_ids``: a language model, where a multimodal
+    config's text part is the vision classifier's (CLIP's) otherwise."""
+    try:
+        return "input_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward with no signature to read
+        return False
 
 
 def _image_input(model: torch.nn.Module, example_inputs: Any) -> tuple[int, int, int] | None:

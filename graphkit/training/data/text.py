@@ -17,8 +17,8 @@ WIKITEXT_FILES = (("wiki.train.tokens", "wiki.valid.tokens"), ("wiki.train.raw",
 
 
 class TextSource(DataSource):
-    """A UTF-8 byte stream per split; a batch is B random windows of T = min(seq_len, context)
-    bytes, targets the same windows shifted by one."""
+    """A UTF-8 byte stream per split; a batch is B random windows of T bytes (:meth:`window`),
+    targets the same windows shifted by one."""
 
     task = "text"
 
@@ -39,13 +39,18 @@ class TextSource(DataSource):
                 f"{self.spec} tokens are UTF-8 bytes (ids 0..255); the {config['family']} "
                 f"config has vocab_size {config['vocab_size']}, needs >= 256"
             )
-        length = min(self.seq_len, config["context"])
+        length = self.window(config)
         short = [s for s in SPLITS if self.sizes[s] <= length]
         if short:
             raise DataError(
                 f"{self.spec}: the {short[0]} split has {self.sizes[short[0]]:,} "
                 f"bytes, too few for a window of {length} tokens plus target"
             )
+
+    def window(self, config: Mapping[str, Any]) -> int:
+        """The tokens in a window for the model ``config`` describes: ``seq_len``, at most its
+        ``context`` (None: a model no position table bounds, Mamba's)."""
+        return min(self.seq_len, config["context"] or self.seq_len)
 
     def describe(self) -> str:
         """E.g. "stdlib-text: 418,473 train / 46,497 eval bytes, UTF-8 byte tokens, windows of 64"."""
@@ -59,7 +64,7 @@ class TextSource(DataSource):
         return -(counts / counts.sum()).log()[self.tokens["eval"].long()].mean().item()
 
     def _batch(self, config, batch_size, generator, split):
-        stream, length = self.tokens[split], min(self.seq_len, config["context"])
+        stream, length = self.tokens[split], self.window(config)
         starts = torch.randint(len(stream) - length, (batch_size, 1), generator=generator)
         windows = stream[starts + torch.arange(length + 1)].long()
         return windows[:, :-1], windows[:, 1:]
