@@ -300,8 +300,12 @@ def _config_fields(config_class: Any) -> list[str]:  # a transformers Pretrained
     ``hidden_size`` for ``n_embd``), its constructor's named arguments and ``num_labels`` (every
     config's class count, which its defaults hold only as ``id2label``: an image classifier's is 2
     unless set), less those that describe a saved file."""
-    with _quiet():
-        names = set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {})) | {"num_labels"}
+    try:
+        with _quiet():
+            defaults = set(config_class().to_dict())
+    except Exception:  # defaults its own validation refuses (Gemma 4's assistant): the constructor names them
+        defaults = set()
+    names = defaults | set(getattr(config_class, "attribute_map", {})) | {"num_labels"}
     names |= {
         p.name
         for p in inspect.signature(config_class.__init__).parameters.values()

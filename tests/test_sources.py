@@ -350,3 +350,20 @@ def test_a_prefix_is_one_entry_of_the_table(monkeypatch, tmp_path):
         ModelSourceError, match=r"no such file or folder; a model is one of MODEL.py \| FOLDER \| timm:"
     ):
         load_model_source("nope:1")
+
+
+def test_a_config_class_whose_own_defaults_fail_its_validation_still_names_its_fields():
+    """Gemma 4's assistant config refuses its own defaults (transformers 5.x): reading the fields
+    an hf: spec may set must not raise the library's error, which the CLI showed as unexpected."""
+    from transformers import PretrainedConfig
+
+    class Strict(PretrainedConfig):
+        model_type = "graphkit-strict-test"
+
+        def __init__(self, width: int = 0, **kwargs):
+            if width <= 0:
+                raise ValueError("width must be positive")
+            self.width = width
+            super().__init__(**kwargs)
+
+    assert {"width", "num_labels"} <= set(sources._config_fields(Strict))
