@@ -655,11 +655,16 @@ def test_a_non_finite_step_is_skipped_and_five_in_a_row_stop_training(gpts, tmp_
     monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", nan_at(range(100)))
     with pytest.raises(
         training.TrainError,
-        match=r"steps 0-4: the gradient norm is nan at each; resume from .*checkpoint with a lower --lr",
+        match=r"steps 0-4: the gradient norm is nan at each; rerun with a lower --lr",  # no checkpoint to resume
     ):
         train(TrainConfig(**{**config, "log_every": 10}, out=str(tmp_path / "run"), steps=8), progress=False)
     assert len(calls) == training.SKIPPED_IN_A_ROW == 5
-    assert sorted(os.listdir(tmp_path / "run")) == []  # no metrics line, no checkpoint
+    assert not (tmp_path / "run").exists()  # no metrics line, no checkpoint, and the folder it made is gone
+    calls.clear()
+    monkeypatch.setattr(training.nn.utils, "clip_grad_norm_", nan_at(range(2, 100)))
+    with pytest.raises(training.TrainError, match=r"steps 2-6: .*; resume from .*checkpoint with a lower --lr"):
+        train(TrainConfig(**config, checkpoint_every=1, out=str(tmp_path / "kept"), steps=8), progress=False)
+    assert (tmp_path / "kept" / "checkpoint").is_dir()  # a checkpoint of finite weights, to resume from
 
 
 def test_a_resume_by_another_number_of_processes_is_refused(gpts, trained, tmp_path):
