@@ -201,6 +201,38 @@ def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec,
     assert lines and all(torch.isfinite(torch.tensor(line["loss"])) for line in lines if "loss" in line)
 
 
+CNN = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(
+    nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)
+)
+
+
+def example_inputs():
+    return torch.zeros(2, 1, 8, 8)
+"""
+
+
+def test_a_hand_written_image_classifier_fine_tunes_its_classes_read_off_its_logits(tmp_path):
+    """A MODEL.py's own CNN, of no family and no ``num_classes``: its example images give the
+    image size and channels, the logits it returns for them the classes. Reading them runs it in
+    eval mode, so its BatchNorm statistics stay as they were, and leaves its mode as it was."""
+    path = tmp_path / "cnn.py"
+    path.write_text(CNN)
+    namespace: dict = {}
+    exec(compile(CNN, str(path), "exec"), namespace)
+    model, images = namespace["model"], namespace["example_inputs"]() + 1
+    assert data_config(model, images) == {"family": "Sequential", "image_size": 8, "in_chans": 1, "num_classes": 10}
+    assert model.training and torch.equal(model[1].running_mean, torch.zeros(8))
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["finetune", str(path), "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize(
     "spec",
     [

@@ -627,7 +627,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 skipped, in_a_row = skipped + 1, in_a_row + 1
                 if in_a_row == SKIPPED_IN_A_ROW:  # before the first checkpoint, the run leaves nothing to resume
                     again = f"resume from {out / 'checkpoint'}" if (out / "checkpoint").exists() else "rerun"
-                    raise TrainError(f"steps {step + 1 - in_a_row}-{step}: {problem} at each; {again} with a lower --lr")
+                    first = step + 1 - in_a_row
+                    raise TrainError(f"steps {first}-{step}: {problem} at each; {again} with a lower --lr")
                 if rank == 0:
                     bar.console.print(f"warning: step {step}: {problem}; skipped, the weights unchanged", markup=False)
             with warnings.catch_warnings():  # a skipped first step: torch warns that the optimizer has not stepped

@@ -73,12 +73,13 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     LLaMA-like, Mamba, Gemma 3 or a converted DeepSeek, takes text; an image classifier's from the
     images it reads (``example_inputs``, else those the tracer guesses: timm's ``input_size``, a
     transformers config's image size) and the classes it scores (timm's ``num_classes``,
-    transformers' ``num_labels``), so that any timm model or transformers image classifier takes
-    images (a model that reads flattened patches, SigLIP 2's, images of its position table's grid
-    and ``patch_inputs``, its patch size: :func:`model_inputs`); anything else's from its graph,
-    for graphkit's families (ViTs, GPT-2s, LLaMAs written by hand). A ConfigError when none says
-    (see :func:`graphkit.families.config_from_graph`), or when the images it reads are not square
-    (the sources resize to a square)."""
+    transformers' ``num_labels``, else the width of the logits it returns), so that any timm
+    model, transformers image classifier or hand-written one takes images (a model that reads
+    flattened patches, SigLIP 2's, images of its position table's grid and ``patch_inputs``, its
+    patch size: :func:`model_inputs`); anything else's from its graph, for graphkit's families
+    (GPT-2s and LLaMAs written by hand). A ConfigError when none says (see
+    :func:`graphkit.families.config_from_graph`), or when the images it reads are not square (the
+    sources resize to a square)."""
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None) or type(model).__name__
     text = text_config(config) if config is not None and _reads_token_ids(model) else None
@@ -99,7 +100,13 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
             "num_classes": classes,
             "patch_inputs": patch,
         }
-    image = _image_input(model, example_inputs)
+    try:
+        inputs = normalise_inputs(model, example_inputs)
+    except TraceError:  # no input to guess: the graph's family decides, or says why not
+        inputs = None
+    image = _image_shape(inputs)
+    if image is not None and not is_count(classes):  # a hand-written classifier: the logits say
+        classes = _classes_scored(model, inputs)
     if image is not None and is_count(classes):
         channels, height, width = image
         if height != width:
@@ -119,18 +126,33 @@ def _reads_token_ids(model: torch.nn.Module) -> bool:
         return False
 
 
-def _image_input(model: torch.nn.Module, example_inputs: Any) -> tuple[int, int, int] | None:
-    """(channels, height, width) of the one image batch ``model`` reads (its ``example_inputs``,
-    else the inputs the tracer guesses for it), or None when it reads anything else."""
-    try:
-        args, kwargs = normalise_inputs(model, example_inputs)
-    except TraceError:  # no input to guess: the graph's family decides, or says why not
-        return None
-    tensors = list(tensors_of((args, kwargs)))
+def _image_shape(inputs: tuple[tuple, dict] | None) -> tuple[int, int, int] | None:
+    """(channels, height, width) of ``inputs`` (args, kwargs) when they are one image batch, else None."""
+    tensors = list(tensors_of(inputs)) if inputs is not None else []
     if len(tensors) == 1 and tensors[0].dim() == 4 and tensors[0].is_floating_point():
         channels, height, width = tensors[0].shape[1:]
         return int(channels), int(height), int(width)
     return None
+
+
+def _classes_scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None) -> int | None:
+    """The classes ``model`` scores: the width of the (batch, classes) logits it returns for
+    ``inputs``, run in eval mode (a BatchNorm's statistics untouched), without gradients; None
+    when it returns anything else or fails (training fails there too, and says why)."""
+    if inputs is None:
+        return None
+    args, kwargs = inputs
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            output = model(*args, **kwargs)
+    except Exception:  # the caller falls back to the graph, whose trace names what failed
+        return None
+    finally:
+        model.train(training)
+    logits = getattr(output, "logits", output)
+    return int(logits.shape[-1]) if isinstance(logits, Tensor) and logits.dim() == 2 else None
 
 
 def model_inputs(x: Tensor, config: Mapping[str, Any]) -> Tensor | dict[str, Tensor]:
