@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphkit.errors import ConfigError, TraceError
+from graphkit.errors import ConfigError, GraphkitError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
 from graphkit.families.libraries import CONTEXT_FIELDS
 from graphkit.tracing import trace
@@ -87,9 +87,8 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     if isinstance(vocab, int):  # no position limit (Mamba, BLOOM's ALiBi): the windows' own length
         context = next((v for field in CONTEXT_FIELDS if is_count(v := getattr(text, field, None))), None)
         return {"family": family, "vocab_size": vocab, "context": context}
-    classes = getattr(model, "num_classes", None) if hasattr(model, "pretrained_cfg") else None  # timm's
-    if classes is None:
-        classes = getattr(config, "num_labels", None)
+    timm = isinstance(getattr(model, "pretrained_cfg", None), Mapping)  # not graphkit's ViTs, built without one
+    classes = getattr(model, "num_classes", None) if timm else getattr(config, "num_labels", None)
     grid = patch_grid(model)
     if grid is not None and is_count(classes):  # SigLIP 2's NaFlex: images of its grid, cut into patches
         channels, patch, side = grid
@@ -105,16 +104,18 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     except TraceError:  # no input to guess: the graph's family decides, or says why not
         inputs = None
     image = _image_shape(inputs)
-    if image is not None and not is_count(classes):  # a hand-written classifier: the logits say
-        classes = _classes_scored(model, inputs)
-    if image is not None and is_count(classes):
-        channels, height, width = image
-        if height != width:
-            raise ConfigError(
-                f"{type(model).__name__} reads {height} x {width} images; the data sources give square ones"
-            )
-        return {"family": family, "image_size": height, "in_chans": channels, "num_classes": classes}
-    return config_from_graph(trace(model, example_inputs))
+    if image is None or not is_count(classes):
+        try:  # graphkit's families, their config read back whole
+            return config_from_graph(trace(model, example_inputs))
+        except GraphkitError:  # of no family: a hand-written classifier's logits say its classes
+            classes = _classes_scored(model, inputs) if image is not None else None
+            if not is_count(classes):
+                raise
+    assert image is not None  # for mypy: an image model reached here
+    channels, height, width = image
+    if height != width:
+        raise ConfigError(f"{type(model).__name__} reads {height} x {width} images; the data sources give square ones")
+    return {"family": family, "image_size": height, "in_chans": channels, "num_classes": classes}
 
 
 def _reads_token_ids(model: torch.nn.Module) -> bool:
