@@ -184,8 +184,9 @@ VIT_FIELDS = "image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_
         '"num_hidden_layers":1,"num_patches":16,"patch_size":4}',
         'hf:clip?num_labels=10&vision_config={"num_hidden_layers":1,"hidden_size":32,"intermediate_size":64,'
         '"num_attention_heads":2,"image_size":32,"patch_size":8}',
+        "hf:pp_lcnet?num_labels=10&scale=0.25&class_expand=64",
     ],
-    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2", "hf-clip"],
+    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2", "hf-clip", "hf-pp-lcnet"],
 )
 def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec, tmp_path):
     """Image classifiers take digits shaped by the images they read (a transformers config's image
@@ -193,7 +194,8 @@ def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec,
     (``num_labels``, timm's ``num_classes``), as language models take text, and SigLIP 2 its
     images cut into patches; before, their graph was read as one of graphkit's families' and
     every timm model but a ViT was refused. CLIP's classifier takes images although its config's
-    text part has a vocabulary: its forward reads no token ids."""
+    text part has a vocabulary: its forward reads no token ids. PP-LCNet's classifier returns its
+    logits as ``last_hidden_state``."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output

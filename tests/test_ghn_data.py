@@ -259,6 +259,11 @@ def test_output_loss_on_logits_and_hf_outputs():
     ids[0, 0] = (ids[0, 0] + 1) % 7  # one token of ten wrong
     loss, acc = output_loss("text", SimpleNamespace(logits=text), ids)
     assert torch.allclose(loss, F.cross_entropy(text.view(10, 7), ids.view(10))) and acc.item() == pytest.approx(0.9)
+    first = {"last_hidden_state": logits, "hidden_states": (torch.zeros(3, 4),)}  # PP-LCNet's classifier
+    for output in (first, (logits, torch.zeros(1))):  # the first field or element is the main output
+        assert torch.allclose(output_loss("image", output, targets)[0], F.cross_entropy(logits, targets))
+    with pytest.raises(ValueError, match="returns SimpleNamespace, with no logits"):
+        output_loss("image", SimpleNamespace(pooler_output=logits), targets)
     with pytest.raises(ValueError, match="image, text"):
         output_loss("audio", logits, targets)
     with pytest.raises(ValueError, match=r"text logits \(3, 2\)"):

@@ -179,13 +179,21 @@ def source_for(config: dict[str, Any]) -> str:
 
 
 def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """(mean cross-entropy, accuracy) of a model's output: logits (B, classes) for images, an
-    object with ``.logits`` (B, T, vocab) or the tensor itself for text (accuracy per token).
-    The loss keeps its graph, as the hypernetwork trains through it; the accuracy does not."""
+    """(mean cross-entropy, accuracy) of a model's output: logits (B, classes) for images,
+    (B, T, vocab) for text (accuracy per token). The logits are the tensor itself, an output's
+    ``.logits``, or else its first field or element, transformers' main output (PP-LCNet's
+    classifier returns its logits as ``last_hidden_state``). The loss keeps its graph, as the
+    hypernetwork trains through it; the accuracy does not."""
     logits = getattr(output, "logits", output)
+    if isinstance(logits, Mapping) and logits:
+        logits = next(iter(logits.values()))
+    elif isinstance(logits, (tuple, list)) and logits:
+        logits = logits[0]
     dims = {"image": 2, "text": 3}
     if task not in dims:
         raise ValueError(f"task must be one of {', '.join(dims)}; got {task!r}")
+    if not isinstance(logits, Tensor):
+        raise ValueError(f"the model returns {type(output).__name__}, with no logits")
     if logits.dim() != dims[task] or logits.shape[:-1] != targets.shape:
         raise ValueError(f"{task} logits {tuple(logits.shape)} do not fit targets {tuple(targets.shape)}")
     loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())  # float32 whatever the model ran in
