@@ -224,7 +224,14 @@ def save_finetuned(model: nn.Module, folder: Path, format: str, record: dict[str
 def check_output(model: nn.Module, batch: Batch, source: DataSource, shape: Mapping[str, Any]) -> None:
     """Refuse, before any step, a model whose output on ``batch`` is not what ``source`` scores:
     class logits for images, next-token logits for text. ImageGPT's image classifier reads colour
-    tokens as a language model does (``data_config`` gives it text) but scores classes."""
+    tokens as a language model does (``data_config`` gives it text) but scores classes. A timm
+    model built with ``num_classes=0`` returns its pooled features, which a loss would read as
+    logits of as many classes."""
+    if getattr(model, "num_classes", None) == 0 and isinstance(getattr(model, "pretrained_cfg", None), Mapping):
+        raise TrainError(
+            f"{type(model).__name__} was built with num_classes=0 and returns features, not class logits: "
+            "build it with the classes to train (timm:NAME?num_classes=10)"
+        )
     try:
         with torch.no_grad():
             output_loss(source.task, forward(model.eval(), batch[0]), batch[1])

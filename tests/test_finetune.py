@@ -185,8 +185,9 @@ VIT_FIELDS = "image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_
         'hf:clip?num_labels=10&vision_config={"num_hidden_layers":1,"hidden_size":32,"intermediate_size":64,'
         '"num_attention_heads":2,"image_size":32,"patch_size":8}',
         "hf:pp_lcnet?num_labels=10&scale=0.25&class_expand=64",
+        "timm:test_efficientnet?num_classes=10&in_chans=1",
     ],
-    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2", "hf-clip", "hf-pp-lcnet"],
+    ids=["hf-vit", "hf-deit", "hf-resnet", "timm-convnext", "hf-siglip2", "hf-clip", "hf-pp-lcnet", "timm-grey"],
 )
 def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec, tmp_path):
     """Image classifiers take digits shaped by the images they read (a transformers config's image
@@ -195,7 +196,7 @@ def test_finetune_trains_a_timm_or_transformers_image_classifier_on_digits(spec,
     images cut into patches; before, their graph was read as one of graphkit's families' and
     every timm model but a ViT was refused. CLIP's classifier takes images although its config's
     text part has a vocabulary: its forward reads no token ids. PP-LCNet's classifier returns its
-    logits as ``last_hidden_state``."""
+    logits as ``last_hidden_state``; a timm model built for grey images takes one channel."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output
@@ -287,14 +288,26 @@ def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_to_bl
     assert result.exit_code == 1 and (kept / "checkpoint").is_dir() and (kept / "metrics.jsonl").is_file()
 
 
-def test_a_model_whose_output_the_data_cannot_score_is_refused_before_training(tmp_path):
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "hf:imagegpt?n_layer=1&n_embd=32&n_head=2&n_positions=64",
+            "imagegpt model: its output does not fit stdlib-text",
+        ),
+        ("timm:test_vit?num_classes=0", "VisionTransformer was built with num_classes=0 and returns features"),
+    ],
+    ids=["imagegpt", "timm-features"],
+)
+def test_a_model_whose_output_the_data_cannot_score_is_refused_before_training(spec, message, tmp_path):
     """ImageGPT's image classifier reads colour tokens, as a language model does, and scores
-    classes: text data cannot train it. One line, before any step, and no run folder."""
+    classes: text data cannot train it. A timm model without a classifier returns its features,
+    which were read as logits of 64 classes and trained. One line, before any step, and no run
+    folder."""
     out = tmp_path / "run"
-    spec = "hf:imagegpt?n_layer=1&n_embd=32&n_head=2&n_positions=64"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 1, result.output
-    assert "imagegpt model: its output does not fit stdlib-text" in result.output and "Traceback" not in result.output
+    assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
 
 

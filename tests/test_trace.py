@@ -223,6 +223,24 @@ def test_a_transformers_image_model_without_an_image_size_gets_imagenet_sized_im
     assert graph.meta["input_shapes"] == [[2, 1, 224, 224]] and graph.op_counts()["conv"] >= 3
 
 
+@pytest.mark.parametrize("name", ["resnet18", "vit_small_r26_s32_224", "efficientnet_b0"])
+def test_a_timm_model_built_for_other_channels_gets_images_of_them(name):
+    """timm's ``input_size`` says 3 channels whatever ``in_chans`` a model was built with: a
+    grey-scale ResNet, a hybrid ViT (its patch embedding projects a CNN's features) and an
+    EfficientNet were given RGB images and failed in their first convolution; the convolution
+    timm's config names ``first_conv`` says what they read, wrapped by transformers too."""
+    import timm
+    from transformers import TimmWrapperConfig, TimmWrapperForImageClassification
+
+    with torch.device("meta"):
+        model = timm.create_model(name, in_chans=1, num_classes=10)
+    args, _ = graphkit.example_inputs_for(model)
+    assert args[0].shape == (2, 1, 224, 224)
+    with torch.device("meta"):
+        wrapped = TimmWrapperForImageClassification(TimmWrapperConfig(architecture=name, model_args={"in_chans": 1}))
+    assert graphkit.example_inputs_for(wrapped)[0][0].shape == (2, 1, 224, 224)
+
+
 def test_clip_and_siglip_image_classifiers_trace_with_their_unused_towers_parts_spare():
     """CLIP's image classifier pools its vision tower before ``post_layernorm``, SigLIP's without
     its MAP head: both were refused ("not connected to the output"); those parameters are spare."""

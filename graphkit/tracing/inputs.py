@@ -135,8 +135,8 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         # a hybrid's patch embedding projects a CNN backbone's features: the image's channels are
         # the model's (timm's input_size), not what the projection reads
         channels = getattr(getattr(patch, "proj", None), "in_channels", 3)
-        if getattr(patch, "backbone", None) is not None and isinstance(cfg, Mapping) and cfg.get("input_size"):
-            channels = cfg["input_size"][0]
+        if getattr(patch, "backbone", None) is not None:
+            channels = _timm_channels(model, cfg) or channels
         height, width = (int(s) for s in patch.img_size)
         return int(channels), height, width
     config = getattr(model, "config", None)
@@ -146,13 +146,34 @@ def _image_size(model: nn.Module) -> tuple[int, int, int] | None:
         size = config.image_size
         size = (size, size) if isinstance(size, int) else tuple(size)
         return (int(getattr(config, "num_channels", 3)), *size)
-    for record in (cfg, getattr(config, "pretrained_cfg", None)):  # TimmWrapper keeps timm's in its config
+    # TimmWrapper keeps timm's in its config when loaded from a checkpoint, in its timm_model when built from one
+    wrapped = getattr(getattr(model, "timm_model", None), "pretrained_cfg", None)
+    for record in (cfg, getattr(config, "pretrained_cfg", None), wrapped):
         if isinstance(record, Mapping) and record.get("input_size"):
-            return tuple(int(s) for s in record["input_size"])  # type: ignore[return-value]
+            channels, height, width = (int(s) for s in record["input_size"])
+            return _timm_channels(model, record) or channels, height, width
     if config is not None and getattr(model, "main_input_name", None) == "pixel_values":
         # a transformers image model whose config has no image size (ResNet, RegNet, BiT, CvT, SegFormer):
         # it takes any size, and is published and preprocessed at ImageNet's
         return int(getattr(config, "num_channels", 3)), DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
+    return None
+
+
+def _timm_channels(model: nn.Module, record: Any) -> int | None:
+    """The image channels of a timm model, read off the convolution its pretrained config names
+    ``first_conv`` (what timm adapts when it loads weights for another ``in_chans``): the config's
+    ``input_size`` says 3 whatever ``in_chans`` the model was built with. None when it names none
+    that resolves to a convolution."""
+    first = record.get("first_conv") if isinstance(record, Mapping) else None
+    names = [first] if isinstance(first, str) else list(first or [])
+    for name in names:
+        for root in (model, getattr(model, "timm_model", None)):  # TimmWrapper holds timm's model
+            try:
+                channels = getattr(root.get_submodule(name), "in_channels", None) if root is not None else None
+            except AttributeError:
+                continue
+            if is_count(channels):
+                return channels
     return None
 
 
