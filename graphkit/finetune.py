@@ -28,6 +28,7 @@ from graphkit.attention.mla import attention_metadata
 from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
 from graphkit.params import load_params, read_params, save_params, weights_digest
+from graphkit.tracing.export import describe_failure
 from graphkit.training.data import DataSource, data_config, load_source, model_inputs, output_loss, source_for
 from graphkit.training.loop import Batch, forward, on_device, score, step_seed, up_train
 from graphkit.training.run_folder import check_resume, nothing_left_unless_checkpointed, trim_metrics
@@ -234,7 +235,11 @@ def check_output(model: nn.Module, batch: Batch, source: DataSource, shape: Mapp
         )
     try:
         with torch.no_grad():
-            output_loss(source.task, forward(model.eval(), batch[0]), batch[1])
+            output = forward(model.eval(), batch[0])
+    except Exception as e:  # the model's own forward, on inputs of the shape it reads: where it failed
+        raise TrainError(f"{describe_failure(e, model)} (on a batch of {source.spec})") from e
+    try:
+        output_loss(source.task, output, batch[1])
     except ValueError as e:
         raise TrainError(
             f"{shape.get('family')} model: its output does not fit {source.spec} ({e}); finetune trains "

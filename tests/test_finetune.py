@@ -296,14 +296,20 @@ def test_a_fresh_run_that_fails_before_its_first_checkpoint_leaves_nothing_to_bl
             "imagegpt model: its output does not fit stdlib-text",
         ),
         ("timm:test_vit?num_classes=0", "VisionTransformer was built with num_classes=0 and returns features"),
+        ("timm:test_resnet?features_only=True", "FeatureListNet reads images but returns no class logits"),
+        (
+            "timm:test_resnet?global_pool=&num_classes=10",
+            "ResNet.forward raised RuntimeError in module 'fc' (Linear): mat1 and mat2 shapes cannot be multiplied",
+        ),
     ],
-    ids=["imagegpt", "timm-features"],
+    ids=["imagegpt", "timm-features", "timm-feature-maps", "timm-broken-head"],
 )
 def test_a_model_whose_output_the_data_cannot_score_is_refused_before_training(spec, message, tmp_path):
     """ImageGPT's image classifier reads colour tokens, as a language model does, and scores
     classes: text data cannot train it. A timm model without a classifier returns its features,
-    which were read as logits of 64 classes and trained. One line, before any step, and no run
-    folder."""
+    which were read as logits of 64 classes and trained; one built ``features_only`` returns
+    feature maps; one whose head cannot take its unpooled features fails in its own forward, which
+    was an "unexpected RuntimeError". One line, before any step, and no run folder."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["finetune", spec, "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 1, result.output

@@ -39,7 +39,7 @@ def export_program(model: nn.Module, args: tuple, kwargs: dict) -> torch.export.
             program = torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:  # torch.export raises many types; all become one readable line
         error = NeedsValuesError if _mixes_meta(e) else TraceError
-        raise error(_describe_failure(e, model)) from e
+        raise error(describe_failure(e, model)) from e
     finally:
         logging.disable(previous)
     sys.stderr.write(captured.getvalue())
@@ -56,14 +56,15 @@ def _mixes_meta(error: BaseException | None) -> bool:
     return False
 
 
-def _describe_failure(error: BaseException, model: nn.Module) -> str:
-    """One line: what failed, in which module of ``model``, at which line of the user's code."""
+def describe_failure(error: BaseException, model: nn.Module) -> str:
+    """One line for an exception ``model``'s forward raised (under torch.export or run eagerly):
+    what failed, in which module of ``model``, at which line of the user's code."""
     root = error
     while root.__cause__ is not None and root.__cause__ is not root:
         root = root.__cause__
     paths = {id(m): p for p, m in model.named_modules()}
     where, line = None, None
-    library = (str(Path(torch.__file__).parent.parent), str(Path(__file__).parent))
+    library = (str(Path(torch.__file__).parent.parent), str(Path(__file__).parent.parent))  # and graphkit
     for exc in (error, root):
         tb = exc.__traceback__
         while tb is not None:

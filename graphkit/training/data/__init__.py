@@ -107,8 +107,13 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     if image is None or not is_count(classes):
         try:  # graphkit's families, their config read back whole
             return config_from_graph(trace(model, example_inputs))
-        except GraphkitError:  # of no family: a hand-written classifier's logits say its classes
+        except GraphkitError as e:  # of no family: a hand-written classifier's logits say its classes
             classes = _classes_scored(model, inputs) if image is not None else None
+            if image is not None and not is_count(classes) and isinstance(e, ConfigError):  # traced, runs
+                raise ConfigError(
+                    f"{type(model).__name__} reads images but returns no class logits for them (a (batch, "
+                    f"classes) tensor or an output's logits: timm's features_only models return feature maps); {e}"
+                ) from None
             if not is_count(classes):
                 raise
     assert image is not None  # for mypy: an image model reached here
