@@ -241,6 +241,32 @@ def test_a_timm_model_built_for_other_channels_gets_images_of_them(name):
     assert graphkit.example_inputs_for(wrapped)[0][0].shape == (2, 1, 224, 224)
 
 
+def test_a_decoder_that_cross_attends_traces_without_example_inputs():
+    """TrOCR's decoder runs its cross-attention only when given encoder states: the zoo traced it
+    with them and ``graphkit trace hf:trocr`` refused it (the cross-attention's weights unread);
+    ``trace`` now tries guessed inputs that leave a parameter unread once more, with them."""
+    from transformers import TrOCRConfig, TrOCRForCausalLM
+
+    config = TrOCRConfig(decoder_layers=1, d_model=32, decoder_attention_heads=2, decoder_ffn_dim=64, vocab_size=64)
+    with torch.device("meta"):
+        model = TrOCRForCausalLM(config)
+    graph = graphkit.trace(model)
+    assert graph.op_counts()["attention"] == 2 and graph.meta["input_shapes"] == [[2, 256], [2, 4, 32]]
+
+
+def test_attention_heads_that_do_not_group_are_refused_not_misread():
+    """XLNet keeps its attention sequence first, (tokens, batch, heads, features): read as batch
+    first, its queries held 1 head and its values 2, and the graph said so. Its mask embedding
+    (read only with a permutation target, as a masked-image token is) is spare; its segment
+    bias needs token type ids."""
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    model = XLNetLMHeadModel(XLNetConfig(vocab_size=64, d_model=32, n_layer=1, n_head=2, d_inner=64))
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(TraceError, match="queries hold 1 and its values 2, which do not group"):
+        graphkit.trace(model, {"input_ids": ids, "token_type_ids": ids})
+
+
 def test_clip_and_siglip_image_classifiers_trace_with_their_unused_towers_parts_spare():
     """CLIP's image classifier pools its vision tower before ``post_layernorm``, SigLIP's without
     its MAP head: both were refused ("not connected to the output"); those parameters are spare."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import inspect
 import json
 import multiprocessing
 import os
@@ -58,13 +57,12 @@ from graphkit.datasets.store import (
     shard_name,
     write_shard,
 )
-from graphkit.errors import GraphkitError, NeedsValuesError, UnusedParameterError, ZooError
+from graphkit.errors import GraphkitError, NeedsValuesError, ZooError
 from graphkit.families import build_model
 from graphkit.families.libraries import first_line, library_family
 from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
-from graphkit.tracing.inputs import example_inputs_for, text_config
 from graphkit.validation import is_count
 from graphkit.workers import ended_by_sigterm, worker_started
 
@@ -355,38 +353,16 @@ def _predictability(refusal: Any) -> dict[str, Any]:
 
 def trace_zoo_model(model: nn.Module, config: Mapping[str, Any]) -> ArchGraph:
     """The graph of the zoo model ``model`` built on meta from ``config``: every branch taken
-    (:func:`_trace_all_branches`), and where the tracer needs values that meta lacks (a mask
-    buffer made in ``__init__``, GPT-1's; a tensor made on the CPU in forward, XLNet's), the model
-    built on the CPU when it is small enough (:data:`CPU_BUILD_LIMIT`)."""
+    (:func:`~graphkit.tracing.trace` tries guessed inputs that leave one untaken again with
+    more), and where the tracer needs values that meta lacks (a mask buffer made in
+    ``__init__``, GPT-1's; a tensor made on the CPU in forward, XLNet's), the model built on the
+    CPU when it is small enough (:data:`CPU_BUILD_LIMIT`)."""
     try:
-        return _trace_all_branches(model)
+        return trace(model)
     except NeedsValuesError:
         if sum(p.numel() for p in model.parameters()) > CPU_BUILD_LIMIT:
             raise
-        return _trace_all_branches(build_model(config, "cpu"))
-
-
-#: tokens in the inputs that retry a model whose short inputs leave a branch untaken
-LONG_SEQUENCE = 256
-
-
-def _trace_all_branches(model: nn.Module) -> ArchGraph:
-    """``trace(model)``; where a parameter goes unused, once more with inputs that take more of
-    the forward: ``LONG_SEQUENCE`` tokens (DeepSeek-V4 compresses its keys every 128 tokens) and,
-    where the forward takes them, encoder states for its cross-attention (TrOCR's decoder)."""
-    try:
-        return trace(model)
-    except UnusedParameterError:
-        args, kwargs = example_inputs_for(model, length=LONG_SEQUENCE)
-        tokens = kwargs.get("input_ids")
-        if tokens is None:
-            raise
-        config = text_config(getattr(model, "config", None))
-        width = getattr(config, "cross_attention_hidden_size", None) or getattr(config, "hidden_size", None)
-        if "encoder_hidden_states" in inspect.signature(model.forward).parameters and width:
-            dtype = next(model.parameters()).dtype
-            kwargs["encoder_hidden_states"] = torch.zeros(tokens.shape[0], 4, width, dtype=dtype, device=tokens.device)
-        return trace(model, (args, kwargs))
+        return trace(build_model(config, "cpu"))
 
 
 def _cache_path(out: Path, name: str) -> Path:

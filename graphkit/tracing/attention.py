@@ -251,6 +251,12 @@ class AttentionRules:
             "alibi": "alibi" in inputs_ops,
             "softcap": "tanh" in ops_inside,
         }
+        if attrs["heads"] % attrs["kv_heads"]:  # each K/V head serves whole query heads: a misread layout
+            raise TraceError(
+                f"cannot tell how many heads the attention in module '{where}' has: its queries hold "
+                f"{attrs['heads']} and its values {attrs['kv_heads']}, which do not group (a layout the tracer "
+                "does not read, such as XLNet's sequence-first one)"
+            )
         core_module = next(
             (m for m in (module.modules() if module is not None else ()) if hasattr(m, "attention_variant")), None
         )

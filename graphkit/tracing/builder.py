@@ -66,8 +66,9 @@ def graph_from_export(
 
 #: parameter names (their last part) that a model holds for a use its forward never makes for the
 #: inputs it is traced and predicted with: the masked-image-modelling token of DINOv2, BEiT, ViT
-#: with ``use_mask_token``, read only where the forward is given ``bool_masked_pos``
-SPARE_NAMES = ("mask_token",)
+#: with ``use_mask_token``, read only where the forward is given ``bool_masked_pos``, and XLNet's
+#: ``mask_emb``, its query stream's start, read only where it is given a permutation target
+SPARE_NAMES = ("mask_token", "mask_emb")
 
 
 def is_spare(name: str) -> bool:

@@ -45,9 +45,10 @@ def example_inputs_for(model: nn.Module, length: int = 8) -> tuple[tuple, dict]:
         return (torch.zeros(2, *image, device=device),), {}
     text = text_config(config)
     if text is not None and getattr(text, "vocab_size", None):
-        limit = getattr(text, "n_positions", None) or getattr(text, "max_position_embeddings", None) or length
+        fields = (getattr(text, "n_positions", None), getattr(text, "max_position_embeddings", None))
+        limit = next((cast(int, v) for v in fields if is_count(v)), length)  # XLNet's -1: relative positions
         kwargs: dict[str, Any] = {
-            "input_ids": torch.zeros(2, max(2, min(length, int(limit))), dtype=torch.long, device=device)
+            "input_ids": torch.zeros(2, max(2, min(length, limit)), dtype=torch.long, device=device)
         }
         parameters = inspect.signature(model.forward).parameters
         takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -231,6 +232,31 @@ def _reads_images_only(model: nn.Module) -> bool:
     except (TypeError, ValueError):  # a forward with no signature to read
         return False
     return "pixel_values" in parameters and "input_ids" not in parameters
+
+
+#: tokens in the inputs of a second try, for a model whose short guessed inputs leave a branch untaken
+LONG_SEQUENCE = 256
+
+
+def branch_inputs(model: nn.Module) -> tuple[tuple, dict] | None:
+    """Inputs that take more of a language model's forward than :func:`example_inputs_for`'s, for
+    a model whose guessed inputs leave a parameter unread: ``LONG_SEQUENCE`` tokens, or its
+    position limit (DeepSeek-V4 compresses its keys every 128 tokens), and encoder states where
+    its forward takes them (TrOCR's decoder cross-attends to an image encoder's). None for a
+    model that reads no token ids."""
+    args, kwargs = example_inputs_for(model, length=LONG_SEQUENCE)
+    tokens = kwargs.get("input_ids")
+    if tokens is None:
+        return None
+    parameters = inspect.signature(model.forward).parameters  # example_inputs_for read it too
+    config = text_config(getattr(model, "config", None))
+    width = getattr(config, "cross_attention_hidden_size", None) or getattr(config, "hidden_size", None)
+    if "encoder_hidden_states" in parameters and is_count(width):
+        dtype = next(model.parameters()).dtype
+        kwargs["encoder_hidden_states"] = torch.zeros(
+            tokens.shape[0], 4, cast(int, width), dtype=dtype, device=tokens.device
+        )
+    return args, kwargs
 
 
 def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[tuple, dict]:

@@ -15,12 +15,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.errors import TraceError
+from graphkit.errors import TraceError, UnusedParameterError
 from graphkit.graph import ArchGraph, graph_meta, without_block_indices
 from graphkit.tracing.builder import graph_from_export, is_spare
 from graphkit.tracing.export import export_program
 from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfold
-from graphkit.tracing.inputs import ExampleInputs, example_inputs_for, normalise_inputs, tensors_of, text_config
+from graphkit.tracing.inputs import (
+    ExampleInputs,
+    branch_inputs,
+    example_inputs_for,
+    normalise_inputs,
+    tensors_of,
+    text_config,
+)
 
 
 def trace(
@@ -33,7 +40,7 @@ def trace(
     token ids with ``use_cache=False``). Raises :class:`TraceError` with a one-line reason when
     the model cannot be exported, and GraphError if the result fails ``validate()``. A
     parameter the forward never reads is refused (UnusedParameterError) unless it is spare
-    (:func:`~graphkit.tracing.builder.is_spare`, a masked-image-modelling token). Those, and the
+    (:func:`~graphkit.tracing.builder.is_spare`, a masked-image-modelling token, XLNet's mask embedding). Those, and the
     parameters the forward reads only into values it discards (CLIP's image classifier pools
     before its ``post_layernorm``), are recorded as ``graph.meta["spare"]``, name -> shape, and
     owned by no node.
@@ -42,9 +49,27 @@ def trace(
     the same structure: module types, parameter shapes, scalar attributes and input shapes, so
     with folding, models that differ only in depth export once. It assumes the forward depends on
     nothing else (true for graphkit's families; a dataset generator uses it).
+
+    Guessed inputs that leave a parameter unread are tried once more with inputs that take more
+    of the forward (:func:`~graphkit.tracing.inputs.branch_inputs`: a longer sequence, encoder
+    states), so that TrOCR's decoder and DeepSeek-V4 trace from the CLI as the zoo traces them;
+    given inputs are traced as they are.
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    if example_inputs is not None:
+        return _trace_with(model, example_inputs, fold_repeats, cache)
+    try:
+        return _trace_with(model, None, fold_repeats, cache)
+    except UnusedParameterError:
+        inputs = branch_inputs(model)
+        if inputs is None:
+            raise
+    return _trace_with(model, inputs, fold_repeats, cache)
+
+
+def _trace_with(model: nn.Module, example_inputs: ExampleInputs, fold_repeats: bool, cache: dict | None) -> ArchGraph:
+    """:func:`trace` with these inputs (None: guessed), once."""
     args, kwargs = normalise_inputs(model, example_inputs)
     was_training = model.training
     model.eval()
