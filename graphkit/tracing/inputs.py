@@ -96,10 +96,7 @@ _LENGTH_ATTRIBUTES = (
 def _token_length(model: nn.Module) -> int | None:
     """A sequence length for token-id inputs when ``model``'s first layer holding parameters is
     an ``nn.Embedding`` (a hand-written LM such as nanoGPT or minGPT), else None: at most 8, and
-    no longer than any other embedding table, any bare position-table parameter
-    (``pos_emb = nn.Parameter(...)``, on the model or a submodule), any rotary buffer's first
-    dimension or a length attribute of the model or its config (``block_size``, which nanoGPT
-    asserts, ``max_seq_len``, ...)."""
+    no longer than :func:`token_limit` allows."""
     first = next(
         (
             m
@@ -110,8 +107,18 @@ def _token_length(model: nn.Module) -> int | None:
     )
     if not isinstance(first, nn.Embedding):
         return None
-    limits = [8]
-    limits += [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding) and m is not first]
+    limit = token_limit(model)
+    return max(1, min(8, 8 if limit is None else limit))
+
+
+def token_limit(model: nn.Module) -> int | None:
+    """The longest token sequence a hand-written language model takes: no longer than any
+    embedding table but the first (the token table), any bare position-table parameter
+    (``pos_emb = nn.Parameter(...)``, on the model or a submodule), any rotary buffer's first
+    dimension or a length attribute of the model or its config (``block_size``, which nanoGPT
+    asserts, ``max_seq_len``, ...); None when nothing bounds it."""
+    tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    limits = [m.num_embeddings for m in tables[1:]]
     limits += [
         p.shape[-2]
         for name, p in model.named_parameters()
@@ -126,7 +133,7 @@ def _token_length(model: nn.Module) -> int | None:
     ]
     for owner in (model, *(getattr(model, name, None) for name in ("config", "args", "params"))):
         limits += [cast(int, value) for key in _LENGTH_ATTRIBUTES if is_count(value := getattr(owner, key, None))]
-    return max(1, min(limits))
+    return min(limits) if limits else None
 
 
 def _image_size(model: nn.Module) -> tuple[int, int, int] | None:

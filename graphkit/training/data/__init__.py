@@ -29,7 +29,7 @@ from graphkit.errors import ConfigError, GraphkitError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
 from graphkit.families.libraries import CONTEXT_FIELDS
 from graphkit.tracing import trace
-from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of, text_config
+from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of, text_config, token_limit
 from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
@@ -77,7 +77,9 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     model, transformers image classifier or hand-written one takes images (a model that reads
     flattened patches, SigLIP 2's, images of its position table's grid and ``patch_inputs``, its
     patch size: :func:`model_inputs`); anything else's from its graph, for graphkit's families
-    (GPT-2s and LLaMAs written by hand). A ConfigError when none says (see
+    (GPT-2s and LLaMAs written by hand), else, for a hand-written language model of no family,
+    the vocabulary its (batch, tokens, vocabulary) logits score and the context its tables bound
+    (:func:`~graphkit.tracing.inputs.token_limit`). A ConfigError when none says (see
     :func:`graphkit.families.config_from_graph`), or when the images it reads are not square (the
     sources resize to a square)."""
     config = getattr(model, "config", None)
@@ -107,8 +109,10 @@ def data_config(model: torch.nn.Module, example_inputs: Any = None) -> dict[str,
     if image is None or not is_count(classes):
         try:  # graphkit's families, their config read back whole
             return config_from_graph(trace(model, example_inputs))
-        except GraphkitError as e:  # of no family: a hand-written classifier's logits say its classes
-            classes = _classes_scored(model, inputs) if image is not None else None
+        except GraphkitError as e:  # of no family: a hand-written model's logits say its classes or vocabulary
+            if image is None and _token_ids(inputs) is not None and is_count(vocab := _scored(model, inputs, 3)):
+                return {"family": family, "vocab_size": vocab, "context": token_limit(model)}
+            classes = _scored(model, inputs, 2) if image is not None else None
             if image is not None and not is_count(classes) and isinstance(e, ConfigError):  # traced, runs
                 raise ConfigError(
                     f"{type(model).__name__} reads images but returns no class logits for them (a (batch, "
@@ -141,10 +145,19 @@ def _image_shape(inputs: tuple[tuple, dict] | None) -> tuple[int, int, int] | No
     return None
 
 
-def _classes_scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None) -> int | None:
-    """The classes ``model`` scores: the width of the (batch, classes) logits it returns for
-    ``inputs``, run in eval mode (a BatchNorm's statistics untouched), without gradients; None
-    when it returns anything else or fails (training fails there too, and says why)."""
+def _token_ids(inputs: tuple[tuple, dict] | None) -> Tensor | None:
+    """The (batch, tokens) ids ``inputs`` (args, kwargs) are, when they are one such tensor."""
+    tensors = list(tensors_of(inputs)) if inputs is not None else []
+    if len(tensors) == 1 and tensors[0].dim() == 2 and not tensors[0].is_floating_point():
+        return tensors[0]
+    return None
+
+
+def _scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None, dims: int) -> int | None:
+    """The classes or vocabulary ``model`` scores: the width of the logits of ``dims`` dimensions
+    ((batch, classes) or (batch, tokens, vocabulary)) it returns for ``inputs``, run in eval mode
+    (a BatchNorm's statistics untouched), without gradients; None when it returns anything else
+    or fails (training fails there too, and says why)."""
     if inputs is None:
         return None
     args, kwargs = inputs
@@ -158,7 +171,7 @@ def _classes_scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None) -
     finally:
         model.train(training)
     logits = getattr(output, "logits", output)
-    return int(logits.shape[-1]) if isinstance(logits, Tensor) and logits.dim() == 2 else None
+    return int(logits.shape[-1]) if isinstance(logits, Tensor) and logits.dim() == dims else None
 
 
 def model_inputs(x: Tensor, config: Mapping[str, Any]) -> Tensor | dict[str, Tensor]:
