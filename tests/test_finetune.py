@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import ROOT, gpt2
+from helpers import MODEL_FILES, ROOT, gpt2
 from typer.testing import CliRunner
 
 from graphkit.cli import app
@@ -21,6 +21,7 @@ from graphkit.finetune import (
     lr_scale_phrase,
     starting_weights,
 )
+from graphkit.modelfile import load_model_file
 from graphkit.params import read_params, save_params, weights_digest
 from graphkit.sources import load_model_source
 from graphkit.training.data import data_config, load_source, model_inputs
@@ -236,39 +237,12 @@ def test_a_hand_written_image_classifier_fine_tunes_its_classes_read_off_its_log
     assert result.exit_code == 0, result.output
 
 
-TORCH_GPT = """import torch
-from torch import nn
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(256, 32), nn.Embedding(16, 32)
-        block = dict(dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=True)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(32, 2, **block) for _ in range(2))
-        self.head = nn.Linear(32, 256)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
-        for layer in self.blocks:
-            x = layer(x, src_mask=mask, is_causal=True)
-        return self.head(x)
-
-
-model = GPT()
-"""
-
-
 def test_a_hand_written_language_model_of_no_family_fine_tunes_on_text(tmp_path):
     """A GPT built from torch's own encoder layers is of none of graphkit's families, and its
     config could not be read off its graph ("a graph of family 'custom'"): its logits say its
-    vocabulary, its position table the longest windows (16, below --seq-len's 64)."""
-    path = tmp_path / "gpt.py"
-    path.write_text(TORCH_GPT)
-    namespace: dict = {}
-    exec(compile(TORCH_GPT, str(path), "exec"), namespace)
-    assert data_config(namespace["model"]) == {"family": "GPT", "vocab_size": 256, "context": 16}
+    vocabulary, its position table the longest windows (32, below --seq-len's 64)."""
+    path = MODEL_FILES / "torch_gpt.py"
+    assert data_config(load_model_file(path).model) == {"family": "GPT", "vocab_size": 256, "context": 32}
     out = tmp_path / "run"
     result = runner.invoke(
         app, ["finetune", str(path), "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"]

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import one_line_error
+from helpers import MODEL_FILES, one_line_error
 from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
@@ -24,6 +24,7 @@ from graphkit.ghn.keep_init import (
     add_prediction,
     default_shrink,
     initialise_as_built,
+    saturated_init,
     should_keep_init,
     shrunk,
 )
@@ -313,6 +314,37 @@ def test_the_cli_keeps_the_init_for_gpt2_unless_told_not_to(tmp_path):
             assert torch.equal(kept[name], value), name
     refused = runner.invoke(app, ["predict", str(model_file), "--keep-init=no"])
     assert "--keep-init" in one_line_error(refused) if refused.exit_code == 1 else refused.exit_code == 2
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_hand_written_model_with_saturated_logits_is_predicted_alone_by_default(tmp_path, tied):
+    """A GPT whose head is tied to an ``nn.Embedding`` left at torch's N(0, 1) scores random
+    tokens at tens of nats: the prediction added onto that init (GPT-2's default) kept it and
+    lost to the own init after 100 steps, where the prediction alone won by 2.4 nats. Untied, the
+    same model's logits are small and the default stands; ``--keep-init`` is followed as given."""
+    path = tmp_path / "gpt.py"
+    path.write_text((MODEL_FILES / "torch_gpt.py").read_text().replace("TIED = False", f"TIED = {tied}"))
+    outputs = {}
+    for flag in ("", "--keep-init"):
+        out = tmp_path / f"{flag or 'default'}.safetensors"
+        result = runner.invoke(app, ["predict", str(path), "--out", str(out), *([flag] if flag else [])])
+        assert result.exit_code == 0, result.output
+        alone = "predicting gpt.py alone, not onto its own initialisation (the default for" in result.stdout
+        assert alone == (tied and not flag), result.stdout
+        kept = "adding the prediction" in result.stdout and "onto gpt.py's own initialisation" in result.stdout
+        assert kept == (not alone), result.stdout
+        outputs[flag] = load_file(out)["tok.weight"].std().item()
+    assert (outputs[""] < 0.5) == tied and outputs["--keep-init"] > 0.9  # the own init's table: std 1
+
+
+def test_saturation_is_read_only_for_hand_written_models_with_weights():
+    """A library's model keeps its library's convention; a meta one has no logits to read."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=32))
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0, 1)  # saturated, but a library's model
+    assert saturated_init(model, graphkit.trace(model)) is None
 
 
 def test_eval_keep_init_is_the_random_init_plus_the_prediction():

@@ -288,9 +288,10 @@ def predict(
     from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe, knows_every_op, plain_for
     from graphkit.ghn.grow import lr_scale, twin_of, twin_phrase
     from graphkit.ghn.keep_init import (
+        SATURATED,
         default_shrink,
         keep_init_choice,
-        should_keep_init,
+        keeps_init,
         start_family,
         trained_onto_init,
     )
@@ -319,8 +320,9 @@ def predict(
             soft_wrap=True,
         )
     factor = default_shrink(graph, hypernet.info, shrink)
+    keeping, saturated = keeps_init(loaded.model, graph, keep_init, hypernet.info, loaded.example_inputs)
     console.print(
-        describe(hypernet, should_keep_init(graph, keep_init, hypernet.info), factor),
+        describe(hypernet, keeping, factor),
         highlight=False,
         soft_wrap=True,
     )
@@ -348,8 +350,17 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    if should_keep_init(graph, keep_init, hypernet.info):
-        family = start_family(graph, hypernet.info)  # the one whose default it is, when no option chose
+    family = start_family(graph, hypernet.info)  # the one whose default it is, when no option chose
+    if saturated is not None:
+        console.print(
+            f"predicting {loaded.name} alone, not onto its own initialisation (the default for "
+            f"{family.name if family is not None else 'its'} models): its logits there are saturated, scoring a "
+            f"uniform target at {saturated[0]:.1f} nats, more than {SATURATED:g} x a uniform guess's "
+            f"{saturated[1]:.2f}, and the prediction added onto them would keep them (--keep-init: add it anyway)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if keeping:
         why = (
             "the way this hypernetwork trained"
             if trained_onto_init(hypernet.info)
@@ -377,7 +388,7 @@ def predict(
         grow=twin if twin is not None else grow,  # the twin found above is built once
         calibrate=calibrate,
         buffers="saved",
-        keep_init=keep_init,
+        keep_init=keeping,  # resolved above, the saturation check included
         shrink=shrink,
     )
     seconds = time.perf_counter() - start
@@ -397,7 +408,7 @@ def predict(
             highlight=False,
         )
     # a prediction added onto the model's own init keeps the init's kernel, which wants the usual lr
-    scales = {} if should_keep_init(graph, keep_init, hypernet.info) else lr_scale(graph, twin)
+    scales = {} if keeping else lr_scale(graph, twin)
     if scales:
         console.print(
             f"fine-tune {lr_scale_phrase(scales)}: their values are smaller than the twin's (a kernel resized to a "

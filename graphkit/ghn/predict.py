@@ -46,6 +46,7 @@ from graphkit.ghn.keep_init import (
     default_shrink,
     initialise_as_built,
     keep_init_choice,
+    keeps_init,
     should_keep_init,
 )
 from graphkit.ghn.model import DecodedParams, LoGAH, LowRankDecoding
@@ -211,7 +212,9 @@ def predict(
     graphkit family. ``keep_init`` adds the prediction onto the model's own initialisation
     (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
     norms and biases ``P``: :mod:`graphkit.ghn.keep_init`); None: when the family does
-    (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2). A model with weights keeps the
+    (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2), unless the model is a
+    hand-written one whose own logits are saturated (:func:`~graphkit.ghn.keep_init.keeps_init`).
+    A model with weights keeps the
     ones it holds; a meta one's are first allocated and initialised as its library builds them
     (:func:`~graphkit.ghn.keep_init.initialise_as_built`), and a parameter no library fills is
     refused (KeepInitError) with the model left on meta. ``shrink`` (above 0, at most 1) adds
@@ -267,11 +270,8 @@ def predict(
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
     scaled = should_scale_residuals(graph, residual_scale)
-    onto = (
-        _onto_init(model, graph, destinations, device)
-        if should_keep_init(graph, keep_init, getattr(ghn, "info", None))
-        else set()
-    )
+    keeping, _ = keeps_init(model, graph, keep_init, getattr(ghn, "info", None), example_inputs)
+    onto = _onto_init(model, graph, destinations, device) if keeping else set()
     # W0 / c + P, multiplied by c below, is W0 + c P: the init kept as it was, the prediction scaled
     # by c (shrink, times the residual scale on a residual branch's weights when they are scaled)
     factor = default_shrink(graph, getattr(ghn, "info", None), shrink)

@@ -266,6 +266,20 @@ def branch_inputs(model: nn.Module) -> tuple[tuple, dict] | None:
     return args, kwargs
 
 
+def evaluated(model: nn.Module, inputs: tuple[tuple, dict]) -> Any:
+    """``model``'s output for ``inputs`` (args, kwargs), run once in eval mode without gradients
+    (its dropout off, its BatchNorm statistics untouched) and its mode restored after: what the
+    readers of a model's logits (its logit scale, its classes, its init's saturation) run."""
+    args, kwargs = inputs
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(*args, **kwargs)
+    finally:
+        model.train(training)
+
+
 def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[tuple, dict]:
     """``example_inputs`` in any accepted form (None: guessed) as ``(args, kwargs)``."""
     if example_inputs is None:

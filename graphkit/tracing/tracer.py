@@ -23,6 +23,7 @@ from graphkit.tracing.folding import repeated_blocks, signature, truncated, unfo
 from graphkit.tracing.inputs import (
     ExampleInputs,
     branch_inputs,
+    evaluated,
     example_inputs_for,
     normalise_inputs,
     tensors_of,
@@ -185,14 +186,10 @@ def logit_scale(model: nn.Module, graph: ArchGraph, example_inputs: ExampleInput
         seen["head out"].append(out)
 
     hooks = [layer.register_forward_hook(read_layer), head.register_forward_hook(read_head)]
-    args, kwargs = normalise_inputs(model, example_inputs) if example_inputs is not None else _distinct_tokens(model)
-    was_training = model.training
-    model.eval()
+    inputs = normalise_inputs(model, example_inputs) if example_inputs is not None else _distinct_tokens(model)
     try:
-        with torch.no_grad():
-            output = model(*args, **kwargs)
+        output = evaluated(model, inputs)
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     logits = getattr(output, "logits", output)

@@ -29,7 +29,15 @@ from graphkit.errors import ConfigError, GraphkitError, TraceError
 from graphkit.families import FamilyTable, config_from_graph
 from graphkit.families.libraries import CONTEXT_FIELDS
 from graphkit.tracing import trace
-from graphkit.tracing.inputs import normalise_inputs, patch_grid, patch_inputs, tensors_of, text_config, token_limit
+from graphkit.tracing.inputs import (
+    evaluated,
+    normalise_inputs,
+    patch_grid,
+    patch_inputs,
+    tensors_of,
+    text_config,
+    token_limit,
+)
 from graphkit.training.data.cifar import cifar, read_cifar_file
 from graphkit.training.data.images import ImageSource, digits, image_folder
 from graphkit.training.data.source import SPLITS, DataError, DataSource
@@ -160,16 +168,10 @@ def _scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None, dims: int
     or fails (training fails there too, and says why)."""
     if inputs is None:
         return None
-    args, kwargs = inputs
-    training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
-            output = model(*args, **kwargs)
+        output = evaluated(model, inputs)
     except Exception:  # the caller falls back to the graph, whose trace names what failed
         return None
-    finally:
-        model.train(training)
     logits = getattr(output, "logits", output)
     return int(logits.shape[-1]) if isinstance(logits, Tensor) and logits.dim() == dims else None
 
