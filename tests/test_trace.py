@@ -244,7 +244,8 @@ def test_a_timm_model_built_for_other_channels_gets_images_of_them(name):
 def test_a_decoder_that_cross_attends_traces_without_example_inputs():
     """TrOCR's decoder runs its cross-attention only when given encoder states: the zoo traced it
     with them and ``graphkit trace hf:trocr`` refused it (the cross-attention's weights unread);
-    ``trace`` now tries guessed inputs that leave a parameter unread once more, with them."""
+    ``trace`` now tries guessed inputs that leave a parameter unread once more, with them. Its
+    token ids, integers beside the float states, stay its data."""
     from transformers import TrOCRConfig, TrOCRForCausalLM
 
     config = TrOCRConfig(decoder_layers=1, d_model=32, decoder_attention_heads=2, decoder_ffn_dim=64, vocab_size=64)
@@ -252,6 +253,10 @@ def test_a_decoder_that_cross_attends_traces_without_example_inputs():
         model = TrOCRForCausalLM(config)
     graph = graphkit.trace(model)
     assert graph.op_counts()["attention"] == 2 and graph.meta["input_shapes"] == [[2, 256], [2, 4, 32]]
+    # its token ids are data beside the float states, not constants that say how to read them (as
+    # SigLIP 2's grid shapes are): read as one, the token table was a position table
+    table = next(n for n in graph.nodes if "model.decoder.embed_tokens.weight" in n.params)
+    assert table.op == "embedding" and graph.op_counts()["pos_embedding"] == 1
 
 
 def test_attention_heads_that_do_not_group_are_refused_not_misread():

@@ -94,7 +94,28 @@ def _reading_inputs(program: torch.export.ExportedProgram, user_inputs: set[str]
     }
     if not any(is_float(value) for value in values.values()):
         return frozenset()
-    return frozenset(name for name, value in values.items() if isinstance(value, torch.Tensor) and not is_float(value))
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    return frozenset(
+        name
+        for name, value in values.items()
+        if isinstance(value, torch.Tensor) and not is_float(value) and not _looks_up_a_table(placeholders[name])
+    )
+
+
+def _looks_up_a_table(node: fx.Node) -> bool:
+    """Whether ``node`` (an integer input), or a view of it, indexes an embedding table: token
+    ids, which are data even beside a floating-point input (TrOCR's decoder takes its encoder's
+    states beside them; read as a constant, its token table became a position table)."""
+    views = [node]
+    while views:
+        value = views.pop()
+        for user in value.users:
+            name = functional_name(user.target) if user.op == "call_function" else None
+            if name == "embedding" and len(user.args) > 1 and user.args[1] is value:
+                return True
+            if name in SHAPE_ONLY_ATEN and user.args and user.args[0] is value:
+                views.append(user)
+    return False
 
 
 class _GraphBuilder:
