@@ -351,10 +351,11 @@ def predict(
             soft_wrap=True,
         )
     family = start_family(graph, hypernet.info)  # the one whose default it is, when no option chose
-    if saturated is not None:
+    if saturated is not None:  # read only where a family's default kept the init: there is a family
+        assert family is not None
         console.print(
             f"predicting {loaded.name} alone, not onto its own initialisation (the default for "
-            f"{family.name if family is not None else 'its'} models): its logits there are saturated, scoring a "
+            f"{family.name} models): its logits there are saturated, scoring a "
             f"uniform target at {saturated[0]:.1f} nats, more than {SATURATED:g} x a uniform guess's "
             f"{saturated[1]:.2f}, and the prediction added onto them would keep them (--keep-init: add it anyway)",
             highlight=False,
