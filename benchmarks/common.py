@@ -39,18 +39,21 @@ def run_fresh(script: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def fixed_batches(source, model, batch_size: int, held_out: int, steps: int) -> tuple[list, list]:
+def fixed_batches(source, model, batch_size: int, held_out: int, steps: int, example_inputs=None) -> tuple[list, list]:
     """``held_out`` evaluation batches and ``steps`` training batches of ``source`` shaped for
-    ``model``, drawn from seed 0: every initialisation a script compares sees the same ones."""
-    evaluation, batch_at = batches_in_order(source, model, batch_size, held_out)
+    ``model`` (read off ``example_inputs`` where given: a hand-written model's), drawn from seed 0:
+    every initialisation a script compares sees the same ones."""
+    evaluation, batch_at = batches_in_order(source, model, batch_size, held_out, example_inputs)
     return evaluation, [batch_at(step) for step in range(steps)]
 
 
-def batches_in_order(source, model, batch_size: int, held_out: int) -> tuple[list, Callable[[int], object]]:
+def batches_in_order(
+    source, model, batch_size: int, held_out: int, example_inputs=None
+) -> tuple[list, Callable[[int], object]]:
     """:func:`fixed_batches`' held-out batches and its training batches drawn one at a time, step
     0, 1, 2, ... (the same batches, without holding them all: 400 batches of 32 images at 224 px
     are 7.7 GB). The function gives batch ``step`` only when called in order."""
-    shape, generator = data_config(model), torch.Generator().manual_seed(0)
+    shape, generator = data_config(model, example_inputs), torch.Generator().manual_seed(0)
     evaluation = [source.batch(shape, batch_size, generator, "eval") for _ in range(held_out)]
     drawn = -1
 

@@ -6,7 +6,9 @@ own init, at step 0 and after fine-tuning.
     .venv/bin/python benchmarks/vit_resolution.py --write  # and update BENCHMARKS.md
 
 Each model is timm's VisionTransformer built on the CPU from seed 0, with 10 classes, or one of
-the variants timm registers (CLIP's pre-norm), or transformers' ViT or DeiT classifier. Its data
+the variants timm registers (CLIP's pre-norm), or transformers' ViT or DeiT classifier, or a ViT
+written by hand of torch's layers (`tests/model_files/torch_vit.py`, traced from its
+`example_inputs()`; beside it, the timm ViT of its shape as the control). Its data
 is scikit-learn's digits, held-out split, resized bilinearly to the model's resolution (as
 `eval-ghn --data digits` gives them). Columns, held-out loss:
 
@@ -32,6 +34,7 @@ predicted output layer times 1 (unscaled), 1/2, 1/4, 1/10 and the grids' ratio `
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +48,7 @@ from graphkit.ghn.calibrate import output_layer  # noqa: E402
 from graphkit.ghn.grow import logit_scale, lr_scale, twin_of  # noqa: E402
 from graphkit.ghn.predict import bundled_hypernetwork, predict  # noqa: E402
 from graphkit.ghn.space import extent  # noqa: E402
+from graphkit.modelfile import load_model_file  # noqa: E402
 from graphkit.sources import load_model_source  # noqa: E402
 from graphkit.tracing import trace  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
@@ -53,6 +57,8 @@ from graphkit.training.loop import score, up_train  # noqa: E402
 CHECKPOINT = "logah-tiny-vits"
 #: ViT-S's width and heads at depth 6 (inside the trained width envelope only after growing)
 SMALL = {"embed_dim": 384, "num_heads": 6, "depth": 6}
+#: the widest trained at depth 6, the shape of the hand-written rows (tests/model_files/torch_vit.py)
+HAND = {"embed_dim": 256, "num_heads": 4, "depth": 6}
 #: label -> (timm model name, its keyword arguments): the issue's rows, then patch 16 at the trained grid
 MODELS = {
     "ViT-S depth 6, 8 px, patch 2": ("vit_small_patch16_224", dict(SMALL, img_size=8, patch_size=2)),
@@ -78,41 +84,63 @@ MODELS = {
         dict(SMALL, img_size=8, patch_size=2, init_values=1e-5),
     ),
     "`deit3_small_patch16_224` (layer scale), 224 px": ("deit3_small_patch16_224", {}),
+    # written by hand of torch's layers: no config to build a twin from, predicted as a copy of itself at
+    # the trained patch size and grid since 2026-12-03 (graphkit.ghn.grow.regridded_twin); before,
+    # decoded directly. The timm ViT of its shape is the control
+    "ViT depth 6, 256 wide, 32 px, patch 4": ("vit_small_patch16_224", dict(HAND, img_size=32, patch_size=4)),
+    "the same by hand (torch layers), 32 px, patch 4": ("torch", {"IMAGE": 32, "PATCH": 4}),
+    "the same by hand, 16 px, patch 4": ("torch", {"IMAGE": 16, "PATCH": 4}),
+    "the same by hand, 224 px, patch 16": ("torch", {"IMAGE": 224, "PATCH": 16}),
 }
 BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
 
 
-def built(name: str, kwargs: dict) -> torch.nn.Module:
-    """The model from seed 0: timm's ``name`` with 10 classes, or transformers' model type after ``hf:``."""
+def built(name: str, kwargs: dict) -> tuple[torch.nn.Module, torch.Tensor | None]:
+    """The model from seed 0 and the inputs to trace it with (None: guessed): timm's ``name``
+    with 10 classes, transformers' model type after ``hf:``, or, for ``torch``, the hand-written
+    ViT of tests/model_files/torch_vit.py at the :data:`HAND` shape, its ``IMAGE`` and ``PATCH``
+    from ``kwargs``."""
     import timm
 
     torch.manual_seed(0)
     if name.startswith("hf:"):
-        return load_model_source(name + "?" + "&".join(f"{k}={v}" for k, v in kwargs.items())).model
-    return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+        return load_model_source(name + "?" + "&".join(f"{k}={v}" for k, v in kwargs.items())).model, None
+    if name == "torch":
+        constants = {**kwargs, "WIDTH": HAND["embed_dim"], "DEPTH": HAND["depth"], "HEADS": HAND["num_heads"]}
+        text = (common.ROOT / "tests" / "model_files" / "torch_vit.py").read_text()
+        text = text.replace(
+            "IMAGE, PATCH, WIDTH, DEPTH, HEADS = 32, 4, 64, 2, 2",
+            "IMAGE, PATCH, WIDTH, DEPTH, HEADS = " + ", ".join(str(constants[k]) for k in constants),
+        )
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "torch_vit.py"
+            path.write_text(text)
+            loaded = load_model_file(path)
+        return loaded.model, loaded.example_inputs
+    return timm.create_model(name, pretrained=False, num_classes=10, **kwargs), None
 
 
 def row(label: str, name: str, kwargs: dict, source, steps: int) -> str:
-    model = built(name, kwargs)
-    graph = trace(model)
+    model, inputs = built(name, kwargs)
+    graph = trace(model, inputs)
     size = extent(graph)
-    held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps)
+    held_out, train = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, steps, inputs)
     ghn = bundled_hypernetwork(CHECKPOINT)
-    twin = twin_of(ghn, graph, model)
+    twin = twin_of(ghn, graph, model, inputs)
     factors = lr_scale(graph, twin)
     scores = {}
     arms = ("own init", "decoded directly", "predicted") + (("own init, lr factors",) if factors and steps else ())
     for init in arms:
-        model = built(name, kwargs)
+        model, _ = built(name, kwargs)
         if init == "decoded directly":
             try:
-                predict(model, ghn, graph=graph, grow=False)
+                predict(model, ghn, graph=graph, grow=False, example_inputs=inputs)
             except UntrainedOpError:  # an op the checkpoint never trained on (layer scale): only its twin is predicted
                 continue
             scores[init] = {0: score(model, held_out, "image")}
             continue
         if init == "predicted":
-            predict(model, ghn, graph=graph, grow=twin or False)
+            predict(model, ghn, graph=graph, grow=twin or False, example_inputs=inputs)
         scale = factors if init in ("predicted", "own init, lr factors") else {}
         _, scores[init] = up_train(
             model, "image", train.__getitem__, steps, LR, held_out=held_out, at=(0, steps), lr_scale=scale
@@ -143,14 +171,14 @@ def temperatures(source, only: str) -> str:
         "|---|---|" + "---|" * (len(FACTORS) + 1),
     ]
     for label, (name, kwargs) in MODELS.items():
-        model = built(name, kwargs)
-        graph = trace(model)
-        twin = twin_of(ghn, graph, model)
+        model, inputs = built(name, kwargs)
+        graph = trace(model, inputs)
+        twin = twin_of(ghn, graph, model, inputs)
         ratio = 1.0 if twin is None else logit_scale(graph, twin)
         if ratio == 1 or (only and only not in label):
             continue
-        held_out, _ = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, 0)
-        predict(model, ghn, graph=graph, grow=twin)
+        held_out, _ = common.fixed_batches(source, model, BATCH_SIZE, BATCHES, 0, inputs)
+        predict(model, ghn, graph=graph, grow=twin, example_inputs=inputs)
         head = model.get_submodule(output_layer(graph))
         unscaled = {name: p.detach() / ratio for name, p in head.named_parameters()}
         cells = []

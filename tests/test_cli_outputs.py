@@ -234,6 +234,21 @@ def test_predict_grows_a_wide_model_unless_told_not_to(tmp_path):
     torch.testing.assert_close(weight[512:], weight[:256])
 
 
+def test_predict_takes_a_hand_written_vit_outside_the_trained_grid_through_its_own_copy_at_a_trained_one(tmp_path):
+    """A ViT of torch layers at 32 px with patch 4 has no config to build a twin from: its own
+    modules, copied at patch 2 on 8 px, are one, traced from its example_inputs() resized."""
+    out = tmp_path / "torch_vit.safetensors"
+    result = run("predict", MODEL_FILES.parent / "model_files" / "torch_vit.py", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert (
+        "predicting it as its twin with patch 2 at 8 px (4 x 4 tokens), its patch embedding and position table "
+        "resized to its 8 x 8 tokens, its output layer scaled by 4/8" in " ".join(result.stdout.split())
+    )
+    assert json.loads(read_params(out, tensors=False)[1][LR_SCALE_KEY]) == {"patch.weight": 0.25}
+    direct = run("predict", MODEL_FILES.parent / "model_files" / "torch_vit.py", "--no-grow")
+    assert direct.exit_code == 0 and "twin" not in direct.stdout
+
+
 def test_predict_takes_a_layer_scale_vit_as_its_plain_twin_and_says_so(tmp_path):
     """DeiT-III at the trained shapes goes to the ViT checkpoint, which never saw layer scale, and
     is predicted as its plain twin, its gains written as 1; told not to predict through a twin, it

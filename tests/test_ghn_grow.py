@@ -4,7 +4,7 @@ they compute (graphkit.ghn.grow)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import meta, timm_vit
+from helpers import MODEL_FILES, meta, timm_vit
 
 import graphkit
 from graphkit.errors import ConfigError, UntrainedOpError
@@ -21,6 +21,7 @@ from graphkit.ghn.grow import (
     library_twin,
     logit_scale,
     lr_scale,
+    regridded_twin,
     resize_patches,
     resize_positions,
     twin_config,
@@ -36,6 +37,7 @@ from graphkit.ghn.space import (
     training_space,
     widest_at_depth,
 )
+from graphkit.modelfile import ModelFile, load_model_file
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 SMALL_VOCAB = {"vocab_size": 97, "context": 32}
@@ -598,4 +600,70 @@ def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expecte
     assert warning(num_layers=3, hidden=384, heads=6, image_size=12, patch_size=4) == (
         "resolution 12 px is 1.5x the largest trained (8 px), "
         f"token grid 3 tokens a side lies between the trained ones (2 and 4 tokens a side), {GRID_CAVEAT}"
+    )
+
+
+def hand_written_vit(tmp_path, image: int = 32, patch: int = 4, fixed: bool = False) -> ModelFile:
+    """tests/model_files/torch_vit.py (a ViT of torch layers, 2 x 64) at ``image`` px with ``patch``."""
+    source = (MODEL_FILES / "torch_vit.py").read_text()
+    shape = "IMAGE, PATCH, WIDTH, DEPTH, HEADS = "
+    source = source.replace(f"{shape}32, 4,", f"{shape}{image}, {patch},")
+    path = tmp_path / f"torch_vit_{image}_{patch}_{fixed}.py"
+    path.write_text(source.replace("FIXED = False", f"FIXED = {fixed}"))
+    return load_model_file(path)
+
+
+def test_a_hand_written_vit_outside_the_trained_grid_is_its_own_twin_at_a_trained_one(vits, tmp_path):
+    loaded = hand_written_vit(tmp_path)  # 8 x 8 tokens of patch 4: outside the 4 x 4 of patch 2 trained
+    model, inputs = loaded.model, loaded.example_inputs
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    graph = graphkit.trace(model, inputs)
+    assert twin_of(vits, graph) is None  # no config describes it: the model itself is needed
+    twin = twin_of(vits, graph, model, inputs)
+    assert twin is not None and twin.config == {"hidden": 64, "patch_size": 2, "image_size": 8}
+    assert twin.graph is not None and (extent(twin.graph)["patch"], extent(twin.graph)["grid"]) == (2, 4)
+    shapes = {name: shape for node in twin.graph.nodes for name, shape in node.params.items()}
+    assert shapes["patch.weight"] == (64, 3, 2, 2) and shapes["pos"] == (1, 17, 64)
+    assert all(p.is_meta for p in twin.model.parameters())
+    for name, p in model.named_parameters():  # the model is read, not changed
+        assert p.device.type == "cpu" and torch.equal(p, before[name]), name
+    assert regridded_twin(model, graph, (2, 4)) is None  # its inputs cannot be guessed: it reads no image size
+    assert "its twin with patch 2 at 8 px (4 x 4 tokens)" in twin_phrase(graph, twin)
+    assert lr_scale(graph, twin) == {"patch.weight": 0.25}
+
+    expected = vits.predict(twin.graph)
+    params = predicted_params(vits, graph, grow=twin)
+    torch.testing.assert_close(params["pos"], resize_positions(expected["pos"], 65, 8))
+    torch.testing.assert_close(params["patch.weight"], resize_patches(expected["patch.weight"], (4, 4)))
+    torch.testing.assert_close(params["head.weight"], 0.5 * expected["head.weight"])  # the grids' ratio, 4/8
+    torch.testing.assert_close(params["blocks.0.linear1.weight"], expected["blocks.0.linear1.weight"])
+    assert not torch.allclose(params["pos"], predicted_params(vits, graph, grow=False)["pos"])
+
+
+def test_a_hand_written_vit_predicted_through_its_twin_computes_the_twins_function_on_upscaled_images(vits, tmp_path):
+    # 16 px with patch 4 is the twin's 4 x 4 tokens of patch 2 at 8 px: the resize is exact there
+    loaded = hand_written_vit(tmp_path, image=16, patch=4)
+    graph = graphkit.trace(loaded.model, loaded.example_inputs)
+    twin = twin_of(vits, graph, loaded.model, loaded.example_inputs)
+    assert twin is not None and twin.config["image_size"] == 8
+    small = hand_written_vit(tmp_path, image=8, patch=2).model  # the twin, built with weights
+    small.load_state_dict(vits.predict(twin.graph))
+    predict(loaded.model, vits, example_inputs=loaded.example_inputs)
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    # each 2 x 2 patch upscaled to 4 x 4 on its own, as the resize assumes (a whole image's resize blends patches)
+    patches = images.reshape(3, 3, 4, 2, 4, 2).permute(0, 2, 4, 1, 3, 5).reshape(-1, 3, 2, 2)
+    upscaled = F.interpolate(patches, size=(4, 4), mode="bilinear", align_corners=False, antialias=False)
+    upscaled = upscaled.reshape(3, 4, 4, 3, 4, 4).permute(0, 3, 1, 4, 2, 5).reshape(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.eval()(upscaled), small.eval()(images), rtol=1e-4, atol=1e-4)
+
+
+def test_a_hand_written_vit_whose_forward_fixes_its_image_size_is_decoded_directly(vits, tmp_path):
+    loaded = hand_written_vit(tmp_path, fixed=True)
+    graph = graphkit.trace(loaded.model, loaded.example_inputs)
+    assert twin_of(vits, graph, loaded.model, loaded.example_inputs) is None
+    predict(loaded.model, vits, example_inputs=loaded.example_inputs)  # still predicted, as it was before
+    inside = hand_written_vit(tmp_path, image=8, patch=2)  # inside the space: no twin wanted
+    assert (
+        twin_of(vits, graphkit.trace(inside.model, inside.example_inputs), inside.model, inside.example_inputs) is None
     )

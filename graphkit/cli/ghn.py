@@ -343,7 +343,7 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    twin = twin_of(hypernet, graph, loaded.model) if grow else None
+    twin = twin_of(hypernet, graph, loaded.model, loaded.example_inputs) if grow else None
     if twin is not None:
         console.print(
             f"predicting it as {twin_phrase(graph, twin)} (--no-grow: decode it directly)",

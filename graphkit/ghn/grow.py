@@ -105,7 +105,9 @@ that plain ViT, and the prediction converted (:attr:`Twin.plain`,
 and refused layer scale's op. Inside the space (6 x 384 at 8 px, held-out digits at step 0), a ViT
 whose table covers the patches only scored 4.32 decoded directly and 0.82 as its plain twin (own
 init 2.45); DeiT-III-S at 224 px 2.01 / 0.30, where the checkpoint trained across families, which
-predicted it before, gave 2.30 / 0.06 (own init 2.30 / 0.06).
+predicted it before, gave 2.30 / 0.06 (own init 2.30 / 0.06). A hand-written ViT, which no config
+describes, is its own twin outside the trained patch sizes and grids: a copy of it on the meta
+device at a trained patch size and grid, traced from its own inputs resized (:func:`regridded_twin`).
 
 Growing fixes the shapes, not what the hypernetwork never saw. Two variants it never trained on
 start worse than a plain ViT of their shape (held-out digits, step 0; BENCHMARKS.md,
@@ -120,7 +122,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -128,7 +130,7 @@ import torch
 from torch import nn
 
 from graphkit.compat import skip_weight_init
-from graphkit.errors import GrowError
+from graphkit.errors import GraphkitError, GrowError
 from graphkit.families import ConfigError, build_model, config_from_graph
 from graphkit.families.equivalents import PlainForm, Renaming, block_shape, renamed, vit_equivalent
 from graphkit.families.libraries import EXPERT_MLP_FIELDS, HEAD_FIELDS, KV_HEAD_FIELDS, MLP_FIELDS, WIDTH_FIELDS
@@ -141,6 +143,7 @@ from graphkit.ghn.space import extent, grid_to_predict, patches_at_grid, widest_
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 from graphkit.tracing import trace
+from graphkit.tracing.inputs import ExampleInputs, normalise_inputs
 from graphkit.validation import is_count
 
 #: ops whose weight's input axis reads a previous activation (its values are split among the copies)
@@ -338,13 +341,16 @@ class Twin(NamedTuple):
     ViT), the ``renaming`` of the model's parameters into the twin's; for a variant that computes
     the plain model of its family the twin is (DeiT-III's layer scale with its gains at 1), the
     ``plain`` form that converts the twin's prediction into the variant's parameters
-    (:mod:`graphkit.families.equivalents`). The shapes of parameters the twin lacks are not in
+    (:mod:`graphkit.families.equivalents`); for a hand-written model, which no config describes,
+    its ``graph``, traced already from the model's own inputs resized (:func:`regridded_twin`),
+    and a ``config`` of the fields it changed. The shapes of parameters the twin lacks are not in
     :meth:`shapes`."""
 
     config: dict[str, Any]
     model: nn.Module
     renaming: Renaming | None = None
     plain: PlainForm | None = None
+    graph: ArchGraph | None = None
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The twin's parameter shapes by the model's names."""
@@ -354,7 +360,7 @@ class Twin(NamedTuple):
         return {name: block_shape(own[source], block) for name, (source, block) in self.renaming.items()}
 
 
-def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | None:
+def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None, example_inputs: ExampleInputs = None) -> Twin | None:
     """``graph``'s twin inside the space ``ghn`` trained on (its ``info["space"]``): at the
     widest width trained at its depth (or the nearest depth trained) when it is wider than that,
     at the finest trained token grid when its own is finer, and at the nearest patch size trained
@@ -364,7 +370,9 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     parameters, from its own config class when its ``model`` is given (:func:`library_twin`).
     A model whose plain form ``ghn`` trained on every op of
     (:func:`~graphkit.ghn.checkpoint.plain_for`) is predicted as that plain model, at its own
-    shapes too (:attr:`Twin.plain`).
+    shapes too (:attr:`Twin.plain`). A hand-written ViT outside the trained patch sizes and
+    grids, which neither describes, is its own twin: ``model`` copied at a trained patch size and
+    grid and traced from ``example_inputs`` (None: guessed) resized (:func:`regridded_twin`).
 
     None when neither applies, when the checkpoint records no space, when there is nothing to
     build a twin from, when the twin would lack or add parameters (the model has parts its
@@ -416,7 +424,10 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None) -> Twin | Non
     # a family read a config off the graph whose twin lacks the model's parameters, or none did
     widest_twin = widest if wide and widest is not None else width
     library = library_twin(model, width, widest_twin, regrid_to)
-    return library if library is not None and _same_parameters(library.model, graph) else None
+    if library is not None and _same_parameters(library.model, graph):
+        return library
+    # no config describes it (a hand-written ViT): its own modules at the trained patch size and grid
+    return regridded_twin(model, graph, regrid_to, example_inputs) if regrid_to is not None and not wide else None
 
 
 def _same_parameters(model: nn.Module, graph: ArchGraph) -> bool:
@@ -532,6 +543,104 @@ def library_twin(
     return None
 
 
+#: prefix tokens (a class token, registers) a hand-written position table may hold beside its grid's rows
+MAX_PREFIX = 16
+
+
+def regridded_twin(
+    model: nn.Module,
+    graph: ArchGraph,
+    regrid: tuple[int | None, int | None],
+    example_inputs: ExampleInputs = None,
+) -> Twin | None:
+    """A hand-written ViT's twin at ``regrid``'s (patch, grid): a copy of ``model`` on the meta
+    device whose patch embedding takes that patch size and whose position tables that grid,
+    traced from ``example_inputs`` (None: guessed) with their images resized to patch x grid
+    pixels. Why: no config describes a model of no family and no library, so there is nothing
+    to build a twin from (:func:`twin_of`), and decoded directly at a grid it never trained on
+    the prediction starts worse than the model's own init (a hand-written 6 x 256 ViT at 32 px,
+    patch 4: 3.20 on held-out digits at step 0, own init 2.41); but the model's own modules, at
+    the trained patch size and grid, are the twin, and the resizes of :func:`grow` apply to it
+    as to timm's ViTs (through it: 1.64, as timm's ViT of that shape; BENCHMARKS.md,
+    "Resolutions and patch sizes").
+
+    The patch embedding must be an ``nn.Conv2d`` whose stride is its kernel, unpadded and
+    undilated, reading square images; each position table a (1, prefix + g x g, width)
+    parameter of a ``pos_embedding`` op, with at most :data:`MAX_PREFIX` prefix rows. None
+    otherwise, or when the copy does not trace to the model's graph with only those shapes
+    changed: a forward that fixes its grid (a check of the image size, a table it slices) has no
+    twin. It changes no width, so :func:`twin_of` asks it only of a model no wider than the
+    space at its depth."""
+    patch, grid = regrid
+    size = extent(graph)
+    embeds = [node for node in graph.nodes if node.op == "patch_embed" and node.attrs.get("kernel")]
+    image = (graph.meta.get("input_shapes") or [[]])[0]
+    if patch is None or grid is None or len(embeds) != 1 or len(image) != 4 or image[2] != image[3]:
+        return None
+    kernel = next((name for name, shape in embeds[0].params.items() if len(shape) == 4), None)
+    conv = model.get_submodule(kernel.rpartition(".")[0]) if kernel is not None else None
+    if not (
+        isinstance(conv, nn.Conv2d)
+        and conv.kernel_size == conv.stride
+        and conv.padding in ((0, 0), "valid")
+        and conv.dilation == (1, 1)
+    ):
+        return None
+    assert kernel is not None and size["grid"] is not None, "a patch embedding is read with its grid"
+    tables = {name: shape for node in graph.nodes if node.op == "pos_embedding" for name, shape in node.params.items()}
+    prefixes = {name: shape[1] - size["grid"] ** 2 for name, shape in tables.items() if len(shape) == 3}
+    if len(prefixes) != len(tables) or not all(0 <= prefix <= MAX_PREFIX for prefix in prefixes.values()):
+        return None
+    params = dict(model.named_parameters())
+    resized = {kernel: (*params[kernel].shape[:2], patch, patch)}
+    resized.update({name: (1, prefix + grid * grid, tables[name][2]) for name, prefix in prefixes.items()})
+    # every parameter and buffer copied onto meta, by identity (ties kept); nothing is allocated
+    memo: dict[int, Any] = {id(p): nn.Parameter(p.to("meta"), p.requires_grad) for p in params.values()}
+    memo.update({id(b): b.to("meta") for _, b in model.named_buffers()})
+    try:
+        twin = copy.deepcopy(model, memo)
+    except (TypeError, copy.Error):  # a module holding what cannot be copied (a lock, an open file)
+        return None
+    for name, shape in resized.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(twin.get_submodule(owner), leaf, nn.Parameter(torch.empty(shape, device="meta")))
+    twin_conv = twin.get_submodule(kernel.rpartition(".")[0])
+    assert isinstance(twin_conv, nn.Conv2d)
+    twin_conv.kernel_size = twin_conv.stride = (patch, patch)
+    side = patch * grid
+
+    def regridded(value: torch.Tensor) -> torch.Tensor:
+        if value.dim() == 4 and list(value.shape) == image:
+            return torch.zeros(*image[:2], side, side, dtype=value.dtype, device="meta")
+        return value.to("meta")
+
+    try:
+        args, kwargs = normalise_inputs(model, example_inputs)
+        traced = trace(twin, (_tensors_mapped(args, regridded), _tensors_mapped(kwargs, regridded)))
+    except GraphkitError:
+        return None
+    expected = [{name: resized.get(name, shape) for name, shape in node.params.items()} for node in graph.nodes]
+    same = [node.op for node in traced.nodes] == [node.op for node in graph.nodes] and [
+        node.params for node in traced.nodes
+    ] == expected
+    if not same or (extent(traced)["patch"], extent(traced)["grid"]) != (patch, grid):
+        return None
+    if "init" in graph.meta:  # traced on meta, it records none: the model's, whose 1-D constants it shares by name
+        traced.meta["init"] = graph.meta["init"]
+    return Twin({"hidden": size["width"], "patch_size": patch, "image_size": side}, twin, graph=traced)
+
+
+def _tensors_mapped(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor in its nested tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        return {key: _tensors_mapped(value, fn) for key, value in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_tensors_mapped(value, fn) for value in obj)
+    return obj
+
+
 #: how :func:`twin_phrase` names a twin that is another library's model (:attr:`Twin.renaming`)
 EQUIVALENT = "the timm ViT it computes the same function as (q, k and v fused)"
 
@@ -584,10 +693,10 @@ def growth(ghn, graph: ArchGraph, twin: Twin | None = None) -> GrownDecoding | N
     twin = twin if twin is not None else twin_of(ghn, graph)
     if twin is None:
         return None
-    twin_graph = trace(twin.model)
+    twin_graph = twin.graph if twin.graph is not None else trace(twin.model)
     if "init" in graph.meta and twin.renaming is None:  # built on meta: its 1-D constants are the model's, by name
         twin_graph.meta["init"] = graph.meta["init"]
-    elif ghn.config.init_anchors:  # another library's names (transformers' ViT): the twin's own init's constants
+    elif ghn.config.init_anchors and twin.graph is None:  # another library's names: the twin's own init's constants
         twin_graph = with_init_constants(twin_graph, twin.config)
     with torch.no_grad():
         params = ghn.predict(twin_graph)
@@ -646,6 +755,7 @@ __all__ = [
     "library_twin",
     "logit_scale",
     "lr_scale",
+    "regridded_twin",
     "resize_patches",
     "split_axis",
     "twin_config",

@@ -265,7 +265,7 @@ def predict(
     if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
         graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
     # the model itself can give a twin the graph cannot: a transformers decoder of no graphkit family
-    prediction = decoding(ghn, graph, (twin_of(ghn, graph, model) or False) if grow is True else grow)
+    prediction = decoding(ghn, graph, (twin_of(ghn, graph, model, example_inputs) or False) if grow is True else grow)
     bad = prediction.first_non_finite()
     if bad is not None:
         raise PredictError(f"the hypernetwork predicted NaN or Inf for {bad!r}; the model was left unchanged")
