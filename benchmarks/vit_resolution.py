@@ -91,6 +91,11 @@ MODELS = {
     "the same by hand (torch layers), 32 px, patch 4": ("torch", {"IMAGE": 32, "PATCH": 4}),
     "the same by hand, 16 px, patch 4": ("torch", {"IMAGE": 16, "PATCH": 4}),
     "the same by hand, 224 px, patch 16": ("torch", {"IMAGE": 224, "PATCH": 16}),
+    # wider than trained at its depth: regridded at its own width, not grown (no config names its widths)
+    "ViT-S (12 x 384) by hand, 224 px, patch 16": (
+        "torch",
+        {"IMAGE": 224, "PATCH": 16, "WIDTH": 384, "DEPTH": 12, "HEADS": 6},
+    ),
 }
 BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
 
@@ -98,19 +103,20 @@ BATCHES, BATCH_SIZE, LR = 4, 32, 3e-4
 def built(name: str, kwargs: dict) -> tuple[torch.nn.Module, torch.Tensor | None]:
     """The model from seed 0 and the inputs to trace it with (None: guessed): timm's ``name``
     with 10 classes, transformers' model type after ``hf:``, or, for ``torch``, the hand-written
-    ViT of tests/model_files/torch_vit.py at the :data:`HAND` shape, its ``IMAGE`` and ``PATCH``
-    from ``kwargs``."""
+    ViT of tests/model_files/torch_vit.py with the constants in ``kwargs`` (its ``IMAGE`` and
+    ``PATCH``; ``WIDTH``, ``DEPTH`` and ``HEADS`` default to the :data:`HAND` shape)."""
     import timm
 
     torch.manual_seed(0)
     if name.startswith("hf:"):
         return load_model_source(name + "?" + "&".join(f"{k}={v}" for k, v in kwargs.items())).model, None
     if name == "torch":
-        constants = {**kwargs, "WIDTH": HAND["embed_dim"], "DEPTH": HAND["depth"], "HEADS": HAND["num_heads"]}
+        constants = {"WIDTH": HAND["embed_dim"], "DEPTH": HAND["depth"], "HEADS": HAND["num_heads"], **kwargs}
+        names = ("IMAGE", "PATCH", "WIDTH", "DEPTH", "HEADS")
         text = (common.ROOT / "tests" / "model_files" / "torch_vit.py").read_text()
         text = text.replace(
-            "IMAGE, PATCH, WIDTH, DEPTH, HEADS = 32, 4, 64, 2, 2",
-            "IMAGE, PATCH, WIDTH, DEPTH, HEADS = " + ", ".join(str(constants[k]) for k in constants),
+            ", ".join(names) + " = 32, 4, 64, 2, 2",
+            ", ".join(names) + " = " + ", ".join(str(constants[k]) for k in names),
         )
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "torch_vit.py"

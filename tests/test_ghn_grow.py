@@ -603,12 +603,14 @@ def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expecte
     )
 
 
-def hand_written_vit(tmp_path, image: int = 32, patch: int = 4, fixed: bool = False) -> ModelFile:
-    """tests/model_files/torch_vit.py (a ViT of torch layers, 2 x 64) at ``image`` px with ``patch``."""
+def hand_written_vit(
+    tmp_path, image: int = 32, patch: int = 4, fixed: bool = False, width: int = 64, heads: int = 2
+) -> ModelFile:
+    """tests/model_files/torch_vit.py (a ViT of torch layers, 2 layers) at ``image`` px with ``patch``."""
     source = (MODEL_FILES / "torch_vit.py").read_text()
     shape = "IMAGE, PATCH, WIDTH, DEPTH, HEADS = "
-    source = source.replace(f"{shape}32, 4,", f"{shape}{image}, {patch},")
-    path = tmp_path / f"torch_vit_{image}_{patch}_{fixed}.py"
+    source = source.replace(f"{shape}32, 4, 64, 2, 2", f"{shape}{image}, {patch}, {width}, 2, {heads}")
+    path = tmp_path / f"torch_vit_{image}_{patch}_{fixed}_{width}.py"
     path.write_text(source.replace("FIXED = False", f"FIXED = {fixed}"))
     return load_model_file(path)
 
@@ -667,3 +669,14 @@ def test_a_hand_written_vit_whose_forward_fixes_its_image_size_is_decoded_direct
     assert (
         twin_of(vits, graphkit.trace(inside.model, inside.example_inputs), inside.model, inside.example_inputs) is None
     )
+
+
+def test_a_hand_written_vit_wider_than_the_space_is_regridded_at_its_own_width(vits, tmp_path):
+    """Its modules' widths are named by no config, so it is not grown; the grid alone is a large
+    part of the gap (a 12 x 384 one at 224 px: 2.12 at step 0, decoded directly 5.46)."""
+    loaded = hand_written_vit(tmp_path, width=640, heads=10)  # the widest trained at 2 (3) layers: 512
+    graph = graphkit.trace(loaded.model, loaded.example_inputs)
+    twin = twin_of(vits, graph, loaded.model, loaded.example_inputs)
+    assert twin is not None and twin.config == {"hidden": 640, "patch_size": 2, "image_size": 8}
+    assert twin_phrase(graph, twin).startswith("its twin with patch 2 at 8 px (4 x 4 tokens)")
+    assert lr_scale(graph, twin) == {"patch.weight": 0.25}  # nothing split among copies
