@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -53,6 +54,7 @@ from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.grow import lr_scale, twin_of  # noqa: E402
 from graphkit.ghn.keep_init import add_prediction, default_shrink, should_keep_init, shrunk  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
+from graphkit.modelfile import load_model_file  # noqa: E402
 from graphkit.params import load_params  # noqa: E402
 from graphkit.training.data import data_config, load_source  # noqa: E402
 from graphkit.training.loop import up_train  # noqa: E402
@@ -64,16 +66,46 @@ CASES = {
     "vit-b": ("logah-tiny-vits", "digits", 32, dict(VIT, num_layers=12, hidden=768, heads=12)),
     "llama-12x512": ("logah-tiny-llamas", "stdlib-text", 8, dict(family="llama", num_layers=12, hidden=512, heads=8)),
     "mistral-12x512": ("logah-tiny-zoo-decoders", "stdlib-text", 8, (12, 512)),
+    # written by hand (tests/model_files/nano_gpt.py at N_LAYER, N_HEAD, N_EMBD, VOCAB, BLOCK): no config
+    # names its widths, so its twin is a narrowed copy of itself (graphkit.ghn.grow.copied_twin)
+    "nanogpt-6x384": ("logah-tiny-gpts", "stdlib-text", 8, "6, 6, 384, 256, 64"),
+    # its controls: graphkit's GPT-2 (transformers' GPT2LMHeadModel) of the same shape, a family twin,
+    # its head tied as nanoGPT's is, and untied
+    "gpt2-tied-6x384": (
+        "logah-tiny-gpts",
+        "stdlib-text",
+        8,
+        dict(family="gpt2", num_layers=6, hidden=384, heads=6, vocab_size=256, context=64, tied=True),
+    ),
+    "gpt2-6x384": (
+        "logah-tiny-gpts",
+        "stdlib-text",
+        8,
+        dict(family="gpt2", num_layers=6, hidden=384, heads=6, vocab_size=256, context=64),
+    ),
 }
 
 #: BENCHMARKS.md section: its cases
-SECTIONS = {"grown_starts": ("llama-12x512", "mistral-12x512"), "grown_starts_vit": ("vit-b", "vit-s")}
+SECTIONS = {
+    "grown_starts": ("llama-12x512", "mistral-12x512"),
+    "grown_starts_vit": ("vit-b", "vit-s"),
+    "grown_starts_hand_written": ("nanogpt-6x384", "gpt2-tied-6x384", "gpt2-6x384"),
+}
 
 
 def build(spec) -> torch.nn.Module:
-    """The case's model, built from seed 0 with its own init."""
+    """The case's model, built from seed 0 with its own init: a Mistral of (layers, width), nanoGPT
+    of the sizes a string gives, or a graphkit family's config."""
     torch.manual_seed(0)
-    return mistral(*spec) if isinstance(spec, tuple) else build_model(resolve_config(spec), "cpu")
+    if isinstance(spec, tuple):
+        return mistral(*spec)
+    if isinstance(spec, str):
+        source = (common.ROOT / "tests" / "model_files" / "nano_gpt.py").read_text()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "nano_gpt.py"
+            path.write_text(source.replace("= 2, 8, 512, 256, 64", f"= {spec}"))
+            return load_model_file(path).model
+    return build_model(resolve_config(spec), "cpu")
 
 
 def starts(name: str, warmup: int = 0) -> list[tuple[str, str, int]]:
@@ -116,9 +148,9 @@ def run(name: str, start: str, steps: int, warmup: int = 0) -> tuple[dict[int, f
     generator = torch.Generator().manual_seed(0)
     held_out = [source.batch(shape, batch_size, generator, split="eval") for _ in range(4)]
     batches = [source.batch(shape, batch_size, generator) for _ in range(steps)]
-    twin = twin_of(ghn, graph)
+    twin = twin_of(ghn, graph, model)  # the model gives a hand-written one its twin
     if start != "own":
-        predicted = predicted_params(ghn, graph, grow=start != "direct")
+        predicted = predicted_params(ghn, graph, grow=(twin or False) if start != "direct" else False)
         if start != "alone" and should_keep_init(graph, None, ghn.info):
             add_prediction(model, shrunk(predicted, default_shrink(graph, ghn.info)))
         else:

@@ -85,13 +85,13 @@ MODELS = {
     ),
     "`deit3_small_patch16_224` (layer scale), 224 px": ("deit3_small_patch16_224", {}),
     # written by hand of torch's layers: no config to build a twin from, predicted as a copy of itself at
-    # the trained patch size and grid since 2026-12-03 (graphkit.ghn.grow.regridded_twin); before,
+    # the trained patch size and grid since 2026-12-03 (graphkit.ghn.grow.copied_twin); before,
     # decoded directly. The timm ViT of its shape is the control
     "ViT depth 6, 256 wide, 32 px, patch 4": ("vit_small_patch16_224", dict(HAND, img_size=32, patch_size=4)),
     "the same by hand (torch layers), 32 px, patch 4": ("torch", {"IMAGE": 32, "PATCH": 4}),
     "the same by hand, 16 px, patch 4": ("torch", {"IMAGE": 16, "PATCH": 4}),
     "the same by hand, 224 px, patch 16": ("torch", {"IMAGE": 224, "PATCH": 16}),
-    # wider than trained at its depth: regridded at its own width, not grown (no config names its widths)
+    # wider than trained at its depth: grown from a copy of itself narrowed to 256 (6 heads of 64 -> 4)
     "ViT-S (12 x 384) by hand, 224 px, patch 16": (
         "torch",
         {"IMAGE": 224, "PATCH": 16, "WIDTH": 384, "DEPTH": 12, "HEADS": 6},

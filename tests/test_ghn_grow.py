@@ -18,15 +18,16 @@ from graphkit.ghn.grow import (
     GrownDecoding,
     Twin,
     axis_map,
+    copied_twin,
     library_twin,
     logit_scale,
     lr_scale,
-    regridded_twin,
     resize_patches,
     resize_positions,
     twin_config,
     twin_of,
     twin_phrase,
+    whole_heads_width,
 )
 from graphkit.ghn.predict import predict, predicted_params
 from graphkit.ghn.space import (
@@ -629,7 +630,7 @@ def test_a_hand_written_vit_outside_the_trained_grid_is_its_own_twin_at_a_traine
     assert all(p.is_meta for p in twin.model.parameters())
     for name, p in model.named_parameters():  # the model is read, not changed
         assert p.device.type == "cpu" and torch.equal(p, before[name]), name
-    assert regridded_twin(model, graph, (2, 4)) is None  # its inputs cannot be guessed: it reads no image size
+    assert copied_twin(model, graph, 64, (2, 4)) is None  # its inputs cannot be guessed: it reads no image size
     assert "its twin with patch 2 at 8 px (4 x 4 tokens)" in twin_phrase(graph, twin)
     assert lr_scale(graph, twin) == {"patch.weight": 0.25}
 
@@ -671,12 +672,61 @@ def test_a_hand_written_vit_whose_forward_fixes_its_image_size_is_decoded_direct
     )
 
 
-def test_a_hand_written_vit_wider_than_the_space_is_regridded_at_its_own_width(vits, tmp_path):
-    """Its modules' widths are named by no config, so it is not grown; the grid alone is a large
-    part of the gap (a 12 x 384 one at 224 px: 2.12 at step 0, decoded directly 5.46)."""
-    loaded = hand_written_vit(tmp_path, width=640, heads=10)  # the widest trained at 2 (3) layers: 512
+def test_a_hand_written_vit_wider_than_the_space_is_grown_from_a_narrowed_copy_that_computes_it(vits, tmp_path):
+    """Twice the widest trained at its depth (2 layers: 512), at the trained grid: its copy at 512
+    with 8 heads of the same size is the twin, and the grown model computes what the twin does."""
+    loaded = hand_written_vit(tmp_path, image=8, patch=2, width=1024, heads=16)
     graph = graphkit.trace(loaded.model, loaded.example_inputs)
     twin = twin_of(vits, graph, loaded.model, loaded.example_inputs)
-    assert twin is not None and twin.config == {"hidden": 640, "patch_size": 2, "image_size": 8}
-    assert twin_phrase(graph, twin).startswith("its twin with patch 2 at 8 px (4 x 4 tokens)")
-    assert lr_scale(graph, twin) == {"patch.weight": 0.25}  # nothing split among copies
+    assert twin is not None and twin.config == {"hidden": 512, "heads": 8}
+    assert (
+        twin_phrase(graph, twin) == "its 512-wide twin (8 heads), grown to its width without changing what it computes"
+    )
+    assert twin.model.blocks[0].self_attn.num_heads == 8 and twin.model.blocks[0].linear1.out_features == 2048
+    small = hand_written_vit(tmp_path, image=8, patch=2, width=512, heads=8).model  # the twin, with weights
+    small.load_state_dict(vits.predict(twin.graph))
+    predict(loaded.model, vits, example_inputs=loaded.example_inputs)
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.eval()(images), small.eval()(images), rtol=1e-4, atol=1e-4)
+    assert lr_scale(graph, twin)["blocks.0.linear1.weight"] == 0.5  # reads the grown width
+
+
+def test_a_hand_written_vit_wider_than_the_space_and_off_its_grid_is_narrowed_and_regridded_at_once(vits, tmp_path):
+    """640 wide with 10 heads of 64, at 32 px with patch 4: its twin is its copy at 512 (8 heads)
+    with patch 2 at 8 px. At its own width, regridded only, is what twin_of falls back to when the
+    narrowed copy does not trace (the grid alone is a large part of the gap: a 12 x 384 ViT at
+    224 px, 2.12 at step 0 regridded, decoded directly 5.46, own init 2.43)."""
+    loaded = hand_written_vit(tmp_path, width=640, heads=10)  # the widest trained at 2 (3) layers: 512
+    graph = graphkit.trace(loaded.model, loaded.example_inputs)
+    assert whole_heads_width(graph, 512) == 512 and whole_heads_width(graph, 63) is None
+    assert copied_twin(loaded.model, graph, 640, (2, 4), loaded.example_inputs).config == {
+        "hidden": 640,
+        "patch_size": 2,
+        "image_size": 8,
+    }
+    twin = twin_of(vits, graph, loaded.model, loaded.example_inputs)
+    assert twin is not None and twin.config == {"hidden": 512, "heads": 8, "patch_size": 2, "image_size": 8}
+
+
+def test_nanogpt_is_grown_from_a_narrowed_copy_of_itself_that_computes_what_it_does(tmp_path):
+    """nanoGPT (tied head, its own attention module with ``n_head`` and ``n_embd``) at 2 x 512 is
+    twice the GPT-2 checkpoint's widest at its depth: its copy at 256 with 4 heads is the twin
+    (the module's integer attributes narrowed with its parameters), and the grown model's logits
+    are the twin's."""
+    gpts = load_checkpoint("logah-tiny-gpts")
+    model = load_model_file(MODEL_FILES / "nano_gpt.py").model
+    graph = graphkit.trace(model)
+    twin = twin_of(gpts, graph, model)
+    assert twin is not None and twin.config == {"hidden": 256, "heads": 4}
+    attention = twin.model.transformer.h[0].attn
+    assert (attention.n_head, attention.n_embd) == (4, 256) and (model.transformer.h[0].attn.n_head == 8)
+    assert twin.model.lm_head.weight is twin.model.transformer.wte.weight  # still tied, at the twin's width
+    source = (MODEL_FILES / "nano_gpt.py").read_text().replace("= 2, 8, 512, 256, 64", "= 2, 4, 256, 256, 64")
+    (tmp_path / "small.py").write_text(source)
+    small = load_model_file(tmp_path / "small.py").model
+    for target, params in ((small, gpts.predict(twin.graph)), (model, predicted_params(gpts, graph, grow=twin))):
+        assert target.load_state_dict(params, strict=False).missing_keys == ["lm_head.weight"]  # the tied table
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), small(tokens), rtol=1e-4, atol=1e-4)

@@ -105,9 +105,9 @@ that plain ViT, and the prediction converted (:attr:`Twin.plain`,
 and refused layer scale's op. Inside the space (6 x 384 at 8 px, held-out digits at step 0), a ViT
 whose table covers the patches only scored 4.32 decoded directly and 0.82 as its plain twin (own
 init 2.45); DeiT-III-S at 224 px 2.01 / 0.30, where the checkpoint trained across families, which
-predicted it before, gave 2.30 / 0.06 (own init 2.30 / 0.06). A hand-written ViT, which no config
-describes, is its own twin outside the trained patch sizes and grids: a copy of it on the meta
-device at a trained patch size and grid, traced from its own inputs resized (:func:`regridded_twin`).
+predicted it before, gave 2.30 / 0.06 (own init 2.30 / 0.06). A hand-written model (nanoGPT, a
+ViT of torch's layers), which no config describes, is its own twin: a copy of it on the meta
+device at the twin's width, patch size and grid, traced from its own inputs (:func:`copied_twin`).
 
 Growing fixes the shapes, not what the hypernetwork never saw. Two variants it never trained on
 start worse than a plain ViT of their shape (held-out digits, step 0; BENCHMARKS.md,
@@ -141,7 +141,7 @@ from graphkit.ghn.model import put
 from graphkit.ghn.pool import with_init_constants
 from graphkit.ghn.space import extent, grid_to_predict, patches_at_grid, widest_at_depth
 from graphkit.graph import ArchGraph
-from graphkit.params import first_non_finite
+from graphkit.params import first_non_finite, replace_parameter, tied_names
 from graphkit.tracing import trace
 from graphkit.tracing.inputs import ExampleInputs, normalise_inputs
 from graphkit.validation import is_count
@@ -342,8 +342,8 @@ class Twin(NamedTuple):
     the plain model of its family the twin is (DeiT-III's layer scale with its gains at 1), the
     ``plain`` form that converts the twin's prediction into the variant's parameters
     (:mod:`graphkit.families.equivalents`); for a hand-written model, which no config describes,
-    its ``graph``, traced already from the model's own inputs resized (:func:`regridded_twin`),
-    and a ``config`` of the fields it changed. The shapes of parameters the twin lacks are not in
+    its ``graph``, traced already from the model's own inputs (:func:`copied_twin`), and a
+    ``config`` of the fields it changed. The shapes of parameters the twin lacks are not in
     :meth:`shapes`."""
 
     config: dict[str, Any]
@@ -370,10 +370,11 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None, example_input
     parameters, from its own config class when its ``model`` is given (:func:`library_twin`).
     A model whose plain form ``ghn`` trained on every op of
     (:func:`~graphkit.ghn.checkpoint.plain_for`) is predicted as that plain model, at its own
-    shapes too (:attr:`Twin.plain`). A hand-written ViT outside the trained patch sizes and
-    grids, which neither describes, is its own twin: ``model`` copied at a trained patch size and
-    grid and traced from ``example_inputs`` (None: guessed) resized, at its own width however
-    wide (:func:`regridded_twin`).
+    shapes too (:attr:`Twin.plain`). A hand-written model, which neither describes, is its own
+    twin: ``model`` copied at the widest width trained at its depth that keeps its head size
+    (:func:`whole_heads_width`) and at a trained patch size and grid, traced from
+    ``example_inputs`` (None: guessed) resized (:func:`copied_twin`); at its own width, regridded,
+    when the narrowed copy does not trace.
 
     None when neither applies, when the checkpoint records no space, when there is nothing to
     build a twin from, when the twin would lack or add parameters (the model has parts its
@@ -427,10 +428,14 @@ def twin_of(ghn, graph: ArchGraph, model: nn.Module | None = None, example_input
     library = library_twin(model, width, widest_twin, regrid_to)
     if library is not None and _same_parameters(library.model, graph):
         return library
-    # no config describes it (a hand-written ViT): its own modules at the trained patch size and grid, at
-    # its own width even where that is wider than trained (a 12 x 384 one at 224 px: 2.12 at step 0 on
-    # held-out digits, decoded directly 5.46, own init 2.43)
-    return regridded_twin(model, graph, regrid_to, example_inputs) if regrid_to is not None else None
+    # no config describes it (nanoGPT, a ViT of torch's layers): its own modules, copied at the twin's shapes;
+    # at its own width, regridded, where it cannot be narrowed (a 12 x 384 ViT at 224 px: 2.12 at step 0
+    # on held-out digits, decoded directly 5.46, own init 2.43)
+    narrow = whole_heads_width(graph, widest_twin) if wide else None
+    twin = copied_twin(model, graph, narrow, regrid_to, example_inputs) if narrow is not None else None
+    if twin is None and regrid_to is not None:
+        twin = copied_twin(model, graph, width, regrid_to, example_inputs)
+    return twin
 
 
 def _same_parameters(model: nn.Module, graph: ArchGraph) -> bool:
@@ -548,89 +553,250 @@ def library_twin(
 
 #: prefix tokens (a class token, registers) a hand-written position table may hold beside its grid's rows
 MAX_PREFIX = 16
+#: the ops whose parameters :func:`copied_twin` knows how to narrow, and for each the axes that keep
+#: their size (a table's rows, a kernel's input channels and size, an output layer's classes); a
+#: negative axis counts from the end, None: all but the last
+FIXED_AXES: dict[str, tuple[int, ...] | None] = {
+    "embedding": (0,),
+    "pos_embedding": None,
+    "patch_embed": (1, 2, 3),
+    "class_token": None,
+    "linear": (),
+    "head": (0,),
+    "layer_norm": (),
+    "rms_norm": (),
+}
 
 
-def regridded_twin(
+def copied_twin(
     model: nn.Module,
     graph: ArchGraph,
-    regrid: tuple[int | None, int | None],
+    width: int,
+    regrid: tuple[int | None, int | None] | None = None,
     example_inputs: ExampleInputs = None,
 ) -> Twin | None:
-    """A hand-written ViT's twin at ``regrid``'s (patch, grid): a copy of ``model`` on the meta
-    device whose patch embedding takes that patch size and whose position tables that grid,
-    traced from ``example_inputs`` (None: guessed) with their images resized to patch x grid
-    pixels. Why: no config describes a model of no family and no library, so there is nothing
-    to build a twin from (:func:`twin_of`), and decoded directly at a grid it never trained on
-    the prediction starts worse than the model's own init (a hand-written 6 x 256 ViT at 32 px,
-    patch 4: 3.20 on held-out digits at step 0, own init 2.41); but the model's own modules, at
-    the trained patch size and grid, are the twin, and the resizes of :func:`grow` apply to it
-    as to timm's ViTs (through it: 1.64, as timm's ViT of that shape; BENCHMARKS.md,
-    "Resolutions and patch sizes").
+    """A hand-written model's twin at residual width ``width`` and, given ``regrid``, at its
+    (patch, grid): a copy of ``model`` on the meta device (nothing allocated, the model left as
+    it is) whose parameters and modules take the twin's shapes, traced from ``example_inputs``
+    (None: guessed) with its images resized to patch x grid pixels.
 
-    The patch embedding must be an ``nn.Conv2d`` whose stride is its kernel, unpadded and
-    undilated, reading square images; each position table a (1, prefix + g x g, width)
-    parameter of a ``pos_embedding`` op, with at most :data:`MAX_PREFIX` prefix rows. None
-    otherwise, or when the copy does not trace to the model's graph with only those shapes
-    changed: a forward that fixes its grid (a check of the image size, a table it slices) has no
-    twin. It changes no width: a model wider than the space at its depth is predicted at its own
-    width (growing needs the widths of modules that only a config names)."""
-    patch, grid = regrid
-    size = extent(graph)
+    Why: no config describes a model of no family and no library (nanoGPT, a ViT of torch's
+    layers), so there is nothing to build a twin from (:func:`twin_of`), and decoded directly at
+    a width or a grid it never trained on the prediction starts worse than the model's own init
+    (a hand-written 6 x 256 ViT at 32 px, patch 4: 3.20 on held-out digits at step 0, own init
+    2.41); but the model's own modules, at the trained width, patch size and grid, are the twin,
+    and :func:`grow`'s growing and resizes apply to it as to timm's ViTs (1.64 through it, as
+    timm's ViT of that shape; BENCHMARKS.md, "Resolutions and patch sizes").
+
+    Narrowed, every axis of a parameter scales by width / the model's width (whole heads: the
+    head size is kept) except those :data:`FIXED_AXES` keeps and axes of size 1; the copy's
+    modules follow their parameters (``nn.Linear``'s features, a norm's shape,
+    ``nn.MultiheadAttention``'s width and heads), and a module's own integer attributes that
+    equal a scaled size (nanoGPT's ``n_embd``) or, by a name holding "head", the head count
+    (its ``n_head``), take the twin's. Regridded, the patch embedding must be an ``nn.Conv2d``
+    whose stride is its kernel, unpadded and undilated, reading square images; each position
+    table a (1, prefix + g x g, width) parameter with at most :data:`MAX_PREFIX` prefix rows.
+
+    None when an op with parameters is not in :data:`FIXED_AXES`, when the heads do not scale to
+    whole numbers, or when the copy does not trace to the model's graph with only those shapes
+    and head counts changed: a forward that fixes its sizes (a check of the image size, a
+    buffer of the model's width) has no twin."""
+    own = extent(graph)["width"]
+    heads = _head_counts(graph)
+    if own is None or heads is None or (width != own and not heads):
+        return None
+    twin_shapes = _narrowed_shapes(graph, own, width)
+    if twin_shapes is None:
+        return None
+    kernel, patch, grid = None, *(regrid or (None, None))
+    if regrid is not None:
+        kernel = _patch_kernel(model, graph)
+        tables = _regridded_tables(graph, twin_shapes, grid) if kernel is not None and grid is not None else None
+        if kernel is None or tables is None or patch is None or grid is None:
+            return None
+        twin_shapes.update(tables)
+        twin_shapes[kernel] = (*twin_shapes[kernel][:2], patch, patch)
+    twin = _meta_copy(model)
+    if twin is None:
+        return None
+    shapes = {name: shape for node in graph.nodes for name, shape in node.params.items()}
+    names = tied_names(twin)  # a tied head takes the narrowed table too
+    for name, shape in twin_shapes.items():
+        if shape != shapes[name]:
+            replace_parameter(twin, name, torch.empty(shape, device="meta"), names)
+    scaled = {n: n * width // own for name in shapes for n, m in zip(shapes[name], twin_shapes[name]) if n != m}
+    twin_heads = {count: count * width // own for count in heads}
+    for module in twin.modules():
+        _follow_parameters(module, scaled, twin_heads)
+    side = None
+    if kernel is not None and patch is not None and grid is not None:
+        conv = twin.get_submodule(kernel.rpartition(".")[0])
+        assert isinstance(conv, nn.Conv2d), "checked on the model by _patch_kernel"
+        conv.kernel_size = conv.stride = (patch, patch)
+        side = patch * grid
+    traced = _traced_copy(twin, graph, model, example_inputs, side)
+    if traced is None or extent(traced)["width"] != width or _head_counts(traced) != set(twin_heads.values()):
+        return None
+    same = [node.op for node in traced.nodes] == [node.op for node in graph.nodes] and [
+        node.params for node in traced.nodes
+    ] == [{name: twin_shapes[name] for name in node.params} for node in graph.nodes]
+    if not same or (regrid is not None and (extent(traced)["patch"], extent(traced)["grid"]) != regrid):
+        return None
+    if "init" in graph.meta:  # traced on meta, it records none: the model's, whose 1-D constants it shares by name
+        traced.meta["init"] = graph.meta["init"]
+    config: dict[str, Any] = {"hidden": width}
+    if width != own:
+        config["heads"] = next(n.attrs["heads"] for n in traced.nodes if n.op == "attention")
+    if side is not None:
+        config.update(patch_size=patch, image_size=side)
+    return Twin(config, twin, graph=traced)
+
+
+def _head_counts(graph: ArchGraph) -> set[int] | None:
+    """The query and K/V head counts of ``graph``'s attention (empty without attention); None
+    when its attention layers differ in them (one narrowing cannot keep every head size)."""
+    pairs = {
+        (n.attrs.get("heads"), n.attrs.get("kv_heads") or n.attrs.get("heads"))
+        for n in graph.nodes
+        if n.op == "attention"
+    }
+    counts = [count for pair in pairs for count in pair]
+    if len(pairs) > 1 or not all(is_count(count) for count in counts):
+        return None
+    return {int(count) for count in counts if count is not None}
+
+
+def _narrowed_shapes(graph: ArchGraph, own: int, width: int) -> dict[str, tuple[int, ...]] | None:
+    """Each parameter's shape in ``graph``'s model narrowed from width ``own`` to ``width``: every
+    axis scaled by their ratio but those :data:`FIXED_AXES` keeps and axes of size 1. None when an
+    op with parameters is not in :data:`FIXED_AXES`, or an axis or a head count does not scale to a
+    whole number."""
+    if any(node.params and node.op not in FIXED_AXES for node in graph.nodes):
+        return None
+    if any(count * width % own for count in _head_counts(graph) or ()):
+        return None
+    shapes = {}
+    for node in graph.nodes:
+        fixed = FIXED_AXES[node.op] if node.params else ()
+        for name, shape in node.params.items():
+            rank = len(shape)
+            keep = set(range(rank - 1)) if fixed is None else {axis % rank for axis in fixed if -rank <= axis < rank}
+            scaled = [axis for axis, n in enumerate(shape) if axis not in keep and n > 1]
+            if any(shape[axis] * width % own for axis in scaled):
+                return None
+            shapes[name] = tuple(n * width // own if axis in scaled else n for axis, n in enumerate(shape))
+    return shapes
+
+
+def _patch_kernel(model: nn.Module, graph: ArchGraph) -> str | None:
+    """The name of the weight of ``graph``'s one patch embedding when it is an ``nn.Conv2d`` whose
+    stride is its kernel, unpadded and undilated, reading square images (what a resize to another
+    patch size and grid keeps exact); None otherwise."""
     embeds = [node for node in graph.nodes if node.op == "patch_embed" and node.attrs.get("kernel")]
     image = (graph.meta.get("input_shapes") or [[]])[0]
-    if patch is None or grid is None or len(embeds) != 1 or len(image) != 4 or image[2] != image[3]:
+    if len(embeds) != 1 or len(image) != 4 or image[2] != image[3]:
         return None
     kernel = next((name for name, shape in embeds[0].params.items() if len(shape) == 4), None)
     conv = model.get_submodule(kernel.rpartition(".")[0]) if kernel is not None else None
-    if not (
+    exact = (
         isinstance(conv, nn.Conv2d)
         and conv.kernel_size == conv.stride
         and conv.padding in ((0, 0), "valid")
         and conv.dilation == (1, 1)
-    ):
-        return None
-    assert kernel is not None and size["grid"] is not None, "a patch embedding is read with its grid"
-    tables = {name: shape for node in graph.nodes if node.op == "pos_embedding" for name, shape in node.params.items()}
-    prefixes = {name: shape[1] - size["grid"] ** 2 for name, shape in tables.items() if len(shape) == 3}
-    if len(prefixes) != len(tables) or not all(0 <= prefix <= MAX_PREFIX for prefix in prefixes.values()):
-        return None
-    params = dict(model.named_parameters())
-    resized = {kernel: (*params[kernel].shape[:2], patch, patch)}
-    resized.update({name: (1, prefix + grid * grid, tables[name][2]) for name, prefix in prefixes.items()})
-    # every parameter and buffer copied onto meta, by identity (ties kept); nothing is allocated
-    memo: dict[int, Any] = {id(p): nn.Parameter(p.to("meta"), p.requires_grad) for p in params.values()}
-    memo.update({id(b): b.to("meta") for _, b in model.named_buffers()})
-    try:
-        twin = copy.deepcopy(model, memo)
-    except (TypeError, copy.Error):  # a module holding what cannot be copied (a lock, an open file)
-        return None
-    for name, shape in resized.items():
-        owner, _, leaf = name.rpartition(".")
-        setattr(twin.get_submodule(owner), leaf, nn.Parameter(torch.empty(shape, device="meta")))
-    twin_conv = twin.get_submodule(kernel.rpartition(".")[0])
-    assert isinstance(twin_conv, nn.Conv2d)
-    twin_conv.kernel_size = twin_conv.stride = (patch, patch)
-    side = patch * grid
+    )
+    return kernel if exact else None
 
-    def regridded(value: torch.Tensor) -> torch.Tensor:
-        if value.dim() == 4 and list(value.shape) == image:
+
+def _regridded_tables(
+    graph: ArchGraph, shapes: Mapping[str, tuple[int, ...]], grid: int
+) -> dict[str, tuple[int, ...]] | None:
+    """The shapes of ``graph``'s position tables (``shapes``: their narrowed ones) on a ``grid`` x
+    ``grid`` token grid, their prefix rows kept; None when one is no (1, prefix + g x g, width)
+    table with at most :data:`MAX_PREFIX` prefix rows."""
+    own = extent(graph)["grid"]
+    tables = [name for node in graph.nodes if node.op == "pos_embedding" for name in node.params]
+    if own is None or any(len(shapes[name]) != 3 for name in tables):
+        return None
+    prefixes = {name: shapes[name][1] - own * own for name in tables}
+    if not all(0 <= prefix <= MAX_PREFIX for prefix in prefixes.values()):
+        return None
+    return {name: (1, prefix + grid * grid, shapes[name][2]) for name, prefix in prefixes.items()}
+
+
+def _traced_copy(
+    twin: nn.Module, graph: ArchGraph, model: nn.Module, example_inputs: ExampleInputs, side: int | None
+) -> ArchGraph | None:
+    """``twin`` (a meta copy of ``model``, of ``graph``) traced from the model's inputs on the meta
+    device, its images resized to ``side`` pixels when given; None when it does not trace."""
+    image = (graph.meta.get("input_shapes") or [[]])[0]
+
+    def resized(value: torch.Tensor) -> torch.Tensor:
+        if side is not None and value.dim() == 4 and list(value.shape) == image:
             return torch.zeros(*image[:2], side, side, dtype=value.dtype, device="meta")
         return value.to("meta")
 
     try:
         args, kwargs = normalise_inputs(model, example_inputs)
-        traced = trace(twin, (_tensors_mapped(args, regridded), _tensors_mapped(kwargs, regridded)))
+        return trace(twin, (_tensors_mapped(args, resized), _tensors_mapped(kwargs, resized)))
     except GraphkitError:
         return None
-    expected = [{name: resized.get(name, shape) for name, shape in node.params.items()} for node in graph.nodes]
-    same = [node.op for node in traced.nodes] == [node.op for node in graph.nodes] and [
-        node.params for node in traced.nodes
-    ] == expected
-    if not same or (extent(traced)["patch"], extent(traced)["grid"]) != (patch, grid):
+
+
+def whole_heads_width(graph: ArchGraph, widest: int) -> int | None:
+    """The widest width up to ``widest`` at which ``graph``'s attention keeps its head size with
+    whole query and K/V heads (:func:`copied_twin`'s twin width for a model wider than that);
+    None when it has no attention, or no one head count."""
+    width, counts = extent(graph)["width"], _head_counts(graph)
+    if width is None or not counts or width % max(counts):
         return None
-    if "init" in graph.meta:  # traced on meta, it records none: the model's, whose 1-D constants it shares by name
-        traced.meta["init"] = graph.meta["init"]
-    return Twin({"hidden": size["width"], "patch_size": patch, "image_size": side}, twin, graph=traced)
+    head_size = width // max(counts)  # the query heads: there are at least as many as K/V heads
+    return next(
+        (
+            twin
+            for twin in range(widest // head_size * head_size, 0, -head_size)
+            if all(count * twin % width == 0 for count in counts)
+        ),
+        None,
+    )
+
+
+def _meta_copy(model: nn.Module) -> nn.Module | None:
+    """``model`` copied with every parameter and buffer on the meta device, by identity (ties
+    kept), so that nothing is allocated; None when it holds what cannot be copied (a lock)."""
+    memo: dict[int, Any] = {id(p): nn.Parameter(p.to("meta"), p.requires_grad) for p in model.parameters()}
+    memo.update({id(b): b.to("meta") for b in model.buffers()})
+    try:
+        return copy.deepcopy(model, memo)
+    except (TypeError, copy.Error):
+        return None
+
+
+def _follow_parameters(module: nn.Module, scaled: Mapping[int, int], head_counts: Mapping[int, int]) -> None:
+    """Make ``module``'s sizes those of its (narrowed) parameters: torch's layers by their own
+    fields, a hand-written module's integer attributes by ``scaled`` (a size the model's
+    parameters had -> the twin's) and, for a name holding "head", ``head_counts``."""
+    weight = getattr(module, "weight", None)
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):  # without a gain too
+        module.normalized_shape = tuple(scaled.get(n, n) for n in module.normalized_shape)
+    elif isinstance(module, nn.MultiheadAttention):
+        module.kdim, module.vdim = scaled.get(module.kdim, module.kdim), scaled.get(module.vdim, module.vdim)
+        module.embed_dim = module.out_proj.weight.shape[0]
+        module.num_heads = module.embed_dim // module.head_dim
+    elif isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor):
+        module.out_features, module.in_features = weight.shape
+    elif isinstance(module, nn.Embedding) and isinstance(weight, torch.Tensor):
+        module.embedding_dim = weight.shape[1]
+    elif isinstance(module, nn.Conv2d) and isinstance(weight, torch.Tensor):
+        module.out_channels = weight.shape[0]
+    if type(module).__module__.startswith("torch."):
+        return
+    for name, value in list(vars(module).items()):
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if "head" in name.lower() and value in head_counts:
+            setattr(module, name, head_counts[value])
+        elif value in scaled:
+            setattr(module, name, scaled[value])
 
 
 def _tensors_mapped(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -753,15 +919,16 @@ __all__ = [
     "GrownDecoding",
     "Twin",
     "axis_map",
+    "copied_twin",
     "grow",
     "growth",
     "library_twin",
     "logit_scale",
     "lr_scale",
-    "regridded_twin",
     "resize_patches",
     "split_axis",
     "twin_config",
     "twin_of",
     "twin_phrase",
+    "whole_heads_width",
 ]
