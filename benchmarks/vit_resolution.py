@@ -4,6 +4,7 @@ own init, at step 0 and after fine-tuning.
 
     .venv/bin/python benchmarks/vit_resolution.py          # print the table
     .venv/bin/python benchmarks/vit_resolution.py --write  # and update BENCHMARKS.md
+    .venv/bin/python benchmarks/vit_resolution.py --hand-written --write  # the hand-written ViTs' section
 
 Each model is timm's VisionTransformer built on the CPU from seed 0, with 10 classes, or one of
 the variants timm registers (CLIP's pre-norm), or transformers' ViT or DeiT classifier, or a ViT
@@ -84,9 +85,12 @@ MODELS = {
         dict(SMALL, img_size=8, patch_size=2, init_values=1e-5),
     ),
     "`deit3_small_patch16_224` (layer scale), 224 px": ("deit3_small_patch16_224", {}),
-    # written by hand of torch's layers: no config to build a twin from, predicted as a copy of itself at
-    # the trained patch size and grid since 2026-12-03 (graphkit.ghn.grow.copied_twin); before,
-    # decoded directly. The timm ViT of its shape is the control
+}
+#: ``--hand-written``'s rows, a section of their own: ViTs written by hand of torch's layers, which no
+#: config describes, predicted as a copy of themselves at a trained width, patch size and grid since
+#: 2026-12-03 (graphkit.ghn.grow.copied_twin; before, decoded directly); the timm ViT of their shape first,
+#: the control
+HAND_WRITTEN = {
     "ViT depth 6, 256 wide, 32 px, patch 4": ("vit_small_patch16_224", dict(HAND, img_size=32, patch_size=4)),
     "the same by hand (torch layers), 32 px, patch 4": ("torch", {"IMAGE": 32, "PATCH": 4}),
     "the same by hand, 16 px, patch 4": ("torch", {"IMAGE": 16, "PATCH": 4}),
@@ -211,7 +215,7 @@ def table(args) -> str:
         f"| own init, lr factors @{args.steps} | predicted @{args.steps} |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for label, (name, kwargs) in MODELS.items():
+    for label, (name, kwargs) in (HAND_WRITTEN if args.hand_written else MODELS).items():
         if args.only and args.only not in label:
             continue
         steps = args.big_steps if "224" in label else args.steps
@@ -223,13 +227,17 @@ def table(args) -> str:
         f"loss / accuracy (chance: 2.30 / 0.10); fine-tuned {args.steps} AdamW steps "
         f"(224 px: {args.big_steps or 'not run'}), "
         "a resized kernel at lr times the kernels' area ratio for the prediction (and for 'own init, lr factors'). "
-        "Command: `.venv/bin/python benchmarks/vit_resolution.py --write`.\n\n" + "\n".join(rows) + "\n"
+        f"Command: `.venv/bin/python benchmarks/vit_resolution.py{' --hand-written' if args.hand_written else ''} "
+        "--write`.\n\n" + "\n".join(rows) + "\n"
     )
 
 
 def options(parser) -> None:
     parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps below 224 px")
     parser.add_argument("--big-steps", type=int, default=0, help="fine-tuning steps at 224 px (default: none)")
+    parser.add_argument(
+        "--hand-written", action="store_true", help="the ViTs written by hand, in a section of their own"
+    )
     parser.add_argument("--only", default="", help="only the rows whose label holds this text (not with --write)")
     parser.add_argument(
         "--temperatures", action="store_true", help="print the output layer's factors at step 0 (not with --write)"
@@ -237,4 +245,6 @@ def options(parser) -> None:
 
 
 if __name__ == "__main__":
-    common.main(__doc__, "vit_resolution", table, options)
+    common.main(
+        __doc__, "vit_resolution_hand_written" if "--hand-written" in sys.argv else "vit_resolution", table, options
+    )
