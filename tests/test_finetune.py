@@ -237,11 +237,14 @@ def test_a_hand_written_image_classifier_fine_tunes_its_classes_read_off_its_log
     assert result.exit_code == 0, result.output
 
 
-def test_a_hand_written_language_model_of_no_family_fine_tunes_on_text(tmp_path):
+@pytest.mark.parametrize("returns", ["self.head(x)", "self.head(x), None"], ids=["logits", "logits-and-loss"])
+def test_a_hand_written_language_model_of_no_family_fine_tunes_on_text(tmp_path, returns):
     """A GPT built from torch's own encoder layers is of none of graphkit's families, and its
     config could not be read off its graph ("a graph of family 'custom'"): its logits say its
-    vocabulary, its position table the longest windows (32, below --seq-len's 64)."""
-    path = MODEL_FILES / "torch_gpt.py"
+    vocabulary, its position table the longest windows (32, below --seq-len's 64). Its logits
+    are read as training reads them, also out of nanoGPT's ``(logits, loss)`` (refused before)."""
+    path = tmp_path / "gpt.py"
+    path.write_text((MODEL_FILES / "torch_gpt.py").read_text().replace("return self.head(x)", f"return {returns}"))
     assert data_config(load_model_file(path).model) == {"family": "GPT", "vocab_size": 256, "context": 32}
     out = tmp_path / "run"
     result = runner.invoke(

@@ -30,6 +30,7 @@ from graphkit.ghn.keep_init import (
 )
 from graphkit.ghn.model import LoGAH
 from graphkit.ghn.predict import predicted_params, residual_writers
+from graphkit.modelfile import load_model_file
 from graphkit.training.data import load_source
 
 GPT2 = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64)
@@ -335,6 +336,17 @@ def test_a_hand_written_model_with_saturated_logits_is_predicted_alone_by_defaul
         assert kept == (not alone), result.stdout
         outputs[flag] = load_file(out)["tok.weight"].std().item()
     assert (outputs[""] < 0.5) == tied and outputs["--keep-init"] > 0.9  # the own init's table: std 1
+
+
+def test_saturation_is_read_in_the_logits_of_an_output_of_several_fields(tmp_path):
+    """nanoGPT returns ``(logits, loss)``: its saturated logits are read as training reads them
+    (before, only a tensor or an output's ``.logits`` was, and such an init was kept)."""
+    path = tmp_path / "gpt.py"
+    source = (MODEL_FILES / "torch_gpt.py").read_text().replace("TIED = False", "TIED = True")
+    path.write_text(source.replace("return self.head(x)", "return self.head(x), None"))
+    model = load_model_file(path).model
+    loss, uniform = saturated_init(model, graphkit.trace(model))
+    assert loss > 10 * uniform and uniform == pytest.approx(math.log(256))
 
 
 def test_saturation_is_read_only_for_hand_written_models_with_weights():

@@ -63,6 +63,7 @@ from graphkit.families.libraries import (
     watched_timm,
 )
 from graphkit.graph import ArchGraph
+from graphkit.tracing.inputs import logits_of
 from graphkit.validation import is_count
 
 #: the sides of the last plans' images, for models whose deepest stage pools 32 pixels to one token
@@ -563,7 +564,7 @@ def trainability(model: nn.Module, task: str) -> str | None:
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
             output = model(input_ids=inputs, use_cache=False)
             expected = (CHECK_BATCH, CHECK_TOKENS, vocab)
-        logits = getattr(output, "logits", output)
+        logits = logits_of(output)
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             return f"returns {shape}, not the {expected} a {task} model's loss needs"

@@ -41,7 +41,7 @@ from torch import nn
 from graphkit.errors import GraphkitError, KeepInitError
 from graphkit.families import FAMILIES, Family, traced_family
 from graphkit.graph import ArchGraph
-from graphkit.tracing.inputs import evaluated, normalise_inputs
+from graphkit.tracing.inputs import evaluated, logits_of, normalise_inputs
 from graphkit.validation import check_flag, is_number
 
 
@@ -75,7 +75,7 @@ def saturated_init(model: nn.Module, graph: ArchGraph, example_inputs: Any = Non
     if graph.meta.get("family") != "custom" or any(p.is_meta for p in model.parameters()):
         return None
     output = evaluated(model, normalise_inputs(model, example_inputs))
-    logits = getattr(output, "logits", output)
+    logits = logits_of(output)
     if not isinstance(logits, torch.Tensor) or logits.dim() < 2 or logits.shape[-1] < 2:
         return None
     rows = logits.detach().float().flatten(0, -2)

@@ -280,6 +280,19 @@ def evaluated(model: nn.Module, inputs: tuple[tuple, dict]) -> Any:
         model.train(training)
 
 
+def logits_of(output: Any) -> Any:
+    """The logits in a model's ``output``: the tensor itself, an output's ``.logits``, or else its
+    first field or element, transformers' main output (PP-LCNet's classifier returns its logits as
+    ``last_hidden_state``; a hand-written model may return ``(logits, loss)``). Anything else is
+    returned as it is, for the caller to refuse."""
+    logits = getattr(output, "logits", output)
+    if isinstance(logits, Mapping) and logits:
+        return next(iter(logits.values()))
+    if isinstance(logits, (tuple, list)) and logits:
+        return logits[0]
+    return logits
+
+
 def normalise_inputs(model: nn.Module, example_inputs: ExampleInputs) -> tuple[tuple, dict]:
     """``example_inputs`` in any accepted form (None: guessed) as ``(args, kwargs)``."""
     if example_inputs is None:

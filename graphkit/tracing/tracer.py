@@ -25,6 +25,7 @@ from graphkit.tracing.inputs import (
     branch_inputs,
     evaluated,
     example_inputs_for,
+    logits_of,
     normalise_inputs,
     tensors_of,
     text_config,
@@ -192,7 +193,7 @@ def logit_scale(model: nn.Module, graph: ArchGraph, example_inputs: ExampleInput
     finally:
         for hook in hooks:
             hook.remove()
-    logits = getattr(output, "logits", output)
+    logits = logits_of(output)
     if any(len(values) != 1 or not isinstance(values[0], torch.Tensor) for values in seen.values()):
         return None
     if not isinstance(logits, torch.Tensor):

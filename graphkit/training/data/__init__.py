@@ -31,6 +31,7 @@ from graphkit.families.libraries import CONTEXT_FIELDS
 from graphkit.tracing import trace
 from graphkit.tracing.inputs import (
     evaluated,
+    logits_of,
     normalise_inputs,
     patch_grid,
     patch_inputs,
@@ -172,7 +173,7 @@ def _scored(model: torch.nn.Module, inputs: tuple[tuple, dict] | None, dims: int
         output = evaluated(model, inputs)
     except Exception:  # the caller falls back to the graph, whose trace names what failed
         return None
-    logits = getattr(output, "logits", output)
+    logits = logits_of(output)
     return int(logits.shape[-1]) if isinstance(logits, Tensor) and logits.dim() == dims else None
 
 
@@ -204,11 +205,7 @@ def output_loss(task: str, output: Any, targets: Tensor) -> tuple[Tensor, Tensor
     ``.logits``, or else its first field or element, transformers' main output (PP-LCNet's
     classifier returns its logits as ``last_hidden_state``). The loss keeps its graph, as the
     hypernetwork trains through it; the accuracy does not."""
-    logits = getattr(output, "logits", output)
-    if isinstance(logits, Mapping) and logits:
-        logits = next(iter(logits.values()))
-    elif isinstance(logits, (tuple, list)) and logits:
-        logits = logits[0]
+    logits = logits_of(output)
     dims = {"image": 2, "text": 3}
     if task not in dims:
         raise ValueError(f"task must be one of {', '.join(dims)}; got {task!r}")
