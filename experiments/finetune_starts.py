@@ -31,6 +31,13 @@ another W0: how far a difference between starts stands above one run's noise.
 
 A model with BatchNorm gets its running statistics from its first training batches before step 0,
 as ``eval-ghn`` does.
+
+``--case NAME`` takes one of ``benchmarks/grown_starts.py``'s cases instead of a dataset's held-out
+architectures: a model as a user builds it (nanoGPT written by hand, transformers' GPT-2, timm-shaped
+ViTs) with its checkpoint and data, predicted as ``predict`` predicts it, through its twin and grown
+where it is wider than the training space, on the batches that script draws:
+
+    .venv/bin/python experiments/finetune_starts.py --case nanogpt-6x384 --starts own shrink:1 blocks outer
 """
 
 from __future__ import annotations
@@ -39,18 +46,22 @@ import argparse
 import json
 import math
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+import graphkit
 from graphkit.errors import GraphkitError
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.checkpoint import bundled_checkpoint, check_graph
 from graphkit.ghn.evaluate import NORM_BATCHES
+from graphkit.ghn.grow import twin_of
 from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.predict import predicted_params
-from graphkit.training.data import default_source, load_source
+from graphkit.training.data import data_config, default_source, load_source
 from graphkit.training.loop import estimate_batch_norm, up_train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,9 +83,13 @@ def classifier(model: torch.nn.Module, classes: int) -> list[str]:
 
 
 def start(
-    config: dict, predicted: dict[str, torch.Tensor], kind: str, classes: int = 0, seed: int = 0
+    build: Callable[[], torch.nn.Module],
+    predicted: dict[str, torch.Tensor],
+    kind: str,
+    classes: int = 0,
+    seed: int = 0,
 ) -> torch.nn.Module:
-    """The model of ``config`` with its own init ``W0`` drawn from ``seed``, then set as ``kind``
+    """The model ``build`` makes with its own init ``W0`` drawn from ``seed``, then set as ``kind``
     says: ``own`` (W0), ``predicted`` (P), ``mix:A`` (``P + A W0`` for every parameter of two or
     more dimensions, ``P`` for the rest), ``blocks`` (P in the blocks, W0 elsewhere: the
     embeddings, the head, the final norm), ``outer`` (the reverse), ``unit-norms`` (P with every
@@ -91,9 +106,14 @@ def start(
     head = next((h for h in HEADS if kind.endswith(h)), "")
     kind = kind.removesuffix(head)
     torch.manual_seed(seed)
-    model = build_model(config, "cpu")
+    model = build()
     heads = classifier(model, classes) if head else []
     kept = {name: param.detach().clone() for name, param in model.named_parameters() if name in heads}
+    norm_gains = {  # by module, not by name: GPT-2's and nanoGPT's norms are ln_1, ln_2, ln_f
+        f"{name}.weight" if name else "weight"
+        for name, module in model.named_modules()
+        if "norm" in type(module).__name__.lower() and isinstance(getattr(module, "weight", None), torch.Tensor)
+    }
     shrunk = kind.startswith(("shrink:", "outer-alone:"))
     alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
     shrink = float(kind.split(":")[1]) if shrunk else 1.0
@@ -104,7 +124,7 @@ def start(
             if kind == "own" or (kind == "blocks" and not in_block) or (kind == "outer" and in_block):
                 continue
             value = predicted[name].to(param.dtype)
-            if kind == "unit-norms" and param.dim() == 1 and "norm" in name and "bias" not in name:
+            if kind == "unit-norms" and param.dim() == 1 and name in norm_gains:
                 value = torch.ones_like(value)
             if kind.startswith("head:") and name.endswith(("model.norm.weight", "ln_f.weight")):  # tied heads
                 value = value * float(kind.split(":")[1])
@@ -169,6 +189,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=0, help="steps of linear lr warm-up, every start alike")
     parser.add_argument("--seed", type=int, default=0, help="of W0 and the batches, as eval-ghn --seed")
+    parser.add_argument("--case", help="a case of benchmarks/grown_starts.py instead of a dataset's architectures")
     parser.add_argument("--summary", type=Path, help="print the means and wins of a file of this script's rows")
     args = parser.parse_args()
     if args.summary:
@@ -176,11 +197,13 @@ def main() -> None:
         summary([row for row in rows if "start" in row])  # not the RMS ratios, nor what was skipped
         return
     torch.set_num_threads(1)
+    if args.case:
+        case_starts(args)
+        return
     index, parts = (int(n) for n in args.part.split("/"))
     pool = ArchPool(args.dataset, "eval")
     ghn = load_checkpoint(args.ghn or bundled_checkpoint(pool.family))
     source = load_source(args.data or default_source(pool.family), seq_len=64)
-    at = [h for h in AT if h <= args.steps]
     chosen = [r for r in pool.records[: args.archs] if not args.ids or r.id in args.ids]
     for number, record in enumerate(chosen):
         if number % parts != index:
@@ -194,26 +217,48 @@ def main() -> None:
         held_out = [source.batch(record.config, args.batch_size, generator, split="eval") for _ in range(4)]
         batches = [source.batch(record.config, args.batch_size, generator) for _ in range(args.steps)]
         predicted = predicted_params(ghn, graph_for(record, ghn.config))  # init constants, if it decodes around them
-        own = start(record.config, predicted, "own", seed=args.seed)
-        print(json.dumps({"id": record.id, "rms ratio": rms_ratios(own, predicted)}))
         classes = record.config["num_classes"] if source.task == "image" else 0  # the model's outputs
-        for kind in args.starts:
-            model = start(record.config, predicted, kind, classes, args.seed)
-            estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])
-            _, scores = up_train(
-                model,
-                source.task,
-                batches.__getitem__,
-                args.steps,
-                args.lr,
-                held_out=held_out,
-                at=at,
-                warmup=args.warmup,
-            )
-            row = {"id": record.id, "start": kind}
-            row.update({str(h): round(scores[h][0], 4) for h in at})
-            row["accuracy"] = {str(h): round(scores[h][1], 4) for h in at}
-            print(json.dumps(row), flush=True)
+        build = lambda config=record.config: build_model(config, "cpu")  # noqa: E731
+        fine_tune(args, record.id, build, predicted, classes, source, held_out, batches)
+
+
+def fine_tune(args, name: str, build, predicted: dict, classes: int, source, held_out: list, batches: list) -> None:
+    """Print the RMS ratios of ``predicted`` to the own init, then a row of held-out losses (and
+    accuracies) for each of ``args.starts``, fine-tuned on ``batches``."""
+    at = [h for h in AT if h <= args.steps]
+    own = start(build, predicted, "own", seed=args.seed)
+    print(json.dumps({"id": name, "rms ratio": rms_ratios(own, predicted)}))
+    for kind in args.starts:
+        model = start(build, predicted, kind, classes, args.seed)
+        estimate_batch_norm(model, [batches[i][0] for i in range(min(NORM_BATCHES, len(batches)))])
+        _, scores = up_train(
+            model, source.task, batches.__getitem__, args.steps, args.lr, held_out=held_out, at=at, warmup=args.warmup
+        )
+        row = {"id": name, "start": kind}
+        row.update({str(h): round(scores[h][0], 4) for h in at})
+        row["accuracy"] = {str(h): round(scores[h][1], 4) for h in at}
+        print(json.dumps(row), flush=True)
+
+
+def case_starts(args) -> None:
+    """:func:`fine_tune` on ``benchmarks/grown_starts.py``'s case ``args.case``: its model built
+    from seed 0, predicted through its twin as ``predict`` does (grown where it is wider than the
+    space trained at its depth), on that script's batches (``--seed`` draws them)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import grown_starts  # noqa: PLC0415  (a benchmark's cases, for this experiment only)
+
+    checkpoint, data, batch_size, spec = grown_starts.CASES[args.case]
+    ghn = load_checkpoint(checkpoint)
+    model = grown_starts.build(spec)
+    graph = graphkit.trace(model)
+    predicted = predicted_params(ghn, graph, grow=twin_of(ghn, graph, model) or False)
+    source = load_source(data, seq_len=64)
+    shape = grown_starts.TEXT if isinstance(spec, tuple) else data_config(model)
+    generator = torch.Generator().manual_seed(args.seed)
+    held_out = [source.batch(shape, batch_size, generator, split="eval") for _ in range(4)]
+    batches = [source.batch(shape, batch_size, generator) for _ in range(args.steps)]
+    classes = int(spec["num_classes"]) if source.task == "image" else 0
+    fine_tune(args, args.case, lambda: grown_starts.build(spec), predicted, classes, source, held_out, batches)
 
 
 def summary(lines: list[dict]) -> None:
