@@ -29,9 +29,9 @@ from graphkit.errors import TrainError
 from graphkit.fileio import write_folder
 from graphkit.params import load_params, read_params, save_params, weights_digest
 from graphkit.tracing.export import describe_failure
-from graphkit.tracing.inputs import evaluated, normalise_inputs
+from graphkit.tracing.inputs import evaluated
 from graphkit.training.data import DataSource, data_config, load_source, model_inputs, output_loss, source_for
-from graphkit.training.loop import Batch, on_device, score, step_seed, up_train
+from graphkit.training.loop import Batch, forward_inputs, on_device, score, step_seed, up_train
 from graphkit.training.run_folder import check_resume, nothing_left_unless_checkpointed, trim_metrics
 from graphkit.training.state import load_optimizer_state, read_trainer_state, save_optimizer_state
 from graphkit.validation import check_counts, check_device, check_number, check_seed, default_device, is_number
@@ -235,7 +235,7 @@ def check_output(model: nn.Module, batch: Batch, source: DataSource, shape: Mapp
             "build it with the classes to train (timm:NAME?num_classes=10)"
         )
     try:
-        output = evaluated(model, normalise_inputs(model, batch[0]))
+        output = evaluated(model, forward_inputs(model, *batch))
     except Exception as e:  # the model's own forward, on inputs of the shape it reads: where it failed
         raise TrainError(f"{describe_failure(e, model)} (on a batch of {source.spec})") from e
     try:

@@ -24,8 +24,15 @@ from graphkit.finetune import (
 from graphkit.modelfile import load_model_file
 from graphkit.params import read_params, save_params, weights_digest
 from graphkit.sources import load_model_source
-from graphkit.training.data import data_config, load_source, model_inputs
-from graphkit.training.loop import estimate_batch_norm, param_groups, up_train, warmup_factor
+from graphkit.training.data import data_config, load_source, model_inputs, output_loss
+from graphkit.training.loop import (
+    estimate_batch_norm,
+    forward,
+    forward_inputs,
+    param_groups,
+    up_train,
+    warmup_factor,
+)
 
 runner = CliRunner()
 
@@ -246,6 +253,28 @@ def test_a_hand_written_language_model_of_no_family_fine_tunes_on_text(tmp_path,
     path = tmp_path / "gpt.py"
     path.write_text((MODEL_FILES / "torch_gpt.py").read_text().replace("return self.head(x)", f"return {returns}"))
     assert data_config(load_model_file(path).model) == {"family": "GPT", "vocab_size": 256, "context": 32}
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["finetune", str(path), "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["eval_loss"] > 0
+
+
+def test_nanogpt_is_trained_and_scored_with_its_targets(tmp_path):
+    """nanoGPT's forward returns only the last position's logits unless it is given the targets,
+    as its own training loop gives them: the loop passes them (a model whose forward takes no
+    ``targets`` gets none), and `graphkit finetune` trains it (it was refused: "text logits
+    (2, 1, 256) do not fit targets (2, 64)")."""
+    path = tmp_path / "nano_gpt.py"
+    path.write_text((MODEL_FILES / "nano_gpt.py").read_text().replace("= 2, 8, 512, 256, 64", "= 1, 2, 32, 256, 64"))
+    nano, torch_gpt = load_model_file(path).model, load_model_file(MODEL_FILES / "torch_gpt.py").model
+    tokens = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    assert nano(x)[0].shape == (2, 1, 256)  # its inference form
+    assert forward_inputs(nano, x, y)[1].keys() == {"targets"} and forward_inputs(torch_gpt, x, y) == ((x,), {})
+    loss, _ = output_loss("text", forward(nano, x, y), y)
+    torch.testing.assert_close(loss, nano(x, y.contiguous())[1])  # the loss nanoGPT computes for itself
     out = tmp_path / "run"
     result = runner.invoke(
         app, ["finetune", str(path), "--steps", "2", "-b", "2", "--out", str(out), "--device", "cpu"]

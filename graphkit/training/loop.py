@@ -7,6 +7,7 @@ that is interrupted and resumed trains on what the uninterrupted one would have.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -21,10 +22,35 @@ from graphkit.training.data import output_loss
 Batch = tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]
 
 
-def forward(model: nn.Module, x: torch.Tensor | Mapping[str, torch.Tensor]) -> object:
-    """``model`` run on a batch's inputs: a tensor as its first argument, a dict as keyword
-    arguments, as transformers' Trainer passes a batch."""
-    return model(**x) if isinstance(x, Mapping) else model(x)
+def forward(
+    model: nn.Module, x: torch.Tensor | Mapping[str, torch.Tensor], targets: torch.Tensor | None = None
+) -> object:
+    """``model`` run on a batch's inputs ``x`` (and its ``targets``, as :func:`forward_inputs` passes them)."""
+    args, kwargs = forward_inputs(model, x, targets)
+    return model(*args, **kwargs)
+
+
+def forward_inputs(
+    model: nn.Module, x: torch.Tensor | Mapping[str, torch.Tensor], targets: torch.Tensor | None = None
+) -> tuple[tuple, dict]:
+    """The (args, kwargs) ``model`` runs with on a batch: ``x`` as its first argument, or a dict
+    as keyword arguments, as transformers' Trainer passes a batch; and the batch's ``targets``
+    as ``targets=`` to a model whose forward takes them (nanoGPT, minGPT), as its own training
+    loop passes them. Without them nanoGPT returns the last position's logits only (its
+    inference form), which no next-token loss can score."""
+    if isinstance(x, Mapping):
+        return (), dict(x)
+    if targets is not None and _takes_targets(model):
+        return (x,), {"targets": targets.contiguous()}  # nanoGPT's loss reads them with .view
+    return (x,), {}
+
+
+def _takes_targets(model: nn.Module) -> bool:
+    """Whether ``model``'s forward has a parameter named ``targets``."""
+    try:
+        return "targets" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward with no signature to read
+        return False
 
 
 def on_device(batch: Batch, device: torch.device) -> Batch:
@@ -115,7 +141,7 @@ def score(model: nn.Module, batches: Sequence[Batch], task: str) -> tuple[float,
     """Mean loss and accuracy of ``model`` (in eval mode) over ``batches``."""
     model.eval()
     with torch.no_grad():
-        results = [output_loss(task, forward(model, x), y) for x, y in batches]
+        results = [output_loss(task, forward(model, x, y), y) for x, y in batches]
     return (sum(r[0].item() for r in results) / len(results), sum(r[1].item() for r in results) / len(results))
 
 
@@ -165,7 +191,7 @@ def up_train(
             if seed is not None:
                 torch.manual_seed(step_seed(seed, step))
             model.train()
-            loss, _ = output_loss(task, forward(model, x), y)
+            loss, _ = output_loss(task, forward(model, x, y), y)
             if not torch.isfinite(loss):
                 raise TrainError(f"step {step}: the loss is {loss.item()}; up-train with a lower --lr")
             optimizer.zero_grad(set_to_none=True)

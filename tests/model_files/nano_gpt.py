@@ -1,6 +1,7 @@
-"""nanoGPT's model (Karpathy's model.py: its layout, names, init and tied head), condensed: a
-hand-written GPT-2 of ``nn.Linear`` layers, of none of graphkit's families; tests copy it at
-other sizes."""
+"""nanoGPT's model (Karpathy's model.py: its layout, names, init, tied head and forward, which
+returns ``(logits, loss)`` with the targets and only the last position's logits without them),
+condensed: a hand-written GPT-2 of ``nn.Linear`` layers, of none of graphkit's families; tests copy
+it at other sizes."""
 
 import math
 
@@ -73,12 +74,18 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if targets is None:  # inference: the last position's logits only
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
 model = GPT()
