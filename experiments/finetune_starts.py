@@ -101,8 +101,13 @@ def start(
     keep some of the prediction's step-0 loss), ``init-rms`` (P with each parameter of two or more
     dimensions scaled to the RMS of its ``W0``), ``qk:S`` (P with every query and key projection,
     weights and biases, times S: attention logits S^2 times as large; S = 0 attends uniformly, as
-    the own init nearly does). A kind ending in ``+own-head`` or ``+zero-head``
-    then sets the :func:`classifier` of ``classes`` outputs to the own init's or to zero."""
+    the own init nearly does), ``only:ROLE`` (``P + W0`` in the parameters whose name holds ROLE,
+    ``W0`` elsewhere: what one role's prediction alone does to fine-tuning), ``without:ROLE`` (the
+    reverse: ``P + W0`` everywhere but there), ``noise`` and ``noise:ROLE`` (their control: ``W0`` plus
+    Gaussian noise of ``P``'s RMS in every parameter of two or more dimensions, or in ROLE's: whether
+    the prediction's content slows fine-tuning or only its added scale). A kind ending in
+    ``+own-head`` or ``+zero-head`` then sets the :func:`classifier` of ``classes`` outputs to the
+    own init's or to zero."""
     head = next((h for h in HEADS if kind.endswith(h)), "")
     kind = kind.removesuffix(head)
     torch.manual_seed(seed)
@@ -114,14 +119,21 @@ def start(
         for name, module in model.named_modules()
         if "norm" in type(module).__name__.lower() and isinstance(getattr(module, "weight", None), torch.Tensor)
     }
-    shrunk = kind.startswith(("shrink:", "outer-alone:"))
+    role = kind.split(":", 1)[1] if kind.startswith(("only:", "without:", "noise:")) else None
+    shrunk = kind.startswith(("shrink:", "outer-alone:", "only:", "without:"))
     alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
-    shrink = float(kind.split(":")[1]) if shrunk else 1.0
+    shrink = float(kind.split(":")[1]) if shrunk and role is None else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             # a block's parameter: under layers (LLaMA), h (GPT-2) or blocks (timm's ViT, whose names start there)
             in_block = any(f".{blocks}." in f".{name}" for blocks in ("layers", "h", "blocks"))
             if kind == "own" or (kind == "blocks" and not in_block) or (kind == "outer" and in_block):
+                continue
+            if role is not None and (role in name) != kind.startswith(("only:", "noise:")):
+                continue
+            if kind.split(":")[0] == "noise":
+                if param.dim() >= 2:
+                    param.add_(torch.randn_like(param) * predicted[name].float().pow(2).mean().sqrt())
                 continue
             value = predicted[name].to(param.dtype)
             if kind == "unit-norms" and param.dim() == 1 and name in norm_gains:
