@@ -120,9 +120,10 @@ def start(
         if "norm" in type(module).__name__.lower() and isinstance(getattr(module, "weight", None), torch.Tensor)
     }
     role = kind.split(":", 1)[1] if kind.startswith(("only:", "without:", "noise:")) else None
-    shrunk = kind.startswith(("shrink:", "outer-alone:", "only:", "without:"))
-    alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if shrunk else 0.0
-    shrink = float(kind.split(":")[1]) if shrunk and role is None else 1.0
+    scaled = kind.startswith(("shrink:", "outer-alone:"))  # L P + W0
+    on_init = scaled or kind.startswith(("only:", "without:"))  # P + W0 where they set it
+    alpha = float(kind.split(":")[1]) if kind.startswith("mix:") else 1.0 if on_init else 0.0
+    shrink = float(kind.split(":")[1]) if scaled else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():
             # a block's parameter: under layers (LLaMA), h (GPT-2) or blocks (timm's ViT, whose names start there)
@@ -131,7 +132,7 @@ def start(
                 continue
             if role is not None and (role in name) != kind.startswith(("only:", "noise:")):
                 continue
-            if kind.split(":")[0] == "noise":
+            if kind.startswith("noise"):
                 if param.dim() >= 2:
                     param.add_(torch.randn_like(param) * predicted[name].float().pow(2).mean().sqrt())
                 continue
