@@ -9,7 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -39,21 +41,33 @@ def run_fresh(script: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def fixed_batches(source, model, batch_size: int, held_out: int, steps: int, example_inputs=None) -> tuple[list, list]:
+def run_jobs(run: Callable, jobs: list[tuple]) -> tuple[dict, str]:
+    """``run(*job)`` for every job, one process a core: the results by job, and how the table's
+    first line begins, "Measured DATE on N CPU cores (M min)"."""
+    start = time.perf_counter()
+    with ProcessPoolExecutor(cores()) as pool:
+        results = dict(zip(jobs, pool.map(run, *zip(*jobs))))
+    minutes = (time.perf_counter() - start) / 60
+    return results, f"Measured {time.strftime('%Y-%m-%d')} on {cores()} CPU cores ({minutes:.1f} min)"
+
+
+def fixed_batches(
+    source, model, batch_size: int, held_out: int, steps: int, example_inputs=None, seed: int = 0
+) -> tuple[list, list]:
     """``held_out`` evaluation batches and ``steps`` training batches of ``source`` shaped for
-    ``model`` (read off ``example_inputs`` where given: a hand-written model's), drawn from seed 0:
-    every initialisation a script compares sees the same ones."""
-    evaluation, batch_at = batches_in_order(source, model, batch_size, held_out, example_inputs)
+    ``model`` (read off ``example_inputs`` where given: a hand-written model's), drawn from
+    ``seed``: every initialisation a script compares sees the same ones."""
+    evaluation, batch_at = batches_in_order(source, model, batch_size, held_out, example_inputs, seed)
     return evaluation, [batch_at(step) for step in range(steps)]
 
 
 def batches_in_order(
-    source, model, batch_size: int, held_out: int, example_inputs=None
+    source, model, batch_size: int, held_out: int, example_inputs=None, seed: int = 0
 ) -> tuple[list, Callable[[int], object]]:
     """:func:`fixed_batches`' held-out batches and its training batches drawn one at a time, step
     0, 1, 2, ... (the same batches, without holding them all: 400 batches of 32 images at 224 px
     are 7.7 GB). The function gives batch ``step`` only when called in order."""
-    shape, generator = data_config(model, example_inputs), torch.Generator().manual_seed(0)
+    shape, generator = data_config(model, example_inputs), torch.Generator().manual_seed(seed)
     evaluation = [source.batch(shape, batch_size, generator, "eval") for _ in range(held_out)]
     drawn = -1
 

@@ -13,8 +13,6 @@ from the prediction alone, on the same batches of stdlib text (byte tokens).
 from __future__ import annotations
 
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -78,13 +76,9 @@ def written(label: str) -> str:
 
 
 def table(args) -> str:
-    start_time = time.perf_counter()
-    jobs = [(label, start) for label in CASES for start in STARTS]
-    with ProcessPoolExecutor(common.cores()) as pool:
-        results = dict(zip(jobs, pool.map(run, *zip(*jobs))))
+    results, measured = common.run_jobs(run, [(label, start) for label in CASES for start in STARTS])
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {common.cores()} CPU cores "
-        f"({(time.perf_counter() - start_time) / 60:.1f} min); held-out loss at 0 / 100 / {STEPS} AdamW steps "
+        f"{measured}; held-out loss at 0 / 100 / {STEPS} AdamW steps "
         f"(lr 3e-4, batch {BATCH}, 64 byte tokens of stdlib text, the same batches for every start). Command: "
         "`.venv/bin/python benchmarks/saturated_starts.py --write`.",
         "",

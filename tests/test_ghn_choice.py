@@ -22,6 +22,7 @@ from graphkit.families import FAMILIES, build_model, get_family, register_family
 from graphkit.ghn import LoGAH, LoGAHConfig
 from graphkit.ghn.checkpoint import (
     BUNDLED,
+    HAND_WRITTEN_FIRST,
     ZOO_BUNDLED,
     UntrainedOpError,
     bundled_checkpoint,
@@ -255,13 +256,36 @@ def test_every_example_is_accepted_by_predict():
 
 @pytest.mark.slow
 def test_predict_cli_takes_a_model_of_no_family_whose_ops_a_checkpoint_trained_on():
-    """The hand-written LLaMA of examples/ (family "custom") was refused for its family's name."""
+    """The hand-written LLaMA of examples/ (family "custom") was refused for its family's name;
+    it gets the checkpoint trained across transformers' decoders, and the CLI says why."""
     result = runner.invoke(app, ["predict", str(ROOT / "examples" / "llama_block.py")])
     assert result.exit_code == 0, result.output
-    assert "bundled hypernetwork logah-tiny-llamas: trained on text models and on every op kind llama_block.py has" in (
-        result.stdout
-    )
-    assert "trained on llamas-1k" in result.stdout and "(100.0%)" in result.stdout
+    assert (
+        "bundled hypernetwork logah-tiny-zoo-decoders: trained on text models and on every op kind llama_block.py "
+        "has; trained across families, it fine-tunes a hand-written model better than a family's"
+    ) in " ".join(result.stdout.split())
+    assert "trained on zoo-decoders-mini" in result.stdout
+
+
+def test_a_hand_written_decoder_gets_the_decoders_zoo_checkpoint_and_a_hand_written_vit_the_vit_one():
+    """A model of no family is predicted by HAND_WRITTEN_FIRST's checkpoint where its ops allow:
+    nanoGPT and a hand-written LLaMA fine-tune better from the decoders' zoo checkpoint than from the
+    GPT-2 or LLaMA one (benchmarks/hand_written_checkpoints.py), a hand-written ViT worse from the
+    vision zoo's than from the ViT one. The same models built by their library keep their family's."""
+    assert HAND_WRITTEN_FIRST == ("logah-tiny-zoo-decoders",)
+    hand_written = {
+        "nano_gpt.py": "logah-tiny-zoo-decoders",
+        "torch_gpt.py": "logah-tiny-zoo-decoders",
+        "torch_vit.py": "logah-tiny-vits",
+    }
+    for name, chosen in hand_written.items():
+        loaded = load_model_source(str(ROOT / "tests" / "model_files" / name), weights=False)
+        graph = trace(loaded.model, loaded.example_inputs)
+        assert graph.meta["family"] == "custom" and bundled_for(graph).name == chosen, name
+    llama_block = trace(load_model_source(str(ROOT / "examples" / "llama_block.py"), weights=False).model)
+    assert bundled_for(llama_block).name == "logah-tiny-zoo-decoders"
+    assert bundled_for(trace(gpt2(layers=2))).name == "logah-tiny-gpts"
+    assert bundled_for(trace(llama(layers=2))).name == "logah-tiny-llamas"
 
 
 def test_predict_cli_says_a_batch_norm_models_statistics_are_its_constructors(tmp_path):

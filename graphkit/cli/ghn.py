@@ -285,7 +285,15 @@ def predict(
     from graphkit.finetune import LR_SCALE_KEY, lr_scale_phrase
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
-    from graphkit.ghn.checkpoint import bundled_for, check_graph, checkpoint_task, describe, knows_every_op, plain_for
+    from graphkit.ghn.checkpoint import (
+        HAND_WRITTEN_FIRST,
+        bundled_for,
+        check_graph,
+        checkpoint_task,
+        describe,
+        knows_every_op,
+        plain_for,
+    )
     from graphkit.ghn.grow import lr_scale, twin_of, twin_phrase
     from graphkit.ghn.keep_init import (
         SATURATED,
@@ -313,9 +321,12 @@ def predict(
         task = checkpoint_task(hypernet.info)
         # a model with an op it never saw is predicted as the plain model it computes (layer scale's gains at 1)
         plain = plain_for(hypernet.info, graph) if grow and not knows_every_op(hypernet.info, graph) else None
+        across = "; trained across families, it fine-tunes a hand-written model better than a family's"
         console.print(
             f"bundled hypernetwork {chosen.name}: trained on {task + ' models and on ' if task else ''}every op "
-            f"kind {loaded.name} has" + (f" as its twin {' and '.join(plain.parts)}" if plain is not None else ""),
+            f"kind {loaded.name} has"
+            + (f" as its twin {' and '.join(plain.parts)}" if plain is not None else "")
+            + (across if graph.meta.get("family") == "custom" and chosen.name in HAND_WRITTEN_FIRST else ""),
             highlight=False,
             soft_wrap=True,
         )

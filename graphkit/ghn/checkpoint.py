@@ -49,6 +49,13 @@ BUNDLED = FamilyTable("bundled_ghn")
 #: vision transformers, transformers' decoders), owned by none; :func:`bundled_for` weighs them
 #: beside the families' own, so that a Swin or a Qwen3 finds one trained on its ops
 ZOO_BUNDLED = ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
+#: the checkpoints of ZOO_BUNDLED that predict a hand-written model (of no graphkit family) better
+#: than the nearest family's, so :func:`bundled_for` puts them first there: the decoders' one, ahead
+#: of the GPT-2 and LLaMA checkpoints on nanoGPT and a LLaMA written by hand at 300 fine-tuning
+#: steps in every seed, at 100 in 11 of 12 (BENCHMARKS.md, "Hand-written decoders: which checkpoint"); not
+#: the vision one, whose prediction of a hand-written ViT at 32 px trails its own init (2.35 against
+#: 2.06 after 100 steps) where the ViT checkpoint's leads (1.08)
+HAND_WRITTEN_FIRST = ("logah-tiny-zoo-decoders",)
 FILES = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"}
 
 
@@ -242,7 +249,8 @@ def bundled_for(graph: ArchGraph) -> Path:
     """The folder of the bundled checkpoint that predicts ``graph``: among those trained on its
     input task (:func:`checkpoint_task` against :func:`~graphkit.ghn.space.input_task`; all of
     them when either is unknown) and on every op kind it has, a family's before one trained
-    across families (``ZOO_BUNDLED``), its own family's (``BUNDLED``) first, else the one whose
+    across families (``ZOO_BUNDLED``), except that a hand-written model gets those of
+    ``HAND_WRITTEN_FIRST`` first; then its own family's (``BUNDLED``), else the one whose
     training space it lies nearest (:func:`~graphkit.ghn.space.space_distance`), else the first
     registered. Works for checkpoints added later as for today's: each is judged by its
     config.json alone.
@@ -262,9 +270,15 @@ def bundled_for(graph: ArchGraph) -> Path:
     form = plain_form(graph)
     missing = {name: _missing_ops(infos[name], form.ops if form is not None else ops) for name in candidates}
     own = BUNDLED.get(str(graph.meta.get("family")))
-    # a family's checkpoint, measured on its held-out architectures, before one trained across families
-    # (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance, issue #45)
-    best = min(candidates, key=lambda n: (len(missing[n]), n in ZOO_BUNDLED, n != own, space_distance(infos[n], graph)))
+    hand_written = graph.meta.get("family") == "custom"
+
+    def rank(name: str) -> int:
+        """A family's checkpoint, measured on its held-out architectures, before one trained across
+        families (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance,
+        issue #45), but HAND_WRITTEN_FIRST's before both for a model of no family."""
+        return 0 if hand_written and name in HAND_WRITTEN_FIRST else 2 if name in ZOO_BUNDLED else 1
+
+    best = min(candidates, key=lambda n: (len(missing[n]), rank(n), n != own, space_distance(infos[n], graph)))
     if missing[best]:
         by_task: dict[str, list[str]] = {}
         for name in names:
