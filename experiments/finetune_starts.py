@@ -38,6 +38,11 @@ ViTs) with its checkpoint and data, predicted as ``predict`` predicts it, throug
 where it is wider than the training space, on the batches that script draws:
 
     .venv/bin/python experiments/finetune_starts.py --case nanogpt-6x384 --starts own shrink:1 blocks outer
+
+``--ghn`` there predicts the case with another checkpoint than its own, e.g. the decoders' zoo one:
+
+    .venv/bin/python experiments/finetune_starts.py --case gpt2-tied-6x384 --ghn logah-tiny-zoo-decoders \
+        --starts shrink:1 shrink:0.5
 """
 
 from __future__ import annotations
@@ -189,7 +194,9 @@ def rms_ratios(model: torch.nn.Module, predicted: dict[str, torch.Tensor]) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default=str(ROOT / "out" / "llamas-1k"))
-    parser.add_argument("--ghn", default=None, help="checkpoint folder; default: the bundled one of the family")
+    parser.add_argument(
+        "--ghn", default=None, help="checkpoint folder; default: the bundled one of the family, or the case's"
+    )
     parser.add_argument("--data", default=None, help="data source; default: the family's (a mini zoo needs one)")
     parser.add_argument("--archs", type=int, default=4)
     parser.add_argument("--part", default="0/1", help="I/N: only every N-th architecture from the I-th")
@@ -255,13 +262,14 @@ def fine_tune(args, name: str, build, predicted: dict, classes: int, source, hel
 
 def case_starts(args) -> None:
     """:func:`fine_tune` on ``benchmarks/grown_starts.py``'s case ``args.case``: its model built
-    from seed 0, predicted through its twin as ``predict`` does (grown where it is wider than the
-    space trained at its depth), on that script's batches (``--seed`` draws them)."""
+    from seed 0, predicted (by ``args.ghn``, else the case's checkpoint) through its twin as
+    ``predict`` does (grown where it is wider than the space trained at its depth), on that
+    script's batches (``--seed`` draws them)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import grown_starts  # noqa: PLC0415  (a benchmark's cases, for this experiment only)
 
     checkpoint, data, batch_size, spec = grown_starts.CASES[args.case]
-    ghn = load_checkpoint(checkpoint)
+    ghn = load_checkpoint(args.ghn or checkpoint)
     model = grown_starts.build(spec)
     graph = graphkit.trace(model)
     predicted = predicted_params(ghn, graph, grow=twin_of(ghn, graph, model) or False)

@@ -667,7 +667,9 @@ def test_predict_cli_uses_the_bundled_llama_checkpoint(tmp_path):
 
 
 def test_predict_cli_bad_inputs(tmp_path):
-    tanh_lm = tmp_path / "tanh_lm.py"  # a token model with an activation no bundled checkpoint trained on
+    # a hand-written token model with an activation no bundled checkpoint trained on: the nearest is the
+    # one it would get, the decoders' zoo checkpoint (HAND_WRITTEN_FIRST)
+    tanh_lm = tmp_path / "tanh_lm.py"
     tanh_lm.write_text(
         "from torch import nn\n"
         "model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1000))\n"
@@ -675,7 +677,7 @@ def test_predict_cli_bad_inputs(tmp_path):
     result = run("predict", tanh_lm)
     assert result.exit_code == 1 and result.stderr.strip() == (
         "error: no bundled hypernetwork was trained on every op of this text model: the nearest, "
-        "logah-tiny-llamas, never saw tanh (bundled: text: logah-tiny-gpts, logah-tiny-llamas, "
+        "logah-tiny-zoo-decoders, never saw tanh (bundled: text: logah-tiny-gpts, logah-tiny-llamas, "
         "logah-tiny-zoo-decoders; image: logah-tiny-vits, logah-tiny-zoo-vision); train one with "
         "`graphkit train-ghn` on models with these ops and pass --ghn"
     )
