@@ -47,7 +47,7 @@ from graphkit.validation import is_count
 BUNDLED = FamilyTable("bundled_ghn")
 #: the checkpoints that ship trained across many families (a mini zoo's train families: timm's
 #: vision transformers, transformers' decoders), owned by none; :func:`bundled_for` weighs them
-#: beside the families' own, so that a Swin or a Qwen3 finds one trained on its ops
+#: beside the families' own, so that a Swin or a Qwen3-MoE (its experts) finds one trained on its ops
 ZOO_BUNDLED = ("logah-tiny-zoo-vision", "logah-tiny-zoo-decoders")
 #: the checkpoints of ZOO_BUNDLED that predict a hand-written model (of no graphkit family) better
 #: than the nearest family's, so :func:`bundled_for` puts them first there: the decoders' one, ahead
