@@ -286,11 +286,11 @@ def predict(
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
     from graphkit.ghn.checkpoint import (
-        HAND_WRITTEN_FIRST,
         bundled_for,
         check_graph,
         checkpoint_task,
         describe,
+        hand_written_first,
         knows_every_op,
         plain_for,
     )
@@ -326,7 +326,7 @@ def predict(
             f"bundled hypernetwork {chosen.name}: trained on {task + ' models and on ' if task else ''}every op "
             f"kind {loaded.name} has"
             + (f" as its twin {' and '.join(plain.parts)}" if plain is not None else "")
-            + (across if graph.meta.get("family") == "custom" and chosen.name in HAND_WRITTEN_FIRST else ""),
+            + (across if hand_written_first(graph, chosen.name) else ""),
             highlight=False,
             soft_wrap=True,
         )

@@ -245,6 +245,13 @@ def plain_for(info: Mapping[str, Any], graph: ArchGraph, form: PlainForm | None 
     return form if form is not None and not _missing_ops(info, form.ops) else None
 
 
+def hand_written_first(graph: ArchGraph, name: str) -> bool:
+    """Whether :func:`bundled_for` puts the bundled checkpoint ``name`` first for ``graph`` as a
+    hand-written model's: one of ``HAND_WRITTEN_FIRST``, and a graph of no graphkit family (the
+    tracer's family ``custom``). ``graphkit predict`` says so when it is the one chosen."""
+    return graph.meta.get("family") == "custom" and name in HAND_WRITTEN_FIRST
+
+
 def bundled_for(graph: ArchGraph) -> Path:
     """The folder of the bundled checkpoint that predicts ``graph``: among those trained on its
     input task (:func:`checkpoint_task` against :func:`~graphkit.ghn.space.input_task`; all of
@@ -270,13 +277,12 @@ def bundled_for(graph: ArchGraph) -> Path:
     form = plain_form(graph)
     missing = {name: _missing_ops(infos[name], form.ops if form is not None else ops) for name in candidates}
     own = BUNDLED.get(str(graph.meta.get("family")))
-    hand_written = graph.meta.get("family") == "custom"
 
     def rank(name: str) -> int:
         """A family's checkpoint, measured on its held-out architectures, before one trained across
         families (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance,
         issue #45), but HAND_WRITTEN_FIRST's before both for a model of no family."""
-        return 0 if hand_written and name in HAND_WRITTEN_FIRST else 2 if name in ZOO_BUNDLED else 1
+        return 0 if hand_written_first(graph, name) else 2 if name in ZOO_BUNDLED else 1
 
     best = min(candidates, key=lambda n: (len(missing[n]), rank(n), n != own, space_distance(infos[n], graph)))
     if missing[best]:
