@@ -24,7 +24,12 @@ Runs (the zoo recipes of ``zoo_pools.KINDS``, float32 as on the CPU):
 - ``decoders-g8-curriculum``: the zoo-decoders recipe's second stage at table gain 8, from
   ``runs/zoo-decoders-table8-4`` (its first stage), longer;
 - ``decoders-g8-whole``: its control, the same from a fresh LoGAH;
-- ``decoders-g8-pool1``: one family (``mistral``), the single-family control at the same horizon.
+- ``decoders-g8-pool1``: one family (``mistral``), the single-family control at the same horizon;
+- ``vision-poolK`` (K = 1, 2, 4, 8, 16): the zoo-vision recipe on the train split's K largest
+  families (``zoo_pools.families``), the pool-size curve beside ``vision-leaf`` (all 36).
+
+``--steps N`` skips the speed probe and trains every run for N steps. A run still going at the
+deadline is stopped; its curve is in its log, and its last checkpoint (every 100 steps) is probed.
 """
 
 from __future__ import annotations
@@ -47,10 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from zoo_pools import KINDS, probe, probe_records  # noqa: E402
+from zoo_pools import KINDS, families, probe, probe_records  # noqa: E402
 
 from graphkit.ghn import training  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.state import read_trainer_state  # noqa: E402
 
 #: name: (zoo kind, options over the kind's recipe); the order is the order checkpoints are packed in
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -63,6 +69,7 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "vision-mb16": ("vision", dict(meta_batch=16)),
     "decoders-g8-whole": ("decoders", dict(table_gain=8.0, spread=1.0)),
     "decoders-g8-pool1": ("decoders", dict(table_gain=8.0, zoo_families=["mistral"])),
+    **{f"vision-pool{k}": ("vision", dict(pool=k)) for k in (1, 2, 4, 8, 16)},
 }
 PIECE = 15 * 2**20  # bytes a packed piece holds at most
 PACKED = 60 * 2**20  # bytes of checkpoints packed at most, logs aside
@@ -73,18 +80,31 @@ def train_one(name: str, out: Path, steps: int, device: str, cudnn: bool = True)
     torch.backends.cudnn.enabled = cudnn
     kind, options = RUNS[name]
     zoo, recipe = KINDS[kind]
+    if "pool" in options:
+        options = {k: v for k, v in options.items() if k != "pool"} | {"zoo_families": families(zoo)[: options["pool"]]}
     config = training.TrainConfig(
         **{**recipe, **options}, dataset=str(zoo), out=str(out), steps=steps, device=device, amp=False
     )
     training.train(config, progress=False)
 
 
+def last_weights(run: Path) -> Path | None:
+    """The run's final hypernetwork, else its last checkpoint (a run stopped at the deadline), else None."""
+    return next((d for d in (run, run / "checkpoint") if (d / "model.safetensors").exists()), None)
+
+
 def probe_one(name: str, run: Path, out: Path) -> None:
-    """Write the step-0 probe of ``run`` (zoo_pools.probe) as ``out``."""
+    """Write the step-0 probe of ``run``'s last weights (zoo_pools.probe) as ``out``."""
     zoo, recipe = KINDS[RUNS[name][0]]
     source = load_source(recipe["data"], seq_len=recipe.get("seq_len", 64))
     batch_size = 8 if source.task == "text" else 32
-    out.write_text(json.dumps(probe(run, probe_records(zoo, ()), source, batch_size), indent=1))
+    weights = last_weights(run)
+    assert weights is not None, f"{run} has no weights"
+    figures = probe(weights, probe_records(zoo, ()), source, batch_size)
+    if weights != run:
+        figures["run"] = run.name
+        figures["stopped; probed the checkpoint of step"] = read_trainer_state(weights)["step"]
+    out.write_text(json.dumps(figures, indent=1))
 
 
 def launch(args: list[str], log: Path, threads: int) -> subprocess.Popen[bytes]:
@@ -121,21 +141,25 @@ def steps_per_second(run: Path, meta_batch: int) -> float | None:
 
 
 def pack(results: Path, runs: dict[str, Path], out: Path) -> list[Path]:
-    """Logs, probes and (in RUNS order, up to PACKED bytes) final checkpoints, as one .tar.gz
-    split into pieces of at most PIECE bytes in ``out``."""
+    """Logs, probes and (in the runs' order, up to PACKED bytes) each run's last weights (a
+    stopped run's last checkpoint, its config.json with them), as one .tar.gz split into pieces
+    of at most PIECE bytes in ``out``."""
     buffer = io.BytesIO()
     packed = 0
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in sorted(results.iterdir()):
             tar.add(path, arcname=path.name)
         for name, run in runs.items():
-            for file in ("config.json", "metrics.jsonl", "metrics.png"):
+            for file in ("metrics.jsonl", "metrics.png"):
                 if (run / file).exists():
                     tar.add(run / file, arcname=f"{name}/{file}")
-            weights = run / "model.safetensors"
-            if weights.exists() and packed + weights.stat().st_size <= PACKED:
-                packed += weights.stat().st_size
-                tar.add(weights, arcname=f"{name}/model.safetensors")
+            last = last_weights(run)
+            if last is None:
+                continue
+            tar.add(last / "config.json", arcname=f"{name}/config.json")
+            if packed + (last / "model.safetensors").stat().st_size <= PACKED:
+                packed += (last / "model.safetensors").stat().st_size
+                tar.add(last / "model.safetensors", arcname=f"{name}/model.safetensors")
     data = buffer.getvalue()
     out.mkdir(parents=True, exist_ok=True)
     pieces = []
@@ -145,10 +169,35 @@ def pack(results: Path, runs: dict[str, Path], out: Path) -> list[Path]:
     return pieces
 
 
+def sized_steps(
+    args: argparse.Namespace, deadline: float, results: Path, device: list[str], threads: int
+) -> tuple[dict[str, float | None], dict[str, int]]:
+    """Each run's speed over ``--probe-steps`` steps, all at once, and the steps that end it
+    before ``deadline`` at that speed (times ``--rate-factor``); a run that logged none is left out."""
+    probing = {
+        name: launch(["--one", name, str(args.probe_steps), str(args.work / f"speed-{name}"), *device],
+                     results / f"speed-{name}.log", threads)
+        for name in args.runs
+    }  # fmt: skip
+    wait_all(probing, deadline)
+    speed = {}
+    for name in args.runs:
+        meta_batch = RUNS[name][1].get("meta_batch", KINDS[RUNS[name][0]][1]["meta_batch"])
+        speed[name] = steps_per_second(args.work / f"speed-{name}", meta_batch)
+    ready = time.monotonic() + 30  # each run's start (imports, the zoo, the first step)
+    steps = {
+        name: max(100, int(rate * args.rate_factor * (deadline - ready) * 0.9) // 100 * 100)
+        for name, rate in speed.items()
+        if rate is not None
+    }
+    return speed, steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=560, help="seconds, from start to packed results")
     parser.add_argument("--probe-steps", type=int, default=30, help="steps of the speed probe")
+    parser.add_argument("--steps", type=int, default=None, help="train every run this long (no speed probe)")
     parser.add_argument("--reserve", type=float, default=100, help="seconds kept for probing and packing")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--rate-factor", type=float, default=1.0, help="times the probe's speed (it underestimates)")
@@ -177,23 +226,11 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     results = args.work / "results"
     results.mkdir(parents=True)
-    speed = {}
     device = ["--device", args.device, *(["--no-cudnn"] if args.no_cudnn else [])]
-    probing = {
-        name: launch(["--one", name, str(args.probe_steps), str(args.work / f"speed-{name}"), *device],
-                     results / f"speed-{name}.log", threads)
-        for name in args.runs
-    }  # fmt: skip
-    wait_all(probing, deadline)
-    for name in args.runs:
-        meta_batch = RUNS[name][1].get("meta_batch", KINDS[RUNS[name][0]][1]["meta_batch"])
-        speed[name] = steps_per_second(args.work / f"speed-{name}", meta_batch)
-    ready = time.monotonic() + 30  # each run's start (imports, the zoo, the first step)
-    steps = {
-        name: max(100, int(rate * args.rate_factor * (deadline - ready) * 0.9) // 100 * 100)
-        for name, rate in speed.items()
-        if rate is not None
-    }
+    if args.steps is None:
+        speed, steps = sized_steps(args, deadline, results, device, threads)
+    else:
+        speed, steps = {}, dict.fromkeys(args.runs, args.steps)
     print(json.dumps({"steps per second": speed, "steps": steps}), flush=True)
     runs = {name: args.work / name for name in steps}
     training_runs = {
@@ -205,8 +242,8 @@ def main() -> None:
     probes = {
         name: launch(["--probe-run", name, str(runs[name]), str(results / f"probe-{name}.json")],
                      results / f"probe-{name}.log", threads)
-        for name, code in codes.items()
-        if code == 0
+        for name in codes
+        if last_weights(runs[name]) is not None
     }  # fmt: skip
     wait_all(probes, start + args.budget - 15)
     summary = {"steps per second": speed, "steps": steps, "exit": codes, "seconds": time.monotonic() - start}
