@@ -1,0 +1,137 @@
+"""Where learning stops inside one family (issue #45, item 1): the zoo-vision recipe on 1, 2, 4,
+... architectures of one zoo family, against the pools of whole families.
+
+On a lent H200 (docs/experiments.md, "The vision pools at 1,500 steps") the pools of 1, 4, 16 and
+36 families of zoo-vits-mini ended within 0.1 nats of each other at 1,500 steps (training CE
+2.10-2.18, chance 2.30), the one family (``vision_transformer``, 89 architectures) included, while
+one architecture alone leaves chance within a few hundred steps (issue #40). So the count that
+matters is the architectures', not the families'. This script finds where inside one family:
+
+- ``--counts 1 2 4 ...``: nested random subsets of the family's train architectures (a seeded
+  shuffle, each count the first N of it; a count past the family's size takes all of it),
+  each written as a dataset of its own under ``out/`` (the zoo's files, its train split cut down to
+  the subset: the role maps are the subset's own) and trained with the zoo-vision recipe of
+  ``zoo_pools.KINDS`` for ``--steps`` steps into ``runs/``;
+- probe, per run: training CE and accuracy over the last 100 steps; the prediction alone at step 0
+  (``zoo_pools.step0``: loss, accuracy, image share) on the shuffle's first 4 architectures
+  (trained by every count from 4 up), on the shuffle's last ``--unseen`` architectures of the
+  family (no subset smaller than the family holds them: the same ones for every count), and on one
+  architecture of each held-out family;
+- ``--variant small``: the same with a larger LoGAH, the control that tells capacity from conflict;
+- ``--plot PNG``: the runs' training curves.
+
+    .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
+    .venv/bin/python experiments/family_archs.py --counts 1 2 4 --probe-only     # the runs already in runs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from zoo_pools import KINDS, first_of_each, plot, step0, train_run  # noqa: E402
+
+from graphkit.ghn import load_checkpoint  # noqa: E402
+from graphkit.ghn.pool import ArchPool  # noqa: E402
+from graphkit.training.data import load_source  # noqa: E402
+
+PROBED_TRAINED = 4  # the shuffle's first architectures, probed in every run
+PARTS = ("trained", "unseen", "held out")  # the probe's three parts, by the prefix of their entries
+
+
+def mean_of(scores: dict[str, list[float]], part: str) -> str:
+    """The mean loss / accuracy of the entries of ``scores`` in ``part``, as ``2.30 / 0.10``."""
+    chosen = [v for what, v in scores.items() if what.startswith(part)]
+    return f"{statistics.mean(v[0] for v in chosen):.2f} / {statistics.mean(v[1] for v in chosen):.2f}"
+
+
+def shuffled_ids(zoo: Path, family: str, seed: int) -> list[str]:
+    """The ids of ``family``'s train architectures in ``zoo`` (in the dataset's order), shuffled by ``seed``."""
+    ids = [record.id for record in ArchPool(zoo, "train").records if record.config["zoo_family"] == family]
+    if not ids:
+        raise SystemExit(f"{zoo}: no train architectures of family {family!r}")
+    return random.Random(seed).sample(ids, len(ids))
+
+
+def subset_zoo(zoo: Path, ids: list[str], out: Path) -> Path:
+    """A copy of ``zoo`` as ``out`` whose train split holds only the rows of ``ids`` (the eval split whole)."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(zoo, out)
+    wanted = set(ids)
+    for shard in sorted((out / "data").glob("train-*.parquet")):
+        table = pq.read_table(shard)
+        keep = [i for i, row_id in enumerate(table.column("id").to_pylist()) if row_id in wanted]
+        pq.write_table(table.take(keep), shard)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="vision_transformer", help="the zoo family whose architectures are cut")
+    parser.add_argument("--counts", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument(
+        "--variant", default="tiny", help="LoGAH size (train-ghn --variant): small is the capacity control"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
+    parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
+    parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
+    args = parser.parse_args()
+    if min(args.counts) < 1:
+        parser.error("--counts: each at least 1")
+    zoo, recipe = KINDS["vision"]
+    recipe = {**recipe, "variant": args.variant}
+    ids = shuffled_ids(zoo, args.family, args.seed)
+    below = max([n for n in args.counts if n < len(ids)], default=0)
+    if below > len(ids) - args.unseen:
+        parser.error(f"--counts: {below} of {len(ids)} architectures leave fewer than --unseen {args.unseen} unseen")
+    records = {record.id: record for record in ArchPool(zoo, "train").records}
+    probed = [(f"trained: {i}", records[i]) for i in ids[:PROBED_TRAINED]]
+    probed += [(f"unseen: {i}", records[i]) for i in ids[len(ids) - args.unseen :]]
+    probed += [(f"held out: {f}", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
+    source = load_source(recipe["data"])
+    own = {what: step0(None, record, source, 32) for what, record in probed}
+    print(json.dumps({"chance (ln 10)": round(math.log(10), 3), "own init @0": own}, indent=1), flush=True)
+    table = ["| architectures | training CE (acc.), last 100 steps | @0: 4 trained | 8 unseen | held-out families |"]
+    table += ["|---|---|---|---|---|", "| own init | - | " + " | ".join(mean_of(own, part) for part in PARTS) + " |"]
+    runs = []
+    for n in sorted(set(min(n, len(ids)) for n in args.counts)):
+        name = f"{zoo.name}-{args.family}-{n}"
+        run = ROOT / "runs" / f"{name}{'' if args.variant == 'tiny' else '-' + args.variant}-{args.steps}"
+        if not args.probe_only:
+            train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps)
+        runs.append(run)
+        ghn = load_checkpoint(run)
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        figures: dict[str, Any] = {
+            "run": run.name,
+            "training CE, accuracy, last 100 steps": [
+                round(statistics.mean(line[key] for line in lines[-10:]), 3) for key in ("ce", "metric")
+            ],
+            "predicted @0": {what: step0(ghn, record, source, 32) for what, record in probed},
+        }
+        print(json.dumps(figures, indent=1), flush=True)
+        ce, accuracy = figures["training CE, accuracy, last 100 steps"]
+        means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
+        table.append(f"| {n}, LoGAH-{args.variant} | {ce:.2f} ({accuracy:.2f}) | {means} |")
+    print("\n".join(table), flush=True)
+    if args.plot is not None:
+        plot(runs, args.plot, (math.log(10), "chance (ln 10)"), f"{zoo.name}: {args.family}, N architectures")
+
+
+if __name__ == "__main__":
+    main()
