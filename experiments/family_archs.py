@@ -18,6 +18,8 @@ matters is the architectures', not the families'. This script finds where inside
   family (no subset smaller than the family holds them: the same ones for every count), and on one
   architecture of each held-out family;
 - ``--variant small``: the same with a larger LoGAH, the control that tells capacity from conflict;
+  ``--level-head``: with ``train-ghn --level-head`` (a learned level for 1-D outputs, the layer-scale
+  gains among them), the lead for the architecture no pool fits;
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--variant", default="tiny", help="LoGAH size (train-ghn --variant): small is the capacity control"
     )
+    parser.add_argument("--level-head", action="store_true", help="train with train-ghn --level-head")
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
@@ -94,7 +97,8 @@ def main() -> None:
     if min(args.counts) < 1:
         parser.error("--counts: each at least 1")
     zoo, recipe = KINDS["vision"]
-    recipe = {**recipe, "variant": args.variant}
+    recipe = {**recipe, "variant": args.variant, "level_head": args.level_head}
+    arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
@@ -111,7 +115,7 @@ def main() -> None:
     runs = []
     for n in sorted(set(min(n, len(ids)) for n in args.counts)):
         name = f"{zoo.name}-{args.family}-{n}"
-        run = ROOT / "runs" / f"{name}{'' if args.variant == 'tiny' else '-' + args.variant}-{args.steps}"
+        run = ROOT / "runs" / f"{name}{arm}-{args.steps}"
         if not args.probe_only:
             train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps)
         runs.append(run)
@@ -127,7 +131,8 @@ def main() -> None:
         print(json.dumps(figures, indent=1), flush=True)
         ce, accuracy = figures["training CE, accuracy, last 100 steps"]
         means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
-        table.append(f"| {n}, LoGAH-{args.variant} | {ce:.2f} ({accuracy:.2f}) | {means} |")
+        label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
+        table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
     if args.plot is not None:
         plot(runs, args.plot, (math.log(10), "chance (ln 10)"), f"{zoo.name}: {args.family}, N architectures")
