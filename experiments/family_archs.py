@@ -36,7 +36,6 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -44,9 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from zoo_pools import KINDS, first_of_each, plot, step0, train_run  # noqa: E402
+from zoo_pools import KINDS, first_of_each, plot, probe, step0, train_run  # noqa: E402
 
-from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 
@@ -119,17 +117,9 @@ def main() -> None:
         if not args.probe_only:
             train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps)
         runs.append(run)
-        ghn = load_checkpoint(run)
-        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        figures: dict[str, Any] = {
-            "run": run.name,
-            "training CE, accuracy, last 100 steps": [
-                round(statistics.mean(line[key] for line in lines[-10:]), 3) for key in ("ce", "metric")
-            ],
-            "predicted @0": {what: step0(ghn, record, source, 32) for what, record in probed},
-        }
+        figures = probe(run, probed, source, 32)
         print(json.dumps(figures, indent=1), flush=True)
-        ce, accuracy = figures["training CE, accuracy, last 100 steps"]
+        ce, accuracy = figures["training CE, last 100 steps"], figures["training accuracy, last 100 steps"]
         means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
