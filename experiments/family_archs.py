@@ -19,7 +19,9 @@ matters is the architectures', not the families'. This script finds where inside
   architecture of each held-out family;
 - ``--variant small``: the same with a larger LoGAH, the control that tells capacity from conflict;
   ``--level-head``: with ``train-ghn --level-head`` (a learned level for 1-D outputs, the layer-scale
-  gains among them), the lead for the architecture no pool fits;
+  gains among them), the lead for the architecture no pool fits; ``--depth-buckets N``: with the
+  encoder's relative-depth embedding, which tells one architecture's blocks apart (without it the
+  zoo recipe predicts its blocks alike: ``family_share.py``);
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -87,6 +89,9 @@ def main() -> None:
         "--variant", default="tiny", help="LoGAH size (train-ghn --variant): small is the capacity control"
     )
     parser.add_argument("--level-head", action="store_true", help="train with train-ghn --level-head")
+    parser.add_argument(
+        "--depth-buckets", type=int, default=0, help="train with train-ghn --depth-buckets N (0: the recipe's none)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
@@ -95,8 +100,9 @@ def main() -> None:
     if min(args.counts) < 1:
         parser.error("--counts: each at least 1")
     zoo, recipe = KINDS["vision"]
-    recipe = {**recipe, "variant": args.variant, "level_head": args.level_head}
+    recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
+    arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
@@ -122,6 +128,7 @@ def main() -> None:
         ce, accuracy = figures["training CE, last 100 steps"], figures["training accuracy, last 100 steps"]
         means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
+        label += f", {args.depth_buckets} depth buckets" if args.depth_buckets else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
     if args.plot is not None:

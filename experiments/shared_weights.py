@@ -1,0 +1,342 @@
+"""The direct-training control for sharing across architectures (issue #45, item 1): one set of
+weights per parameter name, trained directly on N architectures of one family at once, each
+architecture reading the leading corner of each tensor that its own shapes hold.
+
+That is the sharing the low-rank decoder builds in: a role's block is ``W[:rows] M W[:cols]^T``,
+so one architecture's block is the leading corner of a wider one's whenever their queries agree,
+and ``family_share.py`` found the queries of one name in two architectures predict weights with a
+cosine of 0.8 (block 0 and block 1 of one architecture: 1.0). ``family_archs.py`` found that a
+hypernetwork on N architectures of ``vision_transformer`` fits them about as one architecture
+fits on 1,500 / N steps. This control asks whether weights shared that way can serve N
+architectures at all, without a hypernetwork in between:
+
+- the shared weights fit the N about as one architecture fits alone: sharing by corners works,
+  and the hypernetwork is what fails to share;
+- they degrade with N as the hypernetwork does: the corners are the limit, and a hypernetwork that
+  shares must condition on more than the role.
+
+Each run trains, for ``--steps`` AdamW steps (cosine schedule, as ``train-ghn``), the mean loss of
+``--meta-batch`` architectures drawn per step from the first N of ``family_archs.py``'s seeded
+shuffle, each on its own batch of 32 digits at the zoo's 32 px. The tensors start from the
+architectures' own inits, the largest's where they overlap. Probed as ``family_archs.py`` probes a
+hypernetwork: training CE over the last 100 steps, and each architecture's model with the shared
+corners (parameters no corner covers keep its own init) scored alone at step 0 on held-out digits,
+beside its own init: the shuffle's first 4 (trained by every N from 4 up) and its last 8 (no run
+trains them). Also per weight, its RMS over the most a prediction of its shape can take.
+
+The hypernetwork's other bounds, one at a time: ``--tie-blocks``, one tensor per name for every
+block (the zoo recipe predicts one architecture's blocks alike: ``family_share.py``); ``--rank R``,
+each weight as rank-R factors (LoGAH-tiny's blocks have rank 32 at most); ``--rank R --one-map``,
+each weight as LoGAH's decoder makes a block, one map for its rows and its columns; ``--capped``,
+each weight at the RMS the decoder gives it (``INIT_GAIN g / sqrt(fan-in)``, a learned g in (0, 2)).
+
+    .venv/bin/python experiments/shared_weights.py --counts 1 2 4 8 16 32    # about 5 min a count on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.func import functional_call
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from family_archs import PARTS, PROBED_TRAINED, mean_of, shuffled_ids  # noqa: E402
+from zoo_pools import KINDS, scored  # noqa: E402
+
+from graphkit.fileio import save_figure  # noqa: E402
+from graphkit.ghn.model import weight_rms  # noqa: E402
+from graphkit.ghn.pool import ArchPool  # noqa: E402
+from graphkit.training.data import load_source, output_loss  # noqa: E402
+
+BATCH = 32
+
+
+def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The leading corner of ``tensor`` of ``shape`` (a view)."""
+    return tensor[tuple(slice(0, n) for n in shape)]
+
+
+def key(name: str, tie_blocks: bool) -> str:
+    """The shared tensor that parameter ``name`` reads: its own name, or with ``tie_blocks`` the
+    same for every block (``blocks.3.attn.qkv.weight`` reads ``blocks.*.attn.qkv.weight``)."""
+    return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if tie_blocks else name
+
+
+def shared_init(pool: ArchPool, indices: list[int], tie_blocks: bool = False) -> dict[str, torch.Tensor]:
+    """Per :func:`key` of the parameters of the architectures ``indices``, one tensor of the
+    largest size each dimension takes among them, holding their own inits: smallest first, so the
+    largest's wins where they overlap (and the last block's, with ``tie_blocks``)."""
+    inits = {index: {key(n, tie_blocks): v for n, v in pool.initialised(index).items()} for index in indices}
+    shapes: dict[str, list[torch.Size]] = {}
+    for params in inits.values():
+        for name, value in params.items():
+            shapes.setdefault(name, []).append(value.shape)
+    shared = {}
+    for name, seen in shapes.items():
+        if len({len(s) for s in seen}) > 1:
+            raise SystemExit(f"{name}: ranks differ between the architectures ({seen}); no corner serves them all")
+        shared[name] = torch.zeros([max(s[d] for s in seen) for d in range(len(seen[0]))])
+    for index in sorted(indices, key=lambda i: sum(v.numel() for v in inits[i].values())):
+        for name, value in inits[index].items():
+            corner(shared[name], value.shape).copy_(value)
+    return shared
+
+
+def corners_for(
+    shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], tie_blocks: bool = False
+) -> dict[str, torch.Tensor]:
+    """An architecture's parameters (``params``, its own, by name) as the shared tensors' corners
+    where a shared tensor of that :func:`key` and rank holds its shape, else its own."""
+
+    def fits(name: str, value: torch.Tensor) -> bool:
+        other = shared.get(key(name, tie_blocks))
+        return (
+            other is not None and other.dim() == value.dim() and all(a <= b for a, b in zip(value.shape, other.shape))
+        )
+
+    return {name: corner(shared[key(name, tie_blocks)], v.shape) if fits(name, v) else v for name, v in params.items()}
+
+
+def over_cap(shared: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per shared weight (a Linear's or convolution's: 2-D and larger, named ``...weight``), its
+    RMS over the largest a hypernetwork's prediction of that shape can take (``weight_rms`` at
+    gain 2: twice INIT_GAIN / sqrt(fan-in)): above 1, no prediction reaches it."""
+    return {
+        name: round(value.square().mean().sqrt().item() / float(weight_rms(2.0, math.sqrt(value[0].numel()))), 2)
+        for name, value in shared.items()
+        if is_weight(name, value)
+    }
+
+
+def is_weight(name: str, value: torch.Tensor) -> bool:
+    """Whether a shared tensor is a Linear's or a convolution's weight (the ones a rank can bound)."""
+    return value.dim() >= 2 and name.endswith("weight")
+
+
+def low_rank(
+    shared: dict[str, torch.Tensor], rank: int, one_map: bool = False
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per weight of ``shared`` whose sides both exceed ``rank`` (flattened past the first
+    dimension), two factors ``(U, V)`` with ``U V^T`` its best rank-``rank`` approximation (its
+    SVD's, the singular values split evenly): the bound the hypernetwork's rank puts on a predicted
+    block. With ``one_map``, as LoGAH's decoder builds a block instead: ``(P, M)`` with the block
+    ``P[:rows] M P[:cols]^T``, one map ``P`` for its rows and its columns (the decoder's r -> K
+    map; a role map per role), ``P`` drawn as the decoder draws its maps and ``M`` so that the
+    block starts at its init's RMS."""
+    out = {}
+    for name, value in shared.items():
+        if not (is_weight(name, value) and min(value.flatten(1).shape) > rank):
+            continue
+        matrix = value.flatten(1)
+        if one_map:
+            rms = matrix.square().mean().sqrt()
+            bound = 1 / math.sqrt(rank)  # the decoder's maps' init (nn.Linear's), so that Adam moves both alike
+            # an entry of P M P^T has variance rank^2 var(P)^2 var(M), var(P) = bound^2 / 3
+            out[name] = (
+                torch.empty(max(matrix.shape), rank).uniform_(-bound, bound),
+                torch.randn(rank, rank) * 3 * rms,
+            )
+        else:
+            u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+            root = s[:rank].sqrt()
+            out[name] = (u[:, :rank] * root, vh[:rank].t() * root)
+    return out
+
+
+def block(factors: tuple[torch.Tensor, torch.Tensor], shape: torch.Size, one_map: bool) -> torch.Tensor:
+    """The weight of ``shape`` that :func:`low_rank`'s ``factors`` make."""
+    rows, cols = shape[0], math.prod(shape[1:])
+    first, second = factors
+    matrix = first[:rows] @ second @ first[:cols].t() if one_map else first @ second.t()
+    return matrix.view(shape)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The hypernetwork's bounds that the shared weights are held to, each its own option."""
+
+    tie_blocks: bool = False  # one tensor per name for every block (:func:`key`)
+    rank: int | None = None  # each weight as rank-``rank`` factors (:func:`low_rank`)
+    one_map: bool = False  # with ``rank``: one map for a block's rows and columns, as LoGAH's decoder
+    capped: bool = False  # each weight at the decoder's RMS, INIT_GAIN g / sqrt(fan-in), g in (0, 2) learned
+
+    def label(self) -> str:
+        """How the table and the plot name these bounds."""
+        parts = ["blocks tied"] if self.tie_blocks else []
+        parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
+        parts += ["RMS as decoded"] if self.capped else []
+        return ", ".join(parts) or "untied"
+
+
+def train_shared(
+    pool: ArchPool, indices: list[int], source, steps: int, meta_batch: int, lr: float, bounds: Bounds
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The shared tensors of ``indices`` trained for ``steps`` steps under ``bounds``, and the
+    training CE per step."""
+    torch.manual_seed(0)
+    shared = shared_init(pool, indices, bounds.tie_blocks)
+    factored = {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map)
+    free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
+    # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
+    gains = {
+        name: torch.zeros((), requires_grad=True) for name, v in shared.items() if bounds.capped and is_weight(name, v)
+    }
+    trained = [*free.values(), *(f.requires_grad_(True) for pair in factored.values() for f in pair), *gains.values()]
+
+    def current() -> dict[str, torch.Tensor]:
+        weights = {**free, **{name: block(pair, shared[name].shape, bounds.one_map) for name, pair in factored.items()}}
+        for name, s in gains.items():
+            w = weights[name]
+            rms = weight_rms(2 * torch.sigmoid(s / 2), math.sqrt(w[0].numel()))
+            weights[name] = w * rms / w.square().mean().sqrt().clamp_min(1e-12)
+        return weights
+
+    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    generator = torch.Generator().manual_seed(0)
+    own = {index: pool.initialised(index) for index in indices}
+    curve = []
+    for _ in range(steps):
+        drawn = [indices[i] for i in torch.randint(len(indices), (meta_batch,), generator=generator).tolist()]
+        weights, losses = current(), []
+        for index in drawn:
+            inputs, labels = source.batch(pool.records[index].config, BATCH, generator)
+            output = functional_call(
+                pool.model(index).train(), corners_for(weights, own[index], bounds.tie_blocks), (inputs,)
+            )
+            losses.append(output_loss(source.task, output, labels)[0])
+        loss = torch.stack(losses).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 5.0)
+        optimizer.step()
+        schedule.step()
+        curve.append(loss.item())
+    with torch.no_grad():
+        return {name: value.detach() for name, value in current().items()}, curve
+
+
+def hypernetwork_ce(family: str, n: int, steps: int) -> float | None:
+    """The training CE over the last 100 steps of ``family_archs.py``'s run on the same N
+    architectures (the zoo-vision recipe, LoGAH-tiny), or None where it has not been trained."""
+    log = ROOT / "runs" / f"{KINDS['vision'][0].name}-{family}-{n}-{steps}" / "metrics.jsonl"
+    if not log.exists():
+        return None
+    return statistics.mean(json.loads(line)["ce"] for line in log.read_text().splitlines()[-10:])
+
+
+def plot(results: dict, family: str, steps: int, png: Path) -> None:
+    """Training CE (the last 100 steps) against the number of architectures: the shared weights
+    of ``results`` beside the hypernetwork on the same architectures, as ``png``."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    counts = sorted(int(n) for n in results["runs"])
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(
+        counts,
+        [results["runs"][str(n)]["training CE, last 100 steps"] for n in counts],
+        "o-",
+        label=f"shared weights, trained directly ({results['label']})",
+    )
+    hyper = [(n, ce) for n in counts if (ce := hypernetwork_ce(family, n, steps)) is not None]
+    if hyper:
+        axis.plot(*zip(*hyper), "s-", label="LoGAH-tiny, the zoo-vision recipe (family_archs.py)")
+    axis.axhline(math.log(10), color="grey", linestyle="--", label="chance (ln 10)")
+    axis.set_xscale("log", base=2)
+    axis.set(
+        xlabel=f"architectures of {family}",
+        ylabel=f"training CE, last 100 of {steps} steps",
+        title="one weight per name, trained directly, against a hypernetwork",
+    )
+    axis.legend(fontsize=7)
+    save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="vision_transformer")
+    parser.add_argument("--counts", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--meta-batch", type=int, default=4, help="architectures per step (train-ghn's)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed (family_archs.py's)")
+    parser.add_argument("--unseen", type=int, default=8, help="the family's last architectures, probed, never trained")
+    parser.add_argument(
+        "--tie-blocks",
+        action="store_true",
+        help="one tensor per name for all blocks, as the hypernetwork predicts them",
+    )
+    parser.add_argument(
+        "--rank", type=int, default=None, help="each weight as rank-R factors, as the hypernetwork's blocks are"
+    )
+    parser.add_argument(
+        "--one-map", action="store_true", help="with --rank: each block P[:rows] M P[:cols]^T, as LoGAH's decoder"
+    )
+    parser.add_argument(
+        "--capped", action="store_true", help="each weight at the RMS the decoder gives it (a learned gain in (0, 2))"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the figures and curves as this JSON")
+    parser.add_argument("--plot", type=Path, default=None, help="draw training CE against N as this PNG")
+    parser.add_argument("--from-json", type=Path, default=None, help="plot a run's --out JSON instead of training")
+    args = parser.parse_args()
+    if min(args.counts) < 1 or args.steps < 100 or (args.rank is not None and args.rank < 1):
+        parser.error("--counts and --rank: each at least 1; --steps: at least 100")
+    if args.one_map and args.rank is None:
+        parser.error("--one-map needs --rank (the maps' width)")
+    bounds = Bounds(args.tie_blocks, args.rank, args.one_map, args.capped)
+    label = bounds.label()
+    if args.from_json is not None:
+        if args.plot is None:
+            parser.error("--from-json needs --plot")
+        plot(json.loads(args.from_json.read_text()), args.family, args.steps, args.plot)
+        return
+    zoo, recipe = KINDS["vision"]
+    source = load_source(recipe["data"])
+    pool = ArchPool(zoo, "train")
+    position = {record.id: i for i, record in enumerate(pool.records)}
+    ids = shuffled_ids(zoo, args.family, args.seed)
+    order = [position[i] for i in ids]
+    probed = [(f"trained: {ids[k]}", order[k]) for k in range(PROBED_TRAINED)]
+    probed += [(f"unseen: {ids[k]}", order[k]) for k in range(len(ids) - args.unseen, len(ids))]
+    own = {what: scored(pool.records[i], source, BATCH) for what, i in probed}
+    table = ["| architectures | training CE, last 100 steps | @0: 4 trained | 8 unseen |", "|---|---|---|---|"]
+    table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in PARTS[:2]) + " |")
+    results: dict = {"label": label, "own init @0": own, "runs": {}}
+    for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
+        shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds)
+        ce = statistics.mean(curve[-100:])
+        at0 = {
+            what: scored(pool.records[i], source, BATCH, corners_for(shared, pool.initialised(i), args.tie_blocks))
+            for what, i in probed
+        }
+        figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "RMS over the cap": over_cap(shared)}
+        results["runs"][str(n)] = {**figures, "curve": curve}
+        print(json.dumps({"architectures": n, **figures}), flush=True)
+        table.append(
+            f"| {n}, shared weights, {label} | {ce:.2f} | "
+            + " | ".join(mean_of(at0, part) for part in PARTS[:2])
+            + " |"
+        )
+    print("\n".join(table), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(results))
+    if args.plot is not None:
+        plot(results, args.family, args.steps, args.plot)
+
+
+if __name__ == "__main__":
+    main()
