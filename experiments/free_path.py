@@ -14,7 +14,9 @@ per-step seeds) runs three hypernetworks that start from the same predictions:
   ``train-ghn`` itself);
 - ``MLP bypassed``: the decoder's MLP replaced by one free output per query, started at what the
   MLP gave (the factors trained directly, everything else as is);
-- ``encoder bypassed``: the encoder replaced by one free embedding per node, started at what it gave.
+- ``encoder bypassed``: the encoder replaced by one free embedding per node, started at what it gave;
+- ``as is, base lr``: LoGAH as is, every layer at the base lr (``--lr-fan-in`` past every fan-in),
+  as the free tables of the two arms above train: the MLP's form against its learning rate.
 
 One architecture is fixed, so its queries and nodes are the same at every step and a table of
 free outputs in their order stands in for either module.
@@ -29,6 +31,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,7 +49,9 @@ from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import step_seed  # noqa: E402
 
-ARMS = ("as is", "MLP bypassed", "encoder bypassed")
+ARMS = ("as is", "MLP bypassed", "encoder bypassed", "as is, base lr")
+#: the ``--lr-fan-in`` of ``as is, base lr``: past every fan-in of LoGAH-tiny, so every layer trains at the base lr
+BASE_LR_FAN_IN = 4096.0
 
 
 class Table(nn.Module):
@@ -110,7 +115,7 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="family_archs.py's run on the one architecture (its config)")
     parser.add_argument("--dataset", type=Path, default=ROOT / "out" / "zoo-vits-mini-vision_transformer-1")
     parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS[:3]))
     parser.add_argument("--out", type=Path, default=None, help="write the curves as this JSON")
     args = parser.parse_args()
     _, recipe = KINDS["vision"]
@@ -125,7 +130,8 @@ def main() -> None:
     results = {}
     for arm in args.arms:
         ghn = hypernetwork(ghn_config, arm, pool.encoded(0, ghn_config))
-        curve = train_arm(ghn, pool, 0, source, config)
+        arm_config = replace(config, lr_fan_in=BASE_LR_FAN_IN) if arm == "as is, base lr" else config
+        curve = train_arm(ghn, pool, 0, source, arm_config)
         windows = [round(statistics.mean(curve[i : i + 100]), 3) for i in range(0, len(curve), 100)]
         results[arm] = {"training CE, last 100 steps": windows[-1], "by 100 steps": windows}
         print(json.dumps({arm: results[arm]}), flush=True)
