@@ -21,7 +21,9 @@ matters is the architectures', not the families'. This script finds where inside
   ``--level-head``: with ``train-ghn --level-head`` (a learned level for 1-D outputs, the layer-scale
   gains among them), the lead for the architecture no pool fits; ``--depth-buckets N``: with the
   encoder's relative-depth embedding, which tells one architecture's blocks apart (without it the
-  zoo recipe predicts its blocks alike: ``family_share.py``);
+  zoo recipe predicts its blocks alike: ``family_share.py``); ``--role-factors``: with ``train-ghn
+  --role-factors`` (a pair of factors per role map beside the decoder's MLP, the lever
+  ``free_path.py`` points to);
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -89,6 +91,7 @@ def main() -> None:
         "--variant", default="tiny", help="LoGAH size (train-ghn --variant): small is the capacity control"
     )
     parser.add_argument("--level-head", action="store_true", help="train with train-ghn --level-head")
+    parser.add_argument("--role-factors", action="store_true", help="train with train-ghn --role-factors")
     parser.add_argument(
         "--depth-buckets", type=int, default=0, help="train with train-ghn --depth-buckets N (0: the recipe's none)"
     )
@@ -101,7 +104,9 @@ def main() -> None:
         parser.error("--counts: each at least 1")
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
+    recipe["role_factors"] = args.role_factors
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
+    arm += "-factors" if args.role_factors else ""
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
@@ -129,6 +134,7 @@ def main() -> None:
         means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
         label += f", {args.depth_buckets} depth buckets" if args.depth_buckets else ""
+        label += ", role factors" if args.role_factors else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
     if args.plot is not None:

@@ -16,7 +16,9 @@ per-step seeds) runs three hypernetworks that start from the same predictions:
   MLP gave (the factors trained directly, everything else as is);
 - ``encoder bypassed``: the encoder replaced by one free embedding per node, started at what it gave;
 - ``as is, base lr``: LoGAH as is, every layer at the base lr (``--lr-fan-in`` past every fan-in),
-  as the free tables of the two arms above train: the MLP's form against its learning rate.
+  as the free tables of the two arms above train: the MLP's form against its learning rate;
+- ``role factors``: LoGAH with ``--role-factors`` (a pair of factors per role map, trained at the
+  base lr beside the MLP, zero at the start), the lever the arms above point to.
 
 One architecture is fixed, so its queries and nodes are the same at every step and a table of
 free outputs in their order stands in for either module.
@@ -49,7 +51,7 @@ from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 from graphkit.training.loop import step_seed  # noqa: E402
 
-ARMS = ("as is", "MLP bypassed", "encoder bypassed", "as is, base lr")
+ARMS = ("as is", "MLP bypassed", "encoder bypassed", "as is, base lr", "role factors")
 #: the ``--lr-fan-in`` of ``as is, base lr``: past every fan-in of LoGAH-tiny, so every layer trains at the base lr
 BASE_LR_FAN_IN = 4096.0
 
@@ -73,7 +75,7 @@ def hypernetwork(config, arm: str, graph) -> LoGAH:
     """A fresh LoGAH of ``config`` (seed 0, as ``train-ghn`` draws it), with ``arm``'s module
     replaced by a :class:`Table` of what it gives on ``graph``."""
     torch.manual_seed(0)
-    ghn = LoGAH(config)
+    ghn = LoGAH(replace(config, role_factors=True) if arm == "role factors" else config)
     with torch.no_grad():
         nodes = ghn.encoder([graph])
         if arm == "encoder bypassed":

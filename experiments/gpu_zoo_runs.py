@@ -26,7 +26,9 @@ Runs (the zoo recipes of ``zoo_pools.KINDS``, float32 as on the CPU):
 - ``decoders-g8-whole``: its control, the same from a fresh LoGAH;
 - ``decoders-g8-pool1``: one family (``mistral``), the single-family control at the same horizon;
 - ``vision-poolK`` (K = 1, 2, 4, 8, 16): the zoo-vision recipe on the train split's K largest
-  families (``zoo_pools.families``), the pool-size curve beside ``vision-leaf`` (all 36).
+  families (``zoo_pools.families``), the pool-size curve beside ``vision-leaf`` (all 36);
+- ``vision-factors``, ``vision-factors-poolK`` (K = 1, 4, 16): the same with ``--role-factors``
+  (a pair of factors per role map beside the decoder's MLP).
 
 ``--steps N`` skips the speed probe and trains every run for N steps. A run still going at the
 deadline is stopped; its curve is in its log, and its last checkpoint (every 100 steps) is probed.
@@ -70,6 +72,8 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "decoders-g8-whole": ("decoders", dict(table_gain=8.0, spread=1.0)),
     "decoders-g8-pool1": ("decoders", dict(table_gain=8.0, zoo_families=["mistral"])),
     **{f"vision-pool{k}": ("vision", dict(pool=k)) for k in (1, 2, 4, 8, 16)},
+    "vision-factors": ("vision", dict(role_factors=True)),
+    **{f"vision-factors-pool{k}": ("vision", dict(pool=k, role_factors=True)) for k in (1, 4, 16)},
 }
 PIECE = 15 * 2**20  # bytes a packed piece holds at most
 PACKED = 60 * 2**20  # bytes of checkpoints packed at most, logs aside

@@ -17,6 +17,7 @@ from graphkit.ghn.encoding import targets
 from graphkit.ghn.model import INIT_GAIN, LoGAH
 from graphkit.ghn.predict import first_non_finite, residual_writers
 from graphkit.ghn.stream import stream_writers
+from graphkit.graph import ArchGraph
 from graphkit.tracing.tracer import logit_scale
 from graphkit.training.data import load_source
 
@@ -141,19 +142,52 @@ def test_one_dimensional_parameters_are_decoded_around_their_init_constants(anch
     assert graph.fingerprint() == graphkit.trace(_GainNet(), torch.randn(1, 8, 4, 4)).fingerprint()
 
 
+def _beside_plain(role: str, **extra: bool) -> tuple[_GainNet, ArchGraph, LoGAH, LoGAH, set[str]]:
+    """A _GainNet and its graph, a LoGAH (init anchors, one role map for ``role``) and the same with
+    ``extra`` (its weights loaded from the first's, in eval mode both), and what the first lacks."""
+    model = _GainNet()
+    graph = graphkit.trace(model, torch.randn(1, 8, 4, 4))
+    torch.manual_seed(0)
+    plain = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,))).eval()
+    extended = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,), **extra)).eval()
+    missing, unexpected = extended.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected
+    return model, graph, plain, extended, set(missing)
+
+
+def test_role_factors_move_their_roles_weights_and_start_at_nothing():
+    """Role factors (LoGAHConfig.role_factors) are zero at init, so a checkpoint's weights decode
+    as they did without them; a role's factors move that role's weights (in every block) and no
+    other parameter, in training's batched decoding and predict's block-by-block writing alike; the
+    loss's gradient reaches only the rows of the roles it reads."""
+    model, graph, plain, factored, missing = _beside_plain("blocks.conv.weight", role_factors=True)
+    assert missing == {"decoder.role_factors"}
+    assert factored.decoder.role_factors.shape == (2, 2 * 32 * 32)  # the shared map's, then the one role's
+    convs = {"blocks.0.conv.weight", "blocks.1.conv.weight"}
+    with torch.no_grad():
+        before = plain.predict(graph)
+        assert all(torch.equal(before[n], p) for n, p in factored.predict(graph).items())
+        factored.decoder.role_factors[1] = torch.randn(2 * 32 * 32)
+        batched = factored.predict(graph)
+        streamed = predict(copy.deepcopy(model), ghn=factored, example_inputs=torch.randn(1, 8, 4, 4))
+    for params in (batched, streamed):
+        for name, value in params.items():
+            assert torch.allclose(value, before[name], atol=1e-6) != (name in convs), name
+    assert all(torch.allclose(batched[n], streamed[n], atol=1e-5) for n in batched)
+    factored.train()
+    sum(p.square().sum() for name, p in factored.predict(graph).items() if name in convs).backward()
+    shared, role = factored.decoder.role_factors.grad
+    assert shared.abs().max() == 0 and role.abs().max() > 0
+
+
 def test_a_level_head_moves_each_one_dimensional_parameter_and_starts_at_nothing():
     """A level head (LoGAHConfig.level_head) adds its per-parameter level, and its role's level, to
     the 1-D parameters, after their output function and in their own units, where training, one
     graph at a time and block-by-block writing (predict) agree; a role's level moves that role's
     parameters only; at init both are zero, so a checkpoint's weights decode as they did without
     them; their gradients are the 1-D parameters' own; NaN is caught before anything is written."""
-    model = _GainNet()
-    graph = graphkit.trace(model, torch.randn(1, 8, 4, 4))
-    torch.manual_seed(0)
-    plain = LoGAH(LoGAHConfig(init_anchors=True, roles=("blocks.gain",))).eval()
-    leveled = LoGAH(LoGAHConfig(init_anchors=True, roles=("blocks.gain",), level_head=True)).eval()
-    missing, unexpected = leveled.load_state_dict(plain.state_dict(), strict=False)
-    assert set(missing) == {"decoder.level.weight", "decoder.level.bias", "decoder.role_levels"} and not unexpected
+    model, graph, plain, leveled, missing = _beside_plain("blocks.gain", level_head=True)
+    assert missing == {"decoder.level.weight", "decoder.level.bias", "decoder.role_levels"}
     assert leveled.decoder.role_levels.shape == (2,)  # the shared map's, then the one role's
     vectors = {t.name for t in targets(graph) if len(t.shape) == 1}
     gains = {"blocks.0.gain", "blocks.1.gain"}

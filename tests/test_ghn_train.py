@@ -184,6 +184,16 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert all(
         leveled[k].abs().max() < 1e-6 for k in ("decoder.level.weight", "decoder.level.bias", "decoder.role_levels")
     )
+    # so may role factors, which start at zero too, on a checkpoint with the role maps they follow
+    train(quick(vits, tmp_path / "mapped", steps=1, role_maps=True), progress=False)
+    mapped = load_checkpoint(tmp_path / "mapped").state_dict()
+    start = dict(steps=1, lr=1e-12, role_maps=True, role_factors=True, initial_checkpoint=str(tmp_path / "mapped"))
+    train(quick(vits, tmp_path / "factors", **start), progress=False)
+    factored = load_checkpoint(tmp_path / "factors").state_dict()
+    assert all(torch.allclose(factored[k], v, atol=1e-6) for k, v in mapped.items())
+    assert factored["decoder.role_factors"].abs().max() < 1e-6
+    with pytest.raises(TrainError, match=r"^--initial-checkpoint .*factors: holds a LoGAH whose role_factors is True"):
+        train(quick(vits, tmp_path / "unfactored", role_maps=True, initial_checkpoint=str(tmp_path / "factors")))
     # but a head is never dropped: the run would decode otherwise than the checkpoint it starts from
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*level: holds a LoGAH whose level_head is True, not"):
         train(quick(vits, tmp_path / "unlevelled", initial_checkpoint=str(tmp_path / "level")))

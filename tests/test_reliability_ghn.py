@@ -139,6 +139,8 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
         (("--role-maps", "--decoder", "ghn3", "--role-key", "leaf"), "--role-maps needs the low_rank decoder"),
         (("--table-gain", "8", "--no-init-anchors"), "--table-gain needs --init-anchors (it decodes with them)"),
         (("--level-head", "--decoder", "ghn3"), "--level-head needs the low_rank decoder, not 'ghn3'"),
+        (("--role-factors",), "--role-factors needs the low_rank decoder and --role-maps"),
+        (("--role-factors", "--role-maps", "--decoder", "ghn3"), "--role-factors needs the low_rank decoder"),
     ],
 )
 def test_role_map_options_are_checked_before_any_work(tmp_path, options, message):
@@ -440,6 +442,8 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
         ({"init_anchors": "yes"}, "config.json: logah.init_anchors must be true or false; got 'yes'"),
         ({"level_head": "yes"}, "config.json: logah.level_head must be true or false; got 'yes'"),
         ({"level_head": True}, "model.safetensors: does not match its config.json (the file holds"),
+        ({"role_factors": "yes"}, "config.json: logah.role_factors must be true or false; got 'yes'"),
+        ({"role_factors": True}, "config.json: logah.role_factors: role factors need the low_rank decoder and role"),
         ({"table_gain": 0}, "config.json: logah.table_gain: table gain must be a positive number; got 0"),
         ({"table_gain": "4"}, "config.json: logah.table_gain: table gain must be a positive number; got '4'"),
         ({"table_gain": True}, "config.json: logah.table_gain: table gain must be a positive number; got True"),

@@ -75,6 +75,13 @@ def train_ghn(
         "after its output function, so that it can move where the weights' gradients leave it (a layer-scale "
         'gain that starts near 0 can open its block; docs/experiments.md, "A level of their own").',
     ),
+    role_factors: bool = typer.Option(
+        False,
+        "--role-factors/--no-role-factors",
+        help="Give each role map a pair of factors of its own, added to what the decoder's MLP gives each "
+        "of its weights and trained at the base lr: the role's weights then train as directly trained weights "
+        'do, and the MLP tells architectures apart; needs --role-maps (docs/experiments.md, "Role factors").',
+    ),
     keep_init: bool = typer.Option(
         False,
         "--keep-init/--no-keep-init",
@@ -194,6 +201,7 @@ def train_ghn(
         init_anchors=init_anchors,
         table_gain=table_gain,
         level_head=level_head,
+        role_factors=role_factors,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],

@@ -54,6 +54,11 @@ class LoGAHConfig:
     # values (LowRankDecoder.level, role_levels), so that a 1-D output has a path of its own that Adam moves at its
     # own scale; zero at init, so it decodes as a LoGAH without it. False for checkpoints that lack it
     level_head: bool = False
+    # per role map a learned pair of r x r factors added to what the MLP gives each of its weights'
+    # queries (LowRankDecoder.role_factors), so that every weight of a role has a path that Adam
+    # moves as directly trained weights move; zero at init, so it decodes as a LoGAH without it.
+    # False for checkpoints that lack it
+    role_factors: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -69,6 +74,8 @@ class LoGAHConfig:
             raise VariantError(f"role maps need the low_rank decoder, not {self.decoder!r}", "roles")
         if self.level_head and self.decoder != "low_rank":
             raise VariantError(f"a level head needs the low_rank decoder, not {self.decoder!r}", "level_head")
+        if self.role_factors and (self.decoder != "low_rank" or not roles):
+            raise VariantError("role factors need the low_rank decoder and role maps", "role_factors")
         gain = self.table_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not math.isfinite(gain) or gain <= 0:
             raise VariantError(f"table gain must be a positive number; got {gain!r}", "table_gain")

@@ -32,6 +32,10 @@ Choices beyond the paper:
   parameter's units (before its init anchor and factor): a head on its query plus a level per
   role map, which Adam moves at their own pace (a LayerScale gain that starts near 0 can open
   its block).
+- **Role factors** (``LoGAHConfig.role_factors``; ``train-ghn --role-factors``). Each role map has
+  a pair of r x r factors of its own, zero at init, added to what the MLP gives each of its
+  weights: a path on which the role's weights train as weights trained directly do, with the MLP
+  left to tell architectures, blocks and widths apart (:meth:`LowRankDecoder.factors`).
 - **Role maps** (``LoGAHConfig.roles``, off by default; ``train-ghn --role-maps``). One shared r -> K
   map makes every matrix live in the same row and column subspaces: a GPT-2's query projection,
   MLP and embedding all get the same ``W[:rows]``. With role maps each parameter role (its name
@@ -210,6 +214,11 @@ class LowRankDecoder(nn.Module):
             nn.init.zeros_(self.level.weight)
             nn.init.zeros_(self.level.bias)
             self.role_levels = nn.Parameter(torch.zeros(len(c.roles) + 1))
+        # per role map (0: the shared map's) a pair of factors added to the MLP's (see factors); zero:
+        # decodes as without
+        self.role_factors = None
+        if c.role_factors:
+            self.role_factors = nn.Parameter(torch.zeros(len(c.roles) + 1, 2 * c.rank * c.rank))
 
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), per
@@ -284,7 +293,7 @@ class LowRankDecoder(nn.Module):
         r, device = self.config.rank, nodes.device
         index = batch.on(device)
         query = self.queries(nodes, batch.queries)
-        fa, fb = self.mlp(query).view(-1, 2, r, r).unbind(1)
+        fa, fb = self.factors(query, index["role"]).view(-1, 2, r, r).unbind(1)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
@@ -337,6 +346,22 @@ class LowRankDecoder(nn.Module):
         products, head, _, levels = self.products(nodes, _DecodeBatch([graph]))
         return LowRankDecoding(graph, products, head, self.config.max_mask, levels)
 
+    def factors(self, query: torch.Tensor, role: torch.Tensor) -> torch.Tensor:
+        """Per query (its MLP input ``query`` and role map ``role``) the two r x r factors, flat:
+        the MLP's output, plus the role's own factors where the decoder has them.
+
+        Why role factors: on one architecture, free factors per query trained as directly trained
+        weights fit to a training CE of 0.11 where the MLP's fit to 0.47; across architectures one
+        weight per role trained directly fits 8 to 0.39 where the MLP fits them to 1.56
+        (docs/experiments.md, "What the hypernetwork fails to share"). The MLP maps similar queries
+        to similar factors and moves them together at its fan-in-scaled rate; a role's factors
+        move at the base rate, by the sum of its weights' gradients, and the MLP keeps what tells
+        one architecture, block or width from another."""
+        out = self.mlp(query)
+        if self.role_factors is not None:
+            out = out + self.role_factors.index_select(0, role).to(out.dtype)
+        return out
+
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
         plus the slot's and the chunks'."""
@@ -347,7 +372,8 @@ class LowRankDecoder(nn.Module):
     def factor_similarity(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> float:
         """Mean pairwise cosine between the factor vectors of different queries: near 1, every
         parameter gets nearly the same factors (the collapse this decoder once fell into)."""
-        factors = F.normalize(self.mlp(self.queries(nodes, torch.cat([g.queries for g in graphs]))), dim=1)
+        batch = _DecodeBatch(graphs)
+        factors = F.normalize(self.factors(self.queries(nodes, batch.queries), batch.on(nodes.device)["role"]), dim=1)
         n = len(factors)
         return ((factors.sum(0).square().sum() - n) / max(n * (n - 1), 1)).item()
 
@@ -668,6 +694,7 @@ class LoGAH(nn.Module):
         init_anchors: bool = LoGAHConfig.init_anchors,
         table_gain: float = LoGAHConfig.table_gain,
         level_head: bool = LoGAHConfig.level_head,
+        role_factors: bool = LoGAHConfig.role_factors,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
@@ -676,7 +703,8 @@ class LoGAH(nn.Module):
         ``role_rows`` rows each; ``init_anchors`` decodes 1-D parameters around their model's init
         constants and the token and position tables at ``table_gain`` times the weights' RMS
         (:func:`~graphkit.ghn.encoding.targets`); ``level_head`` gives 1-D parameters a learned
-        level of their own (:meth:`LowRankDecoder.products`)."""
+        level of their own (:meth:`LowRankDecoder.products`), ``role_factors`` each role map a pair
+        of factors of its own (:meth:`LowRankDecoder.factors`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -692,6 +720,7 @@ class LoGAH(nn.Module):
                     "init_anchors": init_anchors,
                     "table_gain": table_gain,
                     "level_head": level_head,
+                    "role_factors": role_factors,
                 }
             )
         )
