@@ -23,7 +23,9 @@ matters is the architectures', not the families'. This script finds where inside
   encoder's relative-depth embedding, which tells one architecture's blocks apart (without it the
   zoo recipe predicts its blocks alike: ``family_share.py``); ``--role-factors``: with ``train-ghn
   --role-factors`` (a pair of factors per role map beside the decoder's MLP, the lever
-  ``free_path.py`` points to);
+  ``free_path.py`` points to); ``--initial CHECKPOINT``: from that checkpoint
+  (``train-ghn --initial-checkpoint``; ``factor_start.py`` writes one); ``--lr`` and ``--role-key``:
+  the recipe's base lr and role key replaced (what separates a run from the direct control);
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -49,6 +51,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from zoo_pools import KINDS, first_of_each, plot, probe, step0, train_run  # noqa: E402
 
+from graphkit.ghn.config import ROLE_KEYS  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 
@@ -92,6 +95,11 @@ def main() -> None:
     )
     parser.add_argument("--level-head", action="store_true", help="train with train-ghn --level-head")
     parser.add_argument("--role-factors", action="store_true", help="train with train-ghn --role-factors")
+    parser.add_argument("--initial", type=Path, default=None, help="train-ghn --initial-checkpoint (its own roles)")
+    parser.add_argument("--lr", type=float, default=None, help="train-ghn --lr (default: the recipe's)")
+    parser.add_argument(
+        "--role-key", choices=ROLE_KEYS, default=None, help="train-ghn --role-key (default: the recipe's)"
+    )
     parser.add_argument(
         "--depth-buckets", type=int, default=0, help="train with train-ghn --depth-buckets N (0: the recipe's none)"
     )
@@ -105,8 +113,12 @@ def main() -> None:
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     recipe["role_factors"] = args.role_factors
+    changed = {k: v for k, v in (("lr", args.lr), ("role_key", args.role_key)) if v is not None}
+    recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
     arm += "-factors" if args.role_factors else ""
+    arm += f"-from-{args.initial.name}" if args.initial else ""
+    arm += "".join(f"-{k}-{v}" for k, v in changed.items())
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
@@ -126,7 +138,7 @@ def main() -> None:
         name = f"{zoo.name}-{args.family}-{n}"
         run = ROOT / "runs" / f"{name}{arm}-{args.steps}"
         if not args.probe_only:
-            train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps)
+            train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps, args.initial)
         runs.append(run)
         figures = probe(run, probed, source, 32)
         print(json.dumps(figures, indent=1), flush=True)
@@ -135,6 +147,8 @@ def main() -> None:
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
         label += f", {args.depth_buckets} depth buckets" if args.depth_buckets else ""
         label += ", role factors" if args.role_factors else ""
+        label += f", from {args.initial.name}" if args.initial else ""
+        label += "".join(f", {k} {v}" for k, v in changed.items())
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
     if args.plot is not None:

@@ -1,0 +1,94 @@
+"""A start for ``train-ghn --role-factors`` whose MLP only corrects the role's factors (issue #45,
+item 1): the second half of the lever ``free_path.py`` points to.
+
+With ``--role-factors`` the factors start at zero and the MLP's output is the whole start: every
+query's factors are what a fresh MLP gives it, about 0.85 alike and otherwise arbitrary, and the
+role's factors must outgrow that per-architecture noise before the role fits. On eight
+architectures of ``vision_transformer`` such a run fits to 1.25 where the shared weights trained
+directly under the same sharing fit to 0.39 (docs/experiments.md, "Role factors"). This script
+writes the other start: each role's factors set to the mean of what the fresh MLP gives that
+role's queries over the dataset's train split, and the MLP's last layer zeroed, so that at step 0
+every query of a role gets its role's mean and the MLP's correction starts at nothing (its last
+layer's gradient does not). Everything else is the fresh LoGAH ``train-ghn`` draws (seed 0).
+
+The start is a checkpoint; ``family_archs.py --initial`` (or ``train-ghn --initial-checkpoint``)
+trains from it with the same recipe and ``--role-factors``:
+
+    .venv/bin/python experiments/factor_start.py out/zoo-vits-mini-vision_transformer-8 runs/factor-start-8
+    .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from zoo_pools import KINDS  # noqa: E402
+
+from graphkit.ghn import load_checkpoint, training  # noqa: E402
+from graphkit.ghn.checkpoint import save_checkpoint  # noqa: E402
+from graphkit.ghn.model import LoGAH, LowRankDecoder, _DecodeBatch  # noqa: E402
+from graphkit.ghn.pool import ArchPool  # noqa: E402
+
+
+def fresh(dataset: Path, work: Path) -> LoGAH:
+    """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
+    ``--role-factors``, its checkpoint's info with it: one step at a vanishing lr."""
+    _, recipe = KINDS["vision"]
+    config = training.TrainConfig(
+        **recipe, dataset=str(dataset), out=str(work), steps=1, lr=1e-12, role_factors=True, checkpoint_every=1
+    )
+    training.train(config, progress=False)
+    return load_checkpoint(work)
+
+
+@torch.no_grad()
+def role_means(ghn: LoGAH, pool: ArchPool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per role map (0: the shared map) the mean of the MLP's output over the pool's queries, and
+    how many queries each mean is over."""
+    decoder = ghn.decoder
+    assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
+    sums = torch.zeros_like(decoder.role_factors)
+    counts = torch.zeros(len(sums))
+    for index in range(len(pool)):
+        graph = pool.encoded(index, ghn.config)
+        batch = _DecodeBatch([graph])
+        role = batch.on(torch.device("cpu"))["role"]
+        sums.index_add_(0, role, decoder.mlp(decoder.queries(ghn.encoder([graph]), batch.queries)))
+        counts += torch.bincount(role, minlength=len(sums)).float()
+    return sums / counts.clamp_min(1).unsqueeze(1), counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", type=Path, help="the dataset whose train split the role means are over")
+    parser.add_argument("out", type=Path, help="the start's checkpoint folder (written; must not exist)")
+    args = parser.parse_args()
+    if args.out.exists():
+        parser.error(f"out: {args.out} exists; name a new folder")
+    with tempfile.TemporaryDirectory() as work:
+        ghn = fresh(args.dataset, Path(work) / "fresh")
+    decoder = ghn.decoder
+    assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
+    means, counts = role_means(ghn, ArchPool(args.dataset, "train"))
+    last = decoder.mlp[-1]
+    assert isinstance(last, torch.nn.Linear)
+    with torch.no_grad():
+        decoder.role_factors.copy_(means)
+        last.weight.zero_()
+        last.bias.zero_()
+    save_checkpoint(args.out, ghn, ghn.info)  # atomic: a killed run leaves no folder behind
+    print(json.dumps({"queries per role": counts.int().tolist(), "out": str(args.out)}))
+
+
+if __name__ == "__main__":
+    main()
