@@ -26,6 +26,8 @@ matters is the architectures', not the families'. This script finds where inside
   ``free_path.py`` points to); ``--initial CHECKPOINT``: from that checkpoint
   (``train-ghn --initial-checkpoint``; ``factor_start.py`` writes one); ``--lr`` and ``--role-key``:
   the recipe's base lr and role key replaced (what separates a run from the direct control);
+  ``--correction W``: with ``train-ghn --correction W`` (the MLP's share of the factors penalised,
+  so that the role factors carry what the roles share);
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -97,6 +99,7 @@ def main() -> None:
     parser.add_argument("--role-factors", action="store_true", help="train with train-ghn --role-factors")
     parser.add_argument("--initial", type=Path, default=None, help="train-ghn --initial-checkpoint (its own roles)")
     parser.add_argument("--lr", type=float, default=None, help="train-ghn --lr (default: the recipe's)")
+    parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument(
         "--role-key", choices=ROLE_KEYS, default=None, help="train-ghn --role-key (default: the recipe's)"
     )
@@ -113,7 +116,8 @@ def main() -> None:
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     recipe["role_factors"] = args.role_factors
-    changed = {k: v for k, v in (("lr", args.lr), ("role_key", args.role_key)) if v is not None}
+    options = (("lr", args.lr), ("role_key", args.role_key), ("correction", args.correction))
+    changed = {k: v for k, v in options if v is not None}
     recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
     arm += "-factors" if args.role_factors else ""

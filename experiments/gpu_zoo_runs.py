@@ -28,7 +28,11 @@ Runs (the zoo recipes of ``zoo_pools.KINDS``, float32 as on the CPU):
 - ``vision-poolK`` (K = 1, 2, 4, 8, 16): the zoo-vision recipe on the train split's K largest
   families (``zoo_pools.families``), the pool-size curve beside ``vision-leaf`` (all 36);
 - ``vision-factors``, ``vision-factors-poolK`` (K = 1, 4, 16): the same with ``--role-factors``
-  (a pair of factors per role map beside the decoder's MLP).
+  (a pair of factors per role map beside the decoder's MLP);
+- ``vision-lr``, ``vision-factors-lr``: the whole split at lr 1e-3 (the recipe's 3e-4 is too low
+  for the fit inside one family), without and with role factors;
+- ``vision-correctionW`` (W = 0.3, 1, 3): role factors at lr 1e-3 with ``--correction W`` (the
+  MLP's share of the factors penalised, so that the role factors carry what the roles share).
 
 ``--steps N`` skips the speed probe and trains every run for N steps. A run still going at the
 deadline is stopped; its curve is in its log, and its last checkpoint (every 100 steps) is probed.
@@ -74,6 +78,9 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"vision-pool{k}": ("vision", dict(pool=k)) for k in (1, 2, 4, 8, 16)},
     "vision-factors": ("vision", dict(role_factors=True)),
     **{f"vision-factors-pool{k}": ("vision", dict(pool=k, role_factors=True)) for k in (1, 4, 16)},
+    "vision-lr": ("vision", dict(lr=1e-3)),
+    "vision-factors-lr": ("vision", dict(role_factors=True, lr=1e-3)),
+    **{f"vision-correction{w:g}": ("vision", dict(role_factors=True, lr=1e-3, correction=w)) for w in (0.3, 1.0, 3.0)},
 }
 PIECE = 15 * 2**20  # bytes a packed piece holds at most
 PACKED = 60 * 2**20  # bytes of checkpoints packed at most, logs aside

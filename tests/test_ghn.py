@@ -14,7 +14,7 @@ from graphkit.ghn import PredictError, load_checkpoint, predict
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.diagnostics import feature_constancy
 from graphkit.ghn.encoding import targets
-from graphkit.ghn.model import INIT_GAIN, LoGAH
+from graphkit.ghn.model import INIT_GAIN, LoGAH, _DecodeBatch
 from graphkit.ghn.predict import first_non_finite, residual_writers
 from graphkit.ghn.stream import stream_writers
 from graphkit.graph import ArchGraph
@@ -178,6 +178,29 @@ def test_role_factors_move_their_roles_weights_and_start_at_nothing():
     sum(p.square().sum() for name, p in factored.predict(graph).items() if name in convs).backward()
     shared, role = factored.decoder.role_factors.grad
     assert shared.abs().max() == 0 and role.abs().max() > 0
+
+
+def test_the_correction_is_the_mlps_share_of_each_querys_factors():
+    """Decoded.correction, what train-ghn --correction weighs: per query |mlp|^2 / (|mlp|^2 +
+    |role's|^2), averaged over the queries; 1 while the role factors are zero (and without them),
+    0 where the MLP gives nothing; the MLP's output set to one vector b and the two roles' factors
+    to a0 and a1, the mean of the two shares by the queries' roles."""
+    _, graph, plain, factored, _ = _beside_plain("blocks.conv.weight", role_factors=True)
+    encoded = factored.encode(graph)
+    roles = _DecodeBatch([encoded]).on(torch.device("cpu"))["role"]
+    assert plain([encoded], details=True).correction == 1
+    assert factored([encoded], details=True).correction == 1
+    last, r2 = factored.decoder.mlp[-1], 2 * 32 * 32
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.zero_()
+        factored.decoder.role_factors.copy_(torch.randn(2, r2))
+        assert factored([encoded], details=True).correction == 0
+        last.bias.copy_(torch.randn(r2))
+        b2 = last.bias.square().sum()
+        expected = torch.stack([b2 / (b2 + a.square().sum()) for a in factored.decoder.role_factors])[roles].mean()
+    assert set(roles.tolist()) == {0, 1}
+    assert factored([encoded], details=True).correction.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_a_level_head_moves_each_one_dimensional_parameter_and_starts_at_nothing():

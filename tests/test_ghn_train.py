@@ -1037,6 +1037,28 @@ def test_the_spread_penalty_moves_what_it_targets(gpts, tmp_path):
             quick(gpts, tmp_path / "bad", spread=bad)
 
 
+def test_the_correction_penalty_hands_the_mlps_share_to_the_role_factors(gpts, tmp_path):
+    """--correction weighs the decoder MLP's share of the factors into the loss: the logged share
+    starts at 1 (role factors start at zero) and falls further than in the same run without the
+    penalty (8 steps: by 0.001 without, 0.009 at 100); without --role-factors the option is
+    refused, as is a negative or NaN weight."""
+    ends = {}
+    for weight in (0.0, 100.0):
+        out = tmp_path / str(weight)
+        options = dict(steps=8, checkpoint_every=8, role_maps=True, role_factors=True, lr=1e-2, correction=weight)
+        train(quick(gpts, out, **options), progress=False)
+        lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert lines[0]["correction"] > 0.99
+        ends[weight] = 1 - lines[-1]["correction"]
+    assert ends[100.0] > 2 * ends[0.0] > 0, ends
+    assert json.loads((tmp_path / "100.0" / "config.json").read_text())["train"]["correction"] == 100.0
+    with pytest.raises(TrainError, match=r"^--correction needs --role-factors"):
+        quick(gpts, tmp_path / "bad", role_maps=True, correction=1.0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(TrainError, match="correction must be"):
+            quick(gpts, tmp_path / "bad", role_maps=True, role_factors=True, correction=bad)
+
+
 def test_the_look_ahead_scores_the_end_of_fine_tuning_with_the_end_points_gradient():
     """look_ahead_loss: the value is the loss after its AdamW steps, taken here with a real
     optimizer on a real module, and the gradient with respect to the start is the gradient at the

@@ -141,6 +141,8 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
         (("--level-head", "--decoder", "ghn3"), "--level-head needs the low_rank decoder, not 'ghn3'"),
         (("--role-factors",), "--role-factors needs the low_rank decoder and --role-maps"),
         (("--role-factors", "--role-maps", "--decoder", "ghn3"), "--role-factors needs the low_rank decoder"),
+        (("--correction", "1"), "--correction needs --role-factors (it weighs the MLP's share beside them)"),
+        (("--role-maps", "--role-factors", "--correction", "-1"), "correction must be"),
     ],
 )
 def test_role_map_options_are_checked_before_any_work(tmp_path, options, message):

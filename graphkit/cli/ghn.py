@@ -156,6 +156,12 @@ def train_ghn(
         help="Weight of the penalty on predicted blocks with their energy in one direction (the low-rank "
         "decoder's mean inverse participation ratio; 1.0 in the bundled LLaMA's second stage).",
     ),
+    correction: float = typer.Option(
+        0.0,
+        "--correction",
+        help="Weight of the penalty on the decoder MLP's share of each weight's factors beside its role's own "
+        "(needs --role-factors), so that the role factors carry what the roles share.",
+    ),
     look_ahead: int = typer.Option(
         0,
         "--look-ahead",
@@ -219,6 +225,7 @@ def train_ghn(
         weight_decay=weight_decay,
         gamma=gamma,
         spread=spread,
+        correction=correction,
         look_ahead=look_ahead,
         look_ahead_lr=look_ahead_lr,
         clip=clip,

@@ -170,6 +170,9 @@ class Decoded(NamedTuple):
     # the mean inverse participation ratio of the weight queries' r x r products (1 for rank 1,
     # 1/r when flat): how far predicted blocks are from one shared direction (train-ghn --spread)
     spread: torch.Tensor
+    # the queries' mean share of their factors' squared norm that the decoder's MLP gives, beside
+    # their role's own factors (1 without them): what train-ghn --correction weighs
+    correction: torch.Tensor
 
 
 def inverse_participation(m: torch.Tensor) -> torch.Tensor:
@@ -232,7 +235,7 @@ class LowRankDecoder(nn.Module):
         no pass over the decoded weights: a weight's norm is fixed by its predicted scale (see :meth:`products`)."""
         batch = _DecodeBatch(graphs)
         index = batch.on(nodes.device)
-        products, head, norms, levels = self.products(nodes, batch)
+        products, head, norms, levels, share = self.products(nodes, batch)
         blocks: list[torch.Tensor] = [None] * len(batch.queries)  # type: ignore[list-item]
         if batch.weight_groups:
             grouped = products[index["weight_order"]].split([len(m) for m in batch.weight_groups.values()])
@@ -264,17 +267,18 @@ class LowRankDecoder(nn.Module):
         norms = torch.zeros(len(graphs), device=nodes.device).index_add(0, index["graph_of_target"], norms)
         weights = products[index["is_weight_query"]]
         spread = inverse_participation(weights).mean() if len(weights) else nodes.new_zeros(())
-        return Decoded(out, norms, spread)
+        return Decoded(out, norms, spread, share.mean())
 
     def products(
         self, nodes: torch.Tensor, batch: _DecodeBatch
-    ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Callable[[int, int], torch.Tensor], torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per query of ``batch`` (in query order) the r x r matrix ``M = F_A F_B^T``, a weight's
         scale folded in; ``head(role, size)``, the first ``size`` rows of role map ``role`` (0: the
         shared map; a block is ``head(role, rows) @ M @ head(role, cols).t()``); per target the
-        L2 norm of a weight (float32; a 1-D target's entry is left for :meth:`forward` to fill); and
+        L2 norm of a weight (float32; a 1-D target's entry is left for :meth:`forward` to fill);
         with a level head, per query the level added to a 1-D parameter's values after their output
-        function, in the parameter's own units (None without one).
+        function, in the parameter's own units (None without one); and per query the MLP's share
+        of its factors (:meth:`factors`).
 
         Why the level: a 1-D value is ``W[:C] M w_0``, a raw product of factors that the weights'
         gradients shape, while a weight is normalised to its predicted scale, which amplifies its
@@ -293,7 +297,8 @@ class LowRankDecoder(nn.Module):
         r, device = self.config.rank, nodes.device
         index = batch.on(device)
         query = self.queries(nodes, batch.queries)
-        fa, fb = self.factors(query, index["role"]).view(-1, 2, r, r).unbind(1)
+        factors, share = self.factors(query, index["role"])
+        fa, fb = factors.view(-1, 2, r, r).unbind(1)
         gains = 2 * torch.sigmoid(self.gain(query)[:, 0] / 2)  # in (0, 2), 1 at init
         # every use below slices this once-made tensor, never the K-row map again: each slice of a
         # large tensor costs a full-size zero gradient in the backward
@@ -325,7 +330,7 @@ class LowRankDecoder(nn.Module):
         levels = None
         if self.level is not None and self.role_levels is not None:
             levels = self.level(query)[:, 0] + self.role_levels.index_select(0, index["role"])
-        return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float(), levels
+        return (fa * scale.view(-1, 1, 1)) @ fb.mT, head, (rms * index["size"].sqrt()).float(), levels, share
 
     def scratch_bytes(self, plan: Sequence[Target], destinations: dict[str, torch.Tensor]) -> int:
         """Memory :meth:`LowRankDecoding.write_into` needs beyond the destinations: the largest
@@ -343,12 +348,14 @@ class LowRankDecoder(nn.Module):
     @torch.no_grad()
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
         """One graph's parameters, ready to be written block by block (see :class:`LowRankDecoding`)."""
-        products, head, _, levels = self.products(nodes, _DecodeBatch([graph]))
+        products, head, _, levels, _ = self.products(nodes, _DecodeBatch([graph]))
         return LowRankDecoding(graph, products, head, self.config.max_mask, levels)
 
-    def factors(self, query: torch.Tensor, role: torch.Tensor) -> torch.Tensor:
+    def factors(self, query: torch.Tensor, role: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per query (its MLP input ``query`` and role map ``role``) the two r x r factors, flat:
-        the MLP's output, plus the role's own factors where the decoder has them.
+        the MLP's output, plus the role's own factors where the decoder has them; and per query
+        the MLP's share of their squared norms, ``|mlp|^2 / (|mlp|^2 + |role's|^2)`` (float32; 1
+        without role factors), which ``train-ghn --correction`` weighs.
 
         Why role factors: on one architecture, free factors per query trained as directly trained
         weights fit to a training CE of 0.11 where the MLP's fit to 0.47; across architectures one
@@ -356,11 +363,20 @@ class LowRankDecoder(nn.Module):
         (docs/experiments.md, "What the hypernetwork fails to share"). The MLP maps similar queries
         to similar factors and moves them together at its fan-in-scaled rate; a role's factors
         move at the base rate, by the sum of its weights' gradients, and the MLP keeps what tells
-        one architecture, block or width from another."""
+        one architecture, block or width from another.
+
+        Why the share: trained that way, the role factors alone predicted nothing (3.0-4.0 at step
+        0, the MLP's last layer zeroed; docs/experiments.md): the MLP carried each architecture's
+        whole fit, and what the roles share stayed in it, where an unseen architecture's queries
+        do not reach. A penalty on the share leaves the MLP only what tells architectures apart.
+        It is a ratio, so that it cannot be met by shrinking the MLP's output alone (a weight's
+        scale is set apart from its factors')."""
         out = self.mlp(query)
-        if self.role_factors is not None:
-            out = out + self.role_factors.index_select(0, role).to(out.dtype)
-        return out
+        if self.role_factors is None:
+            return out, out.new_ones(len(out), dtype=torch.float32)
+        own = self.role_factors.index_select(0, role).to(out.dtype)
+        mine = out.float().square().sum(1)
+        return out + own, mine / (mine + own.float().square().sum(1)).clamp_min(1e-30)
 
     def queries(self, nodes: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
         """The MLP's input per query (node, slot, row chunk, column chunk): the node's embedding
@@ -373,7 +389,8 @@ class LowRankDecoder(nn.Module):
         """Mean pairwise cosine between the factor vectors of different queries: near 1, every
         parameter gets nearly the same factors (the collapse this decoder once fell into)."""
         batch = _DecodeBatch(graphs)
-        factors = F.normalize(self.factors(self.queries(nodes, batch.queries), batch.on(nodes.device)["role"]), dim=1)
+        factors, _ = self.factors(self.queries(nodes, batch.queries), batch.on(nodes.device)["role"])
+        factors = F.normalize(factors, dim=1)
         n = len(factors)
         return ((factors.sum(0).square().sum() - n) / max(n * (n - 1), 1)).item()
 
@@ -621,13 +638,14 @@ class TiledDecoder(nn.Module):
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), one
         parameter at a time (the baseline's own cost), and per graph the sum of its parameters'
-        L2 norms; it has no low-rank products, so its spread is 0."""
+        L2 norms; it has no low-rank products, so its spread is 0, and no role factors, so its
+        correction is 1."""
         out, start = [], 0
         for g in graphs:
             out.append(self._decode(nodes[start : start + g.num_nodes], g.targets))
             start += g.num_nodes
         norms = torch.stack([sum(p.float().norm() for p in params.values()) for params in out])
-        return Decoded(out, norms, nodes.new_zeros(()))
+        return Decoded(out, norms, nodes.new_zeros(()), nodes.new_ones(()))
 
     def _decode(self, nodes: torch.Tensor, plan: Sequence[Target]) -> dict[str, torch.Tensor]:
         d, s = self.config.hidden, self.config.spatial
@@ -666,6 +684,7 @@ class Prediction(NamedTuple):
     norms: torch.Tensor  # (graphs,) the sum of each model's parameter L2 norms: GHN-3's regulariser
     nodes: torch.Tensor  # (sum of N_i, d) the node embeddings, for the factor-similarity log
     spread: torch.Tensor  # the decoder's (see :class:`Decoded`), for train-ghn --spread
+    correction: torch.Tensor  # the decoder's (see :class:`Decoded`), for train-ghn --correction
 
 
 class LoGAH(nn.Module):
@@ -735,11 +754,13 @@ class LoGAH(nn.Module):
         """The parameters of several models at once (each graph from :meth:`encode`): one
         encoder pass over the padded batch of graphs, one decoder pass over all their targets.
         ``details=True`` returns a :class:`Prediction`, which adds what training needs without a
-        second pass: each model's parameter norms, the node embeddings the decoder saw and the
-        decoder's spread."""
+        second pass: each model's parameter norms, the node embeddings the decoder saw, the
+        decoder's spread and its MLP's share of the factors."""
         nodes = self.encoder(graphs)
         decoded = self.decoder(nodes, graphs)
-        return Prediction(decoded.params, decoded.norms, nodes, decoded.spread) if details else decoded.params
+        if details:
+            return Prediction(decoded.params, decoded.norms, nodes, decoded.spread, decoded.correction)
+        return decoded.params
 
     def encode(self, graph: ArchGraph) -> EncodedGraph:
         """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""

@@ -109,6 +109,7 @@ RESUMED_OPTIONS = (
     "weight_decay",
     "gamma",
     "spread",
+    "correction",
     "look_ahead",
     "look_ahead_lr",
     "clip",
@@ -132,6 +133,7 @@ UNRECORDED = {
     "max_roles": None,
     "role_rows": LoGAHConfig.role_rows,
     "spread": 0.0,
+    "correction": 0.0,
     "look_ahead": 0,
     "look_ahead_lr": LOOK_AHEAD_LR,
 }
@@ -178,6 +180,9 @@ class TrainConfig:
     # weight of the low-rank decoder's spread (Decoded.spread): a penalty on predicted blocks that
     # put their energy in one direction (docs/experiments.md, "The curriculum with the spread penalty")
     spread: float = 0.0
+    # weight of the MLP's share of the role-factor decoder's factors (Decoded.correction): a penalty
+    # that leaves the role factors what the roles share (LowRankDecoder.factors); needs role_factors
+    correction: float = 0.0
     # score each prediction also by its loss after this many AdamW steps of fine-tuning from it
     # (look_ahead_loss: first-order, as first-order MAML); 0: by its loss as predicted alone
     look_ahead: int = 0
@@ -205,7 +210,7 @@ class TrainConfig:
         check_number("table_gain", self.table_gain, TrainError, positive=True)
         if self.table_gain != 1.0 and not self.init_anchors:  # it would change nothing: say so, not train
             raise TrainError("--table-gain needs --init-anchors (it decodes with them); leave out --no-init-anchors")
-        for name in ("weight_decay", "gamma", "spread"):
+        for name in ("weight_decay", "gamma", "spread", "correction"):
             check_number(name, getattr(self, name), TrainError, positive=False)
         check_seed(self.seed, TrainError)
         check_device(self.device, TrainError)
@@ -222,6 +227,8 @@ class TrainConfig:
         check_flag("role_factors", self.role_factors, TrainError)
         if self.role_factors and (self.decoder != "low_rank" or not self.role_maps):
             raise TrainError("--role-factors needs the low_rank decoder and --role-maps")
+        if self.correction and not self.role_factors:  # it would weigh a constant 1
+            raise TrainError("--correction needs --role-factors (it weighs the MLP's share beside them)")
         check_flag("keep_init", self.keep_init, TrainError)
         check_flag("mix_families", self.mix_families, TrainError)
         check_flag("deterministic", self.deterministic, TrainError)
@@ -318,14 +325,24 @@ def meta_batch_loss(
     config: TrainConfig,
     generator: torch.Generator,
     amp: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor | None,
+    torch.Tensor,
+]:
     """One training step's forward: the loss (mean cross-entropy, plus the mean loss after the
     look-ahead's fine-tuning with ``config.look_ahead``, plus ``gamma`` times the mean parameter
-    norm plus ``spread`` times the decoder's spread), its parts (cross-entropy, metric, norm,
-    spread, the look-ahead's loss or None) and the node embeddings. ``model`` is the LoGAH, or its
+    norm plus ``spread`` times the decoder's spread plus ``correction`` times its MLP's share of the
+    factors), its parts (cross-entropy, metric, norm, spread, correction, the look-ahead's loss or
+    None) and the node embeddings. ``model`` is the LoGAH, or its
     DDP wrapper; ``graphs`` are the encodings of ``indices``."""
     with torch.autocast(pool.device.type, dtype=torch.bfloat16, enabled=amp):
-        predicted, norms, nodes, spread = model(graphs, details=True)
+        predicted, norms, nodes, spread, correction = model(graphs, details=True)
     # graphkit's families run in bf16 throughout; a library's models (a zoo's), as the library
     # wrote them, keep float32 buffers (batch norm's running statistics) and float32 arithmetic of
     # their own (rotary tables, state-space scans), which a bf16 parameter meets in one op and fails
@@ -334,10 +351,10 @@ def meta_batch_loss(
         pool, indices, predicted, source, config, generator, torch.bfloat16 if in_bf16 else None
     )
     penalty = norms.mean()
-    loss = ce + config.gamma * penalty + config.spread * spread
+    loss = ce + config.gamma * penalty + config.spread * spread + config.correction * correction
     if ahead is not None:
         loss = loss + ahead
-    return loss, ce, metric, penalty, spread, ahead, nodes
+    return loss, ce, metric, penalty, spread, correction, ahead, nodes
 
 
 def run_models(
@@ -619,7 +636,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             generator = torch.Generator().manual_seed(seed)
             indices = pool.draw(config.meta_batch, generator, families)
             graphs = [pool.encoded(i, ghn.config) for i in indices]
-            loss, ce, metric, penalty, spread, ahead, nodes = meta_batch_loss(
+            loss, ce, metric, penalty, spread, correction, ahead, nodes = meta_batch_loss(
                 model, graphs, pool, indices, source, config, generator, amp
             )
             optimizer.zero_grad(set_to_none=True)
@@ -645,7 +662,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 schedule.step()  # a skipped step still counts: a resumed run's schedule stays where this one's is
             done = step + 1
             if logging:
-                logged = (loss, ce, metric, penalty, spread) + (() if ahead is None else (ahead,))
+                logged = (loss, ce, metric, penalty, spread, correction) + (() if ahead is None else (ahead,))
                 values = torch.stack([t.detach().float() for t in logged])
                 if world > 1:
                     dist.all_reduce(values)
@@ -665,7 +682,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                     "metric": values[2].item(),
                     "norm": values[3].item(),
                     "spread": values[4].item(),
-                    **({} if ahead is None else {"look_ahead": values[5].item()}),
+                    "correction": values[5].item(),
+                    **({} if ahead is None else {"look_ahead": values[6].item()}),
                     "lr": optimizer.param_groups[-1]["lr"],
                     "grad_norm": grad_norm.item(),
                     "archs_per_s": config.meta_batch * world * (done - start) / elapsed,
