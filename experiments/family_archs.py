@@ -27,7 +27,8 @@ matters is the architectures', not the families'. This script finds where inside
   (``train-ghn --initial-checkpoint``; ``factor_start.py`` writes one); ``--lr`` and ``--role-key``:
   the recipe's base lr and role key replaced (what separates a run from the direct control);
   ``--correction W``: with ``train-ghn --correction W`` (the MLP's share of the factors penalised,
-  so that the role factors carry what the roles share);
+  so that the role factors carry what the roles share); ``--lr-fan-in C``: the recipe's 8 replaced
+  (at 32 the role maps, 32 wide, train at the base lr);
 - ``--plot PNG``: the runs' training curves.
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--initial", type=Path, default=None, help="train-ghn --initial-checkpoint (its own roles)")
     parser.add_argument("--lr", type=float, default=None, help="train-ghn --lr (default: the recipe's)")
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
+    parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")
     parser.add_argument(
         "--role-key", choices=ROLE_KEYS, default=None, help="train-ghn --role-key (default: the recipe's)"
     )
@@ -116,8 +118,8 @@ def main() -> None:
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     recipe["role_factors"] = args.role_factors
-    options = (("lr", args.lr), ("role_key", args.role_key), ("correction", args.correction))
-    changed = {k: v for k, v in options if v is not None}
+    given = {k: getattr(args, k) for k in ("lr", "role_key", "correction", "lr_fan_in")}
+    changed = {k: v for k, v in given.items() if v is not None}
     recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
     arm += "-factors" if args.role_factors else ""

@@ -67,6 +67,7 @@ from graphkit.ghn.evaluate import initialise  # noqa: E402
 from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
+from graphkit.training.data.text import TextSource  # noqa: E402
 from graphkit.training.loop import estimate_batch_norm, score  # noqa: E402
 
 #: each kind's zoo and its checkpoint's recipe (Makefile, ``bundled``), less the dataset and the steps
@@ -151,7 +152,7 @@ def probe_records(zoo: Path, first: Sequence[str]) -> list[tuple[str, Any]]:
     return probed + [(f"held out: {f} ({r.id})", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
 
 
-def image_share(model: torch.nn.Module, images: torch.Tensor) -> float:
+def image_share(model: Any, images: torch.Tensor) -> float:
     """How much a timm model's classifier input varies across ``images``: its standard deviation
     over the batch over its RMS. Near 0 the model gives every image the same features, so its
     output is one guess whatever it sees (chance, ln 10 at best)."""
@@ -279,9 +280,13 @@ def main() -> None:
     zoo = args.zoo or default_zoo
     print("families, the pools' order:", families(zoo, args.first)[:PROBED_FAMILIES], flush=True)
     source = load_source(recipe["data"], seq_len=recipe.get("seq_len", 64))
-    text = source.task == "text"
+    text = isinstance(source, TextSource)
     batch_size = 8 if text else 32
-    floor = (source.unigram_loss(), "the unigram loss") if text else (math.log(10), "chance (ln 10)")
+    floor = (
+        (source.unigram_loss(), "the unigram loss")
+        if isinstance(source, TextSource)
+        else (math.log(10), "chance (ln 10)")
+    )
     print(f"{floor[1]}: {floor[0]:.3f}", flush=True)
     records = probe_records(zoo, args.first)
     if args.tempered:
