@@ -12,8 +12,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from helpers import ROOT
+
+from graphkit.workers import worker_started
 
 #: how the shell reports each way a command is stopped: SIGTERM and Ctrl-C unwind it (143, 130),
 #: SIGKILL ends it where it stands
@@ -119,3 +122,13 @@ def stop(run: subprocess.Popen, workers: set[int], signum: int) -> str:
     _, stderr = run.communicate(timeout=60)  # the pipes close when the last worker ends
     assert run.returncode == STOPPED[signum], stderr
     return stderr
+
+
+def report_sigint(queue: Any, run: int) -> None:
+    """A worker process's target (module-level, so a spawned one finds it): puts whether SIGINT
+    was blocked as it started, then, after :func:`graphkit.workers.worker_started`, whether it
+    is still blocked and whether it is ignored."""
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    worker_started(run)
+    still = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    queue.put((blocked, still, signal.getsignal(signal.SIGINT) == signal.SIG_IGN))

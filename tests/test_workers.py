@@ -6,15 +6,17 @@ tests/test_zoo_signals.py."""
 from __future__ import annotations
 
 import ast
+import os
 import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 from helpers import ROOT
-from processes import STOPPED_BY, launcher, stop
+from processes import STOPPED_BY, launcher, report_sigint, stop
 
 from graphkit.datasets.generate import generate
+from graphkit.workers import ended_by_sigterm, signals_deferred, worker_context
 
 #: ``graphkit eval-ghn`` with two workers whose every fine-tuning marks itself busy in $BUSY, then
 #: takes ten minutes: the command is stopped with both workers busy
@@ -104,3 +106,40 @@ def test_every_module_that_starts_processes_ends_them_with_its_command():
         if names & STARTS_PROCESSES and name != "graphkit.workers" and "graphkit.workers" not in names:
             starting[name] = ", ".join(sorted(names & STARTS_PROCESSES))
     assert starting == ALLOWED
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_starts_with_ctrl_c_blocked_until_it_ignores_it(method):
+    """A Ctrl-C to the process group while a worker starts must not raise in it before
+    ``worker_started`` (measured: a traceback from the fork's bookkeeping, a broken pool): the
+    worker starts with SIGINT blocked, and unblocks it once ignored; the command's mask is kept."""
+    context = worker_context(method)
+    queue = context.SimpleQueue()
+    process = context.Process(target=report_sigint, args=(queue, os.getpid()))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0 and queue.get() == (True, False, True)
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_a_signal_held_back_while_a_pool_starts_is_raised_after_it(signum):
+    """Ctrl-C and SIGTERM (under ``ended_by_sigterm``) that arrive inside ``signals_deferred``
+    let the block finish, are raised as they would have been when it ends, and the handlers
+    are the command's again."""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest may run with it ignored
+    finished = []
+    try:
+        with ended_by_sigterm():
+            before = signal.getsignal(signum)
+            with pytest.raises((KeyboardInterrupt, SystemExit)) as raised, signals_deferred():
+                os.kill(os.getpid(), signum)
+                for _ in range(1000):  # bytecode, at which a handler would run
+                    pass
+                finished.append(signal.getsignal(signum))
+            after = signal.getsignal(signum)
+        assert finished and finished[0] is not before and after is before
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert raised.type is (KeyboardInterrupt if signum == signal.SIGINT else SystemExit)
+    assert signum == signal.SIGINT or raised.value.code == 143

@@ -64,7 +64,7 @@ from graphkit.fileio import check_output_dir, write_text_atomic
 from graphkit.graph import ArchGraph
 from graphkit.tracing import trace
 from graphkit.validation import is_count
-from graphkit.workers import ended_by_sigterm, worker_started
+from graphkit.workers import ended_by_sigterm, signals_deferred, worker_context, worker_started
 
 #: timm modules whose models are built from self-attention blocks (timm.list_models(module=...))
 TIMM_TRANSFORMER_MODULES = (
@@ -394,7 +394,7 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
     child of a process whose thread pool had run can crash), each importing the libraries once."""
     methods = multiprocessing.get_all_start_methods()
     method = zoo.start_method if zoo.start_method in methods else "spawn"
-    context: Any = multiprocessing.get_context(method)  # a start method's context: its Process and Pipe
+    context: Any = worker_context(method)  # a start method's context: its Process and Pipe
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # meta tensors do no arithmetic; the processes share the cores
     if names and method == "fork":
@@ -404,10 +404,11 @@ def _traced(zoo: Zoo, out: Path, names: list[str], workers: int, timeout: float)
     busy: dict[Connection, tuple[Any, str, float]] = {}
 
     def start() -> tuple[Any, Connection]:
-        mine, theirs = context.Pipe(duplex=True)
-        process = context.Process(target=_serve, args=(zoo.name, theirs, os.getpid()), daemon=True)
-        process.start()
-        theirs.close()
+        with signals_deferred():  # a Ctrl-C midway would leave a worker started and untracked
+            mine, theirs = context.Pipe(duplex=True)
+            process = context.Process(target=_serve, args=(zoo.name, theirs, os.getpid()), daemon=True)
+            process.start()
+            theirs.close()
         return process, mine
 
     def stop(process: Any, pipe: Connection) -> None:
