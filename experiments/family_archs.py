@@ -29,7 +29,9 @@ matters is the architectures', not the families'. This script finds where inside
   ``--correction W``: with ``train-ghn --correction W`` (the MLP's share of the factors penalised,
   so that the role factors carry what the roles share); ``--lr-fan-in C``: the recipe's 8 replaced
   (at 32 the role maps, 32 wide, train at the base lr);
-- ``--plot PNG``: the runs' training curves.
+- ``--plot PNG``: the runs' training curves;
+- ``--unseen-dataset DIR``: only write the zoo with the unseen architectures as its eval split, for
+  ``eval-ghn --dataset DIR`` (their 100- and 300-step horizons).
 
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 8 16 32 89 --plot docs/img/family-archs.png
     .venv/bin/python experiments/family_archs.py --counts 1 2 4 --probe-only     # the runs already in runs/
@@ -46,6 +48,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +91,25 @@ def subset_zoo(zoo: Path, ids: list[str], out: Path) -> Path:
     return out
 
 
+def unseen_zoo(zoo: Path, ids: list[str], out: Path) -> Path:
+    """A copy of ``zoo`` as ``out`` whose eval split holds the train rows of ``ids`` instead of the
+    held-out families (the train split whole): what ``eval-ghn`` reads to fine-tune the unseen
+    architectures of the family at 0, 100 and 300 steps."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(zoo, out)
+    wanted = set(ids)
+    (train,) = sorted((out / "data").glob("train-*.parquet"))
+    table = pq.read_table(train)
+    keep = [i for i, row_id in enumerate(table.column("id").to_pylist()) if row_id in wanted]
+    for shard in (out / "data").glob("eval-*.parquet"):
+        shard.unlink()
+    rows = table.take(keep)
+    split = rows.column_names.index("split")
+    rows = rows.set_column(split, "split", pa.array(["eval"] * len(keep)))
+    pq.write_table(rows, out / "data" / "eval-00000-of-00001.parquet")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="vision_transformer", help="the zoo family whose architectures are cut")
@@ -111,6 +133,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
+    parser.add_argument(
+        "--unseen-dataset",
+        type=Path,
+        default=None,
+        help="only write the zoo with the --unseen architectures as its eval split to this folder (for eval-ghn)",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
     args = parser.parse_args()
     if min(args.counts) < 1:
@@ -130,6 +158,9 @@ def main() -> None:
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
         parser.error(f"--counts: {below} of {len(ids)} architectures leave fewer than --unseen {args.unseen} unseen")
+    if args.unseen_dataset is not None:
+        print(unseen_zoo(zoo, ids[len(ids) - args.unseen :], args.unseen_dataset))
+        return
     records = {record.id: record for record in ArchPool(zoo, "train").records}
     probed = [(f"trained: {i}", records[i]) for i in ids[:PROBED_TRAINED]]
     probed += [(f"unseen: {i}", records[i]) for i in ids[len(ids) - args.unseen :]]

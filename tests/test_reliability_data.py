@@ -211,7 +211,7 @@ def test_workers_are_capped_at_the_tasks(recipe, tmp_path, monkeypatch):
         def shutdown(self, cancel_futures):
             pass
 
-    monkeypatch.setattr(graphkit.workers, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(graphkit.workers, "_Pool", Pool)
     monkeypatch.setattr(module, "_warm_up", lambda: None)
     generate(recipe, tmp_path / "out", workers=1000)
     assert pools == [2]  # 4 architectures in 2 depth groups: 2 tasks, not 1,000 processes
