@@ -30,6 +30,10 @@ matters is the architectures', not the families'. This script finds where inside
   so that the role factors carry what the roles share); ``--lr-fan-in C``: the recipe's 8 replaced
   (at 32 the role maps, 32 wide, train at the base lr);
 - ``--plot PNG``: the runs' training curves;
+- ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
+  added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
+  survives a second family in the pool; ``--subsets-only``: only write the subsets' datasets (for
+  ``factor_start.py``, whose start is per dataset);
 - ``--unseen-dataset DIR``: only write the zoo with the unseen architectures as its eval split, for
   ``eval-ghn --dataset DIR`` (their 100- and 300-step horizons).
 
@@ -134,6 +138,14 @@ def main() -> None:
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     parser.add_argument(
+        "--with",
+        dest="other",
+        default=None,
+        metavar="FAMILY:N",
+        help="add FAMILY's first N train architectures (its shuffle's) to every subset; its last --unseen are probed",
+    )
+    parser.add_argument("--subsets-only", action="store_true", help="only write the subsets' datasets (for --initial)")
+    parser.add_argument(
         "--unseen-dataset",
         type=Path,
         default=None,
@@ -161,31 +173,56 @@ def main() -> None:
     if args.unseen_dataset is not None:
         print(unseen_zoo(zoo, ids[len(ids) - args.unseen :], args.unseen_dataset))
         return
+    extra: list[str] = []
+    parts = PARTS
+    if args.other is not None:
+        other, _, count = args.other.partition(":")
+        other_ids = shuffled_ids(zoo, other, args.seed)
+        if not count.isdigit() or not 1 <= int(count) <= len(other_ids) - args.unseen:
+            parser.error(f"--with {args.other}: N must be 1 to {len(other_ids) - args.unseen} ({other} less --unseen)")
+        extra = other_ids[: int(count)]
+        arm += f"-with-{other}-{count}"
+        parts = (*PARTS, f"{other} unseen")
     records = {record.id: record for record in ArchPool(zoo, "train").records}
     probed = [(f"trained: {i}", records[i]) for i in ids[:PROBED_TRAINED]]
     probed += [(f"unseen: {i}", records[i]) for i in ids[len(ids) - args.unseen :]]
+    if extra:
+        probed += [(f"{parts[-1]}: {i}", records[i]) for i in other_ids[len(other_ids) - args.unseen :]]
     probed += [(f"held out: {f}", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
+
+    def folder(n: int) -> Path:
+        """The subset of ``n`` architectures' dataset folder."""
+        suffix = f"-with-{args.other.replace(':', '-')}" if extra else ""
+        return ROOT / "out" / f"{zoo.name}-{args.family}-{n}{suffix}"
+
+    if args.subsets_only:
+        for n in sorted(set(min(n, len(ids)) for n in args.counts)):
+            print(subset_zoo(zoo, ids[:n] + extra, folder(n)))
+        return
     source = load_source(recipe["data"])
     own = {what: step0(None, record, source, 32) for what, record in probed}
     print(json.dumps({"chance (ln 10)": round(math.log(10), 3), "own init @0": own}, indent=1), flush=True)
-    table = ["| architectures | training CE (acc.), last 100 steps | @0: 4 trained | 8 unseen | held-out families |"]
-    table += ["|---|---|---|---|---|", "| own init | - | " + " | ".join(mean_of(own, part) for part in PARTS) + " |"]
+    header = ["architectures", "training CE (acc.), last 100 steps", "@0: 4 trained", "8 unseen", "held-out families"]
+    header += parts[len(PARTS) :]
+    table = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    table += ["| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |"]
     runs = []
     for n in sorted(set(min(n, len(ids)) for n in args.counts)):
         name = f"{zoo.name}-{args.family}-{n}"
         run = ROOT / "runs" / f"{name}{arm}-{args.steps}"
         if not args.probe_only:
-            train_run(recipe, subset_zoo(zoo, ids[:n], ROOT / "out" / name), run, args.steps, args.initial)
+            train_run(recipe, subset_zoo(zoo, ids[:n] + extra, folder(n)), run, args.steps, args.initial)
         runs.append(run)
         figures = probe(run, probed, source, 32)
         print(json.dumps(figures, indent=1), flush=True)
         ce, accuracy = figures["training CE, last 100 steps"], figures["training accuracy, last 100 steps"]
-        means = " | ".join(mean_of(figures["predicted @0"], part) for part in PARTS)
+        means = " | ".join(mean_of(figures["predicted @0"], part) for part in parts)
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
         label += f", {args.depth_buckets} depth buckets" if args.depth_buckets else ""
         label += ", role factors" if args.role_factors else ""
         label += f", from {args.initial.name}" if args.initial else ""
         label += "".join(f", {k} {v}" for k, v in changed.items())
+        label += f", with {args.other}" if extra else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
     if args.plot is not None:
