@@ -83,15 +83,18 @@ def shuffled_ids(zoo: Path, family: str, seed: int) -> list[str]:
     return random.Random(seed).sample(ids, len(ids))
 
 
+def rows_of(shard: Path, ids: list[str]) -> pa.Table:
+    """The rows of the Parquet ``shard`` whose id is one of ``ids``, in the shard's order."""
+    table, wanted = pq.read_table(shard), set(ids)
+    return table.take([i for i, row_id in enumerate(table.column("id").to_pylist()) if row_id in wanted])
+
+
 def subset_zoo(zoo: Path, ids: list[str], out: Path) -> Path:
     """A copy of ``zoo`` as ``out`` whose train split holds only the rows of ``ids`` (the eval split whole)."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(zoo, out)
-    wanted = set(ids)
     for shard in sorted((out / "data").glob("train-*.parquet")):
-        table = pq.read_table(shard)
-        keep = [i for i, row_id in enumerate(table.column("id").to_pylist()) if row_id in wanted]
-        pq.write_table(table.take(keep), shard)
+        pq.write_table(rows_of(shard, ids), shard)
     return out
 
 
@@ -101,15 +104,11 @@ def unseen_zoo(zoo: Path, ids: list[str], out: Path) -> Path:
     architectures of the family at 0, 100 and 300 steps."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(zoo, out)
-    wanted = set(ids)
-    (train,) = sorted((out / "data").glob("train-*.parquet"))
-    table = pq.read_table(train)
-    keep = [i for i, row_id in enumerate(table.column("id").to_pylist()) if row_id in wanted]
+    rows = pa.concat_tables(rows_of(shard, ids) for shard in sorted((out / "data").glob("train-*.parquet")))
     for shard in (out / "data").glob("eval-*.parquet"):
         shard.unlink()
-    rows = table.take(keep)
     split = rows.column_names.index("split")
-    rows = rows.set_column(split, "split", pa.array(["eval"] * len(keep)))
+    rows = rows.set_column(split, "split", pa.array(["eval"] * rows.num_rows))
     pq.write_table(rows, out / "data" / "eval-00000-of-00001.parquet")
     return out
 
@@ -175,13 +174,15 @@ def main() -> None:
         return
     extra: list[str] = []
     parts = PARTS
+    suffix = ""  # the folder's and the run's mark of --with
     if args.other is not None:
         other, _, count = args.other.partition(":")
         other_ids = shuffled_ids(zoo, other, args.seed)
         if not count.isdigit() or not 1 <= int(count) <= len(other_ids) - args.unseen:
             parser.error(f"--with {args.other}: N must be 1 to {len(other_ids) - args.unseen} ({other} less --unseen)")
         extra = other_ids[: int(count)]
-        arm += f"-with-{other}-{count}"
+        suffix = f"-with-{other}-{count}"
+        arm += suffix
         parts = (*PARTS, f"{other} unseen")
     records = {record.id: record for record in ArchPool(zoo, "train").records}
     probed = [(f"trained: {i}", records[i]) for i in ids[:PROBED_TRAINED]]
@@ -189,15 +190,10 @@ def main() -> None:
     if extra:
         probed += [(f"{parts[-1]}: {i}", records[i]) for i in other_ids[len(other_ids) - args.unseen :]]
     probed += [(f"held out: {f}", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
-
-    def folder(n: int) -> Path:
-        """The subset of ``n`` architectures' dataset folder."""
-        suffix = f"-with-{args.other.replace(':', '-')}" if extra else ""
-        return ROOT / "out" / f"{zoo.name}-{args.family}-{n}{suffix}"
-
+    counts = sorted(set(min(n, len(ids)) for n in args.counts))
     if args.subsets_only:
-        for n in sorted(set(min(n, len(ids)) for n in args.counts)):
-            print(subset_zoo(zoo, ids[:n] + extra, folder(n)))
+        for n in counts:
+            print(subset_zoo(zoo, ids[:n] + extra, ROOT / "out" / f"{zoo.name}-{args.family}-{n}{suffix}"))
         return
     source = load_source(recipe["data"])
     own = {what: step0(None, record, source, 32) for what, record in probed}
@@ -207,11 +203,17 @@ def main() -> None:
     table = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     table += ["| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |"]
     runs = []
-    for n in sorted(set(min(n, len(ids)) for n in args.counts)):
+    for n in counts:
         name = f"{zoo.name}-{args.family}-{n}"
         run = ROOT / "runs" / f"{name}{arm}-{args.steps}"
         if not args.probe_only:
-            train_run(recipe, subset_zoo(zoo, ids[:n] + extra, folder(n)), run, args.steps, args.initial)
+            train_run(
+                recipe,
+                subset_zoo(zoo, ids[:n] + extra, ROOT / "out" / f"{name}{suffix}"),
+                run,
+                args.steps,
+                args.initial,
+            )
         runs.append(run)
         figures = probe(run, probed, source, 32)
         print(json.dumps(figures, indent=1), flush=True)
