@@ -34,6 +34,8 @@ matters is the architectures', not the families'. This script finds where inside
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
   survives a second family in the pool; ``--subsets-only``: only write the subsets' datasets (for
   ``factor_start.py``, whose start is per dataset);
+- ``--probe-with FAMILY``: FAMILY's last ``--unseen`` probed too, no subset training on them: what
+  one family's hypernetwork gives another's (``shared_weights.py --probe-with`` is its direct control);
 - ``--unseen-dataset DIR``: only write the zoo with the unseen architectures as its eval split, for
   ``eval-ghn --dataset DIR`` (their 100- and 300-step horizons).
 
@@ -143,6 +145,12 @@ def main() -> None:
         metavar="FAMILY:N",
         help="add FAMILY's first N train architectures (its shuffle's) to every subset; its last --unseen are probed",
     )
+    parser.add_argument(
+        "--probe-with",
+        default=None,
+        metavar="FAMILY",
+        help="also probe FAMILY's last --unseen architectures (its shuffle's), which no subset trains on",
+    )
     parser.add_argument("--subsets-only", action="store_true", help="only write the subsets' datasets (for --initial)")
     parser.add_argument(
         "--unseen-dataset",
@@ -189,6 +197,10 @@ def main() -> None:
     probed += [(f"unseen: {i}", records[i]) for i in ids[len(ids) - args.unseen :]]
     if extra:
         probed += [(f"{parts[-1]}: {i}", records[i]) for i in other_ids[len(other_ids) - args.unseen :]]
+    if args.probe_with is not None:
+        probe_ids = shuffled_ids(zoo, args.probe_with, args.seed)
+        parts = (*parts, f"{args.probe_with} unseen")
+        probed += [(f"{parts[-1]}: {i}", records[i]) for i in probe_ids[len(probe_ids) - args.unseen :]]
     probed += [(f"held out: {f}", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
     counts = sorted(set(min(n, len(ids)) for n in args.counts))
     if args.subsets_only:

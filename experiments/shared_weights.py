@@ -24,11 +24,20 @@ corners (parameters no corner covers keep its own init) scored alone at step 0 o
 beside its own init: the shuffle's first 4 (trained by every N from 4 up) and its last 8 (no run
 trains them). Also per weight, its RMS over the most a prediction of its shape can take.
 
+Across families: the same corners on another family's last ``--unseen`` architectures (``--probe-with
+FAMILY``, its own seeded shuffle) and on the first architecture of each held-out family of the
+zoo's eval split (``--held-out``), each with the share of its parameters that a shared tensor
+covers. Whether
+what one tensor per name shares crosses to another family when trained directly, the ceiling of
+what a hypernetwork sharing by role can carry there.
+
 The hypernetwork's other bounds, one at a time: ``--tie-blocks``, one tensor per name for every
 block (the zoo recipe predicts one architecture's blocks alike: ``family_share.py``); ``--rank R``,
 each weight as rank-R factors (LoGAH-tiny's blocks have rank 32 at most); ``--rank R --one-map``,
 each weight as LoGAH's decoder makes a block, one map for its rows and its columns; ``--capped``,
 each weight at the RMS the decoder gives it (``INIT_GAIN g / sqrt(fan-in)``, a learned g in (0, 2)).
+``--share-by-leaf`` goes past ``--tie-blocks``: one tensor per leaf role, as the zoo-vision
+recipe's role factors are keyed, which is what another family can read.
 
     .venv/bin/python experiments/shared_weights.py --counts 1 2 4 8 16 32    # about 5 min a count on 2 cores
 """
@@ -52,9 +61,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from family_archs import PARTS, PROBED_TRAINED, mean_of, shuffled_ids  # noqa: E402
-from zoo_pools import KINDS, scored  # noqa: E402
+from zoo_pools import KINDS, first_of_each, scored  # noqa: E402
 
+from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
+from graphkit.ghn.encoding import role_of  # noqa: E402
 from graphkit.ghn.model import weight_rms  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source, output_loss  # noqa: E402
@@ -67,45 +78,68 @@ def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return tensor[tuple(slice(0, n) for n in shape)]
 
 
-def key(name: str, tie_blocks: bool) -> str:
-    """The shared tensor that parameter ``name`` reads: its own name, or with ``tie_blocks`` the
-    same for every block (``blocks.3.attn.qkv.weight`` reads ``blocks.*.attn.qkv.weight``)."""
-    return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if tie_blocks else name
+#: how parameters share tensors (:func:`key`)
+SHARINGS = ("name", "block", "leaf")
 
 
-def shared_init(pool: ArchPool, indices: list[int], tie_blocks: bool = False) -> dict[str, torch.Tensor]:
+def key(name: str, sharing: str, dims: int) -> str:
+    """The shared tensor that parameter ``name`` (of ``dims`` dimensions) reads, by ``sharing``:
+    ``name``, its own name; ``block``, the same for every block (``blocks.3.attn.qkv.weight``
+    reads ``blocks.*.attn.qkv.weight``); ``leaf``, the same for every parameter of its
+    ``role_of(name, "leaf")`` and dimensions (``qkv.weight`` 2-D), as the zoo-vision recipe's role
+    factors share across blocks and families (a 4-D ``patch_embed.proj.weight`` is no corner of a
+    2-D ``attn.proj.weight``)."""
+    if sharing == "leaf":
+        return f"{role_of(name, 'leaf')} ({dims}-D)"
+    return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if sharing == "block" else name
+
+
+def shared_init(pool: ArchPool, indices: list[int], sharing: str = "name") -> dict[str, torch.Tensor]:
     """Per :func:`key` of the parameters of the architectures ``indices``, one tensor of the
     largest size each dimension takes among them, holding their own inits: smallest first, so the
-    largest's wins where they overlap (and the last block's, with ``tie_blocks``)."""
-    inits = {index: {key(n, tie_blocks): v for n, v in pool.initialised(index).items()} for index in indices}
+    largest's wins where they overlap (and the last block's where blocks share one). The shapes are
+    read on meta and one architecture's init is held at a time: the whole train split's inits at
+    once outgrow 24 GB."""
+    params = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
     shapes: dict[str, list[torch.Size]] = {}
-    for params in inits.values():
-        for name, value in params.items():
-            shapes.setdefault(name, []).append(value.shape)
+    for named in params.values():
+        for name, value in named.items():
+            shapes.setdefault(key(name, sharing, value.dim()), []).append(value.shape)
     shared = {}
     for name, seen in shapes.items():
         if len({len(s) for s in seen}) > 1:
             raise SystemExit(f"{name}: ranks differ between the architectures ({seen}); no corner serves them all")
         shared[name] = torch.zeros([max(s[d] for s in seen) for d in range(len(seen[0]))])
-    for index in sorted(indices, key=lambda i: sum(v.numel() for v in inits[i].values())):
-        for name, value in inits[index].items():
-            corner(shared[name], value.shape).copy_(value)
+    for index in sorted(indices, key=lambda i: sum(v.numel() for v in params[i].values())):
+        for name, value in pool.initialised(index).items():
+            corner(shared[key(name, sharing, value.dim())], value.shape).copy_(value)
     return shared
 
 
 def corners_for(
-    shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], tie_blocks: bool = False
+    shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name"
 ) -> dict[str, torch.Tensor]:
     """An architecture's parameters (``params``, its own, by name) as the shared tensors' corners
     where a shared tensor of that :func:`key` and rank holds its shape, else its own."""
 
     def fits(name: str, value: torch.Tensor) -> bool:
-        other = shared.get(key(name, tie_blocks))
+        other = shared.get(key(name, sharing, value.dim()))
         return (
             other is not None and other.dim() == value.dim() and all(a <= b for a, b in zip(value.shape, other.shape))
         )
 
-    return {name: corner(shared[key(name, tie_blocks)], v.shape) if fits(name, v) else v for name, v in params.items()}
+    return {
+        name: corner(shared[key(name, sharing, v.dim())], v.shape) if fits(name, v) else v for name, v in params.items()
+    }
+
+
+def covered(shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name") -> float:
+    """The share of an architecture's parameter values (``params``, its own) that
+    :func:`corners_for` takes from the shared tensors."""
+    taken = corners_for(shared, params, sharing)
+    return sum(v.numel() for name, v in params.items() if taken[name] is not v) / sum(
+        v.numel() for v in params.values()
+    )
 
 
 def over_cap(shared: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -121,7 +155,7 @@ def over_cap(shared: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def is_weight(name: str, value: torch.Tensor) -> bool:
     """Whether a shared tensor is a Linear's or a convolution's weight (the ones a rank can bound)."""
-    return value.dim() >= 2 and name.endswith("weight")
+    return value.dim() >= 2 and name.split(" ")[0].endswith("weight")  # a leaf key ends in its dimensions
 
 
 def low_rank(
@@ -166,14 +200,14 @@ def block(factors: tuple[torch.Tensor, torch.Tensor], shape: torch.Size, one_map
 class Bounds:
     """The hypernetwork's bounds that the shared weights are held to, each its own option."""
 
-    tie_blocks: bool = False  # one tensor per name for every block (:func:`key`)
+    sharing: str = "name"  # which parameters read one tensor (:func:`key`)
     rank: int | None = None  # each weight as rank-``rank`` factors (:func:`low_rank`)
     one_map: bool = False  # with ``rank``: one map for a block's rows and columns, as LoGAH's decoder
     capped: bool = False  # each weight at the decoder's RMS, INIT_GAIN g / sqrt(fan-in), g in (0, 2) learned
 
     def label(self) -> str:
         """How the table and the plot name these bounds."""
-        parts = ["blocks tied"] if self.tie_blocks else []
+        parts = {"name": [], "block": ["blocks tied"], "leaf": ["one tensor per leaf"]}[self.sharing]
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
         return ", ".join(parts) or "untied"
@@ -185,7 +219,7 @@ def train_shared(
     """The shared tensors of ``indices`` trained for ``steps`` steps under ``bounds``, and the
     training CE per step."""
     torch.manual_seed(0)
-    shared = shared_init(pool, indices, bounds.tie_blocks)
+    shared = shared_init(pool, indices, bounds.sharing)
     factored = {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map)
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
     # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
@@ -205,7 +239,8 @@ def train_shared(
     optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     generator = torch.Generator().manual_seed(0)
-    own = {index: pool.initialised(index) for index in indices}
+    # every trained parameter is a corner of its shared tensor: its own value is never read, its shape on meta is
+    own = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
     curve = []
     for _ in range(steps):
         drawn = [indices[i] for i in torch.randint(len(indices), (meta_batch,), generator=generator).tolist()]
@@ -213,7 +248,7 @@ def train_shared(
         for index in drawn:
             inputs, labels = source.batch(pool.records[index].config, BATCH, generator)
             output = functional_call(
-                pool.model(index).train(), corners_for(weights, own[index], bounds.tie_blocks), (inputs,)
+                pool.model(index).train(), corners_for(weights, own[index], bounds.sharing), (inputs,)
             )
             losses.append(output_loss(source.task, output, labels)[0])
         loss = torch.stack(losses).mean()
@@ -277,8 +312,18 @@ def main() -> None:
     parser.add_argument("--unseen", type=int, default=8, help="the family's last architectures, probed, never trained")
     parser.add_argument(
         "--tie-blocks",
-        action="store_true",
+        dest="sharing",
+        action="store_const",
+        const="block",
+        default="name",
         help="one tensor per name for all blocks, as the hypernetwork predicts them",
+    )
+    parser.add_argument(
+        "--share-by-leaf",
+        dest="sharing",
+        action="store_const",
+        const="leaf",
+        help="one tensor per leaf role (qkv.weight, fc1.weight) for all blocks and families, as the zoo recipe's roles",
     )
     parser.add_argument(
         "--rank", type=int, default=None, help="each weight as rank-R factors, as the hypernetwork's blocks are"
@@ -289,6 +334,15 @@ def main() -> None:
     parser.add_argument(
         "--capped", action="store_true", help="each weight at the RMS the decoder gives it (a learned gain in (0, 2))"
     )
+    parser.add_argument(
+        "--probe-with",
+        default=None,
+        metavar="FAMILY",
+        help="also probe FAMILY's last --unseen architectures (its own shuffle's; never trained)",
+    )
+    parser.add_argument(
+        "--held-out", action="store_true", help="also probe the first architecture of each held-out family"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the figures and curves as this JSON")
     parser.add_argument("--plot", type=Path, default=None, help="draw training CE against N as this PNG")
     parser.add_argument("--from-json", type=Path, default=None, help="plot a run's --out JSON instead of training")
@@ -297,7 +351,7 @@ def main() -> None:
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
     if args.one_map and args.rank is None:
         parser.error("--one-map needs --rank (the maps' width)")
-    bounds = Bounds(args.tie_blocks, args.rank, args.one_map, args.capped)
+    bounds = Bounds(args.sharing, args.rank, args.one_map, args.capped)
     label = bounds.label()
     if args.from_json is not None:
         if args.plot is None:
@@ -312,24 +366,38 @@ def main() -> None:
     order = [position[i] for i in ids]
     probed = [(f"trained: {ids[k]}", order[k]) for k in range(PROBED_TRAINED)]
     probed += [(f"unseen: {ids[k]}", order[k]) for k in range(len(ids) - args.unseen, len(ids))]
-    own = {what: scored(pool.records[i], source, BATCH) for what, i in probed}
-    table = ["| architectures | training CE, last 100 steps | @0: 4 trained | 8 unseen |", "|---|---|---|---|"]
-    table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in PARTS[:2]) + " |")
+    records = [(what, pool.records[i]) for what, i in probed]
+    parts = PARTS[:2]
+    if args.probe_with is not None:
+        other = shuffled_ids(zoo, args.probe_with, args.seed)
+        parts = (*parts, f"{args.probe_with} unseen")
+        records += [(f"{parts[-1]}: {i}", pool.records[position[i]]) for i in other[len(other) - args.unseen :]]
+    if args.held_out:
+        parts = (*parts, PARTS[2])
+        records += [(f"{PARTS[2]}: {f}", r) for f, r in first_of_each(ArchPool(zoo, "eval").records).items()]
+    own = {what: scored(record, source, BATCH) for what, record in records}
+    header = ["architectures", "training CE, last 100 steps", "@0: 4 trained", "8 unseen", *parts[2:]]
+    table = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |")
     results: dict = {"label": label, "own init @0": own, "runs": {}}
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
         shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds)
         ce = statistics.mean(curve[-100:])
-        at0 = {
-            what: scored(pool.records[i], source, BATCH, corners_for(shared, pool.initialised(i), args.tie_blocks))
-            for what, i in probed
-        }
-        figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "RMS over the cap": over_cap(shared)}
+        at0, cover = {}, {}
+        for what, record in records:
+            torch.manual_seed(0)  # what no corner covers is the own init that row scores
+            params = {
+                name: v.detach()
+                for name, v in build_model(record.config, "cpu").named_parameters(remove_duplicate=False)
+            }
+            cover[what] = round(covered(shared, params, args.sharing), 3)
+            at0[what] = scored(record, source, BATCH, corners_for(shared, params, args.sharing))
+        figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
+        figures["RMS over the cap"] = over_cap(shared)
         results["runs"][str(n)] = {**figures, "curve": curve}
         print(json.dumps({"architectures": n, **figures}), flush=True)
         table.append(
-            f"| {n}, shared weights, {label} | {ce:.2f} | "
-            + " | ".join(mean_of(at0, part) for part in PARTS[:2])
-            + " |"
+            f"| {n}, shared weights, {label} | {ce:.2f} | " + " | ".join(mean_of(at0, part) for part in parts) + " |"
         )
     print("\n".join(table), flush=True)
     if args.out is not None:

@@ -215,7 +215,8 @@ def test_predict_warns_in_one_line_how_far_a_model_lies_outside_the_training_spa
         "largest trained (512), depth 12 layers is 1.3x the largest trained (9 layers), resolution 224 px is "
         "28x the largest trained (8 px), patch size 16 px is 4.0x the largest trained (4 px), token grid 14 tokens "
         "a side is 3.5x the largest trained (4 tokens a side), where predictions may start worse than the "
-        "model's own init; the scores above were measured inside that space, not on this model"
+        "model's own init; the scores above were measured on the held-out architectures of its training data, "
+        "not on this model"
     )
 
 

@@ -324,6 +324,25 @@ def test_tied_embeddings_are_read_off_the_graph_and_recorded_in_the_training_spa
     assert phrase not in (outside_training_space(unseen, untied) or "")
 
 
+def test_a_model_of_a_family_no_training_graph_had_is_named_beyond_the_space():
+    gpt, llama_graph = trace(gpt2(layers=1)), trace(llama(layers=1))
+    hand_written = trace(nn.Sequential(nn.Linear(8, 8)), torch.randn(2, 8))
+    assert training_space([gpt, hand_written, gpt])["families"] == ["gpt2"]  # a hand-written model names none
+    space = {"space": training_space([gpt])}
+    assert outside_training_space(space, gpt) is None
+    beyond = outside_training_space(space, llama_graph)  # its vocabulary too
+    assert beyond.endswith(", its family llama is not the one it trained on (gpt2)")
+    assert outside_training_space(space, hand_written) is None  # custom: no family to name
+    two = {"space": {**space["space"], "families": ["gpt2", "mistral"]}}
+    assert outside_training_space(two, llama_graph).endswith(
+        "its family llama is none of the 2 it trained on (gpt2, mistral)"
+    )
+    many = {"space": {**space["space"], "families": ["a", "b", "c", "gpt2"]}}
+    assert outside_training_space(many, llama_graph).endswith("its family llama is none of the 4 it trained on")
+    before = {"space": {key: value for key, value in space["space"].items() if key != "families"}}
+    assert "family" not in outside_training_space(before, llama_graph)  # a checkpoint from before families were
+
+
 def zoo_decoder(model_type: str, tied: bool) -> dict:
     """A decoder zoo record's config: ``model_type`` at the mini zoo's smallest plan, ``tied`` or not."""
     from transformers import AutoConfig
@@ -394,7 +413,7 @@ def test_predict_cli_names_tying_in_its_out_of_space_warning(tied, tmp_path):
             [
                 "warning: gpt.py lies outside the space this hypernetwork was trained on: its input and output "
                 "embeddings are tied, and it trained on untied models only; the scores above were measured "
-                "inside that space, not on this model"
+                "on the held-out architectures of its training data, not on this model"
             ]
             if warns
             else []

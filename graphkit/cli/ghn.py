@@ -356,7 +356,7 @@ def predict(
     if beyond:
         errors.print(
             f"warning: {loaded.name} lies outside the space this hypernetwork was trained on: {beyond}; "
-            "the scores above were measured inside that space, not on this model",
+            "the scores above were measured on the held-out architectures of its training data, not on this model",
             markup=False,
             highlight=False,
             soft_wrap=True,

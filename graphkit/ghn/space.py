@@ -33,6 +33,17 @@ largest patch trained. A dataset with patch 2 or 4 at 8 px trains 4 x 4 tokens a
 each extent alone, and decoded directly started at 2.73 on digits where its twin at patch 2
 would start near 0.86 (docs/experiments.md, "Training across token grids").
 
+And ``families``: the model families of the training graphs, as the tracer names them
+(``graph.meta["family"]``: a transformers model type, a timm module, ``vit`` for timm's plain ViTs;
+:func:`model_family`). A checkpoint's recorded scores are its own training's held-out
+architectures', and what a family's architectures share transfers to its unseen ones where it may
+not cross to another family: vision checkpoints and pools score the held-out families of
+zoo-vits-mini no better than their own inits at step 0 on the mean, and so does one tensor per
+role trained directly (docs/experiments.md, "What crosses to another family"), where the decoder
+zoo's checkpoint beats them on most of its held-out families. :func:`outside_training_space`
+names a family outside the space; a hand-written model's (``custom``) is unknown, and is not
+named.
+
 And ``tied``: whether any training model shared its token embedding with its output head
 (:func:`tied_embeddings`). A hypernetwork that saw untied models only predicts a tied model's
 shared table as an input embedding, and the head that reads that table is then no output layer
@@ -69,6 +80,13 @@ EXTENTS = {
 #: ahead of its own init, 2 x 2 tokens behind it; 224 px is unmeasured after fine-tuning
 #: (BENCHMARKS.md, "Resolutions and patch sizes")
 GRID_CAVEAT = "where predictions may start worse than the model's own init"
+
+
+def model_family(graph: ArchGraph) -> str | None:
+    """The family the tracer named ``graph``'s model by (``graph.meta["family"]``), or None for a
+    hand-written model (``custom``) or a graph that records none: a family the space can hold."""
+    family = graph.meta.get("family")
+    return str(family) if family and family != "custom" else None
 
 
 def extent(graph: ArchGraph) -> dict[str, int | None]:
@@ -151,13 +169,15 @@ def _widen(bounds: list[int] | None, value: int) -> list[int]:
 def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
     """The smallest and largest of each extent over ``graphs`` (extents no graph has are left
     out), ``width_by_depth``: {depth (a string, as JSON keys are): [narrowest, widest]},
-    ``patch_by_grid``: {token grid: [smallest, largest patch]}, and ``tied``: whether any of them
-    ties its token embedding to its head."""
+    ``patch_by_grid``: {token grid: [smallest, largest patch]}, ``families``: their
+    :func:`model_family` names, sorted, and ``tied``: whether any of them ties its token embedding
+    to its head."""
     space: dict[str, Any] = {}
     by: dict[str, dict[int, list[int]]] = {table: {} for table in _BOUNDS_BY}
-    tied = False
+    tied, families = False, set()
     for graph in graphs:
         tied = tied or tied_embeddings(graph)
+        families.add(model_family(graph))
         extents = extent(graph)
         for name, value in extents.items():
             if value is not None:
@@ -169,6 +189,7 @@ def training_space(graphs: Iterable[ArchGraph]) -> dict[str, Any]:
     for table, values in by.items():
         if values:
             space[table] = {str(key): values[key] for key in sorted(values)}
+    space["families"] = sorted(family for family in families if family is not None)
     space["tied"] = tied
     return space
 
@@ -255,9 +276,10 @@ def _between_trained_grids(space: Mapping[str, Any], graph: ArchGraph) -> str | 
 def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | None:
     """How far ``graph`` lies outside the training space a checkpoint's config.json records
     (``info``, as ``ghn.info``), in one phrase per extent: "width 768 is 1.5x the widest trained
-    (512)", and "its input and output embeddings are tied, and it trained on untied models only"
-    for a tied model unless the space records tied ones; None when it lies inside, or the
-    checkpoint records no space."""
+    (512)", "its family convit is not the one it trained on (vit)" for a family the space records
+    none of (:func:`family_phrase`), and "its input and output embeddings are tied, and it trained
+    on untied models only" for a tied model unless the space records tied ones; None when it lies
+    inside, or the checkpoint records no space."""
     space = info.get("space")
     if not isinstance(space, Mapping):
         return None
@@ -278,9 +300,29 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
     between = _between_trained_grids(space, graph)
     if between is not None:
         beyond.append(between)
+    unseen = family_phrase(space, graph)
+    if unseen is not None:
+        beyond.append(unseen)
     if space.get("tied") is not True and tied_embeddings(graph):  # not recorded: trained before tying was
         beyond.append("its input and output embeddings are tied, and it trained on untied models only")
     return ", ".join(beyond) or None
+
+
+def family_phrase(space: Mapping[str, Any], graph: ArchGraph) -> str | None:
+    """A phrase for a model whose family (:func:`model_family`) is none of those ``space``
+    records: "its family convit is not the one it trained on (vit)", or "none of the 35 it
+    trained on" beyond three; None inside, for a model of no known family, or for a space that
+    records no families (a checkpoint from before they were)."""
+    families, family = space.get("families"), model_family(graph)
+    if not isinstance(families, list) or not families or family is None or family in families:
+        return None
+    if len(families) == 1:
+        trained = f"is not the one it trained on ({families[0]})"
+    elif len(families) <= 3:
+        trained = f"is none of the {len(families)} it trained on ({', '.join(families)})"
+    else:
+        trained = f"is none of the {len(families)} it trained on"
+    return f"its family {family} {trained}"
 
 
 def space_distance(info: Mapping[str, Any], graph: ArchGraph) -> float:
