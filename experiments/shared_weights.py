@@ -27,9 +27,8 @@ trains them). Also per weight, its RMS over the most a prediction of its shape c
 Across families: the same corners on another family's last ``--unseen`` architectures (``--probe-with
 FAMILY``, its own seeded shuffle) and on the first architecture of each held-out family of the
 zoo's eval split (``--held-out``), each with the share of its parameters that a shared tensor
-covers. Whether
-what one tensor per name shares crosses to another family when trained directly, the ceiling of
-what a hypernetwork sharing by role can carry there.
+covers: whether what one tensor per role shares, trained directly, crosses to another family, the
+most a hypernetwork that shares by role could carry there.
 
 The hypernetwork's other bounds, one at a time: ``--tie-blocks``, one tensor per name for every
 block (the zoo recipe predicts one architecture's blocks alike: ``family_share.py``); ``--rank R``,
@@ -76,10 +75,6 @@ BATCH = 32
 def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """The leading corner of ``tensor`` of ``shape`` (a view)."""
     return tensor[tuple(slice(0, n) for n in shape)]
-
-
-#: how parameters share tensors (:func:`key`)
-SHARINGS = ("name", "block", "leaf")
 
 
 def key(name: str, sharing: str, dims: int) -> str:
@@ -136,10 +131,8 @@ def corners_for(
 def covered(shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name") -> float:
     """The share of an architecture's parameter values (``params``, its own) that
     :func:`corners_for` takes from the shared tensors."""
-    taken = corners_for(shared, params, sharing)
-    return sum(v.numel() for name, v in params.items() if taken[name] is not v) / sum(
-        v.numel() for v in params.values()
-    )
+    taken, total = corners_for(shared, params, sharing), sum(v.numel() for v in params.values())
+    return sum(v.numel() for name, v in params.items() if taken[name] is not v) / total
 
 
 def over_cap(shared: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -239,7 +232,7 @@ def train_shared(
     optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     generator = torch.Generator().manual_seed(0)
-    # every trained parameter is a corner of its shared tensor: its own value is never read, its shape on meta is
+    # every trained parameter is a corner of its shared tensor, so only its shape is read: on meta
     own = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
     curve = []
     for _ in range(steps):
