@@ -93,8 +93,7 @@ def shared_init(pool: ArchPool, indices: list[int], sharing: str = "name") -> di
     """Per :func:`key` of the parameters of the architectures ``indices``, one tensor of the
     largest size each dimension takes among them, holding their own inits: smallest first, so the
     largest's wins where they overlap (and the last block's where blocks share one). The shapes are
-    read on meta and one architecture's init is held at a time: the whole train split's inits at
-    once outgrow 24 GB."""
+    read on meta, and one architecture's init is held at a time."""
     params = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
     shapes: dict[str, list[torch.Size]] = {}
     for named in params.values():
