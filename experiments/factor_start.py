@@ -16,6 +16,8 @@ trains from it with the same recipe and ``--role-factors``:
 
     .venv/bin/python experiments/factor_start.py out/zoo-vits-mini-vision_transformer-8 runs/factor-start-8
     .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
+
+``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``.
 """
 
 from __future__ import annotations
@@ -40,12 +42,20 @@ from graphkit.ghn.model import LoGAH, LowRankDecoder, _DecodeBatch  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
-def fresh(dataset: Path, work: Path) -> LoGAH:
+def fresh(dataset: Path, work: Path, level_head: bool = False) -> LoGAH:
     """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
-    ``--role-factors``, its checkpoint's info with it: one step at a vanishing lr."""
+    ``--role-factors`` (and ``--level-head``), its checkpoint's info with it: one step at a
+    vanishing lr."""
     _, recipe = KINDS["vision"]
     config = training.TrainConfig(
-        **recipe, dataset=str(dataset), out=str(work), steps=1, lr=1e-12, role_factors=True, checkpoint_every=1
+        **recipe,
+        dataset=str(dataset),
+        out=str(work),
+        steps=1,
+        lr=1e-12,
+        role_factors=True,
+        level_head=level_head,
+        checkpoint_every=1,
     )
     training.train(config, progress=False)
     return load_checkpoint(work)
@@ -72,11 +82,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", type=Path, help="the dataset whose train split the role means are over")
     parser.add_argument("out", type=Path, help="the start's checkpoint folder (written; must not exist)")
+    parser.add_argument("--level-head", action="store_true", help="a start with train-ghn --level-head (zero levels)")
     args = parser.parse_args()
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
     with tempfile.TemporaryDirectory() as work:
-        ghn = fresh(args.dataset, Path(work) / "fresh")
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))

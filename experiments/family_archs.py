@@ -28,7 +28,9 @@ matters is the architectures', not the families'. This script finds where inside
   the recipe's base lr and role key replaced (what separates a run from the direct control);
   ``--correction W``: with ``train-ghn --correction W`` (the MLP's share of the factors penalised,
   so that the role factors carry what the roles share); ``--lr-fan-in C``: the recipe's 8 replaced
-  (at 32 the role maps, 32 wide, train at the base lr);
+  (at 32 the role maps, 32 wide, train at the base lr, and every other Linear at most that);
+  ``--role-maps-at-lr``: the role maps alone at the base lr (``parameter_groups`` otherwise trains
+  them as an r-in Linear's rows), the lever ``shared_weights.py --recipe-lrs maps`` points to;
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -63,12 +65,26 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 from zoo_pools import KINDS, first_of_each, plot, probe, step0, train_run  # noqa: E402
 
+from graphkit.ghn import training  # noqa: E402
 from graphkit.ghn.config import ROLE_KEYS  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 from graphkit.training.data import load_source  # noqa: E402
 
 PROBED_TRAINED = 4  # the shuffle's first architectures, probed in every run
 PARTS = ("trained", "unseen", "held out")  # the probe's three parts, by the prefix of their entries
+
+
+def role_maps_at_lr() -> None:
+    """``train-ghn``'s optimiser from here on with the decoder's role maps at the base lr, the
+    rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
+    groups_of = training.parameter_groups
+
+    def groups(ghn, lr, fan_in=training.LR_FAN_IN):
+        maps = getattr(ghn.decoder, "role_maps", None)
+        out = groups_of(ghn, lr, fan_in)
+        return [{**g, "lr": lr} if any(p is maps for p in g["params"]) else g for g in out]
+
+    training.parameter_groups = groups
 
 
 def mean_of(scores: dict[str, list[float]], part: str) -> str:
@@ -127,6 +143,9 @@ def main() -> None:
     parser.add_argument("--role-factors", action="store_true", help="train with train-ghn --role-factors")
     parser.add_argument("--initial", type=Path, default=None, help="train-ghn --initial-checkpoint (its own roles)")
     parser.add_argument("--lr", type=float, default=None, help="train-ghn --lr (default: the recipe's)")
+    parser.add_argument(
+        "--role-maps-at-lr", action="store_true", help="the role maps alone at the base lr (not lr * lr_fan_in / r)"
+    )
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")
     parser.add_argument(
@@ -173,6 +192,9 @@ def main() -> None:
     arm += f"-from-{args.initial.name}" if args.initial else ""
     arm += "".join(f"-{k}-{v}" for k, v in changed.items())
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
+    arm += "-maps-at-lr" if args.role_maps_at_lr else ""
+    if args.role_maps_at_lr:
+        role_maps_at_lr()
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
@@ -236,6 +258,7 @@ def main() -> None:
         label += ", role factors" if args.role_factors else ""
         label += f", from {args.initial.name}" if args.initial else ""
         label += "".join(f", {k} {v}" for k, v in changed.items())
+        label += ", role maps at the base lr" if args.role_maps_at_lr else ""
         label += f", with {args.other}" if extra else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)

@@ -38,6 +38,21 @@ each weight at the RMS the decoder gives it (``INIT_GAIN g / sqrt(fan-in)``, a l
 ``--share-by-leaf`` goes past ``--tie-blocks``: one tensor per leaf role, as the zoo-vision
 recipe's role factors are keyed, which is what another family can read.
 
+Inside a family the control held to all four bounds transfers better than the hypernetwork it
+bounds (docs/experiments.md, "What crosses to another family"). Two ways it still trains
+differently, each an option that takes it away: ``--own-rest``, every tensor that is not a
+Linear's or a convolution's weight (1-D parameters, position embeddings, class tokens) stays each
+architecture's own init, untrained, where the control otherwise trains it shared and free;
+``--recipe-lrs maps gains``, those parts at the lr the zoo-vision recipe gives their counterparts
+in the hypernetwork (``parameter_groups``: a role map, an r-in Linear's rows, at ``lr * min(1,
+lr_fan_in / R)``, the gains as the gain head at ``GAIN_LR * lr``), where the control trains every
+part at ``lr`` (a block's ``M`` and the free tensors are at ``lr`` in both, as the role
+factors). ``--device cuda`` trains on a GPU (the whole split's control needs about 16 GB).
+
+Which part of the hypernetwork's prediction the gap is in: ``--swap-with RUN`` scores, beside the
+control, the hypernetwork of the checkpoint RUN (trained on the same N) with one part of its
+prediction swapped for the control's, on each probed architecture: the weights, or the rest.
+
     .venv/bin/python experiments/shared_weights.py --counts 1 2 4 8 16 32    # about 5 min a count on 2 cores
 """
 
@@ -64,9 +79,12 @@ from zoo_pools import KINDS, first_of_each, scored  # noqa: E402
 
 from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
+from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.encoding import role_of  # noqa: E402
 from graphkit.ghn.model import weight_rms  # noqa: E402
-from graphkit.ghn.pool import ArchPool  # noqa: E402
+from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
+from graphkit.ghn.predict import predicted_params  # noqa: E402
+from graphkit.ghn.training import GAIN_LR  # noqa: E402
 from graphkit.training.data import load_source, output_loss  # noqa: E402
 
 BATCH = 32
@@ -150,6 +168,27 @@ def is_weight(name: str, value: torch.Tensor) -> bool:
     return value.dim() >= 2 and name.split(" ")[0].endswith("weight")  # a leaf key ends in its dimensions
 
 
+def swapped(
+    predicted: dict[str, torch.Tensor],
+    shared: dict[str, torch.Tensor],
+    params: dict[str, torch.Tensor],
+    bounds: Bounds,
+    part: str,
+) -> dict[str, torch.Tensor]:
+    """A hypernetwork's prediction (``predicted``, by name) with ``part`` of it, the ``weights``
+    (:func:`is_weight`) or the ``rest``, taken from the shared tensors' corners (``params``: the
+    architecture's own, for its shapes)."""
+    direct = corners_for(shared, params, bounds.sharing)
+
+    def taken(name: str, value: torch.Tensor) -> bool:
+        other = shared.get(key(name, bounds.sharing, value.dim()))
+        if other is None or direct[name] is params[name]:
+            return False
+        return is_weight(key(name, bounds.sharing, value.dim()), other) == (part == "weights")
+
+    return {name: direct[name] if taken(name, v) else predicted[name] for name, v in params.items()}
+
+
 def low_rank(
     shared: dict[str, torch.Tensor], rank: int, one_map: bool = False
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -170,8 +209,8 @@ def low_rank(
             bound = 1 / math.sqrt(rank)  # the decoder's maps' init (nn.Linear's), so that Adam moves both alike
             # an entry of P M P^T has variance rank^2 var(P)^2 var(M), var(P) = bound^2 / 3
             out[name] = (
-                torch.empty(max(matrix.shape), rank).uniform_(-bound, bound),
-                torch.randn(rank, rank) * 3 * rms,
+                torch.empty(max(matrix.shape), rank, device=matrix.device).uniform_(-bound, bound),
+                torch.randn(rank, rank, device=matrix.device) * 3 * rms,
             )
         else:
             u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
@@ -196,29 +235,54 @@ class Bounds:
     rank: int | None = None  # each weight as rank-``rank`` factors (:func:`low_rank`)
     one_map: bool = False  # with ``rank``: one map for a block's rows and columns, as LoGAH's decoder
     capped: bool = False  # each weight at the decoder's RMS, INIT_GAIN g / sqrt(fan-in), g in (0, 2) learned
+    own_rest: bool = False  # what is not a weight (1-D, tables, tokens) stays each architecture's own init
+    recipe_lrs: tuple[str, ...] = ()  # parts (maps, gains) at their counterpart's lr in the hypernetwork
 
     def label(self) -> str:
         """How the table and the plot name these bounds."""
         parts = {"name": [], "block": ["blocks tied"], "leaf": ["one tensor per leaf"]}[self.sharing]
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
+        parts += ["the rest its own init"] if self.own_rest else []
+        parts += [f"the recipe's lr for {' and '.join(self.recipe_lrs)}"] if self.recipe_lrs else []
         return ", ".join(parts) or "untied"
 
 
 def train_shared(
-    pool: ArchPool, indices: list[int], source, steps: int, meta_batch: int, lr: float, bounds: Bounds
+    pool: ArchPool,
+    indices: list[int],
+    source,
+    steps: int,
+    meta_batch: int,
+    lr: float,
+    bounds: Bounds,
+    device: torch.device = torch.device("cpu"),
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """The shared tensors of ``indices`` trained for ``steps`` steps under ``bounds``, and the
-    training CE per step."""
+    """The shared tensors of ``indices`` trained on ``device`` for ``steps`` steps under
+    ``bounds``, and the training CE per step (the tensors returned on the CPU)."""
     torch.manual_seed(0)
-    shared = shared_init(pool, indices, bounds.sharing)
+    shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
     factored = {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map)
+    if bounds.own_rest:
+        shared = {name: value for name, value in shared.items() if is_weight(name, value)}
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
     # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
     gains = {
-        name: torch.zeros((), requires_grad=True) for name, v in shared.items() if bounds.capped and is_weight(name, v)
+        name: torch.zeros((), device=device, requires_grad=True)
+        for name, v in shared.items()
+        if bounds.capped and is_weight(name, v)
     }
-    trained = [*free.values(), *(f.requires_grad_(True) for pair in factored.values() for f in pair), *gains.values()]
+    maps = [pair[0].requires_grad_(True) for pair in factored.values()]
+    middles = [pair[1].requires_grad_(True) for pair in factored.values()]
+    if "maps" in bounds.recipe_lrs:  # as parameter_groups: a map is an r-in Linear's rows (one map's P, or both)
+        maps, middles = (maps, middles) if bounds.one_map else (maps + middles, [])
+    slow = "maps" in bounds.recipe_lrs and bounds.rank is not None
+    groups = [
+        {"params": [*free.values(), *middles], "lr": lr},
+        {"params": maps, "lr": lr * min(1.0, KINDS["vision"][1]["lr_fan_in"] / bounds.rank) if slow else lr},
+        {"params": list(gains.values()), "lr": lr * GAIN_LR if "gains" in bounds.recipe_lrs else lr},
+    ]
+    trained = [p for group in groups for p in group["params"]]
 
     def current() -> dict[str, torch.Tensor]:
         weights = {**free, **{name: block(pair, shared[name].shape, bounds.one_map) for name, pair in factored.items()}}
@@ -228,11 +292,18 @@ def train_shared(
             weights[name] = w * rms / w.square().mean().sqrt().clamp_min(1e-12)
         return weights
 
-    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
     generator = torch.Generator().manual_seed(0)
-    # every trained parameter is a corner of its shared tensor, so only its shape is read: on meta
-    own = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
+    # a trained parameter is a corner of its shared tensor, so only its shape is read (on meta);
+    # with own_rest the rest are each architecture's own init
+    own = {
+        index: pool.initialised(index)
+        if bounds.own_rest
+        else dict(pool.model(index).named_parameters(remove_duplicate=False))
+        for index in indices
+    }
+    own = {index: {name: v if v.is_meta else v.to(device) for name, v in ps.items()} for index, ps in own.items()}
     curve = []
     for _ in range(steps):
         drawn = [indices[i] for i in torch.randint(len(indices), (meta_batch,), generator=generator).tolist()]
@@ -240,9 +311,9 @@ def train_shared(
         for index in drawn:
             inputs, labels = source.batch(pool.records[index].config, BATCH, generator)
             output = functional_call(
-                pool.model(index).train(), corners_for(weights, own[index], bounds.sharing), (inputs,)
+                pool.model(index).train(), corners_for(weights, own[index], bounds.sharing), (inputs.to(device),)
             )
-            losses.append(output_loss(source.task, output, labels)[0])
+            losses.append(output_loss(source.task, output, labels.to(device))[0])
         loss = torch.stack(losses).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -251,7 +322,7 @@ def train_shared(
         schedule.step()
         curve.append(loss.item())
     with torch.no_grad():
-        return {name: value.detach() for name, value in current().items()}, curve
+        return {name: value.detach().cpu() for name, value in current().items()}, curve
 
 
 def hypernetwork_ce(family: str, n: int, steps: int) -> float | None:
@@ -327,6 +398,26 @@ def main() -> None:
         "--capped", action="store_true", help="each weight at the RMS the decoder gives it (a learned gain in (0, 2))"
     )
     parser.add_argument(
+        "--own-rest",
+        action="store_true",
+        help="what is not a weight (1-D parameters, position embeddings, tokens) stays each architecture's own init",
+    )
+    parser.add_argument(
+        "--recipe-lrs",
+        nargs="+",
+        choices=["maps", "gains"],
+        default=[],
+        help="with --rank: these parts at their counterpart's lr in the hypernetwork (maps: lr * lr_fan_in / R)",
+    )
+    parser.add_argument(
+        "--swap-with",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="also score RUN's predictions (a checkpoint) with their weights, then the rest, from the control",
+    )
+    parser.add_argument("--device", default="cpu", help="train on this torch device (cuda for the whole split)")
+    parser.add_argument(
         "--probe-with",
         default=None,
         metavar="FAMILY",
@@ -341,9 +432,17 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.counts) < 1 or args.steps < 100 or (args.rank is not None and args.rank < 1):
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
-    if args.one_map and args.rank is None:
-        parser.error("--one-map needs --rank (the maps' width)")
-    bounds = Bounds(args.sharing, args.rank, args.one_map, args.capped)
+    if args.rank is None and (args.one_map or args.recipe_lrs):
+        parser.error("--one-map and --recipe-lrs need --rank (the maps' width)")
+    if args.swap_with is not None and args.own_rest:
+        parser.error("--swap-with takes the control's tensors that are not weights, which --own-rest does not train")
+    ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
+    try:
+        device = torch.device(args.device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        parser.error(f"--device {args.device}: {str(error).splitlines()[0]}")
+    bounds = Bounds(args.sharing, args.rank, args.one_map, args.capped, args.own_rest, tuple(args.recipe_lrs))
     label = bounds.label()
     if args.from_json is not None:
         if args.plot is None:
@@ -352,7 +451,7 @@ def main() -> None:
         return
     zoo, recipe = KINDS["vision"]
     source = load_source(recipe["data"])
-    pool = ArchPool(zoo, "train")
+    pool = ArchPool(zoo, "train", device)
     position = {record.id: i for i, record in enumerate(pool.records)}
     ids = shuffled_ids(zoo, args.family, args.seed)
     order = [position[i] for i in ids]
@@ -373,9 +472,10 @@ def main() -> None:
     table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |")
     results: dict = {"label": label, "own init @0": own, "runs": {}}
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
-        shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds)
+        shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device)
         ce = statistics.mean(curve[-100:])
         at0, cover = {}, {}
+        swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
             torch.manual_seed(0)  # what no corner covers is the own init that row scores
             params = {
@@ -384,13 +484,25 @@ def main() -> None:
             }
             cover[what] = round(covered(shared, params, args.sharing), 3)
             at0[what] = scored(record, source, BATCH, corners_for(shared, params, args.sharing))
+            if ghn is not None:
+                predicted = predicted_params(ghn, graph_for(record, ghn.config))
+                for part, figures in swaps.items():
+                    figures[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
         figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
+        if ghn is not None:
+            figures["@0, the hypernetwork's with the control's"] = swaps
         figures["RMS over the cap"] = over_cap(shared)
         results["runs"][str(n)] = {**figures, "curve": curve}
         print(json.dumps({"architectures": n, **figures}), flush=True)
         table.append(
             f"| {n}, shared weights, {label} | {ce:.2f} | " + " | ".join(mean_of(at0, part) for part in parts) + " |"
         )
+        for swap, scores in swaps.items() if ghn is not None else ():
+            table.append(
+                f"| {args.swap_with.name}: its {swap} from the control | - | "
+                + " | ".join(mean_of(scores, part) for part in parts)
+                + " |"
+            )
     print("\n".join(table), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(results))
