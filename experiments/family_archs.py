@@ -31,6 +31,8 @@ matters is the architectures', not the families'. This script finds where inside
   (at 32 the role maps, 32 wide, train at the base lr, and every other Linear at most that);
   ``--role-maps-at-lr``: the role maps alone at the base lr (``parameter_groups`` otherwise trains
   them as an r-in Linear's rows), the lever ``shared_weights.py --recipe-lrs maps`` points to;
+  ``--gain-head-frozen``: the decoder's gain head kept at its init (lr 0), every weight at gain 1,
+  the decoder's RMS for its fan-in, as the direct control's gains stay near one per role;
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -74,15 +76,22 @@ PROBED_TRAINED = 4  # the shuffle's first architectures, probed in every run
 PARTS = ("trained", "unseen", "held out")  # the probe's three parts, by the prefix of their entries
 
 
-def role_maps_at_lr() -> None:
-    """``train-ghn``'s optimiser from here on with the decoder's role maps at the base lr, the
-    rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
+def regrouped(maps_at_lr: bool, gain_frozen: bool) -> None:
+    """``train-ghn``'s optimiser from here on with the decoder's role maps at the base lr
+    (``maps_at_lr``) and its gain head at lr 0 (``gain_frozen``; zero at init, so every gain stays
+    1), the rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
     groups_of = training.parameter_groups
 
     def groups(ghn, lr, fan_in=training.LR_FAN_IN):
-        maps = getattr(ghn.decoder, "role_maps", None)
-        out = groups_of(ghn, lr, fan_in)
-        return [{**g, "lr": lr} if any(p is maps for p in g["params"]) else g for g in out]
+        maps, gain = getattr(ghn.decoder, "role_maps", None), getattr(ghn.decoder, "gain", None)
+        frozen = {id(p) for p in gain.parameters()} if gain_frozen and gain is not None else set()
+
+        def lr_of(group: dict) -> float:
+            if maps_at_lr and any(p is maps for p in group["params"]):
+                return lr
+            return 0.0 if any(id(p) in frozen for p in group["params"]) else group["lr"]
+
+        return [{**g, "lr": lr_of(g)} for g in groups_of(ghn, lr, fan_in)]
 
     training.parameter_groups = groups
 
@@ -146,6 +155,9 @@ def main() -> None:
     parser.add_argument(
         "--role-maps-at-lr", action="store_true", help="the role maps alone at the base lr (not lr * lr_fan_in / r)"
     )
+    parser.add_argument(
+        "--gain-head-frozen", action="store_true", help="the decoder's gain head at lr 0 (every gain stays 1)"
+    )
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")
     parser.add_argument(
@@ -192,9 +204,9 @@ def main() -> None:
     arm += f"-from-{args.initial.name}" if args.initial else ""
     arm += "".join(f"-{k}-{v}" for k, v in changed.items())
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
-    arm += "-maps-at-lr" if args.role_maps_at_lr else ""
-    if args.role_maps_at_lr:
-        role_maps_at_lr()
+    arm += ("-maps-at-lr" if args.role_maps_at_lr else "") + ("-gain-frozen" if args.gain_head_frozen else "")
+    if args.role_maps_at_lr or args.gain_head_frozen:
+        regrouped(args.role_maps_at_lr, args.gain_head_frozen)
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
@@ -259,6 +271,7 @@ def main() -> None:
         label += f", from {args.initial.name}" if args.initial else ""
         label += "".join(f", {k} {v}" for k, v in changed.items())
         label += ", role maps at the base lr" if args.role_maps_at_lr else ""
+        label += ", gain head frozen" if args.gain_head_frozen else ""
         label += f", with {args.other}" if extra else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
