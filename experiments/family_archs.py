@@ -31,8 +31,9 @@ matters is the architectures', not the families'. This script finds where inside
   (at 32 the role maps, 32 wide, train at the base lr, and every other Linear at most that);
   ``--role-maps-at-lr``: the role maps alone at the base lr (``parameter_groups`` otherwise trains
   them as an r-in Linear's rows), the lever ``shared_weights.py --recipe-lrs maps`` points to;
-  ``--gain-head-frozen``: the decoder's gain head kept at its init (lr 0), every weight at gain 1,
-  the decoder's RMS for its fan-in, as the direct control's gains stay near one per role;
+  ``--gain-head-frozen``: the decoder's gain head kept at its start (lr 0; zero in a fresh or
+  ``factor_start.py`` start: every weight at gain 1, the decoder's RMS for its fan-in), as the
+  direct control's gains stay near one per role;
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -78,8 +79,8 @@ PARTS = ("trained", "unseen", "held out")  # the probe's three parts, by the pre
 
 def regrouped(maps_at_lr: bool, gain_frozen: bool) -> None:
     """``train-ghn``'s optimiser from here on with the decoder's role maps at the base lr
-    (``maps_at_lr``) and its gain head at lr 0 (``gain_frozen``; zero at init, so every gain stays
-    1), the rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
+    (``maps_at_lr``) and its gain head at lr 0 (``gain_frozen``: every gain stays at its start, 1
+    where the head starts at zero), the rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
     groups_of = training.parameter_groups
 
     def groups(ghn, lr, fan_in=training.LR_FAN_IN):
@@ -156,7 +157,9 @@ def main() -> None:
         "--role-maps-at-lr", action="store_true", help="the role maps alone at the base lr (not lr * lr_fan_in / r)"
     )
     parser.add_argument(
-        "--gain-head-frozen", action="store_true", help="the decoder's gain head at lr 0 (every gain stays 1)"
+        "--gain-head-frozen",
+        action="store_true",
+        help="the decoder's gain head at lr 0 (every gain stays at its start: 1 from a fresh start)",
     )
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")

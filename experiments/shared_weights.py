@@ -77,6 +77,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from family_archs import PARTS, PROBED_TRAINED, mean_of, shuffled_ids  # noqa: E402
 from zoo_pools import KINDS, first_of_each, scored  # noqa: E402
 
+from graphkit.errors import GraphkitError  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
 from graphkit.ghn import load_checkpoint  # noqa: E402
@@ -436,7 +437,10 @@ def main() -> None:
         parser.error("--one-map and --recipe-lrs need --rank (the maps' width)")
     if args.swap_with is not None and args.own_rest:
         parser.error("--swap-with takes the control's tensors that are not weights, which --own-rest does not train")
-    ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
+    try:
+        ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
+    except GraphkitError as error:
+        parser.error(f"--swap-with: {error}")
     try:
         device = torch.device(args.device)
         torch.empty(0, device=device)
