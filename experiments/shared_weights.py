@@ -438,14 +438,14 @@ def main() -> None:
     if args.swap_with is not None and args.own_rest:
         parser.error("--swap-with takes the control's tensors that are not weights, which --own-rest does not train")
     try:
-        ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
-    except GraphkitError as error:
-        parser.error(f"--swap-with: {error}")
-    try:
         device = torch.device(args.device)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
         parser.error(f"--device {args.device}: {str(error).splitlines()[0]}")
+    try:
+        ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
+    except GraphkitError as error:
+        parser.error(f"--swap-with: {error}")
     bounds = Bounds(args.sharing, args.rank, args.one_map, args.capped, args.own_rest, tuple(args.recipe_lrs))
     label = bounds.label()
     if args.from_json is not None:
@@ -490,8 +490,8 @@ def main() -> None:
             at0[what] = scored(record, source, BATCH, corners_for(shared, params, args.sharing))
             if ghn is not None:
                 predicted = predicted_params(ghn, graph_for(record, ghn.config))
-                for part, figures in swaps.items():
-                    figures[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
+                for part, by_arch in swaps.items():
+                    by_arch[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
         figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
         if ghn is not None:
             figures["@0, the hypernetwork's with the control's"] = swaps
