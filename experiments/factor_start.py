@@ -17,7 +17,8 @@ trains from it with the same recipe and ``--role-factors``:
     .venv/bin/python experiments/factor_start.py out/zoo-vits-mini-vision_transformer-8 runs/factor-start-8
     .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
 
-``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``.
+``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``;
+``--role-key KEY`` for ``family_archs.py --role-key KEY``.
 """
 
 from __future__ import annotations
@@ -38,17 +39,18 @@ from zoo_pools import KINDS  # noqa: E402
 
 from graphkit.ghn import load_checkpoint, training  # noqa: E402
 from graphkit.ghn.checkpoint import save_checkpoint  # noqa: E402
+from graphkit.ghn.config import ROLE_KEYS  # noqa: E402
 from graphkit.ghn.model import LoGAH, LowRankDecoder, _DecodeBatch  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
-def fresh(dataset: Path, work: Path, level_head: bool = False) -> LoGAH:
+def fresh(dataset: Path, work: Path, level_head: bool = False, role_key: str | None = None) -> LoGAH:
     """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
-    ``--role-factors`` (and ``--level-head``), its checkpoint's info with it: one step at a
-    vanishing lr."""
+    ``--role-factors`` (and ``--level-head``; ``role_key`` in place of the recipe's), its
+    checkpoint's info with it: one step at a vanishing lr."""
     _, recipe = KINDS["vision"]
     config = training.TrainConfig(
-        **recipe,
+        **{**recipe, **({} if role_key is None else {"role_key": role_key})},
         dataset=str(dataset),
         out=str(work),
         steps=1,
@@ -83,11 +85,14 @@ def main() -> None:
     parser.add_argument("dataset", type=Path, help="the dataset whose train split the role means are over")
     parser.add_argument("out", type=Path, help="the start's checkpoint folder (written; must not exist)")
     parser.add_argument("--level-head", action="store_true", help="a start with train-ghn --level-head (zero levels)")
+    parser.add_argument(
+        "--role-key", choices=ROLE_KEYS, default=None, help="a start with train-ghn --role-key (default: the recipe's)"
+    )
     args = parser.parse_args()
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
     with tempfile.TemporaryDirectory() as work:
-        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head)
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, args.role_key)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))

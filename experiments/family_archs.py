@@ -23,7 +23,9 @@ matters is the architectures', not the families'. This script finds where inside
   encoder's relative-depth embedding, which tells one architecture's blocks apart (without it the
   zoo recipe predicts its blocks alike: ``family_share.py``); ``--role-factors``: with ``train-ghn
   --role-factors`` (a pair of factors per role map beside the decoder's MLP, the lever
-  ``free_path.py`` points to); ``--initial CHECKPOINT``: from that checkpoint
+  ``free_path.py`` points to); ``--role-vectors``: with ``train-ghn --role-vectors`` (a vector per
+  role map for its 1-D parameters, what ``shared_weights.py --own-rest 1-d`` shows the direct
+  control's transfer rests on); ``--initial CHECKPOINT``: from that checkpoint
   (``train-ghn --initial-checkpoint``; ``factor_start.py`` writes one); ``--lr`` and ``--role-key``:
   the recipe's base lr and role key replaced (what separates a run from the direct control);
   ``--correction W``: with ``train-ghn --correction W`` (the MLP's share of the factors penalised,
@@ -33,7 +35,9 @@ matters is the architectures', not the families'. This script finds where inside
   them as an r-in Linear's rows), the lever ``shared_weights.py --recipe-lrs maps`` points to;
   ``--gain-head-frozen``: the decoder's gain head kept at its start (lr 0; zero in a fresh or
   ``factor_start.py`` start: every weight at gain 1, the decoder's RMS for its fan-in), as the
-  direct control's gains stay near one per role;
+  direct control's gains stay near one per role; ``--mlp-frozen``: the decoder MLP's last layer
+  kept at its start (zero after ``factor_start.py``: every weight is its role's factors, the direct
+  control's model class in the hypernetwork's trainer);
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -77,22 +81,27 @@ PROBED_TRAINED = 4  # the shuffle's first architectures, probed in every run
 PARTS = ("trained", "unseen", "held out")  # the probe's three parts, by the prefix of their entries
 
 
-def regrouped(maps_at_lr: bool, gain_frozen: bool) -> None:
+def regrouped(maps_at_lr: bool, gain_frozen: bool, mlp_frozen: bool = False) -> None:
     """``train-ghn``'s optimiser from here on with the decoder's role maps at the base lr
-    (``maps_at_lr``) and its gain head at lr 0 (``gain_frozen``: every gain stays at its start, 1
-    where the head starts at zero), the rest of :func:`graphkit.ghn.training.parameter_groups` as it is."""
+    (``maps_at_lr``), its gain head at lr 0 (``gain_frozen``: every gain stays at its start, 1
+    where the head starts at zero) and its MLP's last layer at lr 0 (``mlp_frozen``: the MLP's
+    output stays at its start, nothing after ``factor_start.py``, so that every weight of a role is
+    its role factors' and every architecture reads the same), the rest of
+    :func:`graphkit.ghn.training.parameter_groups` as it is."""
     groups_of = training.parameter_groups
 
     def groups(ghn, lr, fan_in=training.LR_FAN_IN):
-        maps, gain = getattr(ghn.decoder, "role_maps", None), getattr(ghn.decoder, "gain", None)
-        frozen = {id(p) for p in gain.parameters()} if gain_frozen and gain is not None else set()
-
-        def lr_of(group: dict) -> float:
-            if maps_at_lr and any(p is maps for p in group["params"]):
-                return lr
-            return 0.0 if any(id(p) in frozen for p in group["params"]) else group["lr"]
-
-        return [{**g, "lr": lr_of(g)} for g in groups_of(ghn, lr, fan_in)]
+        decoder = ghn.decoder
+        parts = [getattr(decoder, "gain", None) if gain_frozen else None, decoder.mlp[-1] if mlp_frozen else None]
+        frozen = {id(p) for part in parts if part is not None for p in part.parameters()}
+        out = []
+        for group in groups_of(ghn, lr, fan_in):
+            at_lr = maps_at_lr and any(p is getattr(decoder, "role_maps", None) for p in group["params"])
+            kept = [p for p in group["params"] if id(p) not in frozen]
+            held = [p for p in group["params"] if id(p) in frozen]
+            out += [{**group, "params": kept, "lr": lr if at_lr else group["lr"]}] if kept else []
+            out += [{**group, "params": held, "lr": 0.0}] if held else []
+        return out
 
     training.parameter_groups = groups
 
@@ -151,6 +160,7 @@ def main() -> None:
     )
     parser.add_argument("--level-head", action="store_true", help="train with train-ghn --level-head")
     parser.add_argument("--role-factors", action="store_true", help="train with train-ghn --role-factors")
+    parser.add_argument("--role-vectors", action="store_true", help="train with train-ghn --role-vectors")
     parser.add_argument("--initial", type=Path, default=None, help="train-ghn --initial-checkpoint (its own roles)")
     parser.add_argument("--lr", type=float, default=None, help="train-ghn --lr (default: the recipe's)")
     parser.add_argument(
@@ -160,6 +170,11 @@ def main() -> None:
         "--gain-head-frozen",
         action="store_true",
         help="the decoder's gain head at lr 0 (every gain stays at its start: 1 from a fresh start)",
+    )
+    parser.add_argument(
+        "--mlp-frozen",
+        action="store_true",
+        help="the decoder MLP's last layer at lr 0 (its output stays at its start: nothing after factor_start.py)",
     )
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")
@@ -196,20 +211,23 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.counts) < 1:
         parser.error("--counts: each at least 1")
+    if args.mlp_frozen and args.initial is None:
+        parser.error("--mlp-frozen needs --initial (a factor_start.py start, whose MLP gives nothing)")
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
-    recipe["role_factors"] = args.role_factors
+    recipe["role_factors"], recipe["role_vectors"] = args.role_factors, args.role_vectors
     given = {k: getattr(args, k) for k in ("lr", "role_key", "correction", "lr_fan_in")}
     changed = {k: v for k, v in given.items() if v is not None}
     recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")
-    arm += "-factors" if args.role_factors else ""
+    arm += ("-factors" if args.role_factors else "") + ("-vectors" if args.role_vectors else "")
     arm += f"-from-{args.initial.name}" if args.initial else ""
     arm += "".join(f"-{k}-{v}" for k, v in changed.items())
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
     arm += ("-maps-at-lr" if args.role_maps_at_lr else "") + ("-gain-frozen" if args.gain_head_frozen else "")
-    if args.role_maps_at_lr or args.gain_head_frozen:
-        regrouped(args.role_maps_at_lr, args.gain_head_frozen)
+    arm += "-mlp-frozen" if args.mlp_frozen else ""
+    if args.role_maps_at_lr or args.gain_head_frozen or args.mlp_frozen:
+        regrouped(args.role_maps_at_lr, args.gain_head_frozen, args.mlp_frozen)
     ids = shuffled_ids(zoo, args.family, args.seed)
     below = max([n for n in args.counts if n < len(ids)], default=0)
     if below > len(ids) - args.unseen:
@@ -271,10 +289,12 @@ def main() -> None:
         label = f"{n}, LoGAH-{args.variant}" + (", level head" if args.level_head else "")
         label += f", {args.depth_buckets} depth buckets" if args.depth_buckets else ""
         label += ", role factors" if args.role_factors else ""
+        label += ", role vectors" if args.role_vectors else ""
         label += f", from {args.initial.name}" if args.initial else ""
         label += "".join(f", {k} {v}" for k, v in changed.items())
         label += ", role maps at the base lr" if args.role_maps_at_lr else ""
         label += ", gain head frozen" if args.gain_head_frozen else ""
+        label += ", MLP frozen" if args.mlp_frozen else ""
         label += f", with {args.other}" if extra else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)

@@ -42,7 +42,8 @@ Inside a family the control held to all four bounds transfers better than the hy
 bounds (docs/experiments.md, "What crosses to another family"). Two ways it still trains
 differently, each an option that takes it away: ``--own-rest``, every tensor that is not a
 Linear's or a convolution's weight (1-D parameters, position embeddings, class tokens) stays each
-architecture's own init, untrained, where the control otherwise trains it shared and free;
+architecture's own init, untrained, where the control otherwise trains it shared and free
+(``--own-rest 1-d`` or ``--own-rest tables``: only the 1-D parameters, or only the tables);
 ``--recipe-lrs maps gains``, those parts at the lr the zoo-vision recipe gives their counterparts
 in the hypernetwork (``parameter_groups``: a role map, an r-in Linear's rows, at ``lr * min(1,
 lr_fan_in / R)``, the gains as the gain head at ``GAIN_LR * lr``), where the control trains every
@@ -169,6 +170,17 @@ def is_weight(name: str, value: torch.Tensor) -> bool:
     return value.dim() >= 2 and name.split(" ")[0].endswith("weight")  # a leaf key ends in its dimensions
 
 
+OWN_REST = {"all": "the rest its own init", "1-d": "1-D at own init", "tables": "tables at own init"}
+
+
+def untrained(name: str, value: torch.Tensor, own_rest: str) -> bool:
+    """Whether the shared tensor ``name`` stays out of training under ``--own-rest own_rest``
+    (each architecture then reads its own init there)."""
+    if is_weight(name, value):
+        return False
+    return own_rest == "all" or (value.dim() == 1) == (own_rest == "1-d")
+
+
 def swapped(
     predicted: dict[str, torch.Tensor],
     shared: dict[str, torch.Tensor],
@@ -236,7 +248,9 @@ class Bounds:
     rank: int | None = None  # each weight as rank-``rank`` factors (:func:`low_rank`)
     one_map: bool = False  # with ``rank``: one map for a block's rows and columns, as LoGAH's decoder
     capped: bool = False  # each weight at the decoder's RMS, INIT_GAIN g / sqrt(fan-in), g in (0, 2) learned
-    own_rest: bool = False  # what is not a weight (1-D, tables, tokens) stays each architecture's own init
+    # what is not a weight stays each architecture's own init: all of it, or only its 1-D parameters or its
+    # tables (position embeddings, tokens); "": none
+    own_rest: str = ""
     recipe_lrs: tuple[str, ...] = ()  # parts (maps, gains) at their counterpart's lr in the hypernetwork
 
     def label(self) -> str:
@@ -244,7 +258,7 @@ class Bounds:
         parts = {"name": [], "block": ["blocks tied"], "leaf": ["one tensor per leaf"]}[self.sharing]
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
-        parts += ["the rest its own init"] if self.own_rest else []
+        parts += [OWN_REST[self.own_rest]] if self.own_rest else []
         parts += [f"the recipe's lr for {' and '.join(self.recipe_lrs)}"] if self.recipe_lrs else []
         return ", ".join(parts) or "untied"
 
@@ -265,7 +279,7 @@ def train_shared(
     shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
     factored = {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map)
     if bounds.own_rest:
-        shared = {name: value for name, value in shared.items() if is_weight(name, value)}
+        shared = {name: value for name, value in shared.items() if not untrained(name, value, bounds.own_rest)}
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
     # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
     gains = {
@@ -400,8 +414,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--own-rest",
-        action="store_true",
-        help="what is not a weight (1-D parameters, position embeddings, tokens) stays each architecture's own init",
+        nargs="?",
+        const="all",
+        default="",
+        choices=list(OWN_REST),
+        help="what is not a weight stays each architecture's own init: all of it (1-D parameters, position "
+        "embeddings, tokens; the default), or only its 1-D parameters or tables",
     )
     parser.add_argument(
         "--recipe-lrs",

@@ -142,14 +142,17 @@ def test_one_dimensional_parameters_are_decoded_around_their_init_constants(anch
     assert graph.fingerprint() == graphkit.trace(_GainNet(), torch.randn(1, 8, 4, 4)).fingerprint()
 
 
-def _beside_plain(role: str, **extra: bool) -> tuple[_GainNet, ArchGraph, LoGAH, LoGAH, set[str]]:
-    """A _GainNet and its graph, a LoGAH (init anchors, one role map for ``role``) and the same with
-    ``extra`` (its weights loaded from the first's, in eval mode both), and what the first lacks."""
+def _beside_plain(
+    role: str, sizes: dict[str, int] | None = None, **extra: bool
+) -> tuple[_GainNet, ArchGraph, LoGAH, LoGAH, set[str]]:
+    """A _GainNet and its graph, a LoGAH (init anchors, one role map for ``role``, ``sizes`` its
+    other LoGAHConfig sizes) and the same with ``extra`` (its weights loaded from the first's, in
+    eval mode both), and what the first lacks."""
     model = _GainNet()
     graph = graphkit.trace(model, torch.randn(1, 8, 4, 4))
     torch.manual_seed(0)
-    plain = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,))).eval()
-    extended = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,), **extra)).eval()
+    plain = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,), **(sizes or {}))).eval()
+    extended = LoGAH(LoGAHConfig(init_anchors=True, roles=(role,), **(sizes or {}), **extra)).eval()
     missing, unexpected = extended.load_state_dict(plain.state_dict(), strict=False)
     assert not unexpected
     return model, graph, plain, extended, set(missing)
@@ -239,6 +242,49 @@ def test_a_level_head_moves_each_one_dimensional_parameter_and_starts_at_nothing
         assert leveled.decoding(graph).first_non_finite() in gains
     with pytest.raises(PredictError, match="not finite|NaN"):
         predict(copy.deepcopy(model), ghn=leveled.eval(), example_inputs=torch.randn(1, 8, 4, 4))
+
+
+@pytest.mark.parametrize("chunk", [LoGAHConfig.max_mask, 8], ids=["whole", "chunked"])
+def test_role_vectors_move_their_roles_one_dimensional_parameters_entry_by_entry(chunk):
+    """Role vectors (LoGAHConfig.role_vectors) add their role's vector to the first ``role_rows``
+    values of each of its 1-D parameters, after the output function, in training's batched
+    decoding and predict's block-by-block writing alike, also where a parameter is decoded in
+    chunks of K rows (K = 8: the head's bias of 10 in two); a longer parameter keeps its values past
+    them; at init they are zero, so a checkpoint's weights decode as without them; a role's vector
+    gets its gradient from its own parameters only; NaN is caught before anything is written."""
+    sizes = {"role_rows": 6, "max_mask": chunk}
+    model, graph, plain, vectored, missing = _beside_plain("blocks.gain", sizes, role_vectors=True)
+    assert missing == {"decoder.role_vectors"}
+    assert vectored.decoder.role_vectors.shape == (2, 6)  # the shared map's, then the one role's
+    vectors = {t.name: t.shape[0] for t in targets(graph) if len(t.shape) == 1}
+    gains = {"blocks.0.gain", "blocks.1.gain"}
+    assert vectors["head.bias"] == 10 and all(n >= 6 for n in vectors.values())
+    with torch.no_grad():
+        before = plain.predict(graph)
+        assert all(torch.equal(before[n], p) for n, p in vectored.predict(graph).items())
+        vectored.decoder.role_vectors.copy_(torch.arange(1.0, 13.0).view(2, 6) / 10)
+        batched = vectored.predict(graph)
+        streamed = predict(copy.deepcopy(model), ghn=vectored, example_inputs=torch.randn(1, 8, 4, 4))
+    for params in (batched, streamed):
+        for name, value in params.items():
+            shift = torch.zeros_like(value)
+            if name in vectors:
+                shift[:6] = vectored.decoder.role_vectors[int(name in gains)]
+            assert torch.allclose(value, before[name] + shift, atol=1e-5), name
+    vectored.train()
+    sum(p.sum() for name, p in vectored.predict(graph).items() if name in vectors).backward()
+    others, own = vectored.decoder.role_vectors.grad
+    assert own.tolist() == [len(gains)] * 6 and others.tolist() == [len(vectors) - len(gains)] * 6
+    with torch.no_grad():
+        vectored.decoder.role_vectors[1, 3] = float("nan")
+        assert vectored.decoding(graph).first_non_finite() in gains
+    with pytest.raises(PredictError, match="not finite|NaN"):
+        predict(copy.deepcopy(model), ghn=vectored.eval(), example_inputs=torch.randn(1, 8, 4, 4))
+
+
+def test_role_vectors_need_role_maps():
+    with pytest.raises(VariantError, match="role vectors need the low_rank decoder and role maps"):
+        LoGAHConfig(role_vectors=True)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

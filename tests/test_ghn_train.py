@@ -194,6 +194,12 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert factored["decoder.role_factors"].abs().max() < 1e-6
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*factors: holds a LoGAH whose role_factors is True"):
         train(quick(vits, tmp_path / "unfactored", role_maps=True, initial_checkpoint=str(tmp_path / "factors")))
+    # and role vectors
+    start = {**start, "role_factors": False, "role_vectors": True}
+    train(quick(vits, tmp_path / "vectors", **start), progress=False)
+    vectored = load_checkpoint(tmp_path / "vectors").state_dict()
+    assert all(torch.allclose(vectored[k], v, atol=1e-6) for k, v in mapped.items())
+    assert vectored["decoder.role_vectors"].abs().max() < 1e-6
     # but a head is never dropped: the run would decode otherwise than the checkpoint it starts from
     with pytest.raises(TrainError, match=r"^--initial-checkpoint .*level: holds a LoGAH whose level_head is True, not"):
         train(quick(vits, tmp_path / "unlevelled", initial_checkpoint=str(tmp_path / "level")))

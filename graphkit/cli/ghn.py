@@ -82,6 +82,13 @@ def train_ghn(
         "of its weights and trained at the base lr: the role's weights then train as directly trained weights "
         'do, and the MLP tells architectures apart; needs --role-maps (docs/experiments.md, "Role factors").',
     ),
+    role_vectors: bool = typer.Option(
+        False,
+        "--role-vectors/--no-role-vectors",
+        help="Give each role map a vector of its own, added to the values of each of its 1-D parameters (norm "
+        "gains, biases) and trained at the base lr: a role's 1-D parameters then train as one tensor per role "
+        'trained directly does; needs --role-maps (docs/experiments.md, "Role vectors").',
+    ),
     keep_init: bool = typer.Option(
         False,
         "--keep-init/--no-keep-init",
@@ -208,6 +215,7 @@ def train_ghn(
         table_gain=table_gain,
         level_head=level_head,
         role_factors=role_factors,
+        role_vectors=role_vectors,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,
         zoo_families=None if zoo_families is None else [name.strip() for name in zoo_families.split(",")],

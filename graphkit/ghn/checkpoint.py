@@ -144,7 +144,7 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
-        if name in ("tie_feature", "init_anchors", "level_head", "role_factors"):
+        if name in ("tie_feature", "init_anchors", "level_head", "role_factors", "role_vectors"):
             if not isinstance(value, bool):
                 raise CheckpointError(f"{file}: logah.{name} must be true or false; got {value!r}")
             continue

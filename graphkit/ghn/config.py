@@ -59,6 +59,11 @@ class LoGAHConfig:
     # moves as directly trained weights move; zero at init, so it decodes as a LoGAH without it.
     # False for checkpoints that lack it
     role_factors: bool = False
+    # per role map a learned vector added to the activated values of each of its 1-D parameters (their
+    # first role_rows entries; LowRankDecoder.role_vectors), so that a role's norm gains and biases have
+    # a free path shared by every architecture, as directly trained ones do; zero at init, so it decodes
+    # as a LoGAH without it. False for checkpoints that lack it
+    role_vectors: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -76,6 +81,8 @@ class LoGAHConfig:
             raise VariantError(f"a level head needs the low_rank decoder, not {self.decoder!r}", "level_head")
         if self.role_factors and (self.decoder != "low_rank" or not roles):
             raise VariantError("role factors need the low_rank decoder and role maps", "role_factors")
+        if self.role_vectors and (self.decoder != "low_rank" or not roles):
+            raise VariantError("role vectors need the low_rank decoder and role maps", "role_vectors")
         gain = self.table_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not math.isfinite(gain) or gain <= 0:
             raise VariantError(f"table gain must be a positive number; got {gain!r}", "table_gain")

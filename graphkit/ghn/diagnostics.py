@@ -23,8 +23,8 @@ from graphkit.ghn.pool import ArchPool
 
 def gradient_norms(ghn: LoGAH) -> dict[str, float]:
     """The gradient norm of each part of the hypernetwork (encoder, decoder MLP, low-rank map,
-    gain head, level head and role factors where there are, decoder embeddings), for metrics.jsonl: a part whose
-    norm collapses or explodes shows where training goes wrong."""
+    gain head, level head, role factors and role vectors where there are, decoder embeddings), for
+    metrics.jsonl: a part whose norm collapses or explodes shows where training goes wrong."""
     parts: dict[str, list[torch.Tensor]] = {}
     for name, param in ghn.named_parameters():
         if param.grad is not None:

@@ -36,6 +36,11 @@ Choices beyond the paper:
   a pair of r x r factors of its own, zero at init, added to what the MLP gives each of its
   weights: a path on which the role's weights train as weights trained directly do, with the MLP
   left to tell architectures, blocks and widths apart (:meth:`LowRankDecoder.factors`).
+- **Role vectors** (``LoGAHConfig.role_vectors``; ``train-ghn --role-vectors``). Each role map has
+  a vector of its own, zero at init, added to the activated values of each of its 1-D parameters
+  (their first ``role_rows`` entries), beside a level head's level: the role's norm gains and
+  biases then have a free path that every architecture reads, as one tensor per role trained
+  directly has (:func:`role_vector_rows`).
 - **Role maps** (``LoGAHConfig.roles``, off by default; ``train-ghn --role-maps``). One shared r -> K
   map makes every matrix live in the same row and column subspaces: a GPT-2's query projection,
   MLP and embedding all get the same ``W[:rows]``. With role maps each parameter role (its name
@@ -222,6 +227,11 @@ class LowRankDecoder(nn.Module):
         self.role_factors = None
         if c.role_factors:
             self.role_factors = nn.Parameter(torch.zeros(len(c.roles) + 1, 2 * c.rank * c.rank))
+        # per role map (0: the shared map's) a vector added to its 1-D parameters' values (see forward);
+        # zero: decodes as without
+        self.role_vectors = None
+        if c.role_vectors:
+            self.role_vectors = nn.Parameter(torch.zeros(len(c.roles) + 1, min(c.role_rows, c.max_mask)))
 
     def forward(self, nodes: torch.Tensor, graphs: Sequence[EncodedGraph]) -> Decoded:
         """Every parameter of each graph from the node embeddings ``nodes`` (sum of N_i, d), per
@@ -250,6 +260,11 @@ class LowRankDecoder(nn.Module):
             values = torch.where(index["is_norm"].unsqueeze(1), activate("norm", values), activate("bias", values))
             if levels is not None:
                 values = values + levels.index_select(0, index["vector_queries"]).unsqueeze(1).to(values.dtype)
+            if self.role_vectors is not None:
+                own = self.role_vectors.index_select(0, index["role"].index_select(0, index["vector_queries"]))
+                # a chunk past the first starts at a multiple of K >= the vectors' length: nothing of them
+                own = role_vector_rows(own, 0, width) * index["vector_first"].unsqueeze(1)
+                values = values + own.to(values.dtype)
             flat = values.flatten()[index["vector_entries"]]  # each query's first C values, end to end
             square = torch.zeros_like(norms).index_add(0, index["entry_owner"], flat.float().square())
             norms = torch.where(index["is_vector"], square.clamp_min(1e-30).sqrt(), norms)
@@ -349,7 +364,7 @@ class LowRankDecoder(nn.Module):
     def decoding(self, nodes: torch.Tensor, graph: EncodedGraph) -> LowRankDecoding:
         """One graph's parameters, ready to be written block by block (see :class:`LowRankDecoding`)."""
         products, head, _, levels, _ = self.products(nodes, _DecodeBatch([graph]))
-        return LowRankDecoding(graph, products, head, self.config.max_mask, levels)
+        return LowRankDecoding(graph, products, head, self.config.max_mask, levels, self.role_vectors)
 
     def factors(self, query: torch.Tensor, role: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per query (its MLP input ``query`` and role map ``role``) the two r x r factors, flat:
@@ -393,6 +408,15 @@ class LowRankDecoder(nn.Module):
         factors = F.normalize(factors, dim=1)
         n = len(factors)
         return ((factors.sum(0).square().sum() - n) / max(n * (n - 1), 1)).item()
+
+
+def role_vector_rows(vectors: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """Entries ``[start, start + length)`` of the last dimension of ``vectors`` (role vectors, one
+    per row), zero past its end: what a 1-D parameter's rows ``start`` on get from their role's
+    vector, which covers a role's first ``role_rows`` rows only (a longer bias, a vocabulary's,
+    keeps its decoded values beyond them)."""
+    part = vectors[..., start : start + length]
+    return F.pad(part, (0, length - part.shape[-1]))
 
 
 class _DecodeBatch:
@@ -458,6 +482,7 @@ class _DecodeBatch:
                 [q for members in self.weight_groups.values() for q in members], dtype=torch.long
             ),
             "vector_queries": vector,
+            "vector_first": self.queries[vector, 2] == 0,  # the query holds its parameter's first rows
             "is_norm": torch.tensor(is_norm, dtype=torch.bool),
             "vector_entries": torch.repeat_interleave(
                 torch.arange(len(vector)) * max(self.vector_lengths, default=0), lengths
@@ -492,8 +517,9 @@ class LowRankDecoding:
     parameter's role map), so each value, and each value of ``A M``, is at most
     ``max|A_i| |M|_F max|B_j|`` (Cauchy-Schwarz, in float64). A NaN or Inf anywhere in ``W`` or
     ``M`` makes that bound NaN or Inf; a finite bound below :data:`SAFE_BOUND` means no float32
-    product can overflow. A 1-D parameter's level (a level head's) is checked itself; the 1-D
-    output functions (sigmoid, tanh) are finite on finite input. So a model is either written whole or not touched.
+    product can overflow. A 1-D parameter's level (a level head's) and its role's vector are checked
+    themselves; the 1-D output functions (sigmoid, tanh) are finite on finite input. So a model is
+    either written whole or not touched.
 
     ``write_into`` then decodes each parameter's blocks straight into the destination's memory
     when it is a float32 matrix view on the hypernetwork's device (``matmul(out=...)``), or into
@@ -507,9 +533,11 @@ class LowRankDecoding:
         head: Callable[[int, int], torch.Tensor],
         chunk: int,
         levels: torch.Tensor | None = None,
+        vectors: torch.Tensor | None = None,
     ) -> None:
         self.targets, self.graph, self.products, self.head, self.chunk = graph.targets, graph, products, head, chunk
         self.levels = levels  # per query, the level a 1-D value gets after its output function (see products)
+        self.vectors = vectors  # per role map, the vector its 1-D values get after it (role_vector_rows)
 
     def _blocks(self, index: int) -> list[tuple[int, slice, slice]]:
         """The queries of target ``index`` with the rows and columns of its matrix each one fills."""
@@ -537,6 +565,9 @@ class LowRankDecoding:
                     return target.name
                 if self.levels is not None and target.kind != "weight" and not torch.isfinite(self.levels[q]):
                     return target.name
+            vector = None if self.vectors is None or target.kind == "weight" else self.vectors[self.graph.roles[index]]
+            if vector is not None and not torch.isfinite(vector).all():
+                return target.name
         return None
 
     @torch.no_grad()
@@ -570,7 +601,11 @@ class LowRankDecoding:
                     torch.matmul(a @ self.products[q], b.t(), out=matrix[rows, cols])
                 else:
                     values = activate(target.kind, a @ self.products[q] @ b.t())
-                    values = target.anchor(values if self.levels is None else values + self.levels[q])
+                    values = values if self.levels is None else values + self.levels[q]
+                    if self.vectors is not None:
+                        own = role_vector_rows(self.vectors[role], rows.start, rows.stop - rows.start)
+                        values = values + own.unsqueeze(1).to(values.dtype)
+                    values = target.anchor(values)
                     if add and direct:
                         matrix[rows, cols] += values
                     else:
@@ -714,6 +749,7 @@ class LoGAH(nn.Module):
         table_gain: float = LoGAHConfig.table_gain,
         level_head: bool = LoGAHConfig.level_head,
         role_factors: bool = LoGAHConfig.role_factors,
+        role_vectors: bool = LoGAHConfig.role_vectors,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
@@ -723,7 +759,8 @@ class LoGAH(nn.Module):
         constants and the token and position tables at ``table_gain`` times the weights' RMS
         (:func:`~graphkit.ghn.encoding.targets`); ``level_head`` gives 1-D parameters a learned
         level of their own (:meth:`LowRankDecoder.products`), ``role_factors`` each role map a pair
-        of factors of its own (:meth:`LowRankDecoder.factors`)."""
+        of factors of its own (:meth:`LowRankDecoder.factors`), ``role_vectors`` each role map a
+        vector for its 1-D parameters (:func:`role_vector_rows`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -740,6 +777,7 @@ class LoGAH(nn.Module):
                     "table_gain": table_gain,
                     "level_head": level_head,
                     "role_factors": role_factors,
+                    "role_vectors": role_vectors,
                 }
             )
         )

@@ -90,6 +90,7 @@ RESUMED_OPTIONS = (
     "table_gain",
     "level_head",
     "role_factors",
+    "role_vectors",
     "keep_init",
     "initial_checkpoint",
     "zoo_families",
@@ -124,6 +125,7 @@ UNRECORDED = {
     "table_gain": LoGAHConfig.table_gain,
     "level_head": False,
     "role_factors": False,
+    "role_vectors": False,
     "keep_init": False,
     "initial_checkpoint": None,
     "zoo_families": None,
@@ -155,6 +157,7 @@ class TrainConfig:
     table_gain: float = LoGAHConfig.table_gain  # token and position tables at this times the weights' RMS
     level_head: bool = LoGAHConfig.level_head  # a learned level per 1-D parameter (LoGAHConfig.level_head)
     role_factors: bool = LoGAHConfig.role_factors  # a pair of factors per role map (LoGAHConfig.role_factors)
+    role_vectors: bool = LoGAHConfig.role_vectors  # a vector per role map for its 1-D parameters (LoGAHConfig)
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
     max_roles: int | None = None  # maps for only the train split's most frequent roles; None: every role
@@ -227,6 +230,9 @@ class TrainConfig:
         check_flag("role_factors", self.role_factors, TrainError)
         if self.role_factors and (self.decoder != "low_rank" or not self.role_maps):
             raise TrainError("--role-factors needs the low_rank decoder and --role-maps")
+        check_flag("role_vectors", self.role_vectors, TrainError)
+        if self.role_vectors and (self.decoder != "low_rank" or not self.role_maps):
+            raise TrainError("--role-vectors needs the low_rank decoder and --role-maps")
         if self.correction and not self.role_factors:  # it would weigh a constant 1
             raise TrainError("--correction needs --role-factors (it weighs the MLP's share beside them)")
         check_flag("keep_init", self.keep_init, TrainError)
@@ -480,19 +486,21 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     """Copy the weights of ``initial`` (the checkpoint ``path`` holds) into the fresh ``ghn``;
     TrainError naming the first setting in which their configs differ (the variant, the roles a
     pool's role maps are for, ...): its weights would not fit, or would fit the wrong roles. A run
-    with a level head or role factors may start from a checkpoint without them: they start at zero,
+    with a level head, role factors or role vectors may start from a checkpoint without them: they start at zero,
     so the start decodes as the checkpoint does. So may a run whose op vocabulary is newer than the
     checkpoint's (the bundled ones read 32 op ids, a fresh run 51): op ids never change meaning, so
     the checkpoint's embedding rows are copied and the ids it never read keep their fresh rows."""
     # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
     adds_level = ghn.config.level_head and not initial.config.level_head
     adds_factors = ghn.config.role_factors and not initial.config.role_factors
+    adds_vectors = ghn.config.role_vectors and not initial.config.role_vectors
     adds_ops = initial.config.num_ops < ghn.config.num_ops
     comparable = replace(
         initial.config,
         init_anchors=ghn.config.init_anchors,
         level_head=initial.config.level_head or adds_level,
         role_factors=initial.config.role_factors or adds_factors,
+        role_vectors=initial.config.role_vectors or adds_vectors,
         num_ops=ghn.config.num_ops if adds_ops else initial.config.num_ops,
     )
     if comparable != ghn.config:
@@ -502,13 +510,13 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
             f"not this run's {getattr(ghn.config, field)!r}; train with its options (--variant, --role-maps, "
             "--role-key, ...) or start fresh"
         )
-    # the configs agree but for the head and the factors, so their parameters are all a fresh run may miss
+    # the configs agree but for the head, the factors and the vectors: their parameters are all a fresh run may miss
     state = initial.state_dict()
     if adds_ops:
         known = state["encoder.op_embed.weight"]
         fresh = ghn.encoder.op_embed.weight.detach()[known.shape[0] :]
         state["encoder.op_embed.weight"] = torch.cat([known, fresh.to(known.device, known.dtype)])
-    ghn.load_state_dict(state, strict=not (adds_level or adds_factors))
+    ghn.load_state_dict(state, strict=not (adds_level or adds_factors or adds_vectors))
 
 
 def stages(earlier: Mapping[str, Any] | None, dataset: str, data: str, steps: int) -> list[dict[str, Any]]:
@@ -583,6 +591,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         table_gain=config.table_gain,
         level_head=config.level_head,
         role_factors=config.role_factors,
+        role_vectors=config.role_vectors,
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
