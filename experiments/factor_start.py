@@ -18,7 +18,9 @@ trains from it with the same recipe and ``--role-factors``:
     .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
 
 ``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``;
-``--role-key KEY`` for ``family_archs.py --role-key KEY``.
+``--role-key KEY`` for ``family_archs.py --role-key KEY``; ``--init-levels`` a start with role
+vectors (``family_archs.py --role-vectors``) set so that every 1-D parameter decodes to its init
+constant at step 0, where the direct control's 1-D tensors start.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ from zoo_pools import KINDS  # noqa: E402
 from graphkit.ghn import load_checkpoint, training  # noqa: E402
 from graphkit.ghn.checkpoint import save_checkpoint  # noqa: E402
 from graphkit.ghn.config import ROLE_KEYS  # noqa: E402
+from graphkit.ghn.encoding import AT_ZERO, activate  # noqa: E402
 from graphkit.ghn.model import LoGAH, LowRankDecoder, _DecodeBatch  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
-def fresh(dataset: Path, work: Path, level_head: bool = False, role_key: str | None = None) -> LoGAH:
+def fresh(
+    dataset: Path, work: Path, level_head: bool = False, role_key: str | None = None, role_vectors: bool = False
+) -> LoGAH:
     """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
     ``--role-factors`` (and ``--level-head``; ``role_key`` in place of the recipe's), its
     checkpoint's info with it: one step at a vanishing lr."""
@@ -56,6 +61,7 @@ def fresh(dataset: Path, work: Path, level_head: bool = False, role_key: str | N
         steps=1,
         lr=1e-12,
         role_factors=True,
+        role_vectors=role_vectors,
         level_head=level_head,
         checkpoint_every=1,
     )
@@ -80,11 +86,48 @@ def role_means(ghn: LoGAH, pool: ArchPool) -> tuple[torch.Tensor, torch.Tensor]:
     return sums / counts.clamp_min(1).unsqueeze(1), counts
 
 
+@torch.no_grad()
+def init_level_vectors(ghn: LoGAH, pool: ArchPool) -> tuple[torch.Tensor, list[int]]:
+    """Per role map the vector (``LowRankDecoder.role_vectors``) that takes what the start decodes
+    for the role's 1-D parameters back to their output function's value at 0, so that with init
+    anchors each starts at its model's init constant, as the direct control's 1-D tensors start;
+    and the role maps left at zero because their 1-D parameters are of two kinds (norm gains and
+    biases), which one vector cannot serve both. Exact because the start's MLP gives nothing: every
+    1-D query of a role decodes from the role's factors alone, so its value at row i is the same
+    in every architecture."""
+    decoder = ghn.decoder
+    assert isinstance(decoder, LowRankDecoder) and decoder.role_vectors is not None
+    vectors = torch.zeros_like(decoder.role_vectors)
+    kinds: dict[int, set[bool]] = {}
+    for index in range(len(pool)):
+        graph = pool.encoded(index, ghn.config)
+        batch = _DecodeBatch([graph])
+        at = batch.on(torch.device("cpu"))
+        products, head, *_ = decoder.products(ghn.encoder([graph]), batch)
+        for k, (q, length) in enumerate(zip(batch.vector_queries, batch.vector_lengths)):
+            if not at["vector_first"][k]:
+                continue
+            role, norm = int(at["role"][q]), bool(at["is_norm"][k])
+            kinds.setdefault(role, set()).add(norm)
+            kind = "norm" if norm else "bias"
+            values = activate(kind, (products[q] @ head(role, 1)[0]) @ head(role, length).t())
+            n = min(length, vectors.shape[1])
+            vectors[role, :n] = AT_ZERO[kind] - values[:n]
+    mixed = sorted(role for role, seen in kinds.items() if len(seen) > 1)
+    vectors[mixed] = 0
+    return vectors, mixed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", type=Path, help="the dataset whose train split the role means are over")
     parser.add_argument("out", type=Path, help="the start's checkpoint folder (written; must not exist)")
     parser.add_argument("--level-head", action="store_true", help="a start with train-ghn --level-head (zero levels)")
+    parser.add_argument(
+        "--init-levels",
+        action="store_true",
+        help="a start with train-ghn --role-vectors whose 1-D parameters decode to their init constants",
+    )
     parser.add_argument(
         "--role-key", choices=ROLE_KEYS, default=None, help="a start with train-ghn --role-key (default: the recipe's)"
     )
@@ -92,7 +135,7 @@ def main() -> None:
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
     with tempfile.TemporaryDirectory() as work:
-        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, args.role_key)
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, args.role_key, args.init_levels)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))
@@ -102,8 +145,17 @@ def main() -> None:
         decoder.role_factors.copy_(means)
         last.weight.zero_()
         last.bias.zero_()
+    mixed: list[int] = []
+    if args.init_levels:
+        levels, mixed = init_level_vectors(ghn, ArchPool(args.dataset, "train"))
+        with torch.no_grad():
+            decoder.role_vectors.copy_(levels)
     save_checkpoint(args.out, ghn, ghn.info)  # atomic: a killed run leaves no folder behind
-    print(json.dumps({"queries per role": counts.int().tolist(), "out": str(args.out)}))
+    print(
+        json.dumps(
+            {"queries per role": counts.int().tolist(), "role maps of two 1-D kinds": mixed, "out": str(args.out)}
+        )
+    )
 
 
 if __name__ == "__main__":
