@@ -94,9 +94,10 @@ def regrouped(maps_at_lr: bool, gain_frozen: bool, mlp_frozen: bool = False) -> 
         decoder = ghn.decoder
         parts = [getattr(decoder, "gain", None) if gain_frozen else None, decoder.mlp[-1] if mlp_frozen else None]
         frozen = {id(p) for part in parts if part is not None for p in part.parameters()}
+        maps = getattr(decoder, "role_maps", None)
         out = []
         for group in groups_of(ghn, lr, fan_in):
-            at_lr = maps_at_lr and any(p is getattr(decoder, "role_maps", None) for p in group["params"])
+            at_lr = maps_at_lr and any(p is maps for p in group["params"])
             kept = [p for p in group["params"] if id(p) not in frozen]
             held = [p for p in group["params"] if id(p) in frozen]
             out += [{**group, "params": kept, "lr": lr if at_lr else group["lr"]}] if kept else []

@@ -557,6 +557,8 @@ class LowRankDecoding:
             role: self.head(role, self.chunk).double().norm(dim=1).cummax(0).values for role in set(self.graph.roles)
         }
         frobenius = self.products.double().flatten(1).norm(dim=1)
+        # the role maps whose vector (role vectors') holds a NaN or Inf: each checked once
+        unsafe = set() if self.vectors is None else {r for r in reaches if not torch.isfinite(self.vectors[r]).all()}
         for index, target in enumerate(self.targets):
             reach = reaches[self.graph.roles[index]]
             for q, rows, cols in self._blocks(index):
@@ -565,8 +567,7 @@ class LowRankDecoding:
                     return target.name
                 if self.levels is not None and target.kind != "weight" and not torch.isfinite(self.levels[q]):
                     return target.name
-            vector = None if self.vectors is None or target.kind == "weight" else self.vectors[self.graph.roles[index]]
-            if vector is not None and not torch.isfinite(vector).all():
+            if target.kind != "weight" and self.graph.roles[index] in unsafe:
                 return target.name
         return None
 
