@@ -180,6 +180,9 @@ def main() -> None:
     parser.add_argument("--correction", type=float, default=None, help="train-ghn --correction (with --role-factors)")
     parser.add_argument("--lr-fan-in", type=float, default=None, help="train-ghn --lr-fan-in (default: the recipe's)")
     parser.add_argument(
+        "--clip", type=float, default=None, help="train-ghn --clip: the gradient norm's clip (default: the recipe's)"
+    )
+    parser.add_argument(
         "--role-key", choices=ROLE_KEYS, default=None, help="train-ghn --role-key (default: the recipe's)"
     )
     parser.add_argument(
@@ -217,7 +220,7 @@ def main() -> None:
     zoo, recipe = KINDS["vision"]
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     recipe["role_factors"], recipe["role_vectors"] = args.role_factors, args.role_vectors
-    given = {k: getattr(args, k) for k in ("lr", "role_key", "correction", "lr_fan_in")}
+    given = {k: getattr(args, k) for k in ("lr", "role_key", "correction", "lr_fan_in", "clip")}
     changed = {k: v for k, v in given.items() if v is not None}
     recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")

@@ -39,8 +39,8 @@ each weight at the RMS the decoder gives it (``INIT_GAIN g / sqrt(fan-in)``, a l
 recipe's role factors are keyed, which is what another family can read.
 
 Inside a family the control held to all four bounds transfers better than the hypernetwork it
-bounds (docs/experiments.md, "What crosses to another family"). Two ways it still trains
-differently, each an option that takes it away: ``--own-rest``, every tensor that is not a
+bounds (docs/experiments.md, "What crosses to another family"). The ways it still trains
+differently are options that take each away: ``--own-rest``, every tensor that is not a
 Linear's or a convolution's weight (1-D parameters, position embeddings, class tokens) stays each
 architecture's own init, untrained, where the control otherwise trains it shared and free
 (``--own-rest 1-d`` or ``--own-rest tables``: only the 1-D parameters, or only the tables);
@@ -48,11 +48,18 @@ architecture's own init, untrained, where the control otherwise trains it shared
 in the hypernetwork (``parameter_groups``: a role map, an r-in Linear's rows, at ``lr * min(1,
 lr_fan_in / R)``, the gains as the gain head at ``GAIN_LR * lr``), where the control trains every
 part at ``lr`` (a block's ``M`` and the free tensors are at ``lr`` in both, as the role
-factors). ``--device cuda`` trains on a GPU (the whole split's control needs about 16 GB).
+factors). ``--product-middle`` makes each block's ``M`` a product ``F_A F_B^T`` of two r x r
+factors, as the decoder's role factors make it, where the control otherwise trains ``M`` itself.
+``--bounded-tables`` holds the tables (position embeddings, class tokens) to ``--rank``
+and ``--capped`` as well, a table's rows by its width at the RMS of its width's fan-in, as the
+decoder decodes them, where the control otherwise trains them free. ``--device cuda`` trains on a
+GPU (the whole split's control needs about 16 GB).
 
 Which part of the hypernetwork's prediction the gap is in: ``--swap-with RUN`` scores, beside the
 control, the hypernetwork of the checkpoint RUN (trained on the same N) with one part of its
 prediction swapped for the control's, on each probed architecture: the weights, or the rest.
+Per probed architecture the output also gives how far the control's 1-D parameters (and with
+``--swap-with``, the hypernetwork's) lie from the architecture's own init: the 1-D path each took.
 
     .venv/bin/python experiments/shared_weights.py --counts 1 2 4 8 16 32    # about 5 min a count on 2 cores
 """
@@ -165,9 +172,35 @@ def over_cap(shared: dict[str, torch.Tensor]) -> dict[str, float]:
     }
 
 
+def distance_1d(values: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How far ``values`` (one architecture's parameters, by name) lie from its own init ``params``
+    in its 1-D parameters: the RMS of the difference over its biases, and over the rest (norm
+    gains, layer scales). How far a path moved them, where a control and a hypernetwork both start
+    at the init constants."""
+    parts: dict[str, list[torch.Tensor]] = {"biases": [], "scales": []}
+    for name, own in params.items():
+        if own.dim() == 1 and name in values:  # a name the prediction leaves out is the own init
+            parts["biases" if name.endswith("bias") else "scales"].append((values[name].cpu() - own).flatten())
+    return {part: round(torch.cat(diffs).square().mean().sqrt().item(), 4) for part, diffs in parts.items() if diffs}
+
+
 def is_weight(name: str, value: torch.Tensor) -> bool:
     """Whether a shared tensor is a Linear's or a convolution's weight (the ones a rank can bound)."""
     return value.dim() >= 2 and name.split(" ")[0].endswith("weight")  # a leaf key ends in its dimensions
+
+
+def is_bounded(name: str, value: torch.Tensor, tables: bool) -> bool:
+    """Whether the decoder's rank and RMS bound the shared tensor ``name``: a weight, or with
+    ``tables`` also a table (a position embedding, a class token: the tensors of two or more
+    dimensions that are no weight), which the hypernetwork decodes as it decodes a weight."""
+    return is_weight(name, value) or (tables and value.dim() >= 2)
+
+
+def as_matrix(name: str, value: torch.Tensor) -> torch.Tensor:
+    """The 2-D view a rank bounds: a weight's rows by the rest (its fan-in), a table's rows (its
+    leading dimensions) by its width, as :attr:`~graphkit.ghn.encoding.Target.matrix_shape` shapes
+    a position table."""
+    return value.flatten(1) if is_weight(name, value) else value.reshape(-1, value.shape[-1])
 
 
 OWN_REST = {"all": "the rest its own init", "1-d": "1-D at own init", "tables": "tables at own init"}
@@ -203,28 +236,31 @@ def swapped(
 
 
 def low_rank(
-    shared: dict[str, torch.Tensor], rank: int, one_map: bool = False
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per weight of ``shared`` whose sides both exceed ``rank`` (flattened past the first
-    dimension), two factors ``(U, V)`` with ``U V^T`` its best rank-``rank`` approximation (its
+    shared: dict[str, torch.Tensor], rank: int, one_map: bool = False, tables: bool = False, product: bool = False
+) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Per weight of ``shared`` (with ``tables``, per table too) whose sides both exceed ``rank``
+    (as :func:`as_matrix` views it), two factors ``(U, V)`` with ``U V^T`` its best rank-``rank`` approximation (its
     SVD's, the singular values split evenly): the bound the hypernetwork's rank puts on a predicted
     block. With ``one_map``, as LoGAH's decoder builds a block instead: ``(P, M)`` with the block
     ``P[:rows] M P[:cols]^T``, one map ``P`` for its rows and its columns (the decoder's r -> K
     map; a role map per role), ``P`` drawn as the decoder draws its maps and ``M`` so that the
-    block starts at its init's RMS."""
+    block starts at its init's RMS. With ``product`` too, ``(P, F_A, F_B)`` with ``M = F_A F_B^T``,
+    two r x r factors of equal RMS, as the decoder's role factors make ``M``."""
     out = {}
     for name, value in shared.items():
-        if not (is_weight(name, value) and min(value.flatten(1).shape) > rank):
+        if not (is_bounded(name, value, tables) and min(as_matrix(name, value).shape) > rank):
             continue
-        matrix = value.flatten(1)
+        matrix = as_matrix(name, value)
         if one_map:
             rms = matrix.square().mean().sqrt()
             bound = 1 / math.sqrt(rank)  # the decoder's maps' init (nn.Linear's), so that Adam moves both alike
             # an entry of P M P^T has variance rank^2 var(P)^2 var(M), var(P) = bound^2 / 3
-            out[name] = (
-                torch.empty(max(matrix.shape), rank, device=matrix.device).uniform_(-bound, bound),
-                torch.randn(rank, rank, device=matrix.device) * 3 * rms,
-            )
+            first = torch.empty(max(matrix.shape), rank, device=matrix.device).uniform_(-bound, bound)
+            if product:  # an entry of F_A F_B^T has variance rank var(F)^2
+                side = (3 * rms / math.sqrt(rank)).sqrt()
+                out[name] = (first, *(torch.randn(rank, rank, device=matrix.device) * side for _ in range(2)))
+            else:
+                out[name] = (first, torch.randn(rank, rank, device=matrix.device) * 3 * rms)
         else:
             u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
             root = s[:rank].sqrt()
@@ -232,11 +268,14 @@ def low_rank(
     return out
 
 
-def block(factors: tuple[torch.Tensor, torch.Tensor], shape: torch.Size, one_map: bool) -> torch.Tensor:
-    """The weight of ``shape`` that :func:`low_rank`'s ``factors`` make."""
-    rows, cols = shape[0], math.prod(shape[1:])
-    first, second = factors
-    matrix = first[:rows] @ second @ first[:cols].t() if one_map else first @ second.t()
+def block(factors: tuple[torch.Tensor, ...], like: torch.Tensor, name: str, one_map: bool) -> torch.Tensor:
+    """The tensor of ``like``'s shape (the shared tensor ``name``) that :func:`low_rank`'s
+    ``factors`` make."""
+    rows, cols = as_matrix(name, like).shape
+    shape = like.shape
+    first, second, *third = factors
+    middle = second @ third[0].t() if third else second
+    matrix = first[:rows] @ middle @ first[:cols].t() if one_map else first @ second.t()
     return matrix.view(shape)
 
 
@@ -251,6 +290,8 @@ class Bounds:
     # what is not a weight stays each architecture's own init: all of it, or only its 1-D parameters or its
     # tables (position embeddings, tokens); "": none
     own_rest: str = ""
+    tables: bool = False  # the tables held to the weights' bounds (rank, one map, RMS), as the decoder decodes them
+    product: bool = False  # with one_map: M = F_A F_B^T, as the decoder's role factors make it
     recipe_lrs: tuple[str, ...] = ()  # parts (maps, gains) at their counterpart's lr in the hypernetwork
 
     def label(self) -> str:
@@ -259,6 +300,8 @@ class Bounds:
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
         parts += [OWN_REST[self.own_rest]] if self.own_rest else []
+        parts += ["tables bounded too"] if self.tables else []
+        parts += ["M a product of two factors"] if self.product else []
         parts += [f"the recipe's lr for {' and '.join(self.recipe_lrs)}"] if self.recipe_lrs else []
         return ", ".join(parts) or "untied"
 
@@ -277,7 +320,9 @@ def train_shared(
     ``bounds``, and the training CE per step (the tensors returned on the CPU)."""
     torch.manual_seed(0)
     shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
-    factored = {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map)
+    factored = (
+        {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map, bounds.tables, bounds.product)
+    )
     if bounds.own_rest:
         shared = {name: value for name, value in shared.items() if not untrained(name, value, bounds.own_rest)}
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
@@ -285,10 +330,10 @@ def train_shared(
     gains = {
         name: torch.zeros((), device=device, requires_grad=True)
         for name, v in shared.items()
-        if bounds.capped and is_weight(name, v)
+        if bounds.capped and is_bounded(name, v, bounds.tables)
     }
     maps = [pair[0].requires_grad_(True) for pair in factored.values()]
-    middles = [pair[1].requires_grad_(True) for pair in factored.values()]
+    middles = [factor.requires_grad_(True) for pair in factored.values() for factor in pair[1:]]
     if "maps" in bounds.recipe_lrs:  # as parameter_groups: a map is an r-in Linear's rows (one map's P, or both)
         maps, middles = (maps, middles) if bounds.one_map else (maps + middles, [])
     slow = "maps" in bounds.recipe_lrs and bounds.rank is not None
@@ -300,10 +345,10 @@ def train_shared(
     trained = [p for group in groups for p in group["params"]]
 
     def current() -> dict[str, torch.Tensor]:
-        weights = {**free, **{name: block(pair, shared[name].shape, bounds.one_map) for name, pair in factored.items()}}
+        weights = {**free, **{name: block(pair, shared[name], name, bounds.one_map) for name, pair in factored.items()}}
         for name, s in gains.items():
             w = weights[name]
-            rms = weight_rms(2 * torch.sigmoid(s / 2), math.sqrt(w[0].numel()))
+            rms = weight_rms(2 * torch.sigmoid(s / 2), math.sqrt(as_matrix(name, w).shape[1]))
             weights[name] = w * rms / w.square().mean().sqrt().clamp_min(1e-12)
         return weights
 
@@ -422,6 +467,17 @@ def main() -> None:
         "embeddings, tokens; the default), or only its 1-D parameters or tables",
     )
     parser.add_argument(
+        "--product-middle",
+        action="store_true",
+        help="with --one-map: each block's M = F_A F_B^T, two r x r factors, as the decoder's role factors make it",
+    )
+    parser.add_argument(
+        "--bounded-tables",
+        action="store_true",
+        help="with --rank or --capped: the tables (position embeddings, tokens) held to the weights' bounds too, "
+        "as the decoder decodes them",
+    )
+    parser.add_argument(
         "--recipe-lrs",
         nargs="+",
         choices=["maps", "gains"],
@@ -453,6 +509,12 @@ def main() -> None:
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
     if args.rank is None and (args.one_map or args.recipe_lrs):
         parser.error("--one-map and --recipe-lrs need --rank (the maps' width)")
+    if args.product_middle and not args.one_map:
+        parser.error("--product-middle factors the one map's M: give --one-map")
+    if args.bounded_tables and args.rank is None and not args.capped:
+        parser.error("--bounded-tables holds the tables to --rank or --capped: give one")
+    if args.bounded_tables and args.own_rest in ("all", "tables"):
+        parser.error(f"--bounded-tables bounds the tables, which --own-rest {args.own_rest} does not train")
     if args.swap_with is not None and args.own_rest:
         parser.error("--swap-with takes the control's tensors that are not weights, which --own-rest does not train")
     try:
@@ -464,7 +526,16 @@ def main() -> None:
         ghn = None if args.swap_with is None else load_checkpoint(args.swap_with)
     except GraphkitError as error:
         parser.error(f"--swap-with: {error}")
-    bounds = Bounds(args.sharing, args.rank, args.one_map, args.capped, args.own_rest, tuple(args.recipe_lrs))
+    bounds = Bounds(
+        args.sharing,
+        args.rank,
+        args.one_map,
+        args.capped,
+        args.own_rest,
+        args.bounded_tables,
+        args.product_middle,
+        tuple(args.recipe_lrs),
+    )
     label = bounds.label()
     if args.from_json is not None:
         if args.plot is None:
@@ -496,7 +567,7 @@ def main() -> None:
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
         shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device)
         ce = statistics.mean(curve[-100:])
-        at0, cover = {}, {}
+        at0, cover, moved = {}, {}, {}
         swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
             torch.manual_seed(0)  # what no corner covers is the own init that row scores
@@ -505,12 +576,16 @@ def main() -> None:
                 for name, v in build_model(record.config, "cpu").named_parameters(remove_duplicate=False)
             }
             cover[what] = round(covered(shared, params, args.sharing), 3)
-            at0[what] = scored(record, source, BATCH, corners_for(shared, params, args.sharing))
+            corners = corners_for(shared, params, args.sharing)
+            at0[what] = scored(record, source, BATCH, corners)
+            moved[what] = {"control": distance_1d(corners, params)}
             if ghn is not None:
                 predicted = predicted_params(ghn, graph_for(record, ghn.config))
+                moved[what][args.swap_with.name] = distance_1d(predicted, params)
                 for part, by_arch in swaps.items():
                     by_arch[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
         figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
+        figures["1-D parameters' RMS distance from the own init"] = moved
         if ghn is not None:
             figures["@0, the hypernetwork's with the control's"] = swaps
         figures["RMS over the cap"] = over_cap(shared)
