@@ -37,7 +37,9 @@ matters is the architectures', not the families'. This script finds where inside
   ``factor_start.py`` start: every weight at gain 1, the decoder's RMS for its fan-in), as the
   direct control's gains stay near one per role; ``--mlp-frozen``: the decoder MLP's last layer
   kept at its start (zero after ``factor_start.py``: every weight is its role's factors, the direct
-  control's model class in the hypernetwork's trainer);
+  control's model class in the hypernetwork's trainer; a frozen part takes no gradient);
+  ``--scale-anchor W``: the loss plus W times the predicted 1-D scales' mean square distance from
+  each model's own init (the direct control's stay near it);
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -65,6 +67,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -87,7 +90,10 @@ def regrouped(maps_at_lr: bool, gain_frozen: bool, mlp_frozen: bool = False) -> 
     where the head starts at zero) and its MLP's last layer at lr 0 (``mlp_frozen``: the MLP's
     output stays at its start, nothing after ``factor_start.py``, so that every weight of a role is
     its role factors' and every architecture reads the same), the rest of
-    :func:`graphkit.ghn.training.parameter_groups` as it is."""
+    :func:`graphkit.ghn.training.parameter_groups` as it is. A frozen part takes no gradient, so
+    that it stays out of the clip's norm (at lr 0 alone its gradient, the MLP's last layer's the
+    largest of all, filled the norm and throttled the rest: docs/experiments.md, "The tables, the
+    1-D values and the clip")."""
     groups_of = training.parameter_groups
 
     def groups(ghn, lr, fan_in=training.LR_FAN_IN):
@@ -99,12 +105,46 @@ def regrouped(maps_at_lr: bool, gain_frozen: bool, mlp_frozen: bool = False) -> 
         for group in groups_of(ghn, lr, fan_in):
             at_lr = maps_at_lr and any(p is maps for p in group["params"])
             kept = [p for p in group["params"] if id(p) not in frozen]
-            held = [p for p in group["params"] if id(p) in frozen]
+            held = [p.requires_grad_(False) for p in group["params"] if id(p) in frozen]
             out += [{**group, "params": kept, "lr": lr if at_lr else group["lr"]}] if kept else []
             out += [{**group, "params": held, "lr": 0.0}] if held else []
         return out
 
     training.parameter_groups = groups
+
+
+def anchored_scales(weight: float) -> None:
+    """``train-ghn``'s loss from here on plus ``weight`` times, per model, the mean square distance
+    of its predicted 1-D scales (norm gains, layer scales: the 1-D parameters that are no bias)
+    from its own init, averaged over the meta-batch: a pull that holds them near their init
+    constants, where the direct control's stay (docs/experiments.md, "The tables, the 1-D values
+    and the clip"). The cross-entropy logged is the models' alone."""
+    run_models, meta_batch_loss = training.run_models, training.meta_batch_loss
+    own: dict[int, dict[str, torch.Tensor]] = {}
+    pulls: list[torch.Tensor] = []
+
+    def scales_of(pool: ArchPool, index: int) -> dict[str, torch.Tensor]:
+        if index not in own:
+            with torch.random.fork_rng():  # the training step's draws stay as they were
+                params = pool.initialised(index)
+            own[index] = {n: p for n, p in params.items() if p.dim() == 1 and not n.endswith("bias")}
+        return own[index]
+
+    def runs(pool, indices, predicted, *args, **kwargs):
+        distances = [
+            (params[name].float() - value).square().mean()
+            for index, params in zip(indices, predicted)
+            for name, value in scales_of(pool, index).items()
+            if name in params
+        ]
+        pulls.append(torch.stack(distances).mean() if distances else torch.zeros((), device=pool.device))
+        return run_models(pool, indices, predicted, *args, **kwargs)
+
+    def loss(*args, **kwargs):
+        out = meta_batch_loss(*args, **kwargs)
+        return (out[0] + weight * pulls.pop(), *out[1:])
+
+    training.run_models, training.meta_batch_loss = runs, loss
 
 
 def mean_of(scores: dict[str, list[float]], part: str) -> str:
@@ -188,6 +228,13 @@ def main() -> None:
     parser.add_argument(
         "--depth-buckets", type=int, default=0, help="train with train-ghn --depth-buckets N (0: the recipe's none)"
     )
+    parser.add_argument(
+        "--scale-anchor",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="add W times the predicted 1-D scales' mean square distance from each model's own init to the loss",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
@@ -215,6 +262,8 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.counts) < 1:
         parser.error("--counts: each at least 1")
+    if not (math.isfinite(args.scale_anchor) and args.scale_anchor >= 0):
+        parser.error(f"--scale-anchor: a weight of 0 or more, not {args.scale_anchor}")
     if args.mlp_frozen and args.initial is None:
         parser.error("--mlp-frozen needs --initial (a factor_start.py start, whose MLP gives nothing)")
     zoo, recipe = KINDS["vision"]
@@ -230,6 +279,9 @@ def main() -> None:
     arm += f"-depth{args.depth_buckets}" if args.depth_buckets else ""
     arm += ("-maps-at-lr" if args.role_maps_at_lr else "") + ("-gain-frozen" if args.gain_head_frozen else "")
     arm += "-mlp-frozen" if args.mlp_frozen else ""
+    arm += f"-scale-anchor-{args.scale_anchor:g}" if args.scale_anchor else ""
+    if args.scale_anchor:
+        anchored_scales(args.scale_anchor)
     if args.role_maps_at_lr or args.gain_head_frozen or args.mlp_frozen:
         regrouped(args.role_maps_at_lr, args.gain_head_frozen, args.mlp_frozen)
     ids = shuffled_ids(zoo, args.family, args.seed)
@@ -299,6 +351,7 @@ def main() -> None:
         label += ", role maps at the base lr" if args.role_maps_at_lr else ""
         label += ", gain head frozen" if args.gain_head_frozen else ""
         label += ", MLP frozen" if args.mlp_frozen else ""
+        label += f", scales anchored ({args.scale_anchor:g})" if args.scale_anchor else ""
         label += f", with {args.other}" if extra else ""
         table.append(f"| {label} | {ce:.2f} ({accuracy:.2f}) | {means} |")
     print("\n".join(table), flush=True)
