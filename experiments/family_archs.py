@@ -113,6 +113,12 @@ def regrouped(maps_at_lr: bool, gain_frozen: bool, mlp_frozen: bool = False) -> 
     training.parameter_groups = groups
 
 
+def is_scale(name: str, value: torch.Tensor) -> bool:
+    """Whether the parameter ``name`` is a 1-D scale (a norm's gain, a layer scale): a 1-D
+    parameter that is no bias."""
+    return value.dim() == 1 and not name.endswith("bias")
+
+
 def anchored_scales(weight: float) -> None:
     """``train-ghn``'s loss from here on plus ``weight`` times, per model, the mean square distance
     of its predicted 1-D scales (norm gains, layer scales: the 1-D parameters that are no bias)
@@ -127,7 +133,7 @@ def anchored_scales(weight: float) -> None:
         if index not in own:
             with torch.random.fork_rng():  # the training step's draws stay as they were
                 params = pool.initialised(index)
-            own[index] = {n: p for n, p in params.items() if p.dim() == 1 and not n.endswith("bias")}
+            own[index] = {n: p for n, p in params.items() if is_scale(n, p)}
         return own[index]
 
     def runs(pool, indices, predicted, *args, **kwargs):

@@ -82,7 +82,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-from family_archs import PARTS, PROBED_TRAINED, mean_of, shuffled_ids  # noqa: E402
+from family_archs import PARTS, PROBED_TRAINED, is_scale, mean_of, shuffled_ids  # noqa: E402
 from zoo_pools import KINDS, first_of_each, scored  # noqa: E402
 
 from graphkit.errors import GraphkitError  # noqa: E402
@@ -180,7 +180,7 @@ def distance_1d(values: dict[str, torch.Tensor], params: dict[str, torch.Tensor]
     parts: dict[str, list[torch.Tensor]] = {"biases": [], "scales": []}
     for name, own in params.items():
         if own.dim() == 1 and name in values:  # a name the prediction leaves out is the own init
-            parts["biases" if name.endswith("bias") else "scales"].append((values[name].cpu() - own).flatten())
+            parts["scales" if is_scale(name, own) else "biases"].append((values[name].cpu() - own).flatten())
     return {part: round(torch.cat(diffs).square().mean().sqrt().item(), 4) for part, diffs in parts.items() if diffs}
 
 
