@@ -39,7 +39,8 @@ matters is the architectures', not the families'. This script finds where inside
   kept at its start (zero after ``factor_start.py``: every weight is its role's factors, the direct
   control's model class in the hypernetwork's trainer; a frozen part takes no gradient);
   ``--scale-anchor W``: the loss plus W times the predicted 1-D scales' mean square distance from
-  each model's own init (the direct control's stay near it);
+  each model's own init (the direct control's stay near it); ``--train-seed S``: ``train-ghn --seed S``,
+  the same architectures drawn and batched another way (a run's spread over seeds);
 - ``--plot PNG``: the runs' training curves;
 - ``--with FAMILY:N``: every subset with FAMILY's first N architectures (its own seeded shuffle)
   added, and FAMILY's last ``--unseen`` probed: whether what one family's architectures share
@@ -242,6 +243,13 @@ def main() -> None:
         help="add W times the predicted 1-D scales' mean square distance from each model's own init to the loss",
     )
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
+    parser.add_argument(
+        "--train-seed",
+        dest="train_seed",
+        type=int,
+        default=None,
+        help="train-ghn --seed: the hypernetwork's draws (architectures, batches) for the same architectures",
+    )
     parser.add_argument("--unseen", type=int, default=8, help="architectures of the family no subset holds, probed")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
     parser.add_argument(
@@ -276,6 +284,7 @@ def main() -> None:
     recipe = {**recipe, "variant": args.variant, "level_head": args.level_head, "depth_buckets": args.depth_buckets}
     recipe["role_factors"], recipe["role_vectors"] = args.role_factors, args.role_vectors
     given = {k: getattr(args, k) for k in ("lr", "role_key", "correction", "lr_fan_in", "clip")}
+    given["seed"] = args.train_seed
     changed = {k: v for k, v in given.items() if v is not None}
     recipe |= changed
     arm = ("" if args.variant == "tiny" else f"-{args.variant}") + ("-level" if args.level_head else "")

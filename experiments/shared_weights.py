@@ -60,6 +60,9 @@ control, the hypernetwork of the checkpoint RUN (trained on the same N) with one
 prediction swapped for the control's, on each probed architecture: the weights, or the rest.
 Per probed architecture the output also gives how far the control's 1-D parameters (and with
 ``--swap-with``, the hypernetwork's) lie from the architecture's own init: the 1-D path each took.
+``--tempered`` scores both also at their best logit temperature (``zoo_pools.tempered``): whether
+a gap in loss at equal accuracy is one of scale. ``--train-seed S`` draws the tensors, the
+architectures and the batches from seed S (0 otherwise): the control's spread over seeds.
 
     .venv/bin/python experiments/shared_weights.py --counts 1 2 4 8 16 32    # about 5 min a count on 2 cores
 """
@@ -83,7 +86,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
 from family_archs import PARTS, PROBED_TRAINED, is_scale, mean_of, shuffled_ids  # noqa: E402
-from zoo_pools import KINDS, first_of_each, scored  # noqa: E402
+from zoo_pools import KINDS, first_of_each, scored, tempered  # noqa: E402
 
 from graphkit.errors import GraphkitError  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
@@ -315,10 +318,12 @@ def train_shared(
     lr: float,
     bounds: Bounds,
     device: torch.device = torch.device("cpu"),
+    seed: int = 0,
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """The shared tensors of ``indices`` trained on ``device`` for ``steps`` steps under
-    ``bounds``, and the training CE per step (the tensors returned on the CPU)."""
-    torch.manual_seed(0)
+    ``bounds`` from ``seed`` (their random draw, the architectures and batches drawn), and the
+    training CE per step (the tensors returned on the CPU)."""
+    torch.manual_seed(seed)
     shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
     factored = (
         {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map, bounds.tables, bounds.product)
@@ -354,7 +359,7 @@ def train_shared(
 
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     # a trained parameter is a corner of its shared tensor, so only its shape is read (on meta);
     # with own_rest the rest are each architecture's own init
     own = {
@@ -432,6 +437,9 @@ def main() -> None:
     parser.add_argument("--meta-batch", type=int, default=4, help="architectures per step (train-ghn's)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0, help="the shuffle's seed (family_archs.py's)")
+    parser.add_argument(
+        "--train-seed", type=int, default=0, help="the training seed: the tensors' draw, architectures, batches"
+    )
     parser.add_argument("--unseen", type=int, default=8, help="the family's last architectures, probed, never trained")
     parser.add_argument(
         "--tie-blocks",
@@ -501,6 +509,12 @@ def main() -> None:
     parser.add_argument(
         "--held-out", action="store_true", help="also probe the first architecture of each held-out family"
     )
+    parser.add_argument(
+        "--tempered",
+        action="store_true",
+        help="also score each probed model (the control's, and with --swap-with the hypernetwork's) at its best "
+        "logit temperature: whether a gap in loss is one of scale",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the figures and curves as this JSON")
     parser.add_argument("--plot", type=Path, default=None, help="draw training CE against N as this PNG")
     parser.add_argument("--from-json", type=Path, default=None, help="plot a run's --out JSON instead of training")
@@ -536,7 +550,7 @@ def main() -> None:
         args.product_middle,
         tuple(args.recipe_lrs),
     )
-    label = bounds.label()
+    label = bounds.label() + (f", training seed {args.train_seed}" if args.train_seed else "")
     if args.from_json is not None:
         if args.plot is None:
             parser.error("--from-json needs --plot")
@@ -565,9 +579,11 @@ def main() -> None:
     table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |")
     results: dict = {"label": label, "own init @0": own, "runs": {}}
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
-        shared, curve = train_shared(pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device)
+        shared, curve = train_shared(
+            pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device, args.train_seed
+        )
         ce = statistics.mean(curve[-100:])
-        at0, cover, moved = {}, {}, {}
+        at0, cover, moved, temper = {}, {}, {}, {}
         swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
             torch.manual_seed(0)  # what no corner covers is the own init that row scores
@@ -579,13 +595,19 @@ def main() -> None:
             corners = corners_for(shared, params, args.sharing)
             at0[what] = scored(record, source, BATCH, corners)
             moved[what] = {"control": distance_1d(corners, params)}
+            if args.tempered:
+                temper[what] = {"control": tempered(record, source, BATCH, corners)}
             if ghn is not None:
                 predicted = predicted_params(ghn, graph_for(record, ghn.config))
                 moved[what][args.swap_with.name] = distance_1d(predicted, params)
+                if args.tempered:
+                    temper[what][args.swap_with.name] = tempered(record, source, BATCH, predicted)
                 for part, by_arch in swaps.items():
                     by_arch[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
         figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
         figures["1-D parameters' RMS distance from the own init"] = moved
+        if args.tempered:
+            figures["loss; at the best temperature; the same, logits centred"] = temper
         if ghn is not None:
             figures["@0, the hypernetwork's with the control's"] = swaps
         figures["RMS over the cap"] = over_cap(shared)
