@@ -10,7 +10,7 @@ from torch import nn
 import graphkit
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
-from graphkit.ghn.calibrate import CalibrationError, calibrate, check_calibration, factor
+from graphkit.ghn.calibrate import CalibrationError, balance_logits, balanced_head, calibrate, check_calibration, factor
 from graphkit.ghn.predict import predict, predicted_params
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
@@ -184,3 +184,54 @@ def test_a_model_of_no_family_is_refused_before_anything_is_written():
         calibrate(model, graph)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, before[name], msg=name)
+
+
+def offset_vit() -> tuple[nn.Module, object, torch.Tensor]:
+    """A small ViT whose head adds one large guess to every image (a bias of 0 to 9 times 3),
+    its graph, and a batch of images."""
+    config = dict(VIT, num_layers=2, hidden=32, heads=2)
+    torch.manual_seed(0)
+    model = build_model(config, "cpu")
+    with torch.no_grad():
+        model.head.bias.copy_(3.0 * torch.arange(10.0))
+    return model, graphkit.trace(build_model(config, "meta")), torch.randn(16, 3, 8, 8)
+
+
+def test_balancing_evens_the_classes_and_keeps_what_tells_images_apart():
+    model, graph, images = offset_vit()
+    with torch.no_grad():
+        before = model.eval()(images)
+    model.train()
+    shift = balance_logits(model, graph, images)
+    assert model.training  # the caller's mode is given back
+    with torch.no_grad():
+        after = model.eval()(images)
+    assert before.argmax(1).eq(9).all()  # the guess: class 9 for every image
+    prior = after.softmax(-1).mean(0)
+    assert (prior * 10 - 1).abs().max() < 0.01  # every class predicted equally often on average
+    # one shift for every image: the differences between images are the prediction's as they were
+    torch.testing.assert_close(after - after[:1], before - before[:1], atol=1e-4, rtol=0)
+    assert shift > 5 and len(set(after.argmax(1).tolist())) > 1
+
+
+def test_a_balanced_model_is_left_as_it_is():
+    model, graph, images = offset_vit()
+    balance_logits(model, graph, images)
+    bias = model.head.bias.clone()
+    assert balance_logits(model, graph, images) < 1e-3
+    torch.testing.assert_close(model.head.bias, bias, atol=1e-3, rtol=0)
+
+
+def test_a_head_without_a_bias_or_whose_output_is_not_the_logits_is_refused_unchanged():
+    model, graph, images = offset_vit()
+    model.head = nn.Linear(32, 10, bias=False)
+    with pytest.raises(CalibrationError, match="^head: the output layer has no bias"):
+        balance_logits(model, graph, images)
+    model, graph, images = offset_vit()
+    before = model.head.bias.clone()
+    forward = model.forward
+    model.forward = lambda x: forward(x).flip(-1).cumsum(-1)  # the head's output combined further
+    with pytest.raises(CalibrationError, match="does not balance the model's predicted classes"):
+        balance_logits(model, graph, images)
+    torch.testing.assert_close(model.head.bias, before, atol=0, rtol=0)
+    assert balanced_head(build_model(dict(VIT, num_layers=2, hidden=32, heads=2), "meta"), graph) == "head"

@@ -40,7 +40,16 @@ from graphkit.ghn import (
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
 from graphkit.ghn.encoding import EncodingError, targets
-from graphkit.ghn.evaluate import EvalConfig, EvalError, evaluate, family_turns, horizons, initialise
+from graphkit.ghn.evaluate import (
+    REQUIRED_INITS,
+    EvalConfig,
+    EvalError,
+    evaluate,
+    family_turns,
+    horizons,
+    initialise,
+    summarize,
+)
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder, inverse_participation
 from graphkit.ghn.pool import ArchPool
@@ -916,6 +925,27 @@ def test_eval_fine_tunes_a_predicted_kernel_resized_from_the_trained_patch_at_it
     assert all(r["lr_scale"] == {} for r in one_lr)
     assert scaled[0]["loss_0"] == one_lr[0]["loss_0"] and scaled[0]["loss_2"] != one_lr[0]["loss_2"]
     assert [r["loss_2"] for r in scaled[1:]] == [r["loss_2"] for r in one_lr[1:]]
+
+
+def test_eval_balances_every_start_on_unlabelled_training_images_when_asked(vits):
+    """--balance-logits balances the predicted row and the own init alike before step 0 (so the
+    comparison stays even), and is refused on text data, whose logits carry a token prior."""
+    common = dict(dataset=str(vits), archs=1, steps=1, batch_size=4, device="cpu", workers=1, inits=REQUIRED_INITS)
+    plain = evaluate(EvalConfig(**common), progress=False)
+    balanced = evaluate(EvalConfig(**common, balance_logits=True), progress=False)
+    assert [r["balanced"] for r in balanced] == [True, True] and not any(r["balanced"] for r in plain)
+    assert all(c["loss_0"] != p["loss_0"] for c, p in zip(balanced, plain))
+    assert summarize(balanced)["balanced"] and not summarize(plain)["balanced"]
+    with pytest.raises(EvalError, match="^balance_logits balances an image classifier's classes; stdlib-text is text"):
+        evaluate(EvalConfig(**common, data="stdlib-text", balance_logits=True), progress=False)
+    with pytest.raises(EvalError, match="balance-logits must be true or false"):
+        EvalConfig(dataset="-", balance_logits="yes")
+
+
+def test_eval_ghn_will_not_record_a_balanced_evaluation(vits, tmp_path):
+    result = run("eval-ghn", "--dataset", vits, "--out", tmp_path / "eval", "--balance-logits", "--record")
+    assert result.exit_code == 1 and "predict` does not balance the logits" in result.stderr, result.output
+    assert not (tmp_path / "eval").exists()
 
 
 def test_eval_horizons_are_0_100_and_the_final_step():

@@ -505,6 +505,13 @@ def eval_ghn(
     calibrate: bool = typer.Option(
         False, "--calibrate", help="Calibrate the predicted stream to the family's init, as `predict --calibrate` does."
     ),
+    balance_logits: bool = typer.Option(
+        False,
+        "--balance-logits",
+        help="Balance every start's logits before step 0: the output layer's bias shifted so that, over the first "
+        "training batches' images (their labels unused), every class has the same mean predicted probability. "
+        "Image classifiers only.",
+    ),
     workers: Optional[int] = typer.Option(
         None,
         "--workers",
@@ -565,12 +572,20 @@ def eval_ghn(
         device=device,
         residual_scale=residual_scale,
         calibrate=calibrate,
+        balance_logits=balance_logits,
         workers=workers,
         inits=tuple(i.strip() for i in inits.split(",")),
         select_steps=select_steps,
         shrink=shrink,
         lr_scale=lr_scale,
     )
+    if record and balance_logits:
+        from graphkit.errors import EvalError
+
+        raise EvalError(
+            "--record stores the effect `predict` prints, and `predict` does not balance the logits; "
+            "evaluate without --balance-logits to record"
+        )
     # before the evaluation, which takes minutes: a bad --out must not lose its results
     check_output_dir(out, kind="evaluation")
     for name, kind in (("eval.json", "evaluation"), ("eval.png", "evaluation-figure")):
@@ -616,6 +631,10 @@ def eval_ghn(
         )
     if config.warmup:
         console.print(f"each fine-tuning warmed up its lr over {config.warmup} steps", highlight=False)
+    if summary["balanced"]:
+        console.print(
+            "every start's logits were balanced on the first training batches' images before step 0", highlight=False
+        )
     if summary.get("shrink", 1) != 1:
         console.print(f"keep_init: random's init plus the prediction x {summary['shrink']:g}", highlight=False)
     if "selected" in config.inits:

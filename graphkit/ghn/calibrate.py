@@ -25,6 +25,11 @@ the family's init as the target instead of unit variance):
 
 Blocks at different depths thus get different factors: those the branches need to add up the
 way the init's do. The measurement is in BENCHMARKS.md (``benchmarks/ghn_extrapolation.py``).
+
+Logit balancing (:func:`balance_logits`) is the other calibration here: a classifier's
+output-layer bias shifted so that its mean predicted probability over a few unlabeled examples of
+the task is the same for every class, which removes the one confident guess a prediction gives
+every image on an architecture its hypernetwork covers little.
 """
 
 from __future__ import annotations
@@ -284,3 +289,69 @@ __all__ = [
     "residual_writers",
     "writers_by_block",
 ]
+
+
+#: at most this many passes of :func:`balance_logits`; it stops sooner once every class's mean
+#: probability is within BALANCE_TOLERANCE (relative) of the others'
+BALANCE_STEPS, BALANCE_TOLERANCE = 10, 1e-3
+
+
+def balanced_head(model: nn.Module, graph: ArchGraph) -> str:
+    """The module path of ``model``'s output layer (``graph``'s, :func:`output_layer`) when
+    :func:`balance_logits` can shift it: it has a bias. Else CalibrationError saying why, which
+    callers raise before any long work (``model`` may be on the meta device)."""
+    path = output_layer(graph)
+    if path is None:
+        raise CalibrationError("balancing the logits needs an output layer with parameters; the graph has none")
+    if not isinstance(getattr(model.get_submodule(path), "bias", None), torch.Tensor):
+        raise CalibrationError(f"{path}: the output layer has no bias to balance the logits with")
+    return path
+
+
+def _prior_spread(model: nn.Module, inputs: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The log of the model's mean predicted probability per class over ``inputs``, less its mean
+    over the classes: zero where the model predicts every class equally often on average."""
+    logits = _logits(model(inputs.to(device))).flatten(0, -2)
+    log_prior = torch.logsumexp(logits.log_softmax(-1), 0) - math.log(logits.shape[0])
+    return log_prior - log_prior.mean()
+
+
+@torch.no_grad()
+def balance_logits(model: nn.Module, graph: ArchGraph, inputs: torch.Tensor) -> float:
+    """Shift, in place, the bias of ``model``'s output layer so that its mean predicted
+    probability over ``inputs`` (a batch of the task's examples, their labels unused) is the same
+    for every class; returns the RMS of the shift.
+
+    Why: on an architecture its training covered little, a hypernetwork's prediction gives every
+    image nearly the same features, and its head turns them into one confident guess for all
+    (docs/experiments.md, "Balancing the logits"). The guess carries nothing about the image; the
+    differences between images are what the prediction knows, and one shift for all keeps them.
+    It assumes only that the prediction has no business preferring a class before it sees an
+    example, which is what the model's own init does too. The shift is the fixed point of
+    Saerens et al.'s (2002) prior adjustment toward a uniform prior: each pass subtracts the log of
+    each class's mean probability (at most :data:`BALANCE_STEPS` passes). For classifiers: a
+    language model's logits carry a token prior that this would erase.
+
+    CalibrationError, with the model unchanged, when the output layer has no bias
+    (:func:`balanced_head`), or when its output is not the logits (a head whose outputs are
+    combined further: the shift then fails to balance them)."""
+    bias = cast(torch.Tensor, model.get_submodule(balanced_head(model, graph)).bias)
+    original = bias.detach().clone()
+    training = model.training
+    model.eval()
+    try:
+        first = spread = _prior_spread(model, inputs, bias.device)
+        for _ in range(BALANCE_STEPS):
+            if spread.abs().max() < BALANCE_TOLERANCE:
+                break
+            bias.sub_(spread.to(bias.dtype))
+            spread = _prior_spread(model, inputs, bias.device)
+        if _rms(spread) > 0.5 * _rms(first) + BALANCE_TOLERANCE:
+            bias.copy_(original)
+            raise CalibrationError(
+                f"{output_layer(graph)}: shifting the output layer's bias does not balance the model's predicted "
+                "classes (its output is combined further), so its logits were left as they were"
+            )
+    finally:
+        model.train(training)
+    return _rms(bias.detach() - original)

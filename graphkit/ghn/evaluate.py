@@ -35,10 +35,10 @@ from rich.progress import Progress
 from torch import nn
 
 from graphkit.compiler import load_params
-from graphkit.errors import EvalError
+from graphkit.errors import CalibrationError, EvalError
 from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
-from graphkit.ghn.calibrate import calibrate
+from graphkit.ghn.calibrate import balance_logits, balanced_head, calibrate
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.grow import lr_scale, twin_of
 from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
@@ -81,6 +81,10 @@ class EvalConfig:
     calibrate: bool = (
         False  # calibrate the predicted stream to the init's (graphkit.ghn.calibrate), as predict(calibrate=True)
     )
+    # every start's output-layer bias shifted so that its classes are predicted equally often on average
+    # over the first training batches' inputs, their labels unused (graphkit.ghn.calibrate.balance_logits);
+    # image classifiers only
+    balance_logits: bool = False
     workers: int | None = None  # CPU processes fine-tuning side by side; None: one per core (see evaluate)
     inits: tuple[str, ...] = DEFAULT_INITS  # REQUIRED_INITS and any of INITS's others
     select_steps: int | None = None  # training steps of the model selected from; None: ``steps``
@@ -105,6 +109,7 @@ class EvalConfig:
         check_seed(self.seed, EvalError)
         check_device(self.device, EvalError)
         check_flag("calibrate", self.calibrate, EvalError)
+        check_flag("balance_logits", self.balance_logits, EvalError)
         check_flag("lr_scale", self.lr_scale, EvalError)
         if self.shrink is not None:
             self.shrink = check_shrink(self.shrink, EvalError)
@@ -203,6 +208,11 @@ def evaluate(
         ghn = load_checkpoint(config.ghn or bundled_checkpoint(pool.family))
     ghn = ghn.to(device)
     source = load_source(config.data or default_source(pool.family), seq_len=config.seq_len)
+    if config.balance_logits and source.task != "image":
+        raise EvalError(
+            f"balance_logits balances an image classifier's classes; {source.spec} is {source.task} data, whose "
+            "logits carry a token prior that balancing would erase"
+        )
     chosen: list[Any] = []  # the pool's records evaluated
     refusals: list[str] = []
     for record in family_turns(pool.records):
@@ -227,7 +237,13 @@ def evaluate(
         graph = graph_for(record, ghn.config)
         # found once: the prediction grows from it, its resized and grown weights train slower; the model
         # (on meta) gives a transformers decoder of no graphkit family its twin, as predict's does
-        twin = twin_of(ghn, graph, build_model(record.config, "meta"))
+        shell = build_model(record.config, "meta")
+        if config.balance_logits:
+            try:
+                balanced_head(shell, record.graph)
+            except CalibrationError as e:
+                raise EvalError(f"{record.id}: balance_logits: {e}") from e
+        twin = twin_of(ghn, graph, shell)
         made = {"predicted": _pack(predicted_params(ghn, graph, config.residual_scale, twin or False))}
         scales = lr_scale(graph, twin) if config.lr_scale else {}
         factor = default_shrink(record.graph, ghn.info, config.shrink)
@@ -248,7 +264,9 @@ def evaluate(
                 _FineTuning(
                     len(tasks),
                     record.config,
-                    record.graph if config.calibrate else None,
+                    record.graph if config.calibrate or config.balance_logits else None,
+                    config.calibrate,
+                    config.balance_logits,
                     init,
                     made.get(init),
                     train_batches,
@@ -269,6 +287,7 @@ def evaluate(
                 "init": init,
                 "residual_scale": should_scale_residuals(record.graph, config.residual_scale),
                 "calibrated": config.calibrate and init == "predicted",
+                "balanced": config.balance_logits,
                 "lr_scale": scales if init == "predicted" else {},
                 "warmup": config.warmup,
                 "horizons": at,
@@ -310,7 +329,9 @@ class _FineTuning(NamedTuple):
 
     number: int
     config: dict[str, Any]
-    graph: Any  # the architecture's graph where the predictions are calibrated, else None
+    graph: Any  # the architecture's graph where the predictions are calibrated or the logits balanced, else None
+    calibrate: bool  # the prediction's stream calibrated to the init's
+    balance: bool  # the start's logits balanced on the first NORM_BATCHES batches' inputs
     init: str
     predicted: tuple[list[tuple[str, torch.Size]], torch.Tensor] | None  # predicted or selected; see _pack
     batches: tuple[torch.Tensor, torch.Tensor]  # inputs and labels, one batch per step
@@ -330,13 +351,15 @@ def _fine_tune_one(job: _FineTuning) -> tuple[int, list[float], dict[int, tuple[
     device = torch.device(job.device)
     torch.manual_seed(job.seed)  # every initialisation draws the same random init first
     model = initialise(build_model(job.config, "cpu"), job.init, _unpack(job.predicted) if job.predicted else None)
-    if job.graph is not None and job.init == "predicted":
+    if job.calibrate and job.init == "predicted":
         calibrate(model, job.graph)
     model = model.to(device)
     batches, held_out = (
         list(zip(*(part.to(device).unbind(0) for part in pair))) for pair in (job.batches, job.held_out)
     )
     estimate_batch_norm(model, [x for x, _ in batches[:NORM_BATCHES]])
+    if job.balance:  # on the inputs the BatchNorm statistics came from; no label is read
+        balance_logits(model, job.graph, torch.cat([x for x, _ in batches[:NORM_BATCHES]]))
     curve, scores = fine_tune(model, batches, job.task, job.lr, held_out, job.at, job.lr_scale, job.warmup)
     return job.number, curve, scores
 
@@ -399,7 +422,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (``random``, and ``orthogonal`` and ``selected`` when evaluated); ``residual_scale``, whether
     the predictions had their residual branches scaled
     (:func:`graphkit.ghn.predict.scale_residuals`); ``calibrated``, on how many architectures the
-    predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``warmup``, the steps of the
+    predicted stream was calibrated (:mod:`graphkit.ghn.calibrate`); ``balanced``, whether every
+    start's logits were balanced (:func:`graphkit.ghn.calibrate.balance_logits`); ``warmup``, the steps of the
     fine-tunings' warm-up; ``predicted_beats_random``
     (and ``_orthogonal``, ``_selected``, ``_keep_init`` when evaluated) are the verdicts at the
     final step. With ``keep_init`` rows, ``keep_init_wins`` holds its fractions as ``wins`` holds
@@ -419,6 +443,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     summary["archs"] = len(ids)
     summary["residual_scale"] = any(r.get("residual_scale", False) for r in rows)
     summary["calibrated"] = sum(bool(r.get("calibrated")) for r in rows)
+    summary["balanced"] = any(r.get("balanced", False) for r in rows)
     summary["warmup"] = rows[0].get("warmup", 0)
     if "keep_init" in inits:
         summary["shrink"] = next(r.get("shrink", 1.0) for r in rows if r["init"] == "keep_init")
