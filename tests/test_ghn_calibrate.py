@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import graphkit
+from graphkit.errors import PredictError
 from graphkit.families import build_model
 from graphkit.ghn import load_checkpoint
 from graphkit.ghn.calibrate import CalibrationError, balance_logits, balanced_head, calibrate, check_calibration, factor
@@ -235,3 +236,24 @@ def test_a_head_without_a_bias_or_whose_output_is_not_the_logits_is_refused_unch
         balance_logits(model, graph, images)
     torch.testing.assert_close(model.head.bias, before, atol=0, rtol=0)
     assert balanced_head(build_model(dict(VIT, num_layers=2, hidden=32, heads=2), "meta"), graph) == "head"
+
+
+def test_predict_balances_the_classes_only_when_given_images_and_refuses_before_writing(vits):
+    config = dict(VIT, num_layers=2, hidden=64, heads=2)
+    graph = graphkit.trace(build_model(config, "meta"))
+    images = torch.randn(32, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    plain = predict(build_model(config, "meta"), vits, graph=graph)
+    model = build_model(config, "meta")
+    balanced = predict(model, vits, graph=graph, balance_on=images)
+    for name, value in plain.items():  # only the output layer's bias moves
+        if name != "head.bias":
+            torch.testing.assert_close(balanced[name], value, msg=name)
+    assert not torch.allclose(balanced["head.bias"], plain["head.bias"])
+    with torch.no_grad():
+        prior = model.eval()(images).softmax(-1).mean(0)
+    assert (prior * 10 - 1).abs().max() < 0.01
+    unbiased = build_model(config, "meta")
+    unbiased.head = nn.Linear(64, 10, bias=False, device="meta")
+    with pytest.raises(PredictError, match="^VisionTransformer: balance_on: head: the output layer has no bias"):
+        predict(unbiased, vits, graph=graphkit.trace(unbiased), balance_on=images)
+    assert all(p.is_meta for p in unbiased.parameters())  # nothing was written

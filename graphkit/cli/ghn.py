@@ -583,7 +583,7 @@ def eval_ghn(
         from graphkit.errors import EvalError
 
         raise EvalError(
-            "--record stores the effect `predict` prints, and `predict` does not balance the logits; "
+            "--record stores the effect `graphkit predict` prints, and it does not balance the logits; "
             "evaluate without --balance-logits to record"
         )
     # before the evaluation, which takes minutes: a bad --out must not lose its results

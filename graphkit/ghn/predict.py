@@ -34,10 +34,17 @@ import torch
 from torch import nn
 
 from graphkit.buffers import install_buffers, materialize_buffers, meta_buffers, rebuilt_buffers
-from graphkit.errors import BufferRebuildError, ConfigError, GraphkitError, KeepInitError, PredictError
+from graphkit.errors import (
+    BufferRebuildError,
+    CalibrationError,
+    ConfigError,
+    GraphkitError,
+    KeepInitError,
+    PredictError,
+)
 from graphkit.families import config_from_graph, family_default
+from graphkit.ghn.calibrate import balance_logits, balanced_head, check_calibration, residual_writers
 from graphkit.ghn.calibrate import calibrate as calibrate_stream
-from graphkit.ghn.calibrate import check_calibration, residual_writers
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_for, check_graph, load_checkpoint
 from graphkit.ghn.encoding import encode, targets
 from graphkit.ghn.grow import GrownDecoding, Twin, growth, twin_of
@@ -178,6 +185,7 @@ def predict(
     residual_scale: bool | None = None,
     grow: bool | Twin = True,
     calibrate: bool = False,
+    balance_on: torch.Tensor | None = None,
     buffers: str = "all",
     keep_init: bool | None = None,
     shrink: float | None = None,
@@ -209,7 +217,11 @@ def predict(
     caller has it, is used as it is); False decodes it directly. ``calibrate`` then rescales
     the residual branches and the output layer so that the stream and logits are no larger than the family's init gives
     (:func:`graphkit.ghn.calibrate.calibrate`); refused before any write for a model of no
-    graphkit family. ``keep_init`` adds the prediction onto the model's own initialisation
+    graphkit family. ``balance_on`` (a batch of the task's images, no labels) then shifts a
+    classifier's output-layer bias so that every class has the same mean predicted probability
+    over it (:func:`graphkit.ghn.calibrate.balance_logits`): the one guess for every image that a
+    prediction gives on an architecture unlike its training set, taken out; refused before any
+    write when the output layer has no bias. ``keep_init`` adds the prediction onto the model's own initialisation
     (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
     norms and biases ``P``: :mod:`graphkit.ghn.keep_init`); None: when the family does
     (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2), unless the model is a
@@ -232,6 +244,11 @@ def predict(
     check_graph(ghn, graph, plain=grow is not False)  # a plain form is predicted through a twin
     if calibrate:
         check_calibration(graph)
+    if balance_on is not None:
+        try:
+            balanced_head(model, graph)
+        except CalibrationError as e:
+            raise PredictError(f"{type(model).__name__}: balance_on: {e}") from e
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
     spare = graph.meta.get("spare", {})  # cannot change the output: left at the model's own init
@@ -291,6 +308,11 @@ def predict(
     install_buffers(model, rebuilt)
     if calibrate:
         calibrate_stream(model, graph)
+    if balance_on is not None:
+        try:
+            balance_logits(model, graph, balance_on)
+        except CalibrationError as e:
+            raise PredictError(f"{type(model).__name__}: the prediction is written, its logits unbalanced: {e}") from e
     return {name: model.get_parameter(name).detach() for name in destinations}
 
 
