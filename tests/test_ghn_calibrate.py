@@ -223,6 +223,25 @@ def test_a_balanced_model_is_left_as_it_is():
     torch.testing.assert_close(model.head.bias, bias, atol=1e-3, rtol=0)
 
 
+def test_balancing_runs_the_model_twice_unless_its_output_moves_less_than_the_bias():
+    """The steps are taken on one pass's logits and checked by a second pass; a model that halves
+    its head's logits (as one averaging two heads does) takes further passes and is balanced too."""
+    model, graph, images = offset_vit()
+    passes = []
+    model.register_forward_hook(lambda *_: passes.append(1))
+    balance_logits(model, graph, images)
+    assert len(passes) == 2
+    model, graph, images = offset_vit()
+    with torch.no_grad():
+        model.head.bias.mul_(0.1)
+    forward, passes = model.forward, []
+    model.forward = lambda x: passes.append(1) or 0.5 * forward(x)
+    balance_logits(model, graph, images)
+    with torch.no_grad():
+        prior = model(images).softmax(-1).mean(0)
+    assert len(passes) > 3 and (prior * 10 - 1).abs().max() < 0.01
+
+
 def test_a_head_without_a_bias_or_whose_output_is_not_the_logits_is_refused_unchanged():
     model, graph, images = offset_vit()
     model.head = nn.Linear(32, 10, bias=False)

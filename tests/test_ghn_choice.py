@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, gpt2, llama, meta, mistral, timm_vit
+from helpers import ROOT, gpt2, llama, meta, mistral, one_line_error, timm_vit
 from torch import nn
 from typer.testing import CliRunner
 
@@ -36,10 +36,10 @@ from graphkit.ghn.checkpoint import (
 from graphkit.ghn.keep_init import keep_init_as_is
 from graphkit.ghn.predict import predict, prediction_refusal, reason_of, refusal_reason
 from graphkit.ghn.space import input_task, outside_training_space, space_distance, tied_embeddings, training_space
-from graphkit.params import read_params
+from graphkit.params import load_params, read_params
 from graphkit.sources import load_model_source
 from graphkit.tracing import trace
-from graphkit.training.data import data_config, load_source
+from graphkit.training.data import calibration_inputs, data_config, load_source
 from graphkit.training.loop import score
 
 PRETRAINED = ROOT / "graphkit" / "ghn" / "pretrained"
@@ -288,22 +288,78 @@ def test_a_hand_written_decoder_gets_the_decoders_zoo_checkpoint_and_a_hand_writ
     assert bundled_for(trace(llama(layers=2))).name == "logah-tiny-llamas"
 
 
+CONVNET = (
+    "import torch\n"
+    "model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),\n"
+    "                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10{bias}))\n"
+    "def example_inputs():\n"
+    "    return torch.randn(2, 3, 32, 32)\n"
+)
+
+
 def test_predict_cli_says_a_batch_norm_models_statistics_are_its_constructors(tmp_path):
     """Scored in eval mode with its constructor's running statistics a predicted BatchNorm model
     is not the model its hypernetwork trained (docs/experiments.md, "BatchNorm statistics")."""
     source = tmp_path / "convnet.py"
-    source.write_text(
-        "import torch\n"
-        "model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),\n"
-        "                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))\n"
-        "def example_inputs():\n"
-        "    return torch.randn(2, 3, 32, 32)\n"
-    )
+    source.write_text(CONVNET.format(bias=""))
     result = runner.invoke(app, ["predict", str(source)])
     assert result.exit_code == 0, result.output
     assert "convnet.py has BatchNorm: its running statistics stay its constructor's" in " ".join(result.stdout.split())
     plain = runner.invoke(app, ["predict", str(ROOT / "examples" / "llama_block.py")])
     assert plain.exit_code == 0 and "BatchNorm" not in plain.stdout
+
+
+def test_predict_cli_balances_the_classes_over_the_images_it_is_given(tmp_path):
+    """--balance-on moves the output layer's bias alone, and the model it writes predicts every
+    class equally often on average over the images it was balanced on."""
+    digits_vit = ROOT / "tests" / "model_files" / "digits_vit.py"
+    plain, balanced = tmp_path / "plain.safetensors", tmp_path / "balanced.safetensors"
+    assert runner.invoke(app, ["predict", str(digits_vit), "--out", str(plain)]).exit_code == 0
+    result = runner.invoke(app, ["predict", str(digits_vit), "--balance-on", "digits", "--out", str(balanced)])
+    assert result.exit_code == 0, result.output
+    assert "balancing its classes over 128 training images of digits (labels unused)" in " ".join(result.stdout.split())
+    before, after = read_params(plain)[0], read_params(balanced)[0]
+    assert before.keys() == after.keys()
+    assert [name for name in before if not torch.equal(before[name], after[name])] == ["head.bias"]
+    model = load_model_source(str(digits_vit), weights=False).model
+    load_params(model, balanced)
+    images = torch.cat(calibration_inputs(data_config(model), "digits", batches=4, batch_size=32))
+    with torch.no_grad():
+        prior = model.eval()(images).softmax(-1).mean(0)
+    assert (prior * 10 - 1).abs().max() < 0.01
+    load_params(model, plain)
+    with torch.no_grad():
+        assert (model(images).softmax(-1).mean(0) * 10 - 1).abs().max() > 0.05  # what balancing took out
+
+
+def test_predict_cli_balancing_a_batch_norm_model_estimates_its_statistics_on_the_same_images(tmp_path):
+    source, out = tmp_path / "convnet.py", tmp_path / "convnet.safetensors"
+    source.write_text(CONVNET.format(bias=""))
+    result = runner.invoke(app, ["predict", str(source), "--balance-on", "digits", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.stdout.split())
+    assert "over 128 training images of digits (labels unused); its BatchNorm statistics estimated on them" in printed
+    assert "stay its constructor's" not in printed
+    params = read_params(out)[0]
+    assert not torch.allclose(params["1.running_var"], torch.ones(16))  # estimated, not the constructor's
+
+
+def test_predict_cli_refuses_to_balance_what_it_cannot_in_one_line_writing_nothing(tmp_path):
+    digits_vit, out = str(ROOT / "tests" / "model_files" / "digits_vit.py"), tmp_path / "out.safetensors"
+    text = runner.invoke(app, ["predict", digits_vit, "--balance-on", "stdlib-text", "--out", str(out)])
+    assert one_line_error(text) == (
+        "error: --balance-on balances an image classifier's classes; stdlib-text is text data, whose tokens have a "
+        "prior of their own; accepted: digits, cifar10:DIR, cifar100:DIR, imagefolder:DIR"
+    )
+    missing = runner.invoke(app, ["predict", digits_vit, "--balance-on", f"cifar10:{tmp_path / 'none'}"])
+    assert "does not exist" in one_line_error(missing)
+    language_model = runner.invoke(app, ["predict", str(ROOT / "examples" / "gpt2.py"), "--balance-on", "digits"])
+    assert "digits is image data but a" in one_line_error(language_model)
+    source = tmp_path / "convnet.py"
+    source.write_text(CONVNET.format(bias=", bias=False"))
+    unbiased = runner.invoke(app, ["predict", str(source), "--balance-on", "digits", "--out", str(out)])
+    assert one_line_error(unbiased).endswith("the output layer has no bias to balance the logits with")
+    assert not out.exists()
 
 
 @pytest.mark.slow

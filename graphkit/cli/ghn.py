@@ -286,6 +286,15 @@ def predict(
         "logits are no larger than the family's init gives on a random batch (graphkit's "
         "families; see docs/experiments.md for what it costs in fine-tuning).",
     ),
+    balance_on: Optional[str] = typer.Option(
+        None,
+        "--balance-on",
+        help="Then shift the output layer's bias so that every class has the same mean predicted probability "
+        "over 128 training images of this data (digits, cifar10:DIR, cifar100:DIR or imagefolder:DIR; their labels "
+        "unused): the one guess for every image that a prediction gives on an architecture unlike those it trained "
+        "on, taken out. Image classifiers whose output layer has a bias; BatchNorm statistics are estimated on the "
+        "same images (docs/experiments.md, 'Balancing the logits').",
+    ),
     keep_init: Optional[bool] = typer.Option(
         None,
         "--keep-init/--no-keep-init",
@@ -304,6 +313,8 @@ def predict(
     ),
 ) -> None:
     """Predict every parameter of a model with a graph hypernetwork."""
+    import torch
+
     from graphkit.errors import PredictError
     from graphkit.finetune import LR_SCALE_KEY, lr_scale_phrase
     from graphkit.ghn import load_checkpoint
@@ -317,6 +328,7 @@ def predict(
         knows_every_op,
         plain_for,
     )
+    from graphkit.ghn.evaluate import NORM_BATCHES
     from graphkit.ghn.grow import lr_scale, twin_of, twin_phrase
     from graphkit.ghn.keep_init import (
         SATURATED,
@@ -329,13 +341,27 @@ def predict(
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
+    from graphkit.training.data import accepted_sources, calibration_inputs, data_config, load_source
 
     keep_init, shrink = keep_init_choice(keep_init, shrink, PredictError)  # before the model is loaded
     if out is not None:
         check_params_output(out, kind="predicted-weights")
+    images = load_source(balance_on) if balance_on is not None else None
+    if images is not None and images.task != "image":
+        raise PredictError(
+            f"--balance-on balances an image classifier's classes; {balance_on} is {images.task} data, whose "
+            f"tokens have a prior of their own; accepted: {accepted_sources('image')}"
+        )
     loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)
+    balance = None
+    if images is not None:  # the images shaped as the model reads them, before the long work
+        balance = torch.cat(
+            calibration_inputs(
+                data_config(loaded.model, loaded.example_inputs), images, batches=NORM_BATCHES, batch_size=32
+            )
+        )
     chosen = bundled_for(graph) if ghn is None else None
     hypernet = load_checkpoint(chosen if chosen is not None else str(ghn))
     # a model it cannot predict is one error line, with no scores or warning before it
@@ -369,7 +395,8 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
-    if any(node.op == "batch_norm" for node in graph.nodes):
+    batch_norm = any(node.op == "batch_norm" for node in graph.nodes)
+    if batch_norm and balance is None:
         console.print(
             f"{loaded.name} has BatchNorm: its running statistics stay its constructor's (mean 0, variance 1); "
             "estimate them on your inputs before scoring it in eval mode (torch.optim.swa_utils.update_bn), "
@@ -415,6 +442,13 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    if balance is not None:
+        console.print(
+            f"balancing its classes over {len(balance)} training images of {balance_on} (labels unused)"
+            + ("; its BatchNorm statistics estimated on them" if batch_norm else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     params = predict_params(  # the file holds the state dict: buffers outside it may stay on meta
         loaded.model,
         hypernet,
@@ -422,6 +456,7 @@ def predict(
         residual_scale=residual_scale,
         grow=twin if twin is not None else grow,  # the twin found above is built once
         calibrate=calibrate,
+        balance_on=balance,
         buffers="saved",
         keep_init=keeping,  # resolved above, the saturation check included
         shrink=shrink,
@@ -583,7 +618,8 @@ def eval_ghn(
         from graphkit.errors import EvalError
 
         raise EvalError(
-            "--record stores the effect `graphkit predict` prints, and it does not balance the logits; "
+            "--record stores the effect `graphkit predict` prints, and it does not balance the logits unless "
+            "given images (--balance-on); "
             "evaluate without --balance-logits to record"
         )
     # before the evaluation, which takes minutes: a bad --out must not lose its results

@@ -70,6 +70,7 @@ from graphkit.params import (
 )
 from graphkit.tracing import trace
 from graphkit.tracing.tracer import init_record
+from graphkit.training.loop import estimate_batch_norm
 
 
 def should_scale_residuals(graph: ArchGraph, choice: bool | None = None) -> bool:
@@ -221,8 +222,10 @@ def predict(
     classifier's output-layer bias so that every class has the same mean predicted probability
     over it (:func:`graphkit.ghn.calibrate.balance_logits`): the one guess for every image that a
     prediction gives on an architecture unlike its training set, taken out; refused before any
-    write when the output layer has no bias. ``keep_init`` adds the prediction onto the model's own initialisation
-    (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
+    write when the output layer has no bias; a model with BatchNorm first gets its running
+    statistics from the same images (:func:`~graphkit.training.loop.estimate_batch_norm`), which
+    its logits are balanced with, as ``eval-ghn`` does. ``keep_init`` adds the prediction onto the
+    model's own initialisation (weight matrices ``W0 + P``, with ``P`` as written without it, residual branches scaled;
     norms and biases ``P``: :mod:`graphkit.ghn.keep_init`); None: when the family does
     (:func:`~graphkit.ghn.keep_init.should_keep_init`, GPT-2), unless the model is a
     hand-written one whose own logits are saturated (:func:`~graphkit.ghn.keep_init.keeps_init`).
@@ -257,7 +260,8 @@ def predict(
     check_params(model, {**planned, **spare_shapes}, source=f"{type(model).__name__}: ")
     destinations: dict[str, torch.Tensor] = {t.name: model.get_parameter(t.name) for t in plan}
     new = {id(p): p for p in destinations.values() if p.is_meta}.values()
-    wanted = None if buffers == "all" or calibrate else set(persistent_buffers(model))  # calibration runs it
+    runs = calibrate or balance_on is not None  # the model is run: every buffer it computes with
+    wanted = None if buffers == "all" or runs else set(persistent_buffers(model))
     meta = {name: b for name, b in meta_buffers(model).items() if wanted is None or name in wanted}
     allocated = [*new, *meta.values()]
     needed = sum(t.numel() * t.element_size() for t in allocated) + ghn.decoder.scratch_bytes(plan, destinations)
@@ -309,6 +313,7 @@ def predict(
     if calibrate:
         calibrate_stream(model, graph)
     if balance_on is not None:
+        estimate_batch_norm(model, [balance_on.to(next(model.parameters()).device)])
         try:
             balance_logits(model, graph, balance_on)
         except CalibrationError as e:

@@ -259,9 +259,11 @@ def register_source(
         _ARGS[name] = arg
 
 
-def accepted_sources() -> str:
-    """Every data source's spec, as errors and --help list them."""
-    return ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in [*_IMAGE, *_TEXT])
+def accepted_sources(task: str | None = None) -> str:
+    """Every data source's spec, as errors and --help list them; only the image or the text ones
+    for ``task`` "image" or "text"."""
+    names = [*(_IMAGE if task in (None, "image") else []), *(_TEXT if task in (None, "text") else [])]
+    return ", ".join(f"{n}:{_ARGS[n]}" if n in _ARGS else n for n in names)
 
 
 def load_source(spec: str, seq_len: int = 64) -> DataSource:
@@ -292,12 +294,17 @@ def load_source(spec: str, seq_len: int = 64) -> DataSource:
 
 
 def calibration_inputs(
-    config: dict[str, Any], spec: str | None = None, batches: int = 4, batch_size: int = 8, seq_len: int = 64
+    config: dict[str, Any],
+    spec: str | DataSource | None = None,
+    batches: int = 4,
+    batch_size: int = 8,
+    seq_len: int = 64,
 ) -> list[Tensor]:
     """A few batches of inputs for the model ``config`` describes, to measure its activations on
-    (``convert``'s groupings): from the source ``spec`` names, else the family's bundled one, from
-    the train split, drawn with a fixed seed so that a conversion repeats."""
-    source = load_source(spec or source_for(config), seq_len=seq_len)
+    (``convert``'s groupings, ``predict --balance-on``): from the source ``spec`` names (or is,
+    once loaded), else the family's bundled one, from the train split, drawn with a fixed seed so
+    that a conversion repeats."""
+    source = spec if isinstance(spec, DataSource) else load_source(spec or source_for(config), seq_len=seq_len)
     source.check(config)
     generator = torch.Generator().manual_seed(0)
     return [source.batch(config, batch_size, generator)[0] for _ in range(batches)]
