@@ -292,8 +292,8 @@ __all__ = [
 
 
 #: :func:`balance_logits` stops once every class's mean probability is within BALANCE_TOLERANCE
-#: (relative) of the others': after at most BALANCE_SOLVE_STEPS adjustments of one pass's logits,
-#: then at most BALANCE_STEPS further passes of the model where the output moved less than its bias
+#: (relative) of the others': each of at most BALANCE_STEPS passes of the model solves for the
+#: bias's shift in at most BALANCE_SOLVE_STEPS adjustments of that pass's logits
 BALANCE_SOLVE_STEPS, BALANCE_STEPS, BALANCE_TOLERANCE = 100, 10, 1e-3
 
 
@@ -321,6 +321,19 @@ def _prior_spread(logits: torch.Tensor) -> torch.Tensor:
     return log_prior - log_prior.mean()
 
 
+def _balancing_shift(logits: torch.Tensor) -> torch.Tensor:
+    """The shift that, subtracted from every row of ``logits``, leaves each class's mean predicted
+    probability within BALANCE_TOLERANCE of the others' (at most BALANCE_SOLVE_STEPS steps of
+    Saerens et al.'s adjustment, each subtracting the log of each class's mean probability)."""
+    shift = torch.zeros_like(logits[0])
+    for _ in range(BALANCE_SOLVE_STEPS):
+        spread = _prior_spread(logits - shift)
+        if spread.abs().max() < BALANCE_TOLERANCE:
+            break
+        shift += spread
+    return shift
+
+
 @torch.no_grad()
 def balance_logits(model: nn.Module, graph: ArchGraph, inputs: torch.Tensor) -> float:
     """Shift, in place, the bias of ``model``'s output layer so that its mean predicted
@@ -334,13 +347,12 @@ def balance_logits(model: nn.Module, graph: ArchGraph, inputs: torch.Tensor) -> 
     It assumes only that the prediction has no business preferring a class before it sees an
     example, which is what the model's own init does too. The shift is the fixed point of
     Saerens et al.'s (2002) prior adjustment toward a uniform prior: each step subtracts the log of
-    each class's mean probability. The steps are taken on the logits of one pass of the model, which
-    a shift of the output layer's bias shifts by as much, and one more pass checks it; so balancing
+    each class's mean probability. Each pass of the model solves for the shift on its logits, which
+    a shift of the output layer's bias shifts by as much, and the next pass checks it; so balancing
     costs two forward passes, not one a step (a ViT-B/16 at 224 px runs for tens of seconds on a
     CPU). Where the output moved less than the bias (a head averaged with another, DeiT's
-    distillation head), further passes take the steps on the model (at most
-    :data:`BALANCE_STEPS`). For classifiers: a language model's logits carry a token prior that
-    this would erase.
+    distillation head), further passes solve again (at most :data:`BALANCE_STEPS`). For
+    classifiers: a language model's logits carry a token prior that this would erase.
 
     CalibrationError, with the model unchanged, when the output layer has no bias
     (:func:`balanced_head`), or when its output is not the logits (a head whose outputs are
@@ -352,19 +364,12 @@ def balance_logits(model: nn.Module, graph: ArchGraph, inputs: torch.Tensor) -> 
     try:
         logits = _class_logits(model, inputs, bias.device)
         first = spread = _prior_spread(logits)
-        shift = torch.zeros_like(spread)
-        for _ in range(BALANCE_SOLVE_STEPS):
-            if spread.abs().max() < BALANCE_TOLERANCE:
-                break
-            shift += spread
-            spread = _prior_spread(logits - shift)
-        bias.sub_(shift.to(bias.dtype))
-        spread = _prior_spread(_class_logits(model, inputs, bias.device))
         for _ in range(BALANCE_STEPS):
             if spread.abs().max() < BALANCE_TOLERANCE:
                 break
-            bias.sub_(spread.to(bias.dtype))
-            spread = _prior_spread(_class_logits(model, inputs, bias.device))
+            bias.sub_(_balancing_shift(logits).to(bias.dtype))
+            logits = _class_logits(model, inputs, bias.device)
+            spread = _prior_spread(logits)
         if _rms(spread) > 0.5 * _rms(first) + BALANCE_TOLERANCE:
             bias.copy_(original)
             raise CalibrationError(
