@@ -273,6 +273,7 @@ def test_predict_balances_the_classes_only_when_given_images_and_refuses_before_
     assert (prior * 10 - 1).abs().max() < 0.01
     unbiased = build_model(config, "meta")
     unbiased.head = nn.Linear(64, 10, bias=False, device="meta")
-    with pytest.raises(PredictError, match="^VisionTransformer: balance_on: head: the output layer has no bias"):
+    refusal = "^VisionTransformer: cannot balance its classes: head: the output layer has no bias"
+    with pytest.raises(PredictError, match=refusal):
         predict(unbiased, vits, graph=graphkit.trace(unbiased), balance_on=images)
     assert all(p.is_meta for p in unbiased.parameters())  # nothing was written

@@ -297,7 +297,7 @@ def test_bad_specs_name_what_is_accepted(tmp_path):
 
 def test_defaults():
     assert default_source("vit") == "digits" and default_source("llama") == DEFAULT_SOURCES["gpt2"] == "stdlib-text"
-    with pytest.raises(DataError, match="'bert'.*gpt2, llama, vit"):
+    with pytest.raises(DataError, match=r"'bert'.*gpt2, llama, vit; name the data instead \(--data\): digits, "):
         default_source("bert")
 
 

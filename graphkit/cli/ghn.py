@@ -319,6 +319,7 @@ def predict(
     from graphkit.finetune import LR_SCALE_KEY, lr_scale_phrase
     from graphkit.ghn import load_checkpoint
     from graphkit.ghn import predict as predict_params
+    from graphkit.ghn.calibrate import check_balancing_data
     from graphkit.ghn.checkpoint import (
         bundled_for,
         check_graph,
@@ -341,17 +342,14 @@ def predict(
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
-    from graphkit.training.data import accepted_sources, calibration_inputs, data_config, load_source
+    from graphkit.training.data import calibration_inputs, data_config, load_source
 
     keep_init, shrink = keep_init_choice(keep_init, shrink, PredictError)  # before the model is loaded
     if out is not None:
         check_params_output(out, kind="predicted-weights")
     images = load_source(balance_on) if balance_on is not None else None
-    if images is not None and images.task != "image":
-        raise PredictError(
-            f"--balance-on balances an image classifier's classes; {balance_on} is {images.task} data, whose "
-            f"tokens have a prior of their own; accepted: {accepted_sources('image')}"
-        )
+    if images is not None:
+        check_balancing_data(images, "--balance-on", PredictError)
     loaded = load_model_source(model, weights=False)
     start = time.perf_counter()
     loaded, graph = trace_loaded(loaded)

@@ -43,10 +43,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from graphkit.errors import CalibrationError
+from graphkit.errors import CalibrationError, GraphkitError
 from graphkit.families import ConfigError, build_model, config_from_graph, get_family
 from graphkit.graph import ArchGraph
 from graphkit.params import tied_names
+from graphkit.training.data import DataSource, accepted_sources
 
 #: calibration batch: images or sequences, and tokens per sequence
 BATCH, TOKENS = 4, 64
@@ -295,6 +296,17 @@ __all__ = [
 #: (relative) of the others': each of at most BALANCE_STEPS passes of the model solves for the
 #: bias's shift in at most BALANCE_SOLVE_STEPS adjustments of that pass's logits
 BALANCE_SOLVE_STEPS, BALANCE_STEPS, BALANCE_TOLERANCE = 100, 10, 1e-3
+
+
+def check_balancing_data(source: DataSource, option: str, error: type[GraphkitError]) -> None:
+    """Raise ``error`` naming ``option`` (the flag or parameter that asked for balancing) unless
+    ``source`` holds images: a language model's logits carry the tokens' prior, which balancing
+    its classes would erase."""
+    if source.task != "image":
+        raise error(
+            f"{option} balances an image classifier's classes; {source.spec} is {source.task} data, whose tokens "
+            f"have a prior of their own; accepted: {accepted_sources('image')}"
+        )
 
 
 def balanced_head(model: nn.Module, graph: ArchGraph) -> str:

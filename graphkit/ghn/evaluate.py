@@ -38,7 +38,7 @@ from graphkit.compiler import load_params
 from graphkit.errors import CalibrationError, EvalError
 from graphkit.families import build_model
 from graphkit.fileio import marked_json, save_figure
-from graphkit.ghn.calibrate import balance_logits, balanced_head, calibrate
+from graphkit.ghn.calibrate import balance_logits, balanced_head, calibrate, check_balancing_data
 from graphkit.ghn.checkpoint import UntrainedOpError, bundled_checkpoint, check_graph, load_checkpoint
 from graphkit.ghn.grow import lr_scale, twin_of
 from graphkit.ghn.keep_init import add_prediction, check_shrink, default_shrink, shrunk
@@ -208,11 +208,8 @@ def evaluate(
         ghn = load_checkpoint(config.ghn or bundled_checkpoint(pool.family))
     ghn = ghn.to(device)
     source = load_source(config.data or default_source(pool.family), seq_len=config.seq_len)
-    if config.balance_logits and source.task != "image":
-        raise EvalError(
-            f"balance_logits balances an image classifier's classes; {source.spec} is {source.task} data, whose "
-            "logits carry a token prior that balancing would erase"
-        )
+    if config.balance_logits:
+        check_balancing_data(source, "balance_logits", EvalError)
     chosen: list[Any] = []  # the pool's records evaluated
     refusals: list[str] = []
     for record in family_turns(pool.records):

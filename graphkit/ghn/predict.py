@@ -251,7 +251,7 @@ def predict(
         try:
             balanced_head(model, graph)
         except CalibrationError as e:
-            raise PredictError(f"{type(model).__name__}: balance_on: {e}") from e
+            raise PredictError(f"{type(model).__name__}: cannot balance its classes: {e}") from e
     device = next(ghn.parameters()).device
     plan = targets(graph, ghn.config.max_slots)
     spare = graph.meta.get("spare", {})  # cannot change the output: left at the model's own init

@@ -71,7 +71,10 @@ __all__ = [
 def default_source(family: str | None) -> str:
     """The bundled source for a family's models (used when the user names none)."""
     if family is None or family not in DEFAULT_SOURCES:
-        raise DataError(f"no default data for family {family!r}; families with one: {', '.join(DEFAULT_SOURCES)}")
+        raise DataError(
+            f"no default data for family {family!r}; families with one: {', '.join(DEFAULT_SOURCES)}; "
+            f"name the data instead (--data): {accepted_sources()}"
+        )
     return DEFAULT_SOURCES[family]
 
 
