@@ -160,9 +160,11 @@ def mean_of(scores: dict[str, list[float]], part: str) -> str:
     return f"{statistics.mean(v[0] for v in chosen):.2f} / {statistics.mean(v[1] for v in chosen):.2f}"
 
 
-def shuffled_ids(zoo: Path, family: str, seed: int) -> list[str]:
-    """The ids of ``family``'s train architectures in ``zoo`` (in the dataset's order), shuffled by ``seed``."""
-    ids = [record.id for record in ArchPool(zoo, "train").records if record.config["zoo_family"] == family]
+def shuffled_ids(zoo: Path, family: str | None, seed: int) -> list[str]:
+    """The ids of ``family``'s train architectures in ``zoo`` (in the dataset's order; None: every
+    family's, the whole train split), shuffled by ``seed``."""
+    records = ArchPool(zoo, "train").records
+    ids = [record.id for record in records if family is None or record.config["zoo_family"] == family]
     if not ids:
         raise SystemExit(f"{zoo}: no train architectures of family {family!r}")
     return random.Random(seed).sample(ids, len(ids))

@@ -28,7 +28,12 @@ Across families: the same corners on another family's last ``--unseen`` architec
 FAMILY``, its own seeded shuffle) and on the first architecture of each held-out family of the
 zoo's eval split (``--held-out``), each with the share of its parameters that a shared tensor
 covers: whether what one tensor per role shares, trained directly, crosses to another family, the
-most a hypernetwork that shares by role could carry there.
+most a hypernetwork that shares by role could carry there. ``--whole-split`` trains on every
+family of the train split at once (one seeded shuffle of all of them, its last ``--unseen`` probed
+and never trained): the control for the zoo-vision hypernetwork's own pool, which from one family
+no run can give (its leaf tensors take each dimension's largest size in any family, 988M values:
+``--device cuda``; with ``--own-kernels``, the convolution kernels left at each architecture's own
+init, 150M values, which 2 cores and 24 GB train).
 
 The hypernetwork's other bounds, one at a time: ``--tie-blocks``, one tensor per name for every
 block (the zoo recipe predicts one architecture's blocks alike: ``family_share.py``); ``--rank R``,
@@ -75,6 +80,7 @@ import math
 import re
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +106,7 @@ from graphkit.ghn.training import GAIN_LR  # noqa: E402
 from graphkit.training.data import load_source, output_loss  # noqa: E402
 
 BATCH = 32
+SIZING = 100  # steps after which a run with a time budget is cut to the steps that fit it
 
 
 def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -141,10 +148,28 @@ def shared_init(pool: ArchPool, indices: list[int], sharing: str = "name") -> di
 
 
 def corners_for(
-    shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name"
+    shared: dict[str, torch.Tensor],
+    params: dict[str, torch.Tensor],
+    sharing: str = "name",
+    views: dict[tuple[str, torch.Size], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """An architecture's parameters (``params``, its own, by name) as the shared tensors' corners
-    where a shared tensor of that :func:`key` and rank holds its shape, else its own."""
+    where a shared tensor of that :func:`key` and rank holds its shape, else its own. With
+    ``views`` (a training step's), every parameter of one key and shape reads one view, kept there,
+    and a corner of a trained leaf tensor is a leaf of its own, whose gradient :func:`add_corners`
+    adds into the shared tensor's: autograd through the corner would write a gradient of the whole
+    shared tensor for every view (the whole split's leaf tensors hold 150M values, and a step's
+    blocks read each several times: 2 s of a step's backward on 2 cores)."""
+
+    def view(name: str, value: torch.Tensor) -> torch.Tensor:
+        at = (key(name, sharing, value.dim()), value.shape)
+        base = shared[at[0]]
+        if views is None:
+            return corner(base, value.shape)
+        if at not in views:
+            leaf = base.is_leaf and base.requires_grad
+            views[at] = corner(base.detach(), value.shape).requires_grad_() if leaf else corner(base, value.shape)
+        return views[at]
 
     def fits(name: str, value: torch.Tensor) -> bool:
         other = shared.get(key(name, sharing, value.dim()))
@@ -152,9 +177,15 @@ def corners_for(
             other is not None and other.dim() == value.dim() and all(a <= b for a, b in zip(value.shape, other.shape))
         )
 
-    return {
-        name: corner(shared[key(name, sharing, v.dim())], v.shape) if fits(name, v) else v for name, v in params.items()
-    }
+    return {name: view(name, v) if fits(name, v) else v for name, v in params.items()}
+
+
+def add_corners(shared: dict[str, torch.Tensor], views: dict[tuple[str, torch.Size], torch.Tensor]) -> None:
+    """Add the gradient of each leaf corner of :func:`corners_for`'s ``views`` into its shared
+    tensor's gradient, at that corner."""
+    for (name, shape), view in views.items():
+        if view.is_leaf and view.grad is not None:
+            corner(shared[name].grad, shape).add_(view.grad)
 
 
 def covered(shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name") -> float:
@@ -209,12 +240,25 @@ def as_matrix(name: str, value: torch.Tensor) -> torch.Tensor:
 OWN_REST = {"all": "the rest its own init", "1-d": "1-D at own init", "tables": "tables at own init"}
 
 
-def untrained(name: str, value: torch.Tensor, own_rest: str) -> bool:
+def untrained(name: str, value: torch.Tensor, own_rest: str, kernels: bool = False) -> bool:
     """Whether the shared tensor ``name`` stays out of training under ``--own-rest own_rest``
-    (each architecture then reads its own init there)."""
+    and, with ``kernels``, ``--own-kernels`` (each architecture then reads its own init there)."""
     if is_weight(name, value):
-        return False
-    return own_rest == "all" or (value.dim() == 1) == (own_rest == "1-d")
+        return kernels and value.dim() == 4
+    return bool(own_rest) and (own_rest == "all" or (value.dim() == 1) == (own_rest == "1-d"))
+
+
+def own_params(pool: ArchPool, index: int, shared: dict[str, torch.Tensor], sharing: str) -> dict[str, torch.Tensor]:
+    """Architecture ``index``'s parameters by name as :func:`corners_for` reads them during
+    training: its own init where no shared tensor serves it (what stays untrained), else only the
+    parameter's shape (on meta). One architecture's init is drawn at a time, and only its untrained
+    parts are kept: the whole split's inits at once would not fit in memory."""
+    params = dict(pool.model(index).named_parameters(remove_duplicate=False))
+    taken = corners_for(shared, params, sharing)
+    if all(taken[name] is not value for name, value in params.items()):
+        return params
+    init = pool.initialised(index)
+    return {name: init[name] if taken[name] is value else value for name, value in params.items()}
 
 
 def swapped(
@@ -296,6 +340,12 @@ class Bounds:
     tables: bool = False  # the tables held to the weights' bounds (rank, one map, RMS), as the decoder decodes them
     product: bool = False  # with one_map: M = F_A F_B^T, as the decoder's role factors make it
     recipe_lrs: tuple[str, ...] = ()  # parts (maps, gains) at their counterpart's lr in the hypernetwork
+    kernels: bool = False  # the 4-D weights (convolution kernels) stay each architecture's own init
+
+    @property
+    def untrained(self) -> tuple[str, bool]:
+        """What :func:`untrained` reads of these bounds."""
+        return self.own_rest, self.kernels
 
     def label(self) -> str:
         """How the table and the plot name these bounds."""
@@ -303,6 +353,7 @@ class Bounds:
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
         parts += [OWN_REST[self.own_rest]] if self.own_rest else []
+        parts += ["kernels at own init"] if self.kernels else []
         parts += ["tables bounded too"] if self.tables else []
         parts += ["M a product of two factors"] if self.product else []
         parts += [f"the recipe's lr for {' and '.join(self.recipe_lrs)}"] if self.recipe_lrs else []
@@ -319,17 +370,20 @@ def train_shared(
     bounds: Bounds,
     device: torch.device = torch.device("cpu"),
     seed: int = 0,
+    budget: float | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """The shared tensors of ``indices`` trained on ``device`` for ``steps`` steps under
     ``bounds`` from ``seed`` (their random draw, the architectures and batches drawn), and the
-    training CE per step (the tensors returned on the CPU)."""
+    training CE per step (the tensors returned on the CPU). With a ``budget`` of seconds, the
+    steps are cut at step :data:`SIZING` to those its pace since step ``SIZING / 2`` fits in it
+    (the cosine schedule then anneals over them), and training stops at the budget whatever the
+    pace: a lent GPU's call has a hard limit, and a run cut there gives nothing."""
     torch.manual_seed(seed)
     shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
     factored = (
         {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map, bounds.tables, bounds.product)
     )
-    if bounds.own_rest:
-        shared = {name: value for name, value in shared.items() if not untrained(name, value, bounds.own_rest)}
+    shared = {name: value for name, value in shared.items() if not untrained(name, value, *bounds.untrained)}
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
     # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
     gains = {
@@ -357,31 +411,42 @@ def train_shared(
             weights[name] = w * rms / w.square().mean().sqrt().clamp_min(1e-12)
         return weights
 
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    # fused: one kernel per tensor, where the default on a CPU is several (0.6 s a step on the whole split)
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=0.01, fused=True)
+    for value in trained:  # zeroed in place each step: add_corners adds into the free tensors' gradients
+        value.grad = torch.zeros_like(value)
+    total = [steps]  # the steps the schedule anneals over, cut once to the budget
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / total[0])))
+    )
     generator = torch.Generator().manual_seed(seed)
-    # a trained parameter is a corner of its shared tensor, so only its shape is read (on meta);
-    # with own_rest the rest are each architecture's own init
-    own = {
-        index: pool.initialised(index)
-        if bounds.own_rest
-        else dict(pool.model(index).named_parameters(remove_duplicate=False))
-        for index in indices
-    }
+    own = {index: own_params(pool, index, shared, bounds.sharing) for index in indices}
     own = {index: {name: v if v.is_meta else v.to(device) for name, v in ps.items()} for index, ps in own.items()}
-    curve = []
-    for _ in range(steps):
+    curve: list[float] = []
+    start = time.monotonic()
+    half = 0.0  # when step SIZING / 2 began: the pace is read over the second half, past the first steps' costs
+    while len(curve) < total[0]:
+        elapsed = time.monotonic() - start
+        half = elapsed if len(curve) == SIZING // 2 else half
+        if budget is not None and len(curve) == SIZING:
+            pace = (elapsed - half) / (SIZING - SIZING // 2)
+            total[0] = min(steps, SIZING + int((budget - elapsed) / max(pace, 1e-9)))
+            print(f"{pace:.3f} s a step: {total[0]} steps fit in {budget:g} s", flush=True)
+        if budget is not None and elapsed > budget:
+            print(f"stopped at the budget, step {len(curve)} of {total[0]}", flush=True)
+            break
         drawn = [indices[i] for i in torch.randint(len(indices), (meta_batch,), generator=generator).tolist()]
-        weights, losses = current(), []
+        weights, losses, views = current(), [], {}
         for index in drawn:
             inputs, labels = source.batch(pool.records[index].config, BATCH, generator)
-            output = functional_call(
-                pool.model(index).train(), corners_for(weights, own[index], bounds.sharing), (inputs.to(device),)
-            )
+            # tied names (CoaT's shared convolutions) read equal values: corners of one key, or one init
+            parameters = corners_for(weights, own[index], bounds.sharing, views)
+            output = functional_call(pool.model(index).train(), parameters, (inputs.to(device),), tie_weights=False)
             losses.append(output_loss(source.task, output, labels.to(device))[0])
         loss = torch.stack(losses).mean()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=False)
         loss.backward()
+        add_corners(free, views)
         torch.nn.utils.clip_grad_norm_(trained, 5.0)
         optimizer.step()
         schedule.step()
@@ -432,6 +497,12 @@ def plot(results: dict, family: str, steps: int, png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="vision_transformer")
+    parser.add_argument(
+        "--whole-split",
+        action="store_true",
+        help="every family of the train split instead of --family (one seeded shuffle; about 16 GB with "
+        "--share-by-leaf: --device cuda)",
+    )
     parser.add_argument("--counts", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--meta-batch", type=int, default=4, help="architectures per step (train-ghn's)")
@@ -475,6 +546,12 @@ def main() -> None:
         "embeddings, tokens; the default), or only its 1-D parameters or tables",
     )
     parser.add_argument(
+        "--own-kernels",
+        action="store_true",
+        help="the 4-D weights (convolution kernels) stay each architecture's own init: the whole split's leaf "
+        "tensors without them fit in 24 GB (150M values, against 988M)",
+    )
+    parser.add_argument(
         "--product-middle",
         action="store_true",
         help="with --one-map: each block's M = F_A F_B^T, two r x r factors, as the decoder's role factors make it",
@@ -501,6 +578,18 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cpu", help="train on this torch device (cuda for the whole split)")
     parser.add_argument(
+        "--no-cudnn",
+        action="store_true",
+        help="PyTorch's own convolutions, not cuDNN's (cuDNN 9 on a lent H200 had no engine for one of the zoo's)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each run's training time at most: its steps cut at step 100 to what fits, stopped at it regardless",
+    )
+    parser.add_argument(
         "--probe-with",
         default=None,
         metavar="FAMILY",
@@ -521,6 +610,8 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.counts) < 1 or args.steps < 100 or (args.rank is not None and args.rank < 1):
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        parser.error(f"--budget: a number of seconds above 0, not {args.budget}")
     if args.rank is None and (args.one_map or args.recipe_lrs):
         parser.error("--one-map and --recipe-lrs need --rank (the maps' width)")
     if args.product_middle and not args.one_map:
@@ -529,8 +620,11 @@ def main() -> None:
         parser.error("--bounded-tables holds the tables to --rank or --capped: give one")
     if args.bounded_tables and args.own_rest in ("all", "tables"):
         parser.error(f"--bounded-tables bounds the tables, which --own-rest {args.own_rest} does not train")
-    if args.swap_with is not None and args.own_rest:
-        parser.error("--swap-with takes the control's tensors that are not weights, which --own-rest does not train")
+    if args.whole_split and args.probe_with is not None:
+        parser.error("--probe-with probes a family no run trains; --whole-split trains every family")
+    if args.swap_with is not None and (args.own_rest or args.own_kernels):
+        parser.error("--swap-with takes every tensor from the control: --own-rest and --own-kernels train fewer")
+    torch.backends.cudnn.enabled = not args.no_cudnn
     try:
         device = torch.device(args.device)
         torch.empty(0, device=device)
@@ -549,18 +643,20 @@ def main() -> None:
         args.bounded_tables,
         args.product_middle,
         tuple(args.recipe_lrs),
+        args.own_kernels,
     )
     label = bounds.label() + (f", training seed {args.train_seed}" if args.train_seed else "")
+    scope = "the whole split" if args.whole_split else args.family  # what the plot names the architectures by
     if args.from_json is not None:
         if args.plot is None:
             parser.error("--from-json needs --plot")
-        plot(json.loads(args.from_json.read_text()), args.family, args.steps, args.plot)
+        plot(json.loads(args.from_json.read_text()), scope, args.steps, args.plot)
         return
     zoo, recipe = KINDS["vision"]
     source = load_source(recipe["data"])
     pool = ArchPool(zoo, "train", device)
     position = {record.id: i for i, record in enumerate(pool.records)}
-    ids = shuffled_ids(zoo, args.family, args.seed)
+    ids = shuffled_ids(zoo, None if args.whole_split else args.family, args.seed)
     order = [position[i] for i in ids]
     probed = [(f"trained: {ids[k]}", order[k]) for k in range(PROBED_TRAINED)]
     probed += [(f"unseen: {ids[k]}", order[k]) for k in range(len(ids) - args.unseen, len(ids))]
@@ -580,9 +676,10 @@ def main() -> None:
     results: dict = {"label": label, "own init @0": own, "runs": {}}
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
         shared, curve = train_shared(
-            pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device, args.train_seed
+            pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device, args.train_seed, args.budget
         )
         ce = statistics.mean(curve[-100:])
+        cut = "" if len(curve) == args.steps else f", {len(curve)} steps"  # a run the budget cut
         at0, cover, moved, temper = {}, {}, {}, {}
         swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
@@ -604,7 +701,7 @@ def main() -> None:
                     temper[what][args.swap_with.name] = tempered(record, source, BATCH, predicted)
                 for part, by_arch in swaps.items():
                     by_arch[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
-        figures = {"training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
+        figures = {"steps": len(curve), "training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
         figures["1-D parameters' RMS distance from the own init"] = moved
         if args.tempered:
             figures["loss; at the best temperature; the same, logits centred"] = temper
@@ -614,7 +711,9 @@ def main() -> None:
         results["runs"][str(n)] = {**figures, "curve": curve}
         print(json.dumps({"architectures": n, **figures}), flush=True)
         table.append(
-            f"| {n}, shared weights, {label} | {ce:.2f} | " + " | ".join(mean_of(at0, part) for part in parts) + " |"
+            f"| {n}, shared weights, {label}{cut} | {ce:.2f} | "
+            + " | ".join(mean_of(at0, part) for part in parts)
+            + " |"
         )
         for swap, scores in swaps.items() if ghn is not None else ():
             table.append(
@@ -626,7 +725,7 @@ def main() -> None:
     if args.out is not None:
         args.out.write_text(json.dumps(results))
     if args.plot is not None:
-        plot(results, args.family, args.steps, args.plot)
+        plot(results, scope, args.steps, args.plot)
 
 
 if __name__ == "__main__":
