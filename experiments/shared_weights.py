@@ -248,16 +248,25 @@ def untrained(name: str, value: torch.Tensor, own_rest: str, kernels: bool = Fal
     return bool(own_rest) and (own_rest == "all" or (value.dim() == 1) == (own_rest == "1-d"))
 
 
+def own_init(config: dict) -> dict[str, torch.Tensor]:
+    """An architecture's own init by parameter name, as ``zoo_pools.scored`` scores it: drawn on
+    the CPU from seed 0 (the global generator's state kept). What training leaves untrained is
+    this init, so that the probe reads the values the shared tensors were trained beside."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return {name: v.detach() for name, v in build_model(config, "cpu").named_parameters(remove_duplicate=False)}
+
+
 def own_params(pool: ArchPool, index: int, shared: dict[str, torch.Tensor], sharing: str) -> dict[str, torch.Tensor]:
     """Architecture ``index``'s parameters by name as :func:`corners_for` reads them during
-    training: its own init where no shared tensor serves it (what stays untrained), else only the
-    parameter's shape (on meta). One architecture's init is drawn at a time, and only its untrained
-    parts are kept: the whole split's inits at once would not fit in memory."""
+    training: its :func:`own_init` where no shared tensor serves it (what stays untrained), else
+    only the parameter's shape (on meta). One architecture's init is drawn at a time, and only its
+    untrained parts are kept: the whole split's inits at once would not fit in memory."""
     params = dict(pool.model(index).named_parameters(remove_duplicate=False))
     taken = corners_for(shared, params, sharing)
     if all(taken[name] is not value for name, value in params.items()):
         return params
-    init = pool.initialised(index)
+    init = own_init(pool.records[index].config)
     return {name: init[name] if taken[name] is value else value for name, value in params.items()}
 
 
@@ -464,6 +473,32 @@ def hypernetwork_ce(family: str, n: int, steps: int) -> float | None:
     return statistics.mean(json.loads(line)["ce"] for line in log.read_text().splitlines()[-10:])
 
 
+def plot_curves(results: dict[str, dict], png: Path) -> None:
+    """Each run of each of ``results`` (``--out`` JSONs by their file's name) by its training CE
+    per step (means over 100 steps), its count and its file's name, beside chance, as ``png``: a
+    run of the whole split is one count, a point in :func:`plot`."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for name, result in results.items():
+        for n, run in result["runs"].items():
+            curve = run["curve"]
+            starts = range(0, len(curve), 100)
+            means = [statistics.mean(curve[i : i + 100]) for i in starts]
+            axis.plot([i + 100 for i in starts], means, marker=".", label=f"{name}: {n} architectures")
+    axis.axhline(math.log(10), color="grey", linestyle="--", label="chance (ln 10)")
+    axis.set(
+        xlabel="step",
+        ylabel="training CE (mean over 100 steps)",
+        title="one tensor per role, trained directly on N architectures",
+    )
+    axis.legend(fontsize=7)
+    save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
+
+
 def plot(results: dict, family: str, steps: int, png: Path) -> None:
     """Training CE (the last 100 steps) against the number of architectures: the shared weights
     of ``results`` beside the hypernetwork on the same architectures, as ``png``."""
@@ -606,7 +641,18 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write the figures and curves as this JSON")
     parser.add_argument("--plot", type=Path, default=None, help="draw training CE against N as this PNG")
-    parser.add_argument("--from-json", type=Path, default=None, help="plot a run's --out JSON instead of training")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="plot runs' --out JSONs instead of training (several with --curves)",
+    )
+    parser.add_argument(
+        "--curves",
+        action="store_true",
+        help="with --from-json: each run's training curve (means over 100 steps), not training CE against N",
+    )
     args = parser.parse_args()
     if min(args.counts) < 1 or args.steps < 100 or (args.rank is not None and args.rank < 1):
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
@@ -650,7 +696,13 @@ def main() -> None:
     if args.from_json is not None:
         if args.plot is None:
             parser.error("--from-json needs --plot")
-        plot(json.loads(args.from_json.read_text()), scope, args.steps, args.plot)
+        results = {path.stem: json.loads(path.read_text()) for path in args.from_json}
+        if args.curves:
+            plot_curves(results, args.plot)
+        elif len(results) > 1:
+            parser.error("--from-json: one JSON, or several with --curves")
+        else:
+            plot(*results.values(), scope, args.steps, args.plot)
         return
     zoo, recipe = KINDS["vision"]
     source = load_source(recipe["data"])
@@ -683,11 +735,7 @@ def main() -> None:
         at0, cover, moved, temper = {}, {}, {}, {}
         swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
-            torch.manual_seed(0)  # what no corner covers is the own init that row scores
-            params = {
-                name: v.detach()
-                for name, v in build_model(record.config, "cpu").named_parameters(remove_duplicate=False)
-            }
+            params = own_init(record.config)
             cover[what] = round(covered(shared, params, args.sharing), 3)
             corners = corners_for(shared, params, args.sharing)
             at0[what] = scored(record, source, BATCH, corners)
