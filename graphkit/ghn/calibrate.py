@@ -282,8 +282,11 @@ def _measure(model: nn.Module, blocks: list[nn.Module], inputs: dict[str, torch.
 __all__ = [
     "Calibration",
     "CalibrationError",
+    "balance_logits",
+    "balanced_head",
     "calibrate",
     "calibration_inputs",
+    "check_balancing_data",
     "check_calibration",
     "factor",
     "output_layer",
