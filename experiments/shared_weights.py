@@ -351,11 +351,6 @@ class Bounds:
     recipe_lrs: tuple[str, ...] = ()  # parts (maps, gains) at their counterpart's lr in the hypernetwork
     kernels: bool = False  # the 4-D weights (convolution kernels) stay each architecture's own init
 
-    @property
-    def untrained(self) -> tuple[str, bool]:
-        """What :func:`untrained` reads of these bounds."""
-        return self.own_rest, self.kernels
-
     def label(self) -> str:
         """How the table and the plot name these bounds."""
         parts = {"name": [], "block": ["blocks tied"], "leaf": ["one tensor per leaf"]}[self.sharing]
@@ -392,7 +387,9 @@ def train_shared(
     factored = (
         {} if bounds.rank is None else low_rank(shared, bounds.rank, bounds.one_map, bounds.tables, bounds.product)
     )
-    shared = {name: value for name, value in shared.items() if not untrained(name, value, *bounds.untrained)}
+    shared = {
+        name: value for name, value in shared.items() if not untrained(name, value, bounds.own_rest, bounds.kernels)
+    }
     free = {name: value.requires_grad_(True) for name, value in shared.items() if name not in factored}
     # the decoder's gain: 2 sigmoid(s / 2), 1 at s = 0, one per weight as the gain head gives one per parameter
     gains = {
