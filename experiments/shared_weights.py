@@ -41,7 +41,10 @@ each weight as rank-R factors (LoGAH-tiny's blocks have rank 32 at most); ``--ra
 each weight as LoGAH's decoder makes a block, one map for its rows and its columns; ``--capped``,
 each weight at the RMS the decoder gives it (``INIT_GAIN g / sqrt(fan-in)``, a learned g in (0, 2)).
 ``--share-by-leaf`` goes past ``--tie-blocks``: one tensor per leaf role, as the zoo-vision
-recipe's role factors are keyed, which is what another family can read.
+recipe's role factors are keyed, which is what another family can read. ``--share-by-family`` keys
+each leaf role's tensor by the architecture's zoo family as well: with ``--whole-split``, whether
+the whole split's families fit when none shares a tensor with another (the control for sharing
+across families; the held-out families then read nothing but their own init).
 
 Inside a family the control held to all four bounds transfers better than the hypernetwork it
 bounds (docs/experiments.md, "What crosses to another family"). The ways it still trains
@@ -100,13 +103,51 @@ from graphkit.fileio import save_figure  # noqa: E402
 from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.encoding import role_of  # noqa: E402
 from graphkit.ghn.model import weight_rms  # noqa: E402
-from graphkit.ghn.pool import ArchPool, graph_for  # noqa: E402
+from graphkit.ghn.pool import ArchPool, functional_model, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
 from graphkit.ghn.training import GAIN_LR  # noqa: E402
 from graphkit.training.data import load_source, output_loss  # noqa: E402
 
 BATCH = 32
 SIZING = 100  # steps after which a run with a time budget is cut to the steps that fit it
+FAMILY_CE = "training CE by family, last 300 steps"
+
+
+CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def family_of(pool: ArchPool, index: int) -> str:
+    """Architecture ``index``'s zoo family."""
+    return pool.records[index].config["zoo_family"]
+
+
+def contexts(model: torch.nn.Module, config: dict, sharing: str) -> dict[str, str]:
+    """What :func:`key` keys each parameter of ``model`` (built from ``config``) by beside its leaf
+    role, by ``sharing``: ``family``, the zoo family; ``module``, the class of the module that
+    holds the parameter's layer (its nearest ancestor that is no container: ``mlp.Mlp`` for
+    ``blocks.3.mlp.fc1.weight``, ``patch_embed.PatchEmbed`` for ``patch_embed.proj.weight``, the
+    model's own class for ``head.weight``), which families built from timm's shared layers have
+    in common and a graph of the architecture can tell apart; otherwise nothing."""
+    if sharing not in ("family", "module"):
+        return {}
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    if sharing == "family":
+        return dict.fromkeys(names, config["zoo_family"])
+    modules = dict(model.named_modules(remove_duplicate=False))
+
+    def holder(name: str) -> str:
+        path = name.split(".")[:-2]  # the parameter's layer's parent
+        while path and isinstance(modules[".".join(path)], CONTAINERS):
+            path.pop()
+        kind = type(modules[".".join(path)])
+        return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"  # tnt.Block is not vision_transformer.Block
+
+    return {name: holder(name) for name in names}
+
+
+def context_of(pool: ArchPool, index: int, sharing: str) -> dict[str, str]:
+    """:func:`contexts` of the pool's architecture ``index``."""
+    return contexts(pool.model(index), pool.records[index].config, sharing)
 
 
 def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -114,15 +155,19 @@ def corner(tensor: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return tensor[tuple(slice(0, n) for n in shape)]
 
 
-def key(name: str, sharing: str, dims: int) -> str:
-    """The shared tensor that parameter ``name`` (of ``dims`` dimensions) reads, by ``sharing``:
+def key(name: str, sharing: str, dims: int, context: str = "") -> str:
+    """The shared tensor that parameter ``name`` (of ``dims`` dimensions, in ``context``:
+    :func:`contexts`') reads, by ``sharing``:
     ``name``, its own name; ``block``, the same for every block (``blocks.3.attn.qkv.weight``
     reads ``blocks.*.attn.qkv.weight``); ``leaf``, the same for every parameter of its
     ``role_of(name, "leaf")`` and dimensions (``qkv.weight`` 2-D), as the zoo-vision recipe's role
     factors share across blocks and families (a 4-D ``patch_embed.proj.weight`` is no corner of a
-    2-D ``attn.proj.weight``)."""
-    if sharing == "leaf":
-        return f"{role_of(name, 'leaf')} ({dims}-D)"
+    2-D ``attn.proj.weight``); ``family`` and ``module``, the leaf's tensor of its context, as a
+    prediction keyed by the role and what surrounds it could give it (``deit: qkv.weight (2-D)``,
+    ``vision_transformer.Attention: qkv.weight (2-D)``)."""
+    if sharing in ("leaf", "family", "module"):
+        leaf = f"{role_of(name, 'leaf')} ({dims}-D)"
+        return leaf if sharing == "leaf" else f"{context}: {leaf}"
     return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if sharing == "block" else name
 
 
@@ -133,9 +178,10 @@ def shared_init(pool: ArchPool, indices: list[int], sharing: str = "name") -> di
     read on meta, and one architecture's init is held at a time."""
     params = {index: dict(pool.model(index).named_parameters(remove_duplicate=False)) for index in indices}
     shapes: dict[str, list[torch.Size]] = {}
-    for named in params.values():
+    context = {index: context_of(pool, index, sharing) for index in indices}
+    for index, named in params.items():
         for name, value in named.items():
-            shapes.setdefault(key(name, sharing, value.dim()), []).append(value.shape)
+            shapes.setdefault(key(name, sharing, value.dim(), context[index].get(name, "")), []).append(value.shape)
     shared = {}
     for name, seen in shapes.items():
         if len({len(s) for s in seen}) > 1:
@@ -143,7 +189,7 @@ def shared_init(pool: ArchPool, indices: list[int], sharing: str = "name") -> di
         shared[name] = torch.zeros([max(s[d] for s in seen) for d in range(len(seen[0]))])
     for index in sorted(indices, key=lambda i: sum(v.numel() for v in params[i].values())):
         for name, value in pool.initialised(index).items():
-            corner(shared[key(name, sharing, value.dim())], value.shape).copy_(value)
+            corner(shared[key(name, sharing, value.dim(), context[index].get(name, ""))], value.shape).copy_(value)
     return shared
 
 
@@ -152,6 +198,7 @@ def corners_for(
     params: dict[str, torch.Tensor],
     sharing: str = "name",
     views: dict[tuple[str, torch.Size], torch.Tensor] | None = None,
+    context: dict[str, str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """An architecture's parameters (``params``, its own, by name) as the shared tensors' corners
     where a shared tensor of that :func:`key` and rank holds its shape, else its own. With
@@ -159,10 +206,12 @@ def corners_for(
     and a corner of a trained leaf tensor is a leaf of its own, whose gradient :func:`add_corners`
     adds into the shared tensor's: autograd through the corner would write a gradient of the whole
     shared tensor for every view (the whole split's leaf tensors hold 150M values, and a step's
-    blocks read each several times: 2 s of a step's backward on 2 cores)."""
+    blocks read each several times: 2 s of a step's backward on 2 cores). ``context``: the
+    architecture's :func:`contexts`."""
+    context = context or {}
 
     def view(name: str, value: torch.Tensor) -> torch.Tensor:
-        at = (key(name, sharing, value.dim()), value.shape)
+        at = (key(name, sharing, value.dim(), context.get(name, "")), value.shape)
         base = shared[at[0]]
         if views is None:
             return corner(base, value.shape)
@@ -172,7 +221,7 @@ def corners_for(
         return views[at]
 
     def fits(name: str, value: torch.Tensor) -> bool:
-        other = shared.get(key(name, sharing, value.dim()))
+        other = shared.get(key(name, sharing, value.dim(), context.get(name, "")))
         return (
             other is not None and other.dim() == value.dim() and all(a <= b for a, b in zip(value.shape, other.shape))
         )
@@ -188,10 +237,15 @@ def add_corners(shared: dict[str, torch.Tensor], views: dict[tuple[str, torch.Si
             corner(shared[name].grad, shape).add_(view.grad)
 
 
-def covered(shared: dict[str, torch.Tensor], params: dict[str, torch.Tensor], sharing: str = "name") -> float:
+def covered(
+    shared: dict[str, torch.Tensor],
+    params: dict[str, torch.Tensor],
+    sharing: str = "name",
+    context: dict[str, str] | None = None,
+) -> float:
     """The share of an architecture's parameter values (``params``, its own) that
     :func:`corners_for` takes from the shared tensors."""
-    taken, total = corners_for(shared, params, sharing), sum(v.numel() for v in params.values())
+    taken, total = corners_for(shared, params, sharing, context=context), sum(v.numel() for v in params.values())
     return sum(v.numel() for name, v in params.items() if taken[name] is not v) / total
 
 
@@ -263,7 +317,7 @@ def own_params(pool: ArchPool, index: int, shared: dict[str, torch.Tensor], shar
     only the parameter's shape (on meta). One architecture's init is drawn at a time, and only its
     untrained parts are kept: the whole split's inits at once would not fit in memory."""
     params = dict(pool.model(index).named_parameters(remove_duplicate=False))
-    taken = corners_for(shared, params, sharing)
+    taken = corners_for(shared, params, sharing, context=context_of(pool, index, sharing))
     if all(taken[name] is not value for name, value in params.items()):
         return params
     init = own_init(pool.records[index].config)
@@ -353,7 +407,13 @@ class Bounds:
 
     def label(self) -> str:
         """How the table and the plot name these bounds."""
-        parts = {"name": [], "block": ["blocks tied"], "leaf": ["one tensor per leaf"]}[self.sharing]
+        parts = {
+            "name": [],
+            "block": ["blocks tied"],
+            "leaf": ["one tensor per leaf"],
+            "family": ["one tensor per leaf and family"],
+            "module": ["one tensor per leaf and holding module's class"],
+        }[self.sharing]
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
         parts += [OWN_REST[self.own_rest]] if self.own_rest else []
@@ -375,13 +435,14 @@ def train_shared(
     device: torch.device = torch.device("cpu"),
     seed: int = 0,
     budget: float | None = None,
-) -> tuple[dict[str, torch.Tensor], list[float]]:
+) -> tuple[dict[str, torch.Tensor], list[float], list[tuple[str, float]]]:
     """The shared tensors of ``indices`` trained on ``device`` for ``steps`` steps under
-    ``bounds`` from ``seed`` (their random draw, the architectures and batches drawn), and the
-    training CE per step (the tensors returned on the CPU). With a ``budget`` of seconds, the
-    steps are cut at step :data:`SIZING` to those its pace since step ``SIZING / 2`` fits in it
-    (the cosine schedule then anneals over them), and training stops at the budget whatever the
-    pace: a lent GPU's call has a hard limit, and a run cut there gives nothing."""
+    ``bounds`` from ``seed`` (their random draw, the architectures and batches drawn), the
+    training CE per step, and each draw's family and CE in order (the tensors returned on the
+    CPU). With a ``budget`` of seconds, the steps are cut at step :data:`SIZING` to those its pace
+    since step ``SIZING / 2`` fits in it (the cosine schedule then anneals over them), and training
+    stops at the budget whatever the pace: a lent GPU's call has a hard limit, and a run cut there
+    gives nothing."""
     torch.manual_seed(seed)
     shared = {name: value.to(device) for name, value in shared_init(pool, indices, bounds.sharing).items()}
     factored = (
@@ -427,8 +488,10 @@ def train_shared(
     )
     generator = torch.Generator().manual_seed(seed)
     own = {index: own_params(pool, index, shared, bounds.sharing) for index in indices}
+    context = {index: context_of(pool, index, bounds.sharing) for index in indices}
     own = {index: {name: v if v.is_meta else v.to(device) for name, v in ps.items()} for index, ps in own.items()}
     curve: list[float] = []
+    draws: list[tuple[str, float]] = []
     start = time.monotonic()
     half = 0.0  # when step SIZING / 2 began: the pace is read over the second half, past the first steps' costs
     while len(curve) < total[0]:
@@ -446,7 +509,7 @@ def train_shared(
         for index in drawn:
             inputs, labels = source.batch(pool.records[index].config, BATCH, generator)
             # tied names (CoaT's shared convolutions) read equal values: corners of one key, or one init
-            parameters = corners_for(weights, own[index], bounds.sharing, views)
+            parameters = corners_for(weights, own[index], bounds.sharing, views, context[index])
             output = functional_call(pool.model(index).train(), parameters, (inputs.to(device),), tie_weights=False)
             losses.append(output_loss(source.task, output, labels.to(device))[0])
         loss = torch.stack(losses).mean()
@@ -457,8 +520,19 @@ def train_shared(
         optimizer.step()
         schedule.step()
         curve.append(loss.item())
+        draws += [(family_of(pool, index), ce) for index, ce in zip(drawn, torch.stack(losses).tolist())]
     with torch.no_grad():
-        return {name: value.detach().cpu() for name, value in current().items()}, curve
+        return {name: value.detach().cpu() for name, value in current().items()}, curve, draws
+
+
+def by_family(draws: list[tuple[str, float]]) -> dict[str, list[float]]:
+    """Per family of ``draws`` (:func:`train_shared`'s), its mean training CE and its number of
+    draws, worst first: which families a shared model fits, and which it leaves at chance."""
+    losses: dict[str, list[float]] = {}
+    for family, ce in draws:
+        losses.setdefault(family, []).append(ce)
+    means = {family: [round(statistics.mean(ces), 3), len(ces)] for family, ces in losses.items()}
+    return dict(sorted(means.items(), key=lambda item: -item[1][0]))
 
 
 def hypernetwork_ce(family: str, n: int, steps: int) -> float | None:
@@ -492,6 +566,32 @@ def plot_curves(results: dict[str, dict], png: Path) -> None:
         ylabel="training CE (mean over 100 steps)",
         title="one tensor per role, trained directly on N architectures",
     )
+    axis.legend(fontsize=7)
+    save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
+
+
+def plot_families(results: dict[str, dict], png: Path) -> None:
+    """Each run of each of ``results`` (``--out`` JSONs by their file's name) by its training CE
+    per family over its last 300 steps (:func:`by_family`), the families in the first run's order,
+    beside chance, as ``png``: which families each way of sharing fits."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    runs = {f"{name}: {n}": run for name, result in results.items() for n, run in result["runs"].items()}
+    runs = {label: run[FAMILY_CE] for label, run in runs.items() if FAMILY_CE in run}
+    if not runs:
+        raise SystemExit(f"--by-family: no run of {', '.join(results)} logged its families (an older --out JSON)")
+    families = list(reversed(next(iter(runs.values()))))  # best first
+    figure, axis = plt.subplots(figsize=(7, 0.2 * len(families) + 1.5))
+    for label, ces in runs.items():
+        axis.plot([ces.get(f, [math.nan])[0] for f in families], range(len(families)), "o", label=label)
+    axis.axvline(math.log(10), color="grey", linestyle="--", label="chance (ln 10)")
+    axis.set_yticks(range(len(families)), families, fontsize=7)
+    top = max(ce for ces in runs.values() for ce, _ in ces.values())
+    axis.set(xlabel="training CE, last 300 steps", xlim=(0, max(4.0, top + 0.3)))
+    axis.set_title("each family's fit, trained directly")
     axis.legend(fontsize=7)
     save_figure(figure, png, "training-figure", dpi=120, bbox_inches="tight")
 
@@ -558,6 +658,22 @@ def main() -> None:
         action="store_const",
         const="leaf",
         help="one tensor per leaf role (qkv.weight, fc1.weight) for all blocks and families, as the zoo recipe's roles",
+    )
+    parser.add_argument(
+        "--share-by-family",
+        dest="sharing",
+        action="store_const",
+        const="family",
+        help="one tensor per leaf role and zoo family: what the leaf's roles fit when each family keys its own "
+        "(with --whole-split, the control for sharing across families)",
+    )
+    parser.add_argument(
+        "--share-by-module",
+        dest="sharing",
+        action="store_const",
+        const="module",
+        help="one tensor per leaf role and the class of the module holding its layer (Attention, PatchEmbed): "
+        "a context that families built from timm's shared layers have in common",
     )
     parser.add_argument(
         "--rank", type=int, default=None, help="each weight as rank-R factors, as the hypernetwork's blocks are"
@@ -650,6 +766,11 @@ def main() -> None:
         action="store_true",
         help="with --from-json: each run's training curve (means over 100 steps), not training CE against N",
     )
+    parser.add_argument(
+        "--by-family",
+        action="store_true",
+        help="with --from-json: each run's training CE per family over its last 300 steps, not against N",
+    )
     args = parser.parse_args()
     if min(args.counts) < 1 or args.steps < 100 or (args.rank is not None and args.rank < 1):
         parser.error("--counts and --rank: each at least 1; --steps: at least 100")
@@ -665,6 +786,8 @@ def main() -> None:
         parser.error(f"--bounded-tables bounds the tables, which --own-rest {args.own_rest} does not train")
     if args.whole_split and args.probe_with is not None:
         parser.error("--probe-with probes a family no run trains; --whole-split trains every family")
+    if args.swap_with is not None and args.sharing in ("family", "module"):
+        parser.error("--swap-with swaps in the control's tensors by leaf, not by family or module")
     if args.swap_with is not None and (args.own_rest or args.own_kernels):
         parser.error("--swap-with takes every tensor from the control: --own-rest and --own-kernels train fewer")
     torch.backends.cudnn.enabled = not args.no_cudnn
@@ -694,10 +817,14 @@ def main() -> None:
         if args.plot is None:
             parser.error("--from-json needs --plot")
         results = {path.stem: json.loads(path.read_text()) for path in args.from_json}
+        if args.curves and args.by_family:
+            parser.error("--from-json: --curves or --by-family, not both")
         if args.curves:
             plot_curves(results, args.plot)
+        elif args.by_family:
+            plot_families(results, args.plot)
         elif len(results) > 1:
-            parser.error("--from-json: one JSON, or several with --curves")
+            parser.error("--from-json: one JSON, or several with --curves or --by-family")
         else:
             plot(*results.values(), scope, args.steps, args.plot)
         return
@@ -724,7 +851,7 @@ def main() -> None:
     table.append("| own init | - | " + " | ".join(mean_of(own, part) for part in parts) + " |")
     results: dict = {"label": label, "own init @0": own, "runs": {}}
     for n in sorted(set(min(n, len(ids) - args.unseen) for n in args.counts)):
-        shared, curve = train_shared(
+        shared, curve, draws = train_shared(
             pool, order[:n], source, args.steps, args.meta_batch, args.lr, bounds, device, args.train_seed, args.budget
         )
         ce = statistics.mean(curve[-100:])
@@ -733,8 +860,9 @@ def main() -> None:
         swaps: dict[str, dict[str, list[float]]] = {"weights": {}, "rest": {}}
         for what, record in records:
             params = own_init(record.config)
-            cover[what] = round(covered(shared, params, args.sharing), 3)
-            corners = corners_for(shared, params, args.sharing)
+            context = contexts(functional_model(record.config, "cpu"), record.config, args.sharing)
+            cover[what] = round(covered(shared, params, args.sharing, context), 3)
+            corners = corners_for(shared, params, args.sharing, context=context)
             at0[what] = scored(record, source, BATCH, corners)
             moved[what] = {"control": distance_1d(corners, params)}
             if args.tempered:
@@ -747,13 +875,14 @@ def main() -> None:
                 for part, by_arch in swaps.items():
                     by_arch[what] = scored(record, source, BATCH, swapped(predicted, shared, params, bounds, part))
         figures = {"steps": len(curve), "training CE, last 100 steps": round(ce, 3), "@0": at0, "covered": cover}
+        figures[FAMILY_CE] = by_family(draws[-300 * args.meta_batch :])
         figures["1-D parameters' RMS distance from the own init"] = moved
         if args.tempered:
             figures["loss; at the best temperature; the same, logits centred"] = temper
         if ghn is not None:
             figures["@0, the hypernetwork's with the control's"] = swaps
         figures["RMS over the cap"] = over_cap(shared)
-        results["runs"][str(n)] = {**figures, "curve": curve}
+        results["runs"][str(n)] = {**figures, "curve": curve, "draws": draws}
         print(json.dumps({"architectures": n, **figures}), flush=True)
         table.append(
             f"| {n}, shared weights, {label}{cut} | {ce:.2f} | "
