@@ -127,12 +127,17 @@ def contexts(model: torch.nn.Module, config: dict, sharing: str) -> dict[str, st
     holds the parameter's layer (its nearest ancestor that is no container: ``mlp.Mlp`` for
     ``blocks.3.mlp.fc1.weight``, ``patch_embed.PatchEmbed`` for ``patch_embed.proj.weight``, the
     model's own class for ``head.weight``), which families built from timm's shared layers have
-    in common and a graph of the architecture can tell apart; otherwise nothing."""
-    if sharing not in ("family", "module"):
+    in common; ``siblings``, what the traced graph's parameter names alone tell of that module:
+    the parameters of the layer's parent and of its children, block indices as ``*``
+    (``{proj.bias, proj.weight, qkv.bias, qkv.weight}`` for ``blocks.3.attn.qkv.weight``);
+    otherwise nothing."""
+    if sharing not in ("family", "module", "siblings"):
         return {}
     names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     if sharing == "family":
         return dict.fromkeys(names, config["zoo_family"])
+    if sharing == "siblings":
+        return siblings(names)
     modules = dict(model.named_modules(remove_duplicate=False))
 
     def holder(name: str) -> str:
@@ -143,6 +148,19 @@ def contexts(model: torch.nn.Module, config: dict, sharing: str) -> dict[str, st
         return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"  # tnt.Block is not vision_transformer.Block
 
     return {name: holder(name) for name in names}
+
+
+def siblings(names: list[str]) -> dict[str, str]:
+    """Per parameter name of ``names`` (one model's), the parameters of its layer's parent module
+    and of that module's children, by their names below it, digits as ``*``, sorted: a module's
+    signature read off names, as a graph of the architecture holds them (:func:`contexts`)."""
+    below: dict[str, set[str]] = {}
+    for name in names:
+        parts = name.split(".")
+        for depth in (len(parts) - 1, len(parts) - 2):  # the parameter's module, and that module's parent
+            if depth >= 0:
+                below.setdefault(".".join(parts[:depth]), set()).add(re.sub(r"\d+", "*", ".".join(parts[depth:])))
+    return {name: "{" + ", ".join(sorted(below[".".join(name.split(".")[:-2])])) + "}" for name in names}
 
 
 def context_of(pool: ArchPool, index: int, sharing: str) -> dict[str, str]:
@@ -165,7 +183,7 @@ def key(name: str, sharing: str, dims: int, context: str = "") -> str:
     2-D ``attn.proj.weight``); ``family`` and ``module``, the leaf's tensor of its context, as a
     prediction keyed by the role and what surrounds it could give it (``deit: qkv.weight (2-D)``,
     ``vision_transformer.Attention: qkv.weight (2-D)``)."""
-    if sharing in ("leaf", "family", "module"):
+    if sharing in ("leaf", "family", "module", "siblings"):
         leaf = f"{role_of(name, 'leaf')} ({dims}-D)"
         return leaf if sharing == "leaf" else f"{context}: {leaf}"
     return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if sharing == "block" else name
@@ -413,6 +431,7 @@ class Bounds:
             "leaf": ["one tensor per leaf"],
             "family": ["one tensor per leaf and family"],
             "module": ["one tensor per leaf and holding module's class"],
+            "siblings": ["one tensor per leaf and holding module's parameter names"],
         }[self.sharing]
         parts += [f"rank {self.rank}" + (", one map" if self.one_map else "")] if self.rank else []
         parts += ["RMS as decoded"] if self.capped else []
@@ -676,6 +695,14 @@ def main() -> None:
         "a context that families built from timm's shared layers have in common",
     )
     parser.add_argument(
+        "--share-by-siblings",
+        dest="sharing",
+        action="store_const",
+        const="siblings",
+        help="one tensor per leaf role and the parameter names of the module holding its layer (as a traced "
+        "graph holds them): the module's signature without its class",
+    )
+    parser.add_argument(
         "--rank", type=int, default=None, help="each weight as rank-R factors, as the hypernetwork's blocks are"
     )
     parser.add_argument(
@@ -786,8 +813,8 @@ def main() -> None:
         parser.error(f"--bounded-tables bounds the tables, which --own-rest {args.own_rest} does not train")
     if args.whole_split and args.probe_with is not None:
         parser.error("--probe-with probes a family no run trains; --whole-split trains every family")
-    if args.swap_with is not None and args.sharing in ("family", "module"):
-        parser.error("--swap-with swaps in the control's tensors by leaf, not by family or module")
+    if args.swap_with is not None and args.sharing in ("family", "module", "siblings"):
+        parser.error("--swap-with swaps in the control's tensors by leaf, not by a context")
     if args.swap_with is not None and (args.own_rest or args.own_kernels):
         parser.error("--swap-with takes every tensor from the control: --own-rest and --own-kernels train fewer")
     torch.backends.cudnn.enabled = not args.no_cudnn
