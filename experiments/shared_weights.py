@@ -114,6 +114,7 @@ FAMILY_CE = "training CE by family, last 300 steps"
 
 
 CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+CONTEXT_KEYS = ("family", "module", "siblings")  # the sharings that key a leaf role by its context (:func:`contexts`)
 
 
 def family_of(pool: ArchPool, index: int) -> str:
@@ -131,7 +132,7 @@ def contexts(model: torch.nn.Module, config: dict, sharing: str) -> dict[str, st
     the parameters of the layer's parent and of its children, block indices as ``*``
     (``{proj.bias, proj.weight, qkv.bias, qkv.weight}`` for ``blocks.3.attn.qkv.weight``);
     otherwise nothing."""
-    if sharing not in ("family", "module", "siblings"):
+    if sharing not in CONTEXT_KEYS:
         return {}
     names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
     if sharing == "family":
@@ -180,10 +181,10 @@ def key(name: str, sharing: str, dims: int, context: str = "") -> str:
     reads ``blocks.*.attn.qkv.weight``); ``leaf``, the same for every parameter of its
     ``role_of(name, "leaf")`` and dimensions (``qkv.weight`` 2-D), as the zoo-vision recipe's role
     factors share across blocks and families (a 4-D ``patch_embed.proj.weight`` is no corner of a
-    2-D ``attn.proj.weight``); ``family`` and ``module``, the leaf's tensor of its context, as a
-    prediction keyed by the role and what surrounds it could give it (``deit: qkv.weight (2-D)``,
+    2-D ``attn.proj.weight``); one of :data:`CONTEXT_KEYS`, the leaf's tensor of its context, as
+    a prediction keyed by the role and what surrounds it could give it (``deit: qkv.weight (2-D)``,
     ``vision_transformer.Attention: qkv.weight (2-D)``)."""
-    if sharing in ("leaf", "family", "module", "siblings"):
+    if sharing == "leaf" or sharing in CONTEXT_KEYS:
         leaf = f"{role_of(name, 'leaf')} ({dims}-D)"
         return leaf if sharing == "leaf" else f"{context}: {leaf}"
     return re.sub(r"^blocks\.\d+\.", "blocks.*.", name) if sharing == "block" else name
@@ -329,13 +330,16 @@ def own_init(config: dict) -> dict[str, torch.Tensor]:
         return {name: v.detach() for name, v in build_model(config, "cpu").named_parameters(remove_duplicate=False)}
 
 
-def own_params(pool: ArchPool, index: int, shared: dict[str, torch.Tensor], sharing: str) -> dict[str, torch.Tensor]:
+def own_params(
+    pool: ArchPool, index: int, shared: dict[str, torch.Tensor], sharing: str, context: dict[str, str]
+) -> dict[str, torch.Tensor]:
     """Architecture ``index``'s parameters by name as :func:`corners_for` reads them during
     training: its :func:`own_init` where no shared tensor serves it (what stays untrained), else
     only the parameter's shape (on meta). One architecture's init is drawn at a time, and only its
-    untrained parts are kept: the whole split's inits at once would not fit in memory."""
+    untrained parts are kept: the whole split's inits at once would not fit in memory. ``context``:
+    the architecture's :func:`contexts`."""
     params = dict(pool.model(index).named_parameters(remove_duplicate=False))
-    taken = corners_for(shared, params, sharing, context=context_of(pool, index, sharing))
+    taken = corners_for(shared, params, sharing, context=context)
     if all(taken[name] is not value for name, value in params.items()):
         return params
     init = own_init(pool.records[index].config)
@@ -506,8 +510,8 @@ def train_shared(
         optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / total[0])))
     )
     generator = torch.Generator().manual_seed(seed)
-    own = {index: own_params(pool, index, shared, bounds.sharing) for index in indices}
     context = {index: context_of(pool, index, bounds.sharing) for index in indices}
+    own = {index: own_params(pool, index, shared, bounds.sharing, context[index]) for index in indices}
     own = {index: {name: v if v.is_meta else v.to(device) for name, v in ps.items()} for index, ps in own.items()}
     curve: list[float] = []
     draws: list[tuple[str, float]] = []
@@ -531,7 +535,8 @@ def train_shared(
             parameters = corners_for(weights, own[index], bounds.sharing, views, context[index])
             output = functional_call(pool.model(index).train(), parameters, (inputs.to(device),), tie_weights=False)
             losses.append(output_loss(source.task, output, labels.to(device))[0])
-        loss = torch.stack(losses).mean()
+        each = torch.stack(losses)
+        loss = each.mean()
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         add_corners(free, views)
@@ -539,7 +544,7 @@ def train_shared(
         optimizer.step()
         schedule.step()
         curve.append(loss.item())
-        draws += [(family_of(pool, index), ce) for index, ce in zip(drawn, torch.stack(losses).tolist())]
+        draws += [(family_of(pool, index), ce) for index, ce in zip(drawn, each.tolist())]
     with torch.no_grad():
         return {name: value.detach().cpu() for name, value in current().items()}, curve, draws
 
@@ -813,7 +818,7 @@ def main() -> None:
         parser.error(f"--bounded-tables bounds the tables, which --own-rest {args.own_rest} does not train")
     if args.whole_split and args.probe_with is not None:
         parser.error("--probe-with probes a family no run trains; --whole-split trains every family")
-    if args.swap_with is not None and args.sharing in ("family", "module", "siblings"):
+    if args.swap_with is not None and args.sharing in CONTEXT_KEYS:
         parser.error("--swap-with swaps in the control's tensors by leaf, not by a context")
     if args.swap_with is not None and (args.own_rest or args.own_kernels):
         parser.error("--swap-with takes every tensor from the control: --own-rest and --own-kernels train fewer")
