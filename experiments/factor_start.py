@@ -18,7 +18,8 @@ trains from it with the same recipe and ``--role-factors``:
     .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
 
 ``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``;
-``--role-key KEY`` for ``family_archs.py --role-key KEY``; ``--init-levels`` a start with role
+``--role-key KEY`` for ``family_archs.py --role-key KEY`` (``--all-roles`` and ``--role-rows N``
+for ``train-ghn`` without ``--max-roles`` and with ``--role-rows N``); ``--init-levels`` a start with role
 vectors (``family_archs.py --role-vectors``) set so that every 1-D parameter decodes to its init
 constant at step 0, where the direct control's 1-D tensors start.
 """
@@ -48,14 +49,14 @@ from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
 def fresh(
-    dataset: Path, work: Path, level_head: bool = False, role_key: str | None = None, role_vectors: bool = False
+    dataset: Path, work: Path, level_head: bool = False, roles: dict | None = None, role_vectors: bool = False
 ) -> LoGAH:
     """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
-    ``--role-factors`` (and ``--level-head``; ``role_key`` in place of the recipe's), its
-    checkpoint's info with it: one step at a vanishing lr."""
+    ``--role-factors`` (and ``--level-head``; ``roles``, role options such as ``role_key`` in place
+    of the recipe's), its checkpoint's info with it: one step at a vanishing lr."""
     _, recipe = KINDS["vision"]
     config = training.TrainConfig(
-        **{**recipe, **({} if role_key is None else {"role_key": role_key})},
+        **{**recipe, **(roles or {})},
         dataset=str(dataset),
         out=str(work),
         steps=1,
@@ -131,11 +132,24 @@ def main() -> None:
     parser.add_argument(
         "--role-key", choices=ROLE_KEYS, default=None, help="a start with train-ghn --role-key (default: the recipe's)"
     )
+    parser.add_argument(
+        "--all-roles", action="store_true", help="a map for every role of the train split (no --max-roles)"
+    )
+    parser.add_argument("--role-rows", type=int, default=None, help="a start with train-ghn --role-rows N")
     args = parser.parse_args()
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
     with tempfile.TemporaryDirectory() as work:
-        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, args.role_key, args.init_levels)
+        roles = {
+            name: value
+            for name, value, given in (
+                ("role_key", args.role_key, args.role_key is not None),
+                ("max_roles", None, args.all_roles),
+                ("role_rows", args.role_rows, args.role_rows is not None),
+            )
+            if given
+        }
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, roles, args.init_levels)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))

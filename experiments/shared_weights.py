@@ -101,7 +101,7 @@ from graphkit.errors import GraphkitError  # noqa: E402
 from graphkit.families import build_model  # noqa: E402
 from graphkit.fileio import save_figure  # noqa: E402
 from graphkit.ghn import load_checkpoint  # noqa: E402
-from graphkit.ghn.encoding import role_of  # noqa: E402
+from graphkit.ghn.encoding import role_of, siblings  # noqa: E402
 from graphkit.ghn.model import weight_rms  # noqa: E402
 from graphkit.ghn.pool import ArchPool, functional_model, graph_for  # noqa: E402
 from graphkit.ghn.predict import predicted_params  # noqa: E402
@@ -149,19 +149,6 @@ def contexts(model: torch.nn.Module, config: dict, sharing: str) -> dict[str, st
         return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__name__}"  # tnt.Block is not vision_transformer.Block
 
     return {name: holder(name) for name in names}
-
-
-def siblings(names: list[str]) -> dict[str, str]:
-    """Per parameter name of ``names`` (one model's), the parameters of its layer's parent module
-    and of that module's children, by their names below it, digits as ``*``, sorted: a module's
-    signature read off names, as a graph of the architecture holds them (:func:`contexts`)."""
-    below: dict[str, set[str]] = {}
-    for name in names:
-        parts = name.split(".")
-        for depth in (len(parts) - 1, len(parts) - 2):  # the parameter's module, and that module's parent
-            if depth >= 0:
-                below.setdefault(".".join(parts[:depth]), set()).add(re.sub(r"\d+", "*", ".".join(parts[depth:])))
-    return {name: "{" + ", ".join(sorted(below[".".join(name.split(".")[:-2])])) + "}" for name in names}
 
 
 def context_of(pool: ArchPool, index: int, sharing: str) -> dict[str, str]:

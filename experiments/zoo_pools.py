@@ -272,7 +272,7 @@ def main() -> None:
     parser.add_argument("--whole", action="store_true", help="the whole train split from a fresh LoGAH (control)")
     parser.add_argument("--start-steps", type=int, default=None, help="the curriculum's first stage (default: --steps)")
     parser.add_argument("--probe-only", action="store_true", help="probe the runs already in runs/")
-    parser.add_argument("--plot", type=Path, default=None, help="draw the runs' training curves as this PNG")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the runs' (and logged references') curves as PNG")
     parser.add_argument("--reference", nargs="*", default=[], help="checkpoints (bundled names) probed beside the runs")
     parser.add_argument("--tempered", nargs="*", default=[], help="checkpoints: the held-out losses' scale (only this)")
     args = parser.parse_args()
@@ -321,8 +321,9 @@ def main() -> None:
         if not args.probe_only:
             train_run(recipe, zoo, run, args.steps, initial, weight, pool, args.mix_families)
         print(json.dumps(probe(run, records, source, batch_size), indent=1), flush=True)
-    if args.plot is not None:
-        plot([run for run, *_ in runs], args.plot, floor, zoo.name)
+    if args.plot is not None:  # the runs, and the references that are runs with a log
+        logged = [Path(r) for r in args.reference if (Path(r) / "metrics.jsonl").exists()]
+        plot([*logged, *(run for run, *_ in runs)], args.plot, floor, zoo.name)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from graphkit.families import build_model
 from graphkit.ghn import PredictError, predict
 from graphkit.ghn.checkpoint import load_checkpoint, save_checkpoint
 from graphkit.ghn.config import LoGAHConfig, VariantError
-from graphkit.ghn.encoding import frequent_roles, role_of, targets
+from graphkit.ghn.encoding import frequent_roles, role_of, roles_of, targets
 from graphkit.ghn.model import LoGAH
 
 CONFIGS = (
@@ -164,6 +164,46 @@ def test_an_unknown_role_key_is_refused():
     with pytest.raises(VariantError, match="unknown role key 'op'; accepted: name, leaf, layer") as error:
         LoGAHConfig(role_key="op")
     assert error.value.field == "role_key"
+
+
+def test_a_siblings_role_is_the_leaf_in_its_holding_modules_names():
+    """The context is the parameter names of the module that holds the layer, digits as ``*``, so
+    every block's attention shares one role, and a leaf that two kinds of module hold is two."""
+    names = [
+        "pos_embed",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.1.attn.qkv.weight",
+        "blocks.1.attn.proj.weight",
+        "blocks.1.attn.q_norm.weight",
+        "blocks.1.mlp.fc1.weight",
+        "patch_embed.proj.weight",
+        "head.weight",
+    ]
+    roles = roles_of(names, "siblings")
+    assert roles["blocks.0.attn.qkv.weight"] == "qkv.weight in {proj.weight, qkv.weight}"
+    assert roles["blocks.1.attn.qkv.weight"] == "qkv.weight in {proj.weight, q_norm.weight, qkv.weight}"
+    assert roles["blocks.1.mlp.fc1.weight"] == "fc1.weight in {fc*.weight}"
+    assert roles["patch_embed.proj.weight"] == "proj.weight in {proj.weight}"
+    assert roles["blocks.0.attn.proj.weight"] != roles["patch_embed.proj.weight"]  # by leaf, one role
+    assert roles["head.weight"] == roles["pos_embed"].replace("pos_embed in", "head.weight in")
+    assert roles_of(names, "leaf") == {n: role_of(n, "leaf") for n in names}
+    with pytest.raises(VariantError, match="reads all of a model's parameter names: use roles_of") as error:
+        role_of("blocks.0.attn.qkv.weight", "siblings")
+    assert error.value.field == "role_key"
+
+
+def test_siblings_roles_tell_timms_modules_apart_across_models(graphs):
+    """Over a GPT-2, a ViT and a LLaMA the siblings key has a role for each (leaf, holding module)
+    pair: more roles than by leaf, and the ViT's encoded roles are its own module's."""
+    leaf, keyed = frequent_roles(graphs, "leaf"), frequent_roles(graphs, "siblings")
+    assert len(keyed) > len(leaf)
+    assert {role.split(" in ")[0] for role in keyed} == set(leaf)
+    vit = graphs[1]
+    ghn = LoGAH(LoGAHConfig(max_mask=64, roles=tuple(keyed), role_key="siblings", role_rows=16))
+    encoded = ghn.encode(vit)
+    expected = roles_of([t.name for t in encoded.targets], "siblings")
+    assert [keyed[r - 1] for r in encoded.roles] == [expected[t.name] for t in encoded.targets]
 
 
 @pytest.fixture(scope="module")

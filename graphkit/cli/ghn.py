@@ -131,8 +131,9 @@ def train_ghn(
         "--role-key",
         help="How a parameter's name becomes its role (with --role-maps): name (without block indices, "
         "one family's own roles), leaf (its last module name and parameter, q_proj.weight, which "
-        "families that name their layers alike share) or layer (leaf, but a wrapper named for its type "
-        "skipped: Moshi's q_proj.linear.weight is q_proj.weight).",
+        "families that name their layers alike share), layer (leaf, but a wrapper named for its type "
+        "skipped: Moshi's q_proj.linear.weight is q_proj.weight) or siblings (leaf, keyed by the parameter names "
+        "of the module holding the layer: timm's Mlp and Attention get maps of their own).",
     ),
     max_roles: Optional[int] = typer.Option(
         None,

@@ -18,8 +18,10 @@ DECODERS = ("low_rank", "ghn3")
 #: name without block indices (one family's own roles); ``leaf``, its last module name and the
 #: parameter (``q_proj.weight``), which families that follow one naming convention share; ``layer``,
 #: the same with a wrapper named for its type skipped (Moshi's ``q_proj.linear.weight`` is
-#: ``q_proj.weight``; ``leaf`` stays as checkpoints trained with it read their roles)
-ROLE_KEYS = ("name", "leaf", "layer")
+#: ``q_proj.weight``; ``leaf`` stays as checkpoints trained with it read their roles); ``siblings``,
+#: the leaf in its context: the parameter names of the module that holds its layer, which only
+#: the whole graph's names tell (:func:`~graphkit.ghn.encoding.roles_of`)
+ROLE_KEYS = ("name", "leaf", "layer", "siblings")
 
 
 @dataclass(frozen=True)
