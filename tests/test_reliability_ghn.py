@@ -127,7 +127,7 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
 @pytest.mark.parametrize(
     "options, message",
     [
-        (("--role-maps", "--role-key", "op"), "role-key must be one of name, leaf, layer; got 'op'"),
+        (("--role-maps", "--role-key", "op"), "role-key must be one of name, leaf, layer, siblings; got 'op'"),
         (("--role-maps", "--max-roles", "0"), "max-roles must be an integer >= 1 (left out: every role"),
         (("--role-maps", "--max-roles", "-2"), "max-roles must be an integer >= 1 (left out: every role"),
         (("--role-maps", "--role-rows", "0"), "role-rows must be an integer from 1 to 32768 (the decoder's K); got 0"),
