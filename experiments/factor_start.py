@@ -18,6 +18,8 @@ trains from it with the same recipe and ``--role-factors``:
     .venv/bin/python experiments/family_archs.py --counts 8 --role-factors --initial runs/factor-start-8
 
 ``--level-head`` writes the same start for ``family_archs.py --level-head --role-factors``;
+``--kind decoders`` starts the decoder zoo's recipe (``zoo_pools.KINDS``), ``--table-gain G`` one for
+``train-ghn --table-gain G``;
 ``--role-key KEY`` for ``family_archs.py --role-key KEY`` (``--all-roles`` and ``--role-rows N``
 for ``train-ghn`` without ``--max-roles`` and with ``--role-rows N``); ``--init-levels`` a start with role
 vectors (``family_archs.py --role-vectors``) set so that every 1-D parameter decodes to its init
@@ -49,12 +51,18 @@ from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
 def fresh(
-    dataset: Path, work: Path, level_head: bool = False, roles: dict | None = None, role_vectors: bool = False
+    dataset: Path,
+    work: Path,
+    level_head: bool = False,
+    roles: dict | None = None,
+    role_vectors: bool = False,
+    kind: str = "vision",
 ) -> LoGAH:
-    """The LoGAH ``train-ghn`` draws for ``dataset`` with the zoo-vision recipe and
-    ``--role-factors`` (and ``--level-head``; ``roles``, role options such as ``role_key`` in place
-    of the recipe's), its checkpoint's info with it: one step at a vanishing lr."""
-    _, recipe = KINDS["vision"]
+    """The LoGAH ``train-ghn`` draws for ``dataset`` with the recipe of the mini zoo ``kind``
+    (``zoo_pools.KINDS``) and ``--role-factors`` (and ``--level-head``; ``roles``, options such as
+    ``role_key`` or ``table_gain`` in place of the recipe's), its checkpoint's info with it: one step at a
+    vanishing lr."""
+    _, recipe = KINDS[kind]
     config = training.TrainConfig(
         **{**recipe, **(roles or {})},
         dataset=str(dataset),
@@ -136,6 +144,8 @@ def main() -> None:
         "--all-roles", action="store_true", help="a map for every role of the train split (no --max-roles)"
     )
     parser.add_argument("--role-rows", type=int, default=None, help="a start with train-ghn --role-rows N")
+    parser.add_argument("--table-gain", type=float, default=None, help="a start with train-ghn --table-gain G")
+    parser.add_argument("--kind", choices=sorted(KINDS), default="vision", help="the mini zoo whose recipe it starts")
     args = parser.parse_args()
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
@@ -146,10 +156,11 @@ def main() -> None:
                 ("role_key", args.role_key, args.role_key is not None),
                 ("max_roles", None, args.all_roles),
                 ("role_rows", args.role_rows, args.role_rows is not None),
+                ("table_gain", args.table_gain, args.table_gain is not None),
             )
             if given
         }
-        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, roles, args.init_levels)
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, roles, args.init_levels, args.kind)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))
@@ -164,7 +175,9 @@ def main() -> None:
         levels, mixed = init_level_vectors(ghn, ArchPool(args.dataset, "train"))
         with torch.no_grad():
             decoder.role_vectors.copy_(levels)
-    save_checkpoint(args.out, ghn, ghn.info)  # atomic: a killed run leaves no folder behind
+    # a start, not a stage: the run trained from it records no steps of it (training.stages)
+    info = {**ghn.info, "steps": 0, "stages": [{**stage, "steps": 0} for stage in ghn.info.get("stages", [])]}
+    save_checkpoint(args.out, ghn, info)  # atomic: a killed run leaves no folder behind
     print(
         json.dumps(
             {"queries per role": counts.int().tolist(), "role maps of two 1-D kinds": mixed, "out": str(args.out)}

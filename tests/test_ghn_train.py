@@ -53,7 +53,7 @@ from graphkit.ghn.evaluate import (
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder, inverse_participation
 from graphkit.ghn.pool import ArchPool
-from graphkit.ghn.training import look_ahead_loss, parameter_groups, run_models
+from graphkit.ghn.training import look_ahead_loss, parameter_groups, run_models, stages
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.training.data import load_source
@@ -233,6 +233,20 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
     assert all(torch.allclose(extended[k], v, atol=1e-6) for k, v in first.items() if k != op_rows)
     assert [s["steps"] for s in load_checkpoint(tmp_path / "extended").info["stages"]] == [2, 1]
     assert load_checkpoint(tmp_path / "extended").info["trained_on"] == ["tiny-vits"]  # each dataset once
+
+
+def test_a_start_of_no_steps_is_no_stage():
+    """A start written, not trained (experiments/factor_start.py's role means), is left out of the
+    card's history; a stage trained is kept, and a checkpoint from before stages counts as one."""
+    start = {"stages": [{"dataset": "zoo-vits-mini", "data": "digits", "steps": 0}], "steps": 0}
+    last = {"dataset": "zoo-vits-mini", "data": "digits", "steps": 1500}
+    assert stages(start, "out/zoo-vits-mini", "digits", 1500) == [last]
+    trained = {"stages": [{"dataset": "vits-digits", "data": "digits", "steps": 3}]}
+    assert stages(trained, "out/zoo-vits-mini", "digits", 1500) == [*trained["stages"], last]
+    assert stages({"dataset": "out/vits-digits", "data": "digits", "steps": 4}, "zoo-vits-mini", "digits", 1500) == [
+        {"dataset": "vits-digits", "data": "digits", "steps": 4},
+        last,
+    ]
 
 
 def test_zoo_families_are_for_a_mini_zoo(vits, tmp_path):

@@ -523,7 +523,8 @@ def stages(earlier: Mapping[str, Any] | None, dataset: str, data: str, steps: in
     """What a checkpoint was trained on, stage by stage: the stages of ``earlier`` (the info of the
     checkpoint a run started from; a checkpoint recorded before stages were counts as one stage),
     then this run's ``steps`` on ``dataset`` with ``data``. A checkpoint trained further on a new
-    dataset is described by its whole history, not only by its last run's steps."""
+    dataset is described by its whole history, not only by its last run's steps. A stage of no
+    steps is a start written, not trained (``experiments/factor_start.py``'s), and is left out."""
     history: list[dict[str, Any]] = []
     if earlier is not None:
         history = list(earlier.get("stages") or [])
@@ -535,7 +536,8 @@ def stages(earlier: Mapping[str, Any] | None, dataset: str, data: str, steps: in
                     "steps": earlier.get("steps"),
                 }
             ]
-    return [*history, {"dataset": Path(dataset).name, "data": data, "steps": steps}]
+    trained = [stage for stage in history if stage.get("steps") != 0]
+    return [*trained, {"dataset": Path(dataset).name, "data": data, "steps": steps}]
 
 
 def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
