@@ -68,7 +68,7 @@ bench-gpu:
 
 # The five bundled LoGAH-tiny checkpoints (graphkit/ghn/pretrained/), retrained from scratch on
 # the bundled data (about 4 hours on 2 cores: ViTs about 70 min in two stages, GPT-2s 35, LLaMAs about 25 in two stages;
-# the mini zoos 13 and 16 min, the zoo checkpoints about 30 min each, zoo-decoders in two stages
+# the mini zoos 13 and 16 min, zoo-vision about 60 min from its role-means start, zoo-decoders in two stages
 # of 4 and about 25 min), then the family ones' held-out evaluation.
 BUNDLED := graphkit/ghn/pretrained
 bundled: $(STAMP)
@@ -89,7 +89,7 @@ bundled: $(STAMP)
 	# LLaMA in two stages (docs/experiments.md, "The curriculum with the spread penalty"): 4 architectures, then the space, blocks kept spread
 	$(BIN)/graphkit train-ghn --dataset out/llamas-4 --out runs/logah-tiny-llamas-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps
 	$(BIN)/graphkit train-ghn --dataset out/llamas-1k --out runs/logah-tiny-llamas --steps 1200 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --initial-checkpoint runs/logah-tiny-llamas-4 --spread 1.0
-	# the vision zoo from a start whose role factors are each role's mean (docs/experiments.md, "The hypernetwork keyed by context")
+	# the vision zoo from a start whose role factors are each role's mean (docs/experiments.md, "The role-means start, shipped")
 	$(BIN)/python experiments/factor_start.py out/zoo-vits-mini runs/logah-tiny-zoo-vision-start --role-key leaf --all-roles --role-rows 1024
 	$(BIN)/graphkit train-ghn --dataset out/zoo-vits-mini --data digits --out runs/logah-tiny-zoo-vision --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --role-maps --role-key leaf --role-rows 1024 --role-factors --initial-checkpoint runs/logah-tiny-zoo-vision-start --lr 1e-3 --correction 1 --clip 1e6
 	# the decoder zoo in two stages too (docs/experiments.md, "The curriculum on the decoder zoo"): 4 LLaMA-like families, then the zoo

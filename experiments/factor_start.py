@@ -54,17 +54,17 @@ def fresh(
     dataset: Path,
     work: Path,
     level_head: bool = False,
-    roles: dict | None = None,
+    options: dict | None = None,
     role_vectors: bool = False,
     kind: str = "vision",
 ) -> LoGAH:
     """The LoGAH ``train-ghn`` draws for ``dataset`` with the recipe of the mini zoo ``kind``
-    (``zoo_pools.KINDS``) and ``--role-factors`` (and ``--level-head``; ``roles``, options such as
+    (``zoo_pools.KINDS``) and ``--role-factors`` (and ``--level-head``; ``options``, such as
     ``role_key`` or ``table_gain`` in place of the recipe's), its checkpoint's info with it: one step at a
     vanishing lr."""
     _, recipe = KINDS[kind]
     config = training.TrainConfig(
-        **{**recipe, **(roles or {})},
+        **{**recipe, **(options or {})},
         dataset=str(dataset),
         out=str(work),
         steps=1,
@@ -150,7 +150,7 @@ def main() -> None:
     if args.out.exists():
         parser.error(f"out: {args.out} exists; name a new folder")
     with tempfile.TemporaryDirectory() as work:
-        roles = {
+        options = {
             name: value
             for name, value, given in (
                 ("role_key", args.role_key, args.role_key is not None),
@@ -160,7 +160,7 @@ def main() -> None:
             )
             if given
         }
-        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, roles, args.init_levels, args.kind)
+        ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, options, args.init_levels, args.kind)
     decoder = ghn.decoder
     assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
     means, counts = role_means(ghn, ArchPool(args.dataset, "train"))
