@@ -77,7 +77,7 @@ bundled: $(STAMP)
 	test -d out/llamas-1k || $(BIN)/graphkit generate llamas-1k --out out/llamas-1k --workers 2
 	test -d out/zoo-vits-mini || $(BIN)/graphkit generate zoo-vits-mini --out out/zoo-vits-mini --workers 2
 	test -d out/zoo-decoders-mini || $(BIN)/graphkit generate zoo-decoders-mini --out out/zoo-decoders-mini --workers 2
-	rm -rf runs/logah-tiny-vits-digits runs/logah-tiny-vits-mixed runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision-start runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders-4 runs/logah-tiny-zoo-decoders
+	rm -rf runs/logah-tiny-vits-digits runs/logah-tiny-vits-mixed runs/logah-tiny-vits runs/logah-tiny-gpts runs/logah-tiny-llamas-4 runs/logah-tiny-llamas runs/logah-tiny-zoo-vision runs/logah-tiny-zoo-decoders-4 runs/logah-tiny-zoo-decoders
 	# ViTs in three stages (docs/experiments.md, "Training on pre-norm ViTs", "A third stage across token grids"):
 	# vits-digits; then it and its pre-norm twins (CLIP's); then those and its patch-4 twins (a 2 x 2 token grid)
 	$(BIN)/graphkit train-ghn --dataset out/vits-digits --out runs/logah-tiny-vits-digits --steps 3500 --meta-batch 4 --batch-size 32 --lr-fan-in 8
@@ -90,8 +90,7 @@ bundled: $(STAMP)
 	$(BIN)/graphkit train-ghn --dataset out/llamas-4 --out runs/logah-tiny-llamas-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps
 	$(BIN)/graphkit train-ghn --dataset out/llamas-1k --out runs/logah-tiny-llamas --steps 1200 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --initial-checkpoint runs/logah-tiny-llamas-4 --spread 1.0
 	# the vision zoo from a start whose role factors are each role's mean (docs/experiments.md, "The role-means start, shipped")
-	$(BIN)/python experiments/factor_start.py out/zoo-vits-mini runs/logah-tiny-zoo-vision-start --role-key leaf --all-roles --role-rows 1024
-	$(BIN)/graphkit train-ghn --dataset out/zoo-vits-mini --data digits --out runs/logah-tiny-zoo-vision --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --role-maps --role-key leaf --role-rows 1024 --role-factors --initial-checkpoint runs/logah-tiny-zoo-vision-start --lr 1e-3 --correction 1 --clip 1e6
+	$(BIN)/graphkit train-ghn --dataset out/zoo-vits-mini --data digits --out runs/logah-tiny-zoo-vision --steps 1500 --meta-batch 4 --batch-size 32 --lr-fan-in 8 --role-maps --role-key leaf --role-rows 1024 --role-factors --role-means-start --lr 1e-3 --correction 1 --clip 1e6
 	# the decoder zoo in two stages too (docs/experiments.md, "The curriculum on the decoder zoo"): 4 LLaMA-like families, then the zoo
 	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders-4 --steps 600 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --zoo-families mistral,qwen2,qwen3,helium --table-gain 8
 	$(BIN)/graphkit train-ghn --dataset out/zoo-decoders-mini --data stdlib-text --out runs/logah-tiny-zoo-decoders --steps 1500 --meta-batch 2 --batch-size 8 --seq-len 64 --lr-fan-in 32 --role-maps --role-key layer --max-roles 32 --role-rows 1024 --initial-checkpoint runs/logah-tiny-zoo-decoders-4 --spread 1.0 --table-gain 8

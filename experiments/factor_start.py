@@ -79,23 +79,6 @@ def fresh(
 
 
 @torch.no_grad()
-def role_means(ghn: LoGAH, pool: ArchPool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per role map (0: the shared map) the mean of the MLP's output over the pool's queries, and
-    how many queries each mean is over."""
-    decoder = ghn.decoder
-    assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
-    sums = torch.zeros_like(decoder.role_factors)
-    counts = torch.zeros(len(sums))
-    for index in range(len(pool)):
-        graph = pool.encoded(index, ghn.config)
-        batch = _DecodeBatch([graph])
-        role = batch.on(torch.device("cpu"))["role"]
-        sums.index_add_(0, role, decoder.mlp(decoder.queries(ghn.encoder([graph]), batch.queries)))
-        counts += torch.bincount(role, minlength=len(sums)).float()
-    return sums / counts.clamp_min(1).unsqueeze(1), counts
-
-
-@torch.no_grad()
 def init_level_vectors(ghn: LoGAH, pool: ArchPool) -> tuple[torch.Tensor, list[int]]:
     """Per role map the vector (``LowRankDecoder.role_vectors``) that takes what the start decodes
     for the role's 1-D parameters back to their output function's value at 0, so that with init
@@ -161,20 +144,13 @@ def main() -> None:
             if given
         }
         ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, options, args.init_levels, args.kind)
-    decoder = ghn.decoder
-    assert isinstance(decoder, LowRankDecoder) and decoder.role_factors is not None
-    means, counts = role_means(ghn, ArchPool(args.dataset, "train"))
-    last = decoder.mlp[-1]
-    assert isinstance(last, torch.nn.Linear)
-    with torch.no_grad():
-        decoder.role_factors.copy_(means)
-        last.weight.zero_()
-        last.bias.zero_()
+    pool = ArchPool(args.dataset, "train")
+    counts = ghn.start_at_role_means(pool.encoded(index, ghn.config) for index in range(len(pool)))
     mixed: list[int] = []
     if args.init_levels:
-        levels, mixed = init_level_vectors(ghn, ArchPool(args.dataset, "train"))
+        levels, mixed = init_level_vectors(ghn, pool)
         with torch.no_grad():
-            decoder.role_vectors.copy_(levels)
+            ghn.decoder.role_vectors.copy_(levels)
     # a start, not a stage: the run trained from it records no steps of it (training.stages)
     info = {**ghn.info, "steps": 0, "stages": [{**stage, "steps": 0} for stage in ghn.info.get("stages", [])]}
     save_checkpoint(args.out, ghn, info)  # atomic: a killed run leaves no folder behind

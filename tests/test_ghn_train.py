@@ -51,7 +51,7 @@ from graphkit.ghn.evaluate import (
     summarize,
 )
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
-from graphkit.ghn.model import GraphEncoder, inverse_participation
+from graphkit.ghn.model import GraphEncoder, _DecodeBatch, inverse_participation
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.training import look_ahead_loss, parameter_groups, run_models, stages
 from graphkit.graph import ArchGraph, Node
@@ -1086,6 +1086,42 @@ def test_the_spread_penalty_moves_what_it_targets(gpts, tmp_path):
     for bad in (-1.0, float("nan")):
         with pytest.raises(TrainError, match="spread must be"):
             quick(gpts, tmp_path / "bad", spread=bad)
+
+
+def test_a_role_means_start_decodes_each_role_at_its_queries_mean_and_nothing_else_moves(gpts, tmp_path):
+    """--role-means-start: where a fresh run's decoder gives each weight query what its MLP gives
+    it, the started run gives every query of a role the mean of those over the training pool (its
+    role's factors; the MLP's last layer zero), and every other weight is the fresh run's (its bad
+    options: test_reliability_ghn)."""
+    options = dict(steps=1, lr=1e-12, checkpoint_every=1, role_maps=True, role_factors=True)
+    train(quick(gpts, tmp_path / "fresh", **options), progress=False)
+    train(quick(gpts, tmp_path / "means", **options, role_means_start=True), progress=False)
+    fresh, started = load_checkpoint(tmp_path / "fresh"), load_checkpoint(tmp_path / "means")
+    assert started.info["train"]["role_means_start"] is True
+    pool = ArchPool(gpts, "train")
+    given: dict[int, list[torch.Tensor]] = {}
+    decoded: dict[int, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for index in range(len(pool)):
+            for ghn, into in ((fresh, given), (started, decoded)):
+                graph = pool.encoded(index, ghn.config)
+                batch = _DecodeBatch([graph])
+                role = batch.on(torch.device("cpu"))["role"]
+                factors, _ = ghn.decoder.factors(ghn.decoder.queries(ghn.encoder([graph]), batch.queries), role)
+                for r, f in zip(role.tolist(), factors):
+                    into.setdefault(r, []).append(f)
+    assert len(given) >= 3
+    for r, values in given.items():
+        mean = torch.stack(values).mean(0)
+        assert torch.stack(values).std(0).max() > 1e-3  # the fresh MLP tells the role's queries apart
+        assert all(torch.allclose(f, mean, atol=1e-5) for f in decoded[r]), r
+    means = torch.stack([torch.stack(v).mean(0) for v in given.values()])
+    assert torch.cdist(means, means).fill_diagonal_(1.0).min() > 1e-2  # the roles get different starts
+    last = [name for name in started.state_dict() if name.startswith("decoder.mlp.")][-2:]
+    kept = started.state_dict()
+    assert all(kept[name].abs().max() < 1e-8 for name in last), last
+    moved = [name for name, value in fresh.state_dict().items() if not torch.allclose(value, kept[name], atol=1e-6)]
+    assert sorted(moved) == sorted(["decoder.role_factors", *last])
 
 
 def test_the_correction_penalty_hands_the_mlps_share_to_the_role_factors(gpts, tmp_path):

@@ -144,6 +144,11 @@ NEEDS_ROLE_MAPS = "needs --role-maps (it shapes the role maps); add --role-maps 
         (("--role-vectors",), "--role-vectors needs the low_rank decoder and --role-maps"),
         (("--role-vectors", "--role-maps", "--decoder", "ghn3"), "--role-vectors needs the low_rank decoder"),
         (("--correction", "1"), "--correction needs --role-factors (it weighs the MLP's share beside them)"),
+        (("--role-maps", "--role-means-start"), "--role-means-start needs --role-factors (it sets the role factors)"),
+        (
+            ("--role-maps", "--role-factors", "--role-means-start", "--initial-checkpoint", "logah-tiny-gpts"),
+            "--role-means-start starts a fresh LoGAH; --initial-checkpoint starts from its checkpoint: give one",
+        ),
         (("--role-maps", "--role-factors", "--correction", "-1"), "correction must be"),
     ],
 )

@@ -82,6 +82,14 @@ def train_ghn(
         "of its weights and trained at the base lr: the role's weights then train as directly trained weights "
         'do, and the MLP tells architectures apart; needs --role-maps (docs/experiments.md, "Role factors").',
     ),
+    role_means_start: bool = typer.Option(
+        False,
+        "--role-means-start/--no-role-means-start",
+        help="Start each role's factors at the mean of what the fresh decoder MLP gives that role's weights over "
+        "the architectures trained on, the MLP's last layer at zero, so that the MLP only corrects the roles "
+        "(the bundled zoo-vision checkpoint's start); needs --role-factors "
+        '(docs/experiments.md, "The role-means start, shipped").',
+    ),
     role_vectors: bool = typer.Option(
         False,
         "--role-vectors/--no-role-vectors",
@@ -216,6 +224,7 @@ def train_ghn(
         table_gain=table_gain,
         level_head=level_head,
         role_factors=role_factors,
+        role_means_start=role_means_start,
         role_vectors=role_vectors,
         keep_init=keep_init,
         initial_checkpoint=initial_checkpoint,

@@ -90,6 +90,7 @@ RESUMED_OPTIONS = (
     "table_gain",
     "level_head",
     "role_factors",
+    "role_means_start",
     "role_vectors",
     "keep_init",
     "initial_checkpoint",
@@ -125,6 +126,7 @@ UNRECORDED = {
     "table_gain": LoGAHConfig.table_gain,
     "level_head": False,
     "role_factors": False,
+    "role_means_start": False,
     "role_vectors": False,
     "keep_init": False,
     "initial_checkpoint": None,
@@ -157,6 +159,9 @@ class TrainConfig:
     table_gain: float = LoGAHConfig.table_gain  # token and position tables at this times the weights' RMS
     level_head: bool = LoGAHConfig.level_head  # a learned level per 1-D parameter (LoGAHConfig.level_head)
     role_factors: bool = LoGAHConfig.role_factors  # a pair of factors per role map (LoGAHConfig.role_factors)
+    # the role factors start at the mean of what the fresh MLP gives each role's queries over the
+    # architectures trained on, the MLP's last layer at zero (LoGAH.start_at_role_means); needs role_factors
+    role_means_start: bool = False
     role_vectors: bool = LoGAHConfig.role_vectors  # a vector per role map for its 1-D parameters (LoGAHConfig)
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
     role_key: str = LoGAHConfig.role_key  # how a name becomes a role (ROLE_KEYS; needs role_maps)
@@ -230,6 +235,13 @@ class TrainConfig:
         check_flag("role_factors", self.role_factors, TrainError)
         if self.role_factors and (self.decoder != "low_rank" or not self.role_maps):
             raise TrainError("--role-factors needs the low_rank decoder and --role-maps")
+        check_flag("role_means_start", self.role_means_start, TrainError)
+        if self.role_means_start and not self.role_factors:
+            raise TrainError("--role-means-start needs --role-factors (it sets the role factors)")
+        if self.role_means_start and self.initial_checkpoint is not None:  # which start would it be?
+            raise TrainError(
+                "--role-means-start starts a fresh LoGAH; --initial-checkpoint starts from its checkpoint: give one"
+            )
         check_flag("role_vectors", self.role_vectors, TrainError)
         if self.role_vectors and (self.decoder != "low_rank" or not self.role_maps):
             raise TrainError("--role-vectors needs the low_rank decoder and --role-maps")
@@ -597,6 +609,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
+    if config.role_means_start and not resume:  # a resume loads the start its checkpoint holds
+        ghn.start_at_role_means(pool.encoded(index, ghn.config) for index in range(len(pool)))
     optimizer = make_optimizer(ghn, config)
     start, saved = resume_from(out / "checkpoint", ghn, optimizer) if resume else (0, {})
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
