@@ -86,7 +86,8 @@ def train_ghn(
         False,
         "--role-means-start/--no-role-means-start",
         help="Start each role's factors at the mean of what the fresh decoder MLP gives that role's weights over "
-        "the architectures trained on, the MLP's last layer at zero, so that the MLP only corrects the roles "
+        "the train split (all of it, as the role maps, with --zoo-families too), the MLP's last layer at zero, so "
+        "that the MLP only corrects the roles "
         "(the bundled zoo-vision checkpoint's start); needs --role-factors "
         '(docs/experiments.md, "The role-means start, shipped").',
     ),

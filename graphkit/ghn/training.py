@@ -45,10 +45,10 @@ from graphkit.ghn.diagnostics import (
     gradient_norms,
     plot_metrics,
 )
-from graphkit.ghn.encoding import EncodedGraph
+from graphkit.ghn.encoding import EncodedGraph, encode
 from graphkit.ghn.keep_init import onto_init
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.space import input_task, training_space
 from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
 from graphkit.training.loop import step_seed
@@ -160,7 +160,8 @@ class TrainConfig:
     level_head: bool = LoGAHConfig.level_head  # a learned level per 1-D parameter (LoGAHConfig.level_head)
     role_factors: bool = LoGAHConfig.role_factors  # a pair of factors per role map (LoGAHConfig.role_factors)
     # the role factors start at the mean of what the fresh MLP gives each role's queries over the
-    # architectures trained on, the MLP's last layer at zero (LoGAH.start_at_role_means); needs role_factors
+    # train split (all of it, as the role maps, with zoo_families too), the MLP's last layer at zero
+    # (LoGAH.start_at_role_means); needs role_factors
     role_means_start: bool = False
     role_vectors: bool = LoGAHConfig.role_vectors  # a vector per role map for its 1-D parameters (LoGAHConfig)
     role_maps: bool = False  # one r -> K map per parameter role (LoGAHConfig.roles: the train split's)
@@ -582,6 +583,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             raise TrainError(f"--initial-checkpoint {e}") from None
     pool = ArchPool(config.dataset, config.split, device)
     roles = pool.roles(config.role_key, config.max_roles) if config.role_maps else ()  # the whole split's
+    split = list(pool.records)  # --role-means-start's means are the whole split's too
     if config.zoo_families is not None:
         pool.keep_zoo_families(config.zoo_families)
     # --mix-families: the pool's indices by family, once; a pool without families fails here, before any write
@@ -610,7 +612,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
     if config.role_means_start and not resume:  # a resume loads the start its checkpoint holds
-        ghn.start_at_role_means(pool.encoded(index, ghn.config) for index in range(len(pool)))
+        ghn.start_at_role_means(encode(graph_for(record, ghn.config), ghn.config) for record in split)
     optimizer = make_optimizer(ghn, config)
     start, saved = resume_from(out / "checkpoint", ghn, optimizer) if resume else (0, {})
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
