@@ -87,9 +87,8 @@ def table(
     data = run.get("data") or default_source(family)
     # keep_init where predict writes it by default (GPT-2, LLaMA), so the record holds what predict
     # gives, and on a zoo, where it is the lead issue #45 measures
-    keep_init = ("keep_init",) * (
-        get_family(run.get("family", family)).keep_init or "family" in run or shrink is not None
-    )
+    written = get_family(run.get("family", family)).keep_init  # what predict writes for this family
+    keep_init = ("keep_init",) * (written or "family" in run or shrink is not None)
     config = EvalConfig(
         dataset=str(dataset),
         ghn=checkpoint,
@@ -127,8 +126,15 @@ def table(
         f"on **{100 * summary['predicted_beats_orthogonal']:.0f}%** (lower held-out loss)"
         + (
             f"; keep_init (the model's init plus the prediction"
-            f"{'' if summary.get('shrink', 1) == 1 else ' x ' + format(summary['shrink'], 'g')}, what `predict` "
-            f"{'writes for this family' if shrink is None else 'with --shrink'}) beats "
+            f"{'' if summary.get('shrink', 1) == 1 else ' x ' + format(summary['shrink'], 'g')}, "
+            + (
+                "what `predict --keep-init --shrink` writes"
+                if shrink is not None
+                else "what `predict` writes for this family"
+                if written
+                else "`predict --keep-init`; for this family `predict` writes the prediction alone"
+            )
+            + ") beats "
             f"random on **{100 * summary['keep_init_beats_random']:.0f}%**."
             if "keep_init" in summary
             else "."
