@@ -145,7 +145,7 @@ def main() -> None:
         }
         ghn = fresh(args.dataset, Path(work) / "fresh", args.level_head, options, args.init_levels, args.kind)
     pool = ArchPool(args.dataset, "train")
-    counts = ghn.start_at_role_means(pool.encoded(index, ghn.config) for index in range(len(pool)))
+    counts = ghn.start_at_role_means(pool.split_encoded(ghn.config))
     mixed: list[int] = []
     if args.init_levels:
         levels, mixed = init_level_vectors(ghn, pool)

@@ -5,7 +5,7 @@ supplies, so that a training step allocates no target-model weights."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class ArchPool:
         self.family = families.pop()
         self.device = torch.device(device)
         self.dataset, self.split = dataset, split
+        self.dropped: list[Record] = []  # what keep_zoo_families left out of the split
 
     def __len__(self) -> int:
         return len(self.records)
@@ -53,6 +54,14 @@ class ArchPool:
         """Architecture ``index`` encoded for a LoGAH of ``config`` (once per pool), its init
         constants added first when the LoGAH decodes around them (:func:`graph_for`)."""
         return encode(graph_for(self.records[index], config), config)
+
+    def split_encoded(self, config: LoGAHConfig) -> Iterator[EncodedGraph]:
+        """Every architecture of the whole split encoded for ``config``: the pool's through
+        :meth:`encoded` (cached, as training reads them), then those :meth:`keep_zoo_families` left
+        out (encoded once, not kept). What is the whole split's although a stage trains on a few
+        families reads these (``train-ghn --role-means-start``)."""
+        yield from (self.encoded(index, config) for index in range(len(self)))
+        yield from (encode(graph_for(record, config), config) for record in self.dropped)
 
     @functools.lru_cache(maxsize=256)
     def model(self, index: int) -> nn.Module:
@@ -116,6 +125,7 @@ class ArchPool:
                 f"it has {', '.join(sorted(have))}"
             )
         kept = set(names)
+        self.dropped = [r for r in self.records if r.config.get("zoo_family") not in kept]
         self.records = [r for r in self.records if r.config.get("zoo_family") in kept]
 
     def ops(self) -> list[str]:

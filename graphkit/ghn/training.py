@@ -45,10 +45,10 @@ from graphkit.ghn.diagnostics import (
     gradient_norms,
     plot_metrics,
 )
-from graphkit.ghn.encoding import EncodedGraph, encode
+from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.keep_init import onto_init
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.pool import ArchPool, graph_for
+from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.space import input_task, training_space
 from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
 from graphkit.training.loop import step_seed
@@ -583,7 +583,6 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
             raise TrainError(f"--initial-checkpoint {e}") from None
     pool = ArchPool(config.dataset, config.split, device)
     roles = pool.roles(config.role_key, config.max_roles) if config.role_maps else ()  # the whole split's
-    split = list(pool.records)  # --role-means-start's means are the whole split's too
     if config.zoo_families is not None:
         pool.keep_zoo_families(config.zoo_families)
     # --mix-families: the pool's indices by family, once; a pool without families fails here, before any write
@@ -612,7 +611,7 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
     if config.role_means_start and not resume:  # a resume loads the start its checkpoint holds
-        ghn.start_at_role_means(encode(graph_for(record, ghn.config), ghn.config) for record in split)
+        ghn.start_at_role_means(pool.split_encoded(ghn.config))  # the whole split's, as the role maps
     optimizer = make_optimizer(ghn, config)
     start, saved = resume_from(out / "checkpoint", ghn, optimizer) if resume else (0, {})
     cosine = lambda s: 0.5 * (1 + math.cos(math.pi * min(s, config.steps) / config.steps))  # noqa: E731
