@@ -287,6 +287,11 @@ def test_role_vectors_need_role_maps():
         LoGAHConfig(role_vectors=True)
 
 
+def test_role_prototypes_need_role_maps():
+    with pytest.raises(VariantError, match="role prototypes need the low_rank decoder and role maps"):
+        LoGAHConfig(role_prototypes=True)
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_a_gemma_built_on_meta_is_predicted_around_its_librarys_init(device):
     # Gemma's RMSNorm scales by 1 + w, w = 0 at init; a model built on meta (graphkit predict

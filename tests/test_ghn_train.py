@@ -39,7 +39,7 @@ from graphkit.ghn import (
     train,
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
-from graphkit.ghn.encoding import EncodingError, targets
+from graphkit.ghn.encoding import EncodingError, role_signature, targets
 from graphkit.ghn.evaluate import (
     REQUIRED_INITS,
     EvalConfig,
@@ -52,7 +52,7 @@ from graphkit.ghn.evaluate import (
 )
 from graphkit.ghn.keep_init import onto_init, should_keep_init, trained_onto_init
 from graphkit.ghn.model import GraphEncoder, _DecodeBatch, inverse_participation
-from graphkit.ghn.pool import ArchPool
+from graphkit.ghn.pool import ArchPool, graph_for
 from graphkit.ghn.training import look_ahead_loss, parameter_groups, run_models, stages
 from graphkit.graph import ArchGraph, Node
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
@@ -170,7 +170,7 @@ def test_a_run_starts_from_an_initial_checkpoint_of_its_config_and_refuses_anoth
         {"dataset": "tiny-vits", "data": "digits", "steps": 1},
     ]
     assert describe(load_checkpoint(tmp_path / "next")).startswith(
-        "LoGAH-tiny trained on tiny-vits with digits (2 steps), then on tiny-vits with digits (1 steps); "
+        "LoGAH-tiny trained on tiny-vits with digits (2 steps), then on tiny-vits with digits (1 step); "
     )
     # a stage trained on graphs without init constants may start one on graphs with them
     config_file = tmp_path / "first" / "config.json"
@@ -799,7 +799,7 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     train(quick(vits, tmp_path / "run", steps=1), progress=False)
     line = describe(load_checkpoint(tmp_path / "run"))
     assert (
-        line.startswith("LoGAH-tiny trained on tiny-vits with digits (1 steps)")
+        line.startswith("LoGAH-tiny trained on tiny-vits with digits (1 step)")
         and "no held-out evaluation recorded" in line
     )
     summary = {
@@ -1122,6 +1122,43 @@ def test_a_role_means_start_decodes_each_role_at_its_queries_mean_and_nothing_el
     assert all(kept[name].abs().max() < 1e-8 for name in last), last
     moved = [name for name, value in fresh.state_dict().items() if not torch.allclose(value, kept[name], atol=1e-6)]
     assert sorted(moved) == sorted(["decoder.role_factors", *last])
+
+
+def test_a_role_the_checkpoint_never_saw_decodes_through_the_nearest_trained_role(gpts, tmp_path):
+    """A run with a role map for every role of its split fits role prototypes when it ends
+    (LoGAH.fit_role_prototypes; its checkpoints before then have none): each map's mean node
+    embedding over the whole split, and its parameters' signature. A graph renamed so that no name
+    is one a role map was made for (the encoder reads no names: its nodes embed as before) gets
+    each parameter the role whose prototype is nearest its node, among the roles of its own
+    signature: with prototypes fitted on that one graph, exactly its own roles, so it decodes as
+    the graph itself; without prototypes (a checkpoint from before) through the shared map alone."""
+    train(quick(gpts, tmp_path / "run", steps=2, role_maps=True, role_factors=True), progress=False)
+    ghn = load_checkpoint(tmp_path / "run")
+    assert ghn.config.role_prototypes and load_checkpoint(tmp_path / "run" / "checkpoint").config.role_prototypes
+    assert (load_checkpoint(tmp_path / "run" / "checkpoint").role_signatures == -1).all()  # fitted at the end only
+    pool = ArchPool(gpts, "train")
+    stored = ghn.role_prototypes.clone(), ghn.role_signatures.clone()
+    counts = ghn.fit_role_prototypes(pool.split_encoded(ghn.config))
+    assert torch.allclose(ghn.role_prototypes, stored[0], atol=1e-6) and torch.equal(ghn.role_signatures, stored[1])
+    assert counts[0] == 0 and (counts[1:] > 0).all() and stored[1][0] == -1
+    graph = graph_for(pool.records[0], ghn.config)  # one block: each role once
+    rename = {n: n.replace("transformer.", "net.") for node in graph.nodes for n in node.params}
+    nodes = [replace(node, params={rename[n]: s for n, s in node.params.items()}) for node in graph.nodes]
+    renamed = ArchGraph(nodes, graph.edges, graph.meta)
+    own = ghn.encode(graph)
+    assert 0 not in own.roles and len(set(own.roles)) == len(own.roles) > 10
+    assert {signature for signature in stored[1][1:].tolist()} == {role_signature(t) for t in own.targets}
+    ghn.fit_role_prototypes([own])
+    found = ghn.encode(renamed)
+    assert found.roles == own.roles
+    assert found.groups == own.groups
+    expected = ghn.predict(graph)
+    assert all(torch.equal(p, expected[name]) for name, p in ((n, ghn.predict(renamed)[rename[n]]) for n in expected))
+    ghn.fit_role_prototypes([])  # none: what a checkpoint from before holds
+    kept = [role if rename[t.name] == t.name else 0 for t, role in zip(own.targets, own.roles)]  # lm_head's kept
+    assert list(ghn.encode(renamed).roles) == kept and kept.count(0) > 10
+    with pytest.raises(TrainError, match="no role prototypes"):
+        LoGAH(replace(ghn.config, role_prototypes=False)).fit_role_prototypes([own])
 
 
 def test_the_correction_penalty_hands_the_mlps_share_to_the_role_factors(gpts, tmp_path):

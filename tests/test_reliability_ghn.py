@@ -455,6 +455,11 @@ def test_a_truncated_checkpoint_is_named(gpts, checkpoint):
         ({"role_factors": True}, "config.json: logah.role_factors: role factors need the low_rank decoder and role"),
         ({"role_vectors": "yes"}, "config.json: logah.role_vectors must be true or false; got 'yes'"),
         ({"role_vectors": True}, "config.json: logah.role_vectors: role vectors need the low_rank decoder and role"),
+        ({"role_prototypes": 1}, "config.json: logah.role_prototypes must be true or false; got 1"),
+        (
+            {"role_prototypes": True},
+            "config.json: logah.role_prototypes: role prototypes need the low_rank decoder and role",
+        ),
         ({"table_gain": 0}, "config.json: logah.table_gain: table gain must be a positive number; got 0"),
         ({"table_gain": "4"}, "config.json: logah.table_gain: table gain must be a positive number; got '4'"),
         ({"table_gain": True}, "config.json: logah.table_gain: table gain must be a positive number; got True"),

@@ -404,6 +404,15 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    stand_ins = hypernet.stand_ins(graph)
+    if stand_ins:
+        shown = [f"{role} as {' or '.join(trained)}" for role, trained in stand_ins.items()]
+        console.print(
+            f"{len(shown)} of {loaded.name}'s parameter roles are none this hypernetwork trained on; each decodes "
+            "through the trained role nearest its node: " + ", ".join(shown[:6]) + (", ..." if len(shown) > 6 else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     batch_norm = any(node.op == "batch_norm" for node in graph.nodes)
     if batch_norm and balance is None:
         console.print(

@@ -144,7 +144,7 @@ def _logah_config(file: Path, fields: Any) -> LoGAHConfig:
     if unknown:
         raise CheckpointError(f"{file}: logah.{unknown[0]} is not a LoGAH setting; known: {', '.join(known)}")
     for name, value in fields.items():
-        if name in ("tie_feature", "init_anchors", "level_head", "role_factors", "role_vectors"):
+        if name in ("tie_feature", "init_anchors", "level_head", "role_factors", "role_vectors", "role_prototypes"):
             if not isinstance(value, bool):
                 raise CheckpointError(f"{file}: logah.{name} must be true or false; got {value!r}")
             continue
@@ -367,6 +367,11 @@ def record_evaluation(
     return record
 
 
+def _steps(count: Any) -> str:
+    """``count`` steps, in words: "1 step", "1500 steps"."""
+    return f"{count} step" if count == 1 else f"{count} steps"
+
+
 def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
     """One line on what a checkpoint was trained on and its recorded held-out effect, e.g.
     "LoGAH-tiny trained on vits-digits with digits (400 steps); held out: 8 architectures, the
@@ -381,7 +386,7 @@ def describe(ghn: LoGAH, keep_init: bool = False, shrink: float = 1.0) -> str:
     history = [stage for stage in stages if isinstance(stage, Mapping)] if isinstance(stages, list) else []
     history = history or [info]
     trained = f"LoGAH-{info.get('variant', 'custom')} trained on " + ", then on ".join(
-        f"{Path(str(stage.get('dataset', '?'))).name} with {stage.get('data', '?')} ({stage.get('steps', '?')} steps)"
+        f"{Path(str(stage.get('dataset', '?'))).name} with {stage.get('data', '?')} ({_steps(stage.get('steps', '?'))})"
         for stage in history
     )
     record = info.get("evaluation")

@@ -66,6 +66,12 @@ class LoGAHConfig:
     # a free path shared by every architecture, as directly trained ones do; zero at init, so it decodes
     # as a LoGAH without it. False for checkpoints that lack it
     role_vectors: bool = False
+    # per role map the mean encoder embedding of the nodes that held its parameters in training
+    # (LoGAH.fit_role_prototypes), so that a parameter of a role the checkpoint never saw decodes
+    # through the nearest trained role's map and factors (LoGAH.nearest_roles) rather than the
+    # shared map, which no trained role reaches; train-ghn fits them when a run with role maps ends.
+    # False for checkpoints that lack them
+    role_prototypes: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
@@ -85,6 +91,8 @@ class LoGAHConfig:
             raise VariantError("role factors need the low_rank decoder and role maps", "role_factors")
         if self.role_vectors and (self.decoder != "low_rank" or not roles):
             raise VariantError("role vectors need the low_rank decoder and role maps", "role_vectors")
+        if self.role_prototypes and (self.decoder != "low_rank" or not roles):
+            raise VariantError("role prototypes need the low_rank decoder and role maps", "role_prototypes")
         gain = self.table_gain
         if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not math.isfinite(gain) or gain <= 0:
             raise VariantError(f"table gain must be a positive number; got {gain!r}", "table_gain")

@@ -16,8 +16,8 @@ from __future__ import annotations
 import collections
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -354,8 +354,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
     queries: list[tuple[int, int, int, int]] = []
     first: list[int] = []
     grid: list[tuple[int, int]] = []
-    groups: dict[tuple[str, int, int, int], list[int]] = {}
-    for t, role in zip(plan, roles):
+    for t in plan:
         rows, cols = t.matrix_shape
         grid.append((math.ceil(rows / k), math.ceil(cols / k)))
         if max(grid[-1]) > config.max_chunks:
@@ -363,10 +362,7 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
                 f"parameter {t.name!r} {t.shape} is wider than max_chunks * K = {config.max_chunks * k:,}"
             )
         first.append(len(queries))
-        for i in range(0, rows, k):
-            for j in range(0, cols, k):
-                groups.setdefault((t.kind, role, min(k, rows - i), min(k, cols - j)), []).append(len(queries))
-                queries.append((t.node, t.slot, i // k, j // k))
+        queries.extend((t.node, t.slot, i // k, j // k) for i in range(0, rows, k) for j in range(0, cols, k))
     return EncodedGraph(
         ops=torch.tensor(ops, dtype=torch.long),
         shapes=buckets + torch.arange(4) * SHAPE_BUCKETS,
@@ -380,5 +376,43 @@ def encode(graph: ArchGraph, config: LoGAHConfig) -> EncodedGraph:
         first_query=tuple(first),
         grid=tuple(grid),
         roles=roles,
-        groups={key: tuple(v) for key, v in groups.items()},
+        groups=query_groups(plan, roles, first, k),
     )
+
+
+def query_groups(
+    plan: Sequence[Target], roles: Sequence[int], first: Sequence[int], k: int
+) -> dict[tuple[str, int, int, int], tuple[int, ...]]:
+    """The queries of ``plan`` (each target's first at ``first``, its chunks row-major after it)
+    grouped by the ``(kind, role map, rows, cols)`` of the block each decodes to: one batched
+    product per group."""
+    groups: dict[tuple[str, int, int, int], list[int]] = {}
+    for t, role, query in zip(plan, roles, first):
+        rows, cols = t.matrix_shape
+        for i in range(0, rows, k):
+            for j in range(0, cols, k):
+                groups.setdefault((t.kind, role, min(k, rows - i), min(k, cols - j)), []).append(query)
+                query += 1
+    return {key: tuple(v) for key, v in groups.items()}
+
+
+def with_roles(encoded: EncodedGraph, roles: Sequence[int], config: LoGAHConfig) -> EncodedGraph:
+    """``encoded`` with each target decoded through the role map ``roles`` gives it instead
+    (:meth:`~graphkit.ghn.model.LoGAH.nearest_roles`: a trained role for a role the checkpoint
+    never saw)."""
+    roles = tuple(roles)
+    if len(roles) != len(encoded.targets):
+        raise EncodingError(f"{len(roles)} roles for {len(encoded.targets)} parameters")
+    groups = query_groups(encoded.targets, roles, encoded.first_query, config.max_mask)
+    return replace(encoded, roles=roles, groups=groups)
+
+
+#: a target's kind, by its index in a role signature (:func:`role_signature`)
+KINDS = ("weight", "norm", "bias")
+
+
+def role_signature(target: Target) -> int:
+    """What a role map stands in for, as one number: the target's kind (:data:`KINDS`) and its
+    number of dimensions. A parameter of a role a checkpoint never saw takes the nearest trained
+    role of its own signature, so a convolution's kernel never decodes as a norm's scale."""
+    return KINDS.index(target.kind) * 8 + len(target.shape)

@@ -72,7 +72,16 @@ from torch import nn
 
 from graphkit.errors import TrainError
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
-from graphkit.ghn.encoding import SHAPE_BUCKETS, EncodedGraph, Target, activate, encode
+from graphkit.ghn.encoding import (
+    SHAPE_BUCKETS,
+    EncodedGraph,
+    Target,
+    activate,
+    encode,
+    role_signature,
+    roles_of,
+    with_roles,
+)
 from graphkit.graph import ArchGraph
 from graphkit.params import first_non_finite
 
@@ -724,10 +733,16 @@ class Prediction(NamedTuple):
     correction: torch.Tensor  # the decoder's (see :class:`Decoded`), for train-ghn --correction
 
 
+#: the buffers of role prototypes (:meth:`LoGAH.fit_role_prototypes`): fitted when a run ends, never carried over
+PROTOTYPES = ("role_prototypes", "role_signatures")
+
+
 class LoGAH(nn.Module):
     """Graph hypernetwork: graphs -> node embeddings -> every parameter of each model."""
 
     info: dict[str, Any]  # a loaded checkpoint's config.json (graphkit.ghn.checkpoint.load_checkpoint)
+    role_prototypes: torch.Tensor  # with config.role_prototypes: per role map, a mean node embedding
+    role_signatures: torch.Tensor  # and its parameters' signature (encoding.role_signature); -1: none
 
     def __init__(self, config: LoGAHConfig = LoGAHConfig()) -> None:
         super().__init__()
@@ -736,6 +751,9 @@ class LoGAH(nn.Module):
         self.decoder: LowRankDecoder | TiledDecoder = (
             LowRankDecoder(config) if config.decoder == "low_rank" else TiledDecoder(config)
         )
+        if config.role_prototypes:  # row 0, the shared map, is never a prototype
+            self.register_buffer("role_prototypes", torch.zeros(len(config.roles) + 1, config.hidden))
+            self.register_buffer("role_signatures", torch.full((len(config.roles) + 1,), -1, dtype=torch.long))
 
     @classmethod
     def from_variant(
@@ -752,6 +770,7 @@ class LoGAH(nn.Module):
         level_head: bool = LoGAHConfig.level_head,
         role_factors: bool = LoGAHConfig.role_factors,
         role_vectors: bool = LoGAHConfig.role_vectors,
+        role_prototypes: bool = LoGAHConfig.role_prototypes,
     ) -> LoGAH:
         """LoGAH-tiny, -small, -base or -large (Table 1); ``decoder="ghn3"`` for the baseline;
         ``depth_buckets`` > 0 adds the encoder's relative-depth embedding, ``tie_feature`` its
@@ -762,7 +781,8 @@ class LoGAH(nn.Module):
         (:func:`~graphkit.ghn.encoding.targets`); ``level_head`` gives 1-D parameters a learned
         level of their own (:meth:`LowRankDecoder.products`), ``role_factors`` each role map a pair
         of factors of its own (:meth:`LowRankDecoder.factors`), ``role_vectors`` each role map a
-        vector for its 1-D parameters (:func:`role_vector_rows`)."""
+        vector for its 1-D parameters (:func:`role_vector_rows`), ``role_prototypes`` each role map
+        the embedding by which a role it never saw finds it (:meth:`nearest_roles`)."""
         if name not in LOGAH_VARIANTS:
             raise VariantError(f"unknown LoGAH variant {name!r}; known: {', '.join(LOGAH_VARIANTS)}")
         return cls(
@@ -780,6 +800,7 @@ class LoGAH(nn.Module):
                     "level_head": level_head,
                     "role_factors": role_factors,
                     "role_vectors": role_vectors,
+                    "role_prototypes": role_prototypes,
                 }
             )
         )
@@ -832,9 +853,78 @@ class LoGAH(nn.Module):
         last.bias.zero_()
         return counts
 
+    @torch.no_grad()
+    def fit_role_prototypes(self, graphs: Iterable[EncodedGraph]) -> torch.Tensor:
+        """Set each role map's prototype to the mean encoder embedding, over ``graphs``, of the
+        nodes that hold its parameters, and its signature to theirs (:func:`role_signature`); a map
+        no parameter of ``graphs`` reaches, and the shared map, get none (signature -1), so no
+        graphs clears them all. Returns how many parameters each prototype is over. TrainError
+        without role prototypes (``LoGAHConfig.role_prototypes``).
+
+        Why: encoded with roles by name, a parameter whose role the checkpoint never saw
+        (``classifier.weight`` where every training family said ``head.weight``, a hand-written
+        LLaMA's ``wq.weight``) decodes through the shared map alone, which no trained role reaches:
+        with the role-means start its factors stay at zero and its map as initialised. What the
+        encoder says of the node that holds it tells which trained role it stands in for."""
+        if not self.config.role_prototypes:
+            raise TrainError("this LoGAH has no role prototypes (LoGAHConfig.role_prototypes)")
+        sums = torch.zeros_like(self.role_prototypes)
+        counts = torch.zeros(len(sums), device=sums.device)
+        signatures = torch.full_like(self.role_signatures, -1)
+        for graph in graphs:
+            nodes = self.encoder([graph]).to(sums.dtype)
+            for target, role in zip(graph.targets, graph.roles):
+                if role:
+                    sums[role] += nodes[target.node]
+                    counts[role] += 1
+                    signatures[role] = role_signature(target)
+        self.role_prototypes.copy_(sums / counts.clamp_min(1).unsqueeze(1))
+        self.role_signatures.copy_(torch.where(counts > 0, signatures, -1))
+        return counts
+
+    @torch.no_grad()
+    def nearest_roles(self, encoded: EncodedGraph) -> tuple[int, ...]:
+        """Per target of ``encoded``, its role map; a target of no trained role (role 0, the
+        shared map) takes the role whose prototype is nearest, by cosine, to the embedding of the
+        node that holds it, among the roles of its own signature (:meth:`fit_role_prototypes`);
+        it keeps the shared map where the checkpoint has no such role, or no prototypes."""
+        if not self.config.role_prototypes or 0 not in encoded.roles:
+            return encoded.roles
+        valid = self.role_signatures >= 0
+        if not bool(valid.any()):
+            return encoded.roles
+        nodes = F.normalize(self.encoder([encoded]).float(), dim=1)
+        similarity = nodes @ F.normalize(self.role_prototypes.float(), dim=1).t()  # (nodes, roles)
+        roles = list(encoded.roles)
+        for i, target in enumerate(encoded.targets):
+            if roles[i] == 0:
+                mine = valid & (self.role_signatures == role_signature(target))
+                if bool(mine.any()):
+                    roles[i] = int(similarity[target.node].masked_fill(~mine, -2.0).argmax())
+        return tuple(roles)
+
+    def stand_ins(self, graph: ArchGraph) -> dict[str, list[str]]:
+        """The roles of ``graph`` this hypernetwork never trained on, each with the trained roles
+        its parameters decode through (:meth:`nearest_roles`, by node: a role's parameters in
+        different blocks may find different ones); empty without role prototypes. What ``graphkit
+        predict`` reports, so that a user sees which of a model's names no training family had."""
+        if not self.config.role_prototypes:
+            return {}
+        encoded = encode(graph, self.config)
+        names = roles_of((t.name for t in encoded.targets), self.config.role_key)
+        found: dict[str, set[str]] = {}
+        for t, role, nearest in zip(encoded.targets, encoded.roles, self.nearest_roles(encoded)):
+            if role == 0 and nearest:
+                found.setdefault(names[t.name], set()).add(self.config.roles[nearest - 1])
+        return {role: sorted(trained) for role, trained in sorted(found.items())}
+
     def encode(self, graph: ArchGraph) -> EncodedGraph:
-        """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding)."""
-        return encode(graph, self.config)
+        """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding),
+        each parameter of a role it never trained on given the nearest trained role
+        (:meth:`nearest_roles`) where it has role prototypes."""
+        encoded = encode(graph, self.config)
+        roles = self.nearest_roles(encoded)
+        return encoded if roles == encoded.roles else with_roles(encoded, roles, self.config)
 
     def predict(self, graph: ArchGraph) -> dict[str, torch.Tensor]:
         """Every parameter of the graph's model, by state-dict name, at full shape."""

@@ -47,7 +47,7 @@ from graphkit.ghn.diagnostics import (
 )
 from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.keep_init import onto_init
-from graphkit.ghn.model import LoGAH
+from graphkit.ghn.model import PROTOTYPES, LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.space import input_task, training_space
 from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
@@ -502,7 +502,8 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     with a level head, role factors or role vectors may start from a checkpoint without them: they start at zero,
     so the start decodes as the checkpoint does. So may a run whose op vocabulary is newer than the
     checkpoint's (the bundled ones read 32 op ids, a fresh run 51): op ids never change meaning, so
-    the checkpoint's embedding rows are copied and the ids it never read keep their fresh rows."""
+    the checkpoint's embedding rows are copied and the ids it never read keep their fresh rows. Role
+    prototypes are not copied: the run fits its own when it ends, and until then its checkpoints have none."""
     # init_anchors follows the dataset: a stage on another one may decode 1-D parameters otherwise
     adds_level = ghn.config.level_head and not initial.config.level_head
     adds_factors = ghn.config.role_factors and not initial.config.role_factors
@@ -511,6 +512,8 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
     comparable = replace(
         initial.config,
         init_anchors=ghn.config.init_anchors,
+        # fitted when a run ends, never carried over (a start without role maps fails on its roles below)
+        role_prototypes=ghn.config.role_prototypes and bool(initial.config.roles),
         level_head=initial.config.level_head or adds_level,
         role_factors=initial.config.role_factors or adds_factors,
         role_vectors=initial.config.role_vectors or adds_vectors,
@@ -523,8 +526,10 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
             f"not this run's {getattr(ghn.config, field)!r}; train with its options (--variant, --role-maps, "
             "--role-key, ...) or start fresh"
         )
-    # the configs agree but for the head, the factors and the vectors: their parameters are all a fresh run may miss
-    state = initial.state_dict()
+    # the configs agree but for the head, the factors, the vectors and the prototypes: their tensors are
+    # all a fresh run may miss; prototypes are this run's own, fitted when it ends, never the start's
+    state = {k: v for k, v in initial.state_dict().items() if k not in PROTOTYPES}
+    state.update({k: v for k, v in ghn.state_dict().items() if k in PROTOTYPES})
     if adds_ops:
         known = state["encoder.op_embed.weight"]
         fresh = ghn.encoder.op_embed.weight.detach()[known.shape[0] :]
@@ -607,6 +612,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
         level_head=config.level_head,
         role_factors=config.role_factors,
         role_vectors=config.role_vectors,
+        # a role the split lacks never trained the shared map: it takes the nearest trained role instead
+        role_prototypes=config.role_maps and config.max_roles is None,
     ).to(device)
     if initial is not None and config.initial_checkpoint is not None:
         start_from(initial, ghn, config.initial_checkpoint)
@@ -734,6 +741,8 @@ def train(config: TrainConfig, resume: bool = False, progress: bool = True) -> d
                 if world > 1:
                     dist.barrier()
     if rank == 0:
+        if ghn.config.role_prototypes:  # the trained encoder's, over the whole split the role maps are for
+            ghn.fit_role_prototypes(pool.split_encoded(ghn.config))
         save_checkpoint(out, ghn, {**info, "steps": config.steps, "metrics": last})
         if metrics_file.exists():
             plot_metrics(metrics_file, out / "metrics.png")
