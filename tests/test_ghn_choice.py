@@ -257,13 +257,20 @@ def test_every_example_is_accepted_by_predict():
 @pytest.mark.slow
 def test_predict_cli_takes_a_model_of_no_family_whose_ops_a_checkpoint_trained_on():
     """The hand-written LLaMA of examples/ (family "custom") was refused for its family's name;
-    it gets the checkpoint trained across transformers' decoders, and the CLI says why."""
+    it gets the checkpoint trained across transformers' decoders, and the CLI says why, and which
+    of its names no training family had (its role prototypes place them)."""
     result = runner.invoke(app, ["predict", str(ROOT / "examples" / "llama_block.py")])
     assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
     assert (
         "bundled hypernetwork logah-tiny-zoo-decoders: trained on text models and on every op kind llama_block.py "
         "has; trained across families, it fine-tunes a hand-written model better than a family's"
-    ) in " ".join(result.stdout.split())
+    ) in said
+    assert (
+        "4 of llama_block.py's parameter roles are none this hypernetwork trained on; each decodes through the "
+        "trained role nearest its node: embed.weight as "
+    ) in said
+    assert "wq.weight as " in said and "w1.weight" not in said  # the MLP's names are some training family's
     assert "trained on zoo-decoders-mini" in result.stdout
 
 
