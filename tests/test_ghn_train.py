@@ -39,7 +39,7 @@ from graphkit.ghn import (
     train,
 )
 from graphkit.ghn.checkpoint import describe, record_evaluation
-from graphkit.ghn.encoding import EncodingError, role_signature, targets
+from graphkit.ghn.encoding import EncodingError, encode, role_signature, targets
 from graphkit.ghn.evaluate import (
     REQUIRED_INITS,
     EvalConfig,
@@ -1154,6 +1154,15 @@ def test_a_role_the_checkpoint_never_saw_decodes_through_the_nearest_trained_rol
     assert found.groups == own.groups
     expected = ghn.predict(graph)
     assert all(torch.equal(p, expected[name]) for name, p in ((n, ghn.predict(renamed)[rename[n]]) for n in expected))
+    # a role whose parameters differ in signature (timm's leaf proj.weight: a linear's, a convolution's) takes most's
+    fc = next(t for t in own.targets if t.name.endswith("mlp.c_fc.weight"))
+    biases = [t.name for t in own.targets if t.kind == "bias" and ".ln" not in t.name][:2]  # a linear's, as named
+    mixed = {name: fc.name.replace(".0.", f".{7 + i}.") for i, name in enumerate(biases)}  # same role, no block 7, 8
+    nodes = [replace(node, params={mixed.get(n, n): s for n, s in node.params.items()}) for node in graph.nodes]
+    encoded = encode(ArchGraph(nodes, graph.edges, graph.meta), ghn.config)
+    ghn.fit_role_prototypes([encoded])
+    moved = [role_signature(t) for t in encoded.targets if t.name in mixed.values()]
+    assert ghn.role_signatures[own.roles[own.targets.index(fc)]] == moved[0] == moved[1] != role_signature(fc)
     ghn.fit_role_prototypes([])  # none: what a checkpoint from before holds
     kept = [role if rename[t.name] == t.name else 0 for t, role in zip(own.targets, own.roles)]  # lm_head's kept
     assert list(ghn.encode(renamed).roles) == kept and kept.count(0) > 10

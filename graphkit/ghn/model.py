@@ -60,6 +60,7 @@ cropped and tiled to the target shape) as the baseline the paper compares agains
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -856,7 +857,9 @@ class LoGAH(nn.Module):
     @torch.no_grad()
     def fit_role_prototypes(self, graphs: Iterable[EncodedGraph]) -> torch.Tensor:
         """Set each role map's prototype to the mean encoder embedding, over ``graphs``, of the
-        nodes that hold its parameters, and its signature to theirs (:func:`role_signature`); a map
+        nodes that hold its parameters, and its signature to the one most of them have
+        (:func:`role_signature`: timm's leaf role ``proj.weight`` is a linear's and a patch
+        embedding's convolution); a map
         no parameter of ``graphs`` reaches, and the shared map, get none (signature -1), so no
         graphs clears them all. Returns how many parameters each prototype is over. TrainError
         without role prototypes (``LoGAHConfig.role_prototypes``).
@@ -870,16 +873,18 @@ class LoGAH(nn.Module):
             raise TrainError("this LoGAH has no role prototypes (LoGAHConfig.role_prototypes)")
         sums = torch.zeros_like(self.role_prototypes)
         counts = torch.zeros(len(sums), device=sums.device)
-        signatures = torch.full_like(self.role_signatures, -1)
+        signatures: dict[int, collections.Counter[int]] = {}  # a leaf role may be a linear's and a conv's
         for graph in graphs:
             nodes = self.encoder([graph]).to(sums.dtype)
             for target, role in zip(graph.targets, graph.roles):
                 if role:
                     sums[role] += nodes[target.node]
                     counts[role] += 1
-                    signatures[role] = role_signature(target)
+                    signatures.setdefault(role, collections.Counter())[role_signature(target)] += 1
         self.role_prototypes.copy_(sums / counts.clamp_min(1).unsqueeze(1))
-        self.role_signatures.copy_(torch.where(counts > 0, signatures, -1))
+        self.role_signatures.fill_(-1)
+        for role, seen in signatures.items():  # the signature most of its parameters have
+            self.role_signatures[role] = seen.most_common(1)[0][0]
         return counts
 
     @torch.no_grad()
