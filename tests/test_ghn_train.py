@@ -1170,6 +1170,22 @@ def test_a_role_the_checkpoint_never_saw_decodes_through_the_nearest_trained_rol
         LoGAH(replace(ghn.config, role_prototypes=False)).fit_role_prototypes([own])
 
 
+def test_a_run_begun_before_role_prototypes_resumes_and_fits_them_when_it_ends(gpts, tmp_path):
+    """A role-map run whose checkpoint was written before train-ghn fitted role prototypes (its
+    config says none, its weights hold none) resumes under this graphkit, which fits them at the end."""
+    out = tmp_path / "run"
+    train(quick(gpts, out, steps=1, checkpoint_every=1, role_maps=True, role_factors=True), progress=False)
+    config_file, weights = out / "checkpoint" / "config.json", out / "checkpoint" / "model.safetensors"
+    config = json.loads(config_file.read_text())
+    config["logah"]["role_prototypes"] = False
+    config_file.write_text(json.dumps(config))
+    save_file({k: v for k, v in load_file(weights).items() if not k.startswith("role_")}, weights)
+    assert load_checkpoint(out / "checkpoint").config.role_prototypes is False
+    train(quick(gpts, out, steps=2, checkpoint_every=1, role_maps=True, role_factors=True), resume=True, progress=False)
+    resumed = load_checkpoint(out)
+    assert resumed.config.role_prototypes and (resumed.role_signatures[1:] >= 0).all()
+
+
 def test_the_correction_penalty_hands_the_mlps_share_to_the_role_factors(gpts, tmp_path):
     """--correction weighs the decoder MLP's share of the factors into the loss: the logged share
     starts at 1 (role factors start at zero) and falls further than in the same run without the

@@ -562,11 +562,14 @@ def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> t
     """Load the checkpoint in ``folder`` into ``ghn`` and ``optimizer``; returns the steps it had
     done and its info."""
     saved = load_checkpoint(folder)
-    if saved.config != ghn.config:
+    # a run begun before train-ghn fitted role prototypes resumes into one that fits them when it ends
+    prototypes = ghn.config.role_prototypes and bool(saved.config.roles)
+    if replace(saved.config, role_prototypes=prototypes) != ghn.config:
         raise TrainError(
             f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
         )
-    ghn.load_state_dict(saved.state_dict())
+    state = {k: v for k, v in saved.state_dict().items() if k not in PROTOTYPES}
+    ghn.load_state_dict({**state, **{k: v for k, v in ghn.state_dict().items() if k in PROTOTYPES}})
     state = load_optimizer_state(folder, optimizer)
     return int(state["step"]), dict(saved.info)
 
