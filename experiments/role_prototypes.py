@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from graphkit.ghn import load_checkpoint  # noqa: E402
 from graphkit.ghn.checkpoint import save_checkpoint  # noqa: E402
-from graphkit.ghn.model import PROTOTYPES, LoGAH  # noqa: E402
+from graphkit.ghn.model import LoGAH  # noqa: E402
 from graphkit.ghn.pool import ArchPool  # noqa: E402
 
 
@@ -36,9 +36,7 @@ def with_prototypes(checkpoint: str, dataset: str) -> tuple[LoGAH, int]:
     if not saved.config.roles:
         raise SystemExit(f"{checkpoint}: has no role maps, so no role is unseen that a prototype could place")
     ghn = LoGAH(replace(saved.config, role_prototypes=True))
-    state = {k: v for k, v in saved.state_dict().items() if k not in PROTOTYPES}
-    state.update({k: v for k, v in ghn.state_dict().items() if k in PROTOTYPES})
-    ghn.load_state_dict(state)
+    ghn.load_state_dict(ghn.with_own_prototypes(saved.state_dict()))
     ghn.info = saved.info
     pool = ArchPool(dataset, "train")
     counts = ghn.eval().fit_role_prototypes(pool.split_encoded(ghn.config))

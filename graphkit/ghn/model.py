@@ -63,7 +63,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, NamedTuple, cast
 
@@ -887,18 +887,28 @@ class LoGAH(nn.Module):
             self.role_signatures[role] = seen.most_common(1)[0][0]
         return counts
 
+    def with_own_prototypes(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` (another LoGAH's weights) with this LoGAH's role prototypes in place of any it
+        holds: a start or a resumed checkpoint gives its weights, never its prototypes (the run
+        fits its own when it ends; :meth:`fit_role_prototypes`)."""
+        return {
+            **{k: v for k, v in state.items() if k not in PROTOTYPES},
+            **{k: v for k, v in self.state_dict().items() if k in PROTOTYPES},
+        }
+
     @torch.no_grad()
-    def nearest_roles(self, encoded: EncodedGraph) -> tuple[int, ...]:
+    def nearest_roles(self, encoded: EncodedGraph, nodes: torch.Tensor | None = None) -> tuple[int, ...]:
         """Per target of ``encoded``, its role map; a target of no trained role (role 0, the
         shared map) takes the role whose prototype is nearest, by cosine, to the embedding of the
-        node that holds it, among the roles of its own signature (:meth:`fit_role_prototypes`);
-        it keeps the shared map where the checkpoint has no such role, or no prototypes."""
+        node that holds it (``nodes``: the encoder's embeddings of ``encoded``, computed when not
+        given), among the roles of its own signature (:meth:`fit_role_prototypes`); it keeps the
+        shared map where the checkpoint has no such role, or no prototypes."""
         if not self.config.role_prototypes or 0 not in encoded.roles:
             return encoded.roles
         valid = self.role_signatures >= 0
         if not bool(valid.any()):
             return encoded.roles
-        nodes = F.normalize(self.encoder([encoded]).float(), dim=1)
+        nodes = F.normalize((self.encoder([encoded]) if nodes is None else nodes).float(), dim=1)
         similarity = nodes @ F.normalize(self.role_prototypes.float(), dim=1).t()  # (nodes, roles)
         roles = list(encoded.roles)
         for i, target in enumerate(encoded.targets):
@@ -927,8 +937,11 @@ class LoGAH(nn.Module):
         """``graph`` as this hypernetwork reads it (cache it: the same graph, the same encoding),
         each parameter of a role it never trained on given the nearest trained role
         (:meth:`nearest_roles`) where it has role prototypes."""
-        encoded = encode(graph, self.config)
-        roles = self.nearest_roles(encoded)
+        return self._placed(encode(graph, self.config))
+
+    def _placed(self, encoded: EncodedGraph, nodes: torch.Tensor | None = None) -> EncodedGraph:
+        """``encoded`` with its unseen roles given their nearest trained ones (:meth:`nearest_roles`)."""
+        roles = self.nearest_roles(encoded, nodes)
         return encoded if roles == encoded.roles else with_roles(encoded, roles, self.config)
 
     def predict(self, graph: ArchGraph) -> dict[str, torch.Tensor]:
@@ -940,5 +953,6 @@ class LoGAH(nn.Module):
         """The graph's parameters ready to be checked (``first_non_finite``) and then written into
         a model's tensors (``write_into``): with the low-rank decoder, block by block into their
         storage, so predicting into a model needs no second copy of it (:func:`graphkit.ghn.predict`)."""
-        encoded = self.encode(graph)
-        return self.decoder.decoding(self.encoder([encoded]), encoded)
+        encoded = encode(graph, self.config)
+        nodes = self.encoder([encoded])  # the encoder reads no roles: one pass places them and decodes
+        return self.decoder.decoding(nodes, self._placed(encoded, nodes))

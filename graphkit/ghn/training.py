@@ -47,7 +47,7 @@ from graphkit.ghn.diagnostics import (
 )
 from graphkit.ghn.encoding import EncodedGraph
 from graphkit.ghn.keep_init import onto_init
-from graphkit.ghn.model import PROTOTYPES, LoGAH
+from graphkit.ghn.model import LoGAH
 from graphkit.ghn.pool import ArchPool
 from graphkit.ghn.space import input_task, training_space
 from graphkit.training.data import DEFAULT_SOURCES, default_source, load_source, output_loss
@@ -528,8 +528,7 @@ def start_from(initial: LoGAH, ghn: LoGAH, path: str) -> None:
         )
     # the configs agree but for the head, the factors, the vectors and the prototypes: their tensors are
     # all a fresh run may miss; prototypes are this run's own, fitted when it ends, never the start's
-    state = {k: v for k, v in initial.state_dict().items() if k not in PROTOTYPES}
-    state.update({k: v for k, v in ghn.state_dict().items() if k in PROTOTYPES})
+    state = ghn.with_own_prototypes(initial.state_dict())
     if adds_ops:
         known = state["encoder.op_embed.weight"]
         fresh = ghn.encoder.op_embed.weight.detach()[known.shape[0] :]
@@ -568,8 +567,7 @@ def resume_from(folder: Path, ghn: LoGAH, optimizer: torch.optim.Optimizer) -> t
         raise TrainError(
             f"{folder}: holds a LoGAH {saved.info.get('variant')} with another config; resume with the same --variant"
         )
-    state = {k: v for k, v in saved.state_dict().items() if k not in PROTOTYPES}
-    ghn.load_state_dict({**state, **{k: v for k, v in ghn.state_dict().items() if k in PROTOTYPES}})
+    ghn.load_state_dict(ghn.with_own_prototypes(saved.state_dict()))
     state = load_optimizer_state(folder, optimizer)
     return int(state["step"]), dict(saved.info)
 
