@@ -274,6 +274,24 @@ def test_predict_cli_takes_a_model_of_no_family_whose_ops_a_checkpoint_trained_o
     assert "trained on zoo-decoders-mini" in result.stdout
 
 
+def test_predict_cli_predicts_a_meta_built_model_through_a_checkpoint_with_role_prototypes(tmp_path):
+    """hf: and timm: models are built on the meta device, so their trace records no init. Naming
+    the stand-in roles encoded that graph bare, and the zoo checkpoints (role prototypes, 1-D
+    parameters decoded around the init) refused every such model (2026-12-06). The CLI encodes
+    the graph predict encodes, with the init record of the model as its library builds it."""
+    spec, out = "hf:mamba?num_hidden_layers=1&hidden_size=32&vocab_size=300", tmp_path / "mamba.safetensors"
+    result = runner.invoke(app, ["predict", spec, "--no-keep-init", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "bundled hypernetwork logah-tiny-zoo-decoders" in result.stdout
+    ghn = load_checkpoint(bundled_for(trace(load_model_source(spec, weights=False).model)))
+    assert ghn.config.role_prototypes and ghn.config.init_anchors
+    model = load_model_source(spec, weights=False).model
+    expected = predict(model, ghn, keep_init=False)
+    written = read_params(out)[0]
+    assert written.keys() == expected.keys()
+    assert all(torch.equal(written[name], expected[name].detach().cpu()) for name in written)
+
+
 def test_a_hand_written_decoder_gets_the_decoders_zoo_checkpoint_and_a_hand_written_vit_the_vit_one():
     """A model of no family is predicted by HAND_WRITTEN_FIRST's checkpoint where its ops allow:
     nanoGPT and a hand-written LLaMA fine-tune better from the decoders' zoo checkpoint than from the

@@ -350,6 +350,7 @@ def predict(
         start_family,
         trained_onto_init,
     )
+    from graphkit.ghn.predict import with_init_record
     from graphkit.ghn.space import outside_training_space
     from graphkit.params import check_params_output, save_params
     from graphkit.sources import load_model_source
@@ -404,6 +405,7 @@ def predict(
             highlight=False,
             soft_wrap=True,
         )
+    graph = with_init_record(loaded.model, graph, hypernet)  # as predict encodes it: a meta trace records no init
     stand_ins = hypernet.stand_ins(graph)
     if stand_ins:
         shown = [f"{role} as {' or '.join(trained)}" for role, trained in stand_ins.items()]

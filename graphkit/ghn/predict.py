@@ -283,8 +283,7 @@ def predict(
                 "keeps the init its library gives it, but no library initialisation fills the model's meta parameters; "
                 "build the model with weights"
             ) from e
-    if ghn.config.init_anchors and "init" not in graph.meta:  # traced on meta: its record from its library's init
-        graph = ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
+    graph = with_init_record(model, graph, ghn)
     # the model itself can give a twin the graph cannot: a transformers decoder of no graphkit family
     prediction = decoding(ghn, graph, (twin_of(ghn, graph, model, example_inputs) or False) if grow is True else grow)
     bad = prediction.first_non_finite()
@@ -330,6 +329,17 @@ def _multiply(tensors: dict[str, torch.Tensor], factors: dict[str, float]) -> No
         if factor != 1 and id(tensors[name]) not in done:
             done.add(id(tensors[name]))
             tensors[name].mul_(factor)
+
+
+def with_init_record(model: nn.Module, graph: ArchGraph, ghn: LoGAH) -> ArchGraph:
+    """``graph`` as :func:`predict` encodes it for ``ghn``: where the checkpoint decodes 1-D
+    parameters around the model's init (``init_anchors``) and the trace recorded none (it ran on
+    the meta device), with the init record of ``model`` as its library builds it. A caller that
+    encodes the graph before predicting (``graphkit predict`` naming the stand-in roles) passes
+    the result to :func:`predict` as ``graph``, so that the record is built once."""
+    if not ghn.config.init_anchors or "init" in graph.meta:
+        return graph
+    return ArchGraph(graph.nodes, graph.edges, {**graph.meta, **_init_record_as_built(model, graph)})
 
 
 def _init_record_as_built(model: nn.Module, graph: ArchGraph) -> dict[str, Any]:
