@@ -17,7 +17,7 @@ import graphkit
 from graphkit.cli import app
 from graphkit.families import FAMILIES, build_model
 from graphkit.ghn import PredictError, load_checkpoint, predict
-from graphkit.ghn.checkpoint import bundled_checkpoint
+from graphkit.ghn.checkpoint import bundled_checkpoint, bundled_for
 from graphkit.ghn.evaluate import EvalConfig, EvalError, initialise, summarize
 from graphkit.ghn.keep_init import (
     KeepInitError,
@@ -36,6 +36,14 @@ from graphkit.training.data import load_source
 GPT2 = dict(family="gpt2", num_layers=2, hidden=64, heads=4, vocab_size=256, context=64)
 VIT = dict(family="vit", num_layers=2, hidden=64, heads=2, image_size=8, patch_size=2, num_classes=10)
 LLAMA = dict(family="llama", num_layers=2, hidden=64, heads=4, kv_heads=2, vocab_size=256)
+#: a timm ViT pooled by the mean, which only the vision zoo's checkpoint trained on, as a mini zoo records it
+SIGLIP = dict(
+    family="timm",
+    model="vit_base_patch16_siglip_gap_224",
+    image_size=32,
+    num_classes=10,
+    shrink=dict(depth=2, embed_dim=64, num_heads=2, patch_size=8),
+)
 TIED_LLAMA = {**LLAMA, "tied": True}
 runner = CliRunner()
 
@@ -199,13 +207,15 @@ def test_the_start_follows_the_checkpoints_family_then_the_models(monkeypatch):
 @pytest.mark.slow
 def test_predict_follows_the_family_default():
     """GPT-2 keeps its init by default, a LLaMA keeps it with half the prediction (shrink and
-    perturb); a ViT gets the prediction alone."""
-    for config, kept in ((GPT2, 1.0), (LLAMA, 0.5), (VIT, 0.0)):
-        ghn = load_checkpoint(bundled_checkpoint(config["family"]))
+    perturb), and so does a timm model the vision zoo's checkpoint predicts (the family its
+    config.json names); a ViT gets the prediction alone."""
+    for config, kept in ((GPT2, 1.0), (LLAMA, 0.5), (VIT, 0.0), (SIGLIP, 0.5)):
         torch.manual_seed(0)
         model = build_model(config, "cpu")
         init = {name: p.detach().clone() for name, p in model.named_parameters()}
         graph = graphkit.trace(model)
+        ghn = load_checkpoint(bundled_for(graph))
+        assert ghn.info["family"] == ("timm" if config is SIGLIP else config["family"])
         prediction = predicted_params(ghn, graph)
         predict(model, ghn, graph=graph)
         want = expected(init, prediction, kept) if kept else prediction
