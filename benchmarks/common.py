@@ -113,11 +113,12 @@ def checkpoints(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def main(
     doc: str,
-    key: str,
+    key: str | Callable[[argparse.Namespace], str],
     table: Callable[[argparse.Namespace], str],
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
 ) -> None:
-    """Parse ``--write`` and the script's own ``options``, print the table, update BENCHMARKS.md."""
+    """Parse ``--write`` and the script's own ``options``, print the table, update BENCHMARKS.md's
+    section ``key`` (a function of the parsed options, where they pick the section)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     options(parser)
@@ -125,4 +126,4 @@ def main(
     text = table(args)
     print(text)
     if args.write:
-        write_section(text, key)
+        write_section(text, key(args) if callable(key) else key)

@@ -18,7 +18,8 @@ Every start's BatchNorm statistics are estimated on the first 4 training batches
 fine-tuned ``--steps`` AdamW steps (lr 3e-4, batch 32, the same batches for every start).
 The families are zoo-vision's training families, then four it holds out (at 224 px `predict`
 refuses `efficientvit_b0`, the fifth: it runs its attention under `torch.autocast`, an op no
-checkpoint trained on; ConViT goes to the ViT checkpoint, whose ops cover it):
+checkpoint trained on; ConViT, of a family no checkpoint trained on, goes to the one trained
+across timm's families, since 2026-12-06: before, to the ViT checkpoint, whose ops cover it):
 
     .venv/bin/python benchmarks/zoo_resolution.py --steps 0 --write   # step 0 only (8 minutes on 2 cores)
     .venv/bin/python benchmarks/zoo_resolution.py --steps 100 --write \\

@@ -275,9 +275,9 @@ def test_predict_takes_a_layer_scale_vit_as_its_plain_twin_and_says_so(tmp_path)
 
 @pytest.mark.slow
 def test_predict_grows_a_transformers_decoder_of_no_graphkit_family_through_its_own_class(tmp_path):
-    """A 12 x 384 Qwen2 (no graphkit family reads it) goes to the LLaMA checkpoint, whose 9-layer
-    models are at most 256 wide: predict builds its twin from Qwen2's own config class and records
-    lr x 1/2 for every weight that reads the grown width, in one line."""
+    """A 12 x 384 Qwen2 (no graphkit family reads it) predicted by the LLaMA checkpoint, whose
+    9-layer models are at most 256 wide: predict builds its twin from Qwen2's own config class and
+    records lr x 1/2 for every weight that reads the grown width, in one line."""
     model_file = tmp_path / "qwen2.py"
     model_file.write_text(
         "from transformers import AutoConfig, AutoModelForCausalLM\n"
@@ -286,7 +286,7 @@ def test_predict_grows_a_transformers_decoder_of_no_graphkit_family_through_its_
         "model = AutoModelForCausalLM.from_config(config)\n"
     )
     out = tmp_path / "predicted.safetensors"
-    result = run("predict", model_file, "--no-keep-init", "--out", out)
+    result = run("predict", model_file, "--ghn", "logah-tiny-llamas", "--no-keep-init", "--out", out)
     assert result.exit_code == 0, result.output
     assert "predicting it as its 192-wide twin (3 heads), grown to its width" in result.stdout
     assert "fine-tune 85 weights (model.layers.0.self_attn.q_proj.weight, " in result.stdout

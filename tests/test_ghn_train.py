@@ -846,8 +846,14 @@ def test_predict_says_what_the_checkpoint_was_trained_on_and_its_measured_effect
     added = {
         "keep_init": {"loss_0": 2.9, "accuracy_0": 0.31, "loss": 2.2, "accuracy": 0.45},
         "keep_init_beats_random": 1.0,
+        "keep_init_wins": {"0": {"predicted": 0.25, "random": 0.75}, "300": {"predicted": 0.5, "random": 1.0}},
     }
-    record_evaluation(tmp_path / "run", {**summary, **added}, dataset="out/gpts-1k", split="eval", data="stdlib-text")
+    record = record_evaluation(
+        tmp_path / "run", {**summary, **added}, dataset="out/gpts-1k", split="eval", data="stdlib-text"
+    )
+    # its wins at every horizon, not the final verdict alone
+    assert record["keep_init"]["wins"] == added["keep_init_wins"]
+    assert load_checkpoint(tmp_path / "run").info["evaluation"]["keep_init"]["wins"]["0"]["random"] == 0.75
     line = describe(load_checkpoint(tmp_path / "run"), keep_init=True)
     assert line.endswith(
         "held out: 8 gpts-1k architectures, the prediction added onto their init 0.31 accuracy (loss 2.90); after 300 "

@@ -4,9 +4,10 @@ trained). A training checkpoint adds ``optimizer.safetensors`` and ``trainer_sta
 
 Which bundled checkpoint predicts a model is chosen by what the model is, not by its family's
 name (:func:`bundled_for`): its input task (``task`` in config.json: token ids or images) and
-its ops (``trained_ops``: a checkpoint predicts no op it never trained on). A Mistral or Qwen2,
-whose ops are all a LLaMA's, gets the LLaMA checkpoint; a model with an op no checkpoint of its
-task trained on is refused in one line naming that op.
+its ops (``trained_ops``: a checkpoint predicts no op it never trained on), then its family and
+vocabulary. A Mistral, whose ops are all a LLaMA's, gets the LLaMA checkpoint at LLaMA's 32,000
+tokens and the one trained across transformers' decoders at others; a model with an op no
+checkpoint of its task trained on is refused in one line naming that op.
 
 A checkpoint folder is written beside its final place and renamed into it, so an interrupted save
 leaves the previous checkpoint intact; in a folder that holds more (a training run's output, with
@@ -35,7 +36,7 @@ from graphkit.families.equivalents import PlainForm, plain_form
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.space import TASK_READERS, input_task, space_distance
+from graphkit.ghn.space import TASK_READERS, extent, input_task, model_family, space_distance
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
@@ -255,12 +256,14 @@ def hand_written_first(graph: ArchGraph, name: str) -> bool:
 def bundled_for(graph: ArchGraph) -> Path:
     """The folder of the bundled checkpoint that predicts ``graph``: among those trained on its
     input task (:func:`checkpoint_task` against :func:`~graphkit.ghn.space.input_task`; all of
-    them when either is unknown) and on every op kind it has, a family's before one trained
-    across families (``ZOO_BUNDLED``), except that a hand-written model gets those of
-    ``HAND_WRITTEN_FIRST`` first; then its own family's (``BUNDLED``), else the one whose
-    training space it lies nearest (:func:`~graphkit.ghn.space.space_distance`), else the first
-    registered. Works for checkpoints added later as for today's: each is judged by its
-    config.json alone.
+    them when either is unknown) and on every op kind it has, its own family's (``BUNDLED``);
+    for a hand-written model (no family), another family's before one trained across families
+    (``ZOO_BUNDLED``), except ``HAND_WRITTEN_FIRST``'s, first; for a library's model of another
+    family, another family's only where it trained at the model's vocabulary (a Mistral's
+    32,000 tokens), else one trained across families (a Mistral of 256 tokens, timm's ConViT);
+    then the one whose training space it lies nearest
+    (:func:`~graphkit.ghn.space.space_distance`), else the first registered. Works for
+    checkpoints added later as for today's: each is judged by its config.json alone.
 
     UntrainedOpError, in one line, when none qualifies: the op kinds the nearest one
     (fewest missing ops) never trained on, and which checkpoints exist."""
@@ -277,14 +280,40 @@ def bundled_for(graph: ArchGraph) -> Path:
     form = plain_form(graph)
     missing = {name: _missing_ops(infos[name], form.ops if form is not None else ops) for name in candidates}
     own = BUNDLED.get(str(graph.meta.get("family")))
+    family = model_family(graph)
+    vocabulary = extent(graph)["vocabulary"]
+
+    def trained_for(name: str) -> bool:
+        """Whether checkpoint ``name`` trained on the model's family or at its vocabulary (a text
+        model's)."""
+        space = infos[name].get("space")
+        space = space if isinstance(space, Mapping) else {}
+        bounds = space.get("vocabulary")
+        at_vocabulary = vocabulary is not None and isinstance(bounds, list) and bounds[0] <= vocabulary <= bounds[-1]
+        return at_vocabulary or family in (space.get("families") or ())
 
     def rank(name: str) -> int:
-        """A family's checkpoint, measured on its held-out architectures, before one trained across
-        families (ZOO_BUNDLED: a many-family pool's training stays near the unigram loss or chance,
-        issue #45), but HAND_WRITTEN_FIRST's before both for a model of no family."""
-        return 0 if hand_written_first(graph, name) else 2 if name in ZOO_BUNDLED else 1
+        """HAND_WRITTEN_FIRST's for a model of no family, then the model's own family's (measured
+        on its held-out architectures). A hand-written model gets the nearest family's before one
+        trained across families (a many-family pool's training stays near the unigram loss or
+        chance, issue #45); a library's model of another family gets another family's only where
+        that one trained on the model's family or at its vocabulary: at their own 32,000 or 50,257
+        tokens a Mistral and a GPT-Neo start far lower from the LLaMA and GPT-2 checkpoints than
+        from the decoders' zoo one, which trained mostly at bytes' 256; at 256 tokens, and for an
+        image model (ConViT: 5.52 from the ViT checkpoint against its own init's 2.34 at 224 px),
+        the one trained across families leads (BENCHMARKS.md, "Library models: which checkpoint")."""
+        across = name in ZOO_BUNDLED
+        if hand_written_first(graph, name):
+            return 0
+        if name == own:
+            return 1
+        if family is None:
+            return 3 if across else 2
+        if not across and trained_for(name):
+            return 2
+        return 3 if across else 4
 
-    best = min(candidates, key=lambda n: (len(missing[n]), rank(n), n != own, space_distance(infos[n], graph)))
+    best = min(candidates, key=lambda n: (len(missing[n]), rank(n), space_distance(infos[n], graph)))
     if missing[best]:
         by_task: dict[str, list[str]] = {}
         for name in names:
@@ -326,7 +355,9 @@ def record_evaluation(
 ) -> dict[str, Any]:
     """Store a held-out evaluation (``evaluate.summarize``'s summary) in the checkpoint's
     config.json, atomically, so that the checkpoint carries its measured effect; returns the
-    record. ``describe`` reads it back."""
+    record. ``describe`` reads it back. With keep_init rows, ``keep_init`` holds that start's
+    scores: step 0, the final step, its verdict against random and its ``wins`` at every horizon
+    (against each other start), what ``predict`` writes for a family that keeps its init."""
     path = _locate(path)
     final = str(summary["horizons"][-1])
     record = {
@@ -356,6 +387,8 @@ def record_evaluation(
             "final": {"loss": summary["keep_init"]["loss"], "accuracy": summary["keep_init"]["accuracy"]},
             "shrink": summary.get("shrink", 1.0),
         }
+        if "keep_init_wins" in summary:  # at every horizon, as ``wins`` holds the prediction alone's
+            record["keep_init"]["wins"] = summary["keep_init_wins"]
     config = read_json(path / "config.json", "hypernetwork checkpoint")
     config["evaluation"] = record
     try:
