@@ -259,8 +259,9 @@ def bundled_for(graph: ArchGraph) -> Path:
     them when either is unknown) and on every op kind it has, its own family's (``BUNDLED``);
     for a hand-written model (no family), another family's before one trained across families
     (``ZOO_BUNDLED``), except ``HAND_WRITTEN_FIRST``'s, first; for a library's model of another
-    family, another family's only where it trained at the model's vocabulary (a Mistral's
-    32,000 tokens), else one trained across families (a Mistral of 256 tokens, timm's ConViT);
+    family, another family's only where it trained on that family or at the model's vocabulary
+    (a Mistral's 32,000 tokens), else one trained across families (a Mistral of 256 tokens,
+    timm's ConViT);
     then the one whose training space it lies nearest
     (:func:`~graphkit.ghn.space.space_distance`), else the first registered. Works for
     checkpoints added later as for today's: each is judged by its config.json alone.
