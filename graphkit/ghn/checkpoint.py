@@ -36,7 +36,7 @@ from graphkit.families.equivalents import PlainForm, plain_form
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.space import TASK_READERS, extent, input_task, model_family, space_distance
+from graphkit.ghn.space import TASK_READERS, extent, input_task, model_family, space_distance, trained_bounds
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
@@ -288,10 +288,11 @@ def bundled_for(graph: ArchGraph) -> Path:
         """Whether checkpoint ``name`` trained on the model's family or at its vocabulary (a text
         model's)."""
         space = infos[name].get("space")
-        space = space if isinstance(space, Mapping) else {}
-        bounds = space.get("vocabulary")
-        at_vocabulary = vocabulary is not None and isinstance(bounds, list) and bounds[0] <= vocabulary <= bounds[-1]
-        return at_vocabulary or family in (space.get("families") or ())
+        bounds = trained_bounds(space, "vocabulary")
+        families = space.get("families") if isinstance(space, Mapping) else None
+        return (vocabulary is not None and bounds is not None and bounds[0] <= vocabulary <= bounds[1]) or (
+            family in (families or ())
+        )
 
     def rank(name: str) -> int:
         """HAND_WRITTEN_FIRST's for a model of no family, then the model's own family's (measured
