@@ -145,13 +145,10 @@ def build(label: str) -> tuple[torch.nn.Module, tuple | None]:
         return grown_starts.build(spec), None
     if kind == "saturated":
         return saturated_starts.build(spec), None
-    if kind == "zoo":
-        config = json.loads(mini_outcome(*spec)["row"]["config"])
+    if kind in ("zoo", "config"):  # a library's model: its mini zoo's config, or one given
+        config = json.loads(mini_outcome(*spec)["row"]["config"]) if kind == "zoo" else spec
         torch.manual_seed(0)
         return build_model(config, "cpu"), None
-    if kind == "config":
-        torch.manual_seed(0)
-        return build_model(spec, "cpu"), None
     return vit_resolution.built(kind, spec)
 
 
