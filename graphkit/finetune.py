@@ -198,15 +198,17 @@ def lr_scale_phrase(scales: Mapping[str, float]) -> str:
     """The factors of ``scales`` in one phrase, parameters grouped by factor, smallest first:
     "patch_embed.proj.weight at lr x 1/64, 48 weights (blocks.0.attn.qkv.weight,
     blocks.0.attn.proj.weight, ...) at lr x 1/3". A grown model has one factor for every weight
-    that reads its stream, so that predict and finetune say it in a line, not one line each."""
-    groups: dict[float, list[str]] = {}
-    for name, factor in scales.items():
-        groups.setdefault(factor, []).append(name)
+    that reads its stream, so that predict and finetune say it in a line, not one line each.
+    Factors the phrase rounds alike share a group: a Qwen2 grown from 128 to 384 wide and from
+    341 to 1,024 in its MLP records 1/3 and 341/1024, both "lr x 1/3"."""
+    groups: dict[str, list[str]] = {}
+    for name, factor in sorted(scales.items(), key=lambda item: item[1]):
+        groups.setdefault(lr_factor_phrase(factor), []).append(name)
     parts = []
-    for factor, names in sorted(groups.items()):
+    for phrase, names in groups.items():
         shown = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
         listed = names[0] if len(names) == 1 else f"{len(names)} weights ({shown})"
-        parts.append(f"{listed} at {lr_factor_phrase(factor)}")
+        parts.append(f"{listed} at {phrase}")
     return ", ".join(parts)
 
 

@@ -512,6 +512,9 @@ def test_the_lr_factors_of_a_grown_model_are_said_in_one_line_grouped_by_factor(
         "patch_embed.proj.weight at lr x 1/64, 25 weights (blocks.0.qkv.weight, blocks.0.proj.weight, ...) at lr x 1/3"
     )
     assert lr_scale_phrase({"a.weight": 0.25, "b.weight": 0.25}) == "2 weights (a.weight, b.weight) at lr x 1/4"
+    # a grown Qwen2's widths: 128 -> 384 and, in its MLP, 341 -> 1,024; one phrase, one group
+    mixed = {"mlp.down_proj.weight": 341 / 1024, "attn.q_proj.weight": 1 / 3, "attn.k_proj.weight": 1 / 3}
+    assert lr_scale_phrase(mixed) == ("3 weights (mlp.down_proj.weight, attn.q_proj.weight, ...) at lr x 1/3")
 
 
 def test_batch_norm_statistics_are_estimated_from_the_inputs():
