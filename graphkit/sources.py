@@ -30,12 +30,13 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from graphkit.errors import ModelSourceError
+from graphkit.validation import is_count
 
 if TYPE_CHECKING:  # torch is imported where a model is built: the command line's --help reads this module
     from torch import nn
@@ -176,6 +177,10 @@ def _load_timm(source: str, spec: str, weights: bool) -> ModelFile:
             + _suggest(name, timm.list_models(), "timm.list_models('vit_*') lists its names")
         )
 
+    input_size = _timm_input_size(keywords)
+    if input_size is not None and "pretrained_cfg_overlay" not in keywords:
+        keywords["pretrained_cfg_overlay"] = {"input_size": input_size}
+
     def build() -> nn.Module:
         return timm.create_model(name, pretrained=False, **keywords)
 
@@ -193,6 +198,22 @@ def _load_timm(source: str, spec: str, weights: bool) -> ModelFile:
     from graphkit.modelfile import ModelFile  # noqa: PLC0415
 
     return ModelFile(path=None, model=_built(build, weights, source, describe), source=source)
+
+
+def _timm_input_size(keywords: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """The ``input_size`` (channels, height, width) of a timm model built with ``keywords``'
+    ``img_size``: timm keeps its published one in ``pretrained_cfg`` whatever the model was built
+    for, and that is where the tracer and the data read a model's images from (an EfficientFormerV2
+    built at 32 px was traced on 224-px inputs, which its attention-bias tables cannot read). None
+    without an ``img_size``, or with a value that is no size (left for timm to refuse)."""
+    size, channels = keywords.get("img_size"), keywords.get("in_chans", 3)
+    if not is_count(channels):
+        return None
+    if is_count(size):
+        return (channels, size, size)
+    if isinstance(size, (tuple, list)) and len(size) == 2 and all(is_count(s) for s in size):
+        return (channels, *size)
+    return None
 
 
 def _constructor_keys(build_default: Callable[[], nn.Module]) -> list[str]:

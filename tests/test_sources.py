@@ -17,6 +17,7 @@ from graphkit.compiler import read_params
 from graphkit.errors import ModelSourceError
 from graphkit.modelfile import ModelFile
 from graphkit.sources import load_model_source, parse_spec, parse_value
+from graphkit.tracing import trace
 
 TINY_LLAMA = (
     "hf:llama?num_hidden_layers=2&hidden_size=64&num_attention_heads=4&num_key_value_heads=2"
@@ -124,6 +125,17 @@ def test_an_image_classifier_spec_takes_its_class_count():
     tiny = "hf:vit?image_size=16&patch_size=8&hidden_size=32&num_hidden_layers=1&num_attention_heads=2"
     assert load_model_source(tiny, weights=False).model.classifier.out_features == 2
     assert load_model_source(tiny + "&num_labels=10", weights=False).model.classifier.out_features == 10
+
+
+@pytest.mark.parametrize("size, expected", [("32", (3, 32, 32)), ("(32,64)", (3, 32, 64))])
+def test_a_timm_spec_with_an_image_size_is_traced_at_that_size(size, expected):
+    """timm keeps its published ``input_size`` (224 px) in ``pretrained_cfg`` whatever ``img_size``
+    the model is built for, and the tracer read the images from there: an EfficientFormerV2 built at
+    32 px, whose attention-bias tables hold a 32-px grid, failed on a 224-px image."""
+    loaded = load_model_source(f"timm:efficientformerv2_s0?img_size={size}&num_classes=10", weights=False)
+    assert tuple(loaded.model.pretrained_cfg["input_size"]) == expected
+    graph = trace(loaded.model)
+    assert [tuple(shape[1:]) for shape in graph.meta["input_shapes"]] == [expected]
 
 
 # -- Hugging Face folders ----------------------------------------------------------------------
