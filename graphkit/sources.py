@@ -209,11 +209,10 @@ def _timm_input_size(keywords: Mapping[str, Any]) -> tuple[int, int, int] | None
     size, channels = keywords.get("img_size"), keywords.get("in_chans", 3)
     if not is_count(channels):
         return None
-    if is_count(size):
-        return (channels, size, size)
-    if isinstance(size, (tuple, list)) and len(size) == 2 and all(is_count(s) for s in size):
-        return (channels, *size)
-    return None
+    sides = (size, size) if is_count(size) else tuple(size) if isinstance(size, (tuple, list)) else ()
+    if len(sides) != 2 or not all(is_count(s) for s in sides):
+        return None
+    return int(channels), int(sides[0]), int(sides[1])
 
 
 def _constructor_keys(build_default: Callable[[], nn.Module]) -> list[str]:
