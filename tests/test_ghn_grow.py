@@ -39,6 +39,7 @@ from graphkit.ghn.space import (
     widest_at_depth,
 )
 from graphkit.modelfile import ModelFile, load_model_file
+from graphkit.sources import load_model_source
 
 VIT = {"family": "vit", "image_size": 8, "patch_size": 2, "num_classes": 10}
 SMALL_VOCAB = {"vocab_size": 97, "context": 32}
@@ -601,6 +602,24 @@ def test_outside_the_trained_token_grid_the_warning_says_the_own_init_is_expecte
     assert warning(num_layers=3, hidden=384, heads=6, image_size=12, patch_size=4) == (
         "resolution 12 px is 1.5x the largest trained (8 px), "
         f"token grid 3 tokens a side lies between the trained ones (2 and 4 tokens a side), {GRID_CAVEAT}"
+    )
+
+
+def test_above_the_trained_resolutions_a_model_with_a_convolution_stem_is_warned_too():
+    """LeViT reads its image through convolutions: no token grid to predict it at. At 224 px the
+    vision zoo's checkpoint (32-128 px) started it at 3.15 against its own init's 2.26."""
+    space = {"space": {"resolution": [32, 128], "grid": [2, 16]}}
+    levit, small, swin = (
+        graphkit.trace(load_model_source(f"timm:{name}", weights=False).model)
+        for name in ("levit_128s", "levit_128s?img_size=128", "swin_tiny_patch4_window7_224")
+    )
+    assert (
+        outside_training_space(space, levit) == f"resolution 224 px is 1.8x the largest trained (128 px), {GRID_CAVEAT}"
+    )
+    assert outside_training_space(space, small) is None
+    assert outside_training_space(space, swin) == (  # said once, after its token grid
+        "resolution 224 px is 1.8x the largest trained (128 px), "
+        f"token grid 56 tokens a side is 3.5x the largest trained (16 tokens a side), {GRID_CAVEAT}"
     )
 
 

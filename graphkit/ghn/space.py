@@ -78,7 +78,11 @@ EXTENTS = {
 #: on digits at step 0, with the position table resized and the output layer scaled
 #: (graphkit.ghn.grow), every finer grid measured (8 x 8, 16 x 16, ViT-S/B/16 at 224 px) started
 #: ahead of its own init, 2 x 2 tokens behind it; 224 px is unmeasured after fine-tuning
-#: (BENCHMARKS.md, "Resolutions and patch sizes")
+#: (BENCHMARKS.md, "Resolutions and patch sizes"). Also after a resolution above the trained
+#: ones of a model no patch embedding reads the image of (a convolution stem: no token grid to
+#: predict at): the vision zoo's checkpoint, trained at 32-128 px, starts timm's LeViT at 224 px
+#: behind its own init (3.15 against 2.26), and an EfficientFormerV2 trained directly at 32 px
+#: keeps little of it at 224 px (BENCHMARKS.md, "The vision zoo at 224 px")
 GRID_CAVEAT = "where predictions may start worse than the model's own init"
 
 
@@ -279,10 +283,12 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
     (512)", "its family convit is not the one it trained on (vit)" for a family the space records
     none of (:func:`family_phrase`), and "its input and output embeddings are tied, and it trained
     on untied models only" for a tied model unless the space records tied ones; None when it lies
-    inside, or the checkpoint records no space."""
+    inside, or the checkpoint records no space. A token grid outside the trained ones, and a
+    resolution above them where no patch embedding gives a grid, add :data:`GRID_CAVEAT`."""
     space = info.get("space")
     if not isinstance(space, Mapping):
         return None
+    stem = extent(graph)["grid"] is None  # no patch embedding reads the image: no token grid tells
     beyond = []
     for name, value, low, high in _beyond(space, graph):
         label, unit = EXTENTS[name]
@@ -295,7 +301,7 @@ def outside_training_space(info: Mapping[str, Any], graph: ArchGraph) -> str | N
             )
         else:
             beyond.append(f"{label} {value:,}{unit} is below the smallest trained ({low:,}{unit})")
-        if name == "grid":
+        if name == "grid" or (name == "resolution" and value > high and stem):
             beyond[-1] += f", {GRID_CAVEAT}"
     between = _between_trained_grids(space, graph)
     if between is not None:
