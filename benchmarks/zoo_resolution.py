@@ -31,10 +31,11 @@ resolution (:func:`graphkit.datasets.zoo.mini_outcome`; full width and depth), p
 scored there and, with the same weights, at 224 px (``carried``: an ``(heads, n * n)`` bias table
 resized bicubically to the 224-px model's grid, every other parameter as it is). The control that
 must carry if any weights fit at that resolution do: the same model trained directly there for
-STEPS AdamW steps (lr 1e-3), scored there and carried the same way. BatchNorm statistics are
-estimated at each resolution before it is scored:
+STEPS AdamW steps (lr 1e-3), scored there and carried the same way; and, where no parameter
+depends on the resolution, the same trained across the zoo's 32, 64 and 128 px in turn, scored at
+224 px. BatchNorm statistics are estimated at each resolution before it is scored:
 
-    .venv/bin/python benchmarks/zoo_resolution.py --carry 200 --write   # about 15 minutes on 2 cores
+    .venv/bin/python benchmarks/zoo_resolution.py --carry 200 --write   # about 30 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ CARRIED = (
     "lowformer_b0",
 )
 DEFAULT_SIDE, CONTROL_LR = 224, 1e-3
+#: the resolutions of the second control, the range the vision zoo trained at
+ACROSS = (32, 64, 128)
 
 
 def built(name: str, side: int | None = None) -> torch.nn.Module:
@@ -97,7 +100,8 @@ def built(name: str, side: int | None = None) -> torch.nn.Module:
 
     with torch.device("meta"):  # its class, for free
         cls = type(timm.create_model(name, pretrained=False))
-    sized = side is not None and "img_size" in inspect.signature(cls).parameters
+    takes = (c for c in cls.__mro__ if issubclass(c, torch.nn.Module) and c is not torch.nn.Module)
+    sized = side is not None and any("img_size" in inspect.signature(c).parameters for c in takes)  # LeViT's, a base's
     torch.manual_seed(0)
     return timm.create_model(name, pretrained=False, num_classes=10, **({"img_size": side} if sized else {}))
 
@@ -179,7 +183,8 @@ def scored(model: torch.nn.Module, source, side: int) -> tuple[float, float]:
 def carry_row(name: str, source, steps: int) -> str:
     """One model's --carry row: its mini variant's resolution, the own init at 224 px, the
     prediction made at 224 px, at the mini's resolution (scored there, then carried to 224 px),
-    and the directly trained control the same way."""
+    the directly trained control the same way, and, for a model whose parameters no resolution
+    changes, one trained across :data:`ACROSS` (a step at each in turn) scored at 224 px."""
     side = json.loads(mini_outcome("timm", name)["row"]["config"])["image_size"]
     inputs = torch.zeros(1, 3, side, side)
     cells = [scored(built(name), source, DEFAULT_SIDE)]  # the own init
@@ -194,8 +199,15 @@ def carry_row(name: str, source, steps: int) -> str:
     _, train = common.fixed_batches(source, small, BATCH_SIZE, 0, steps, inputs)
     up_train(small, "image", train.__getitem__, steps, CONTROL_LR)
     cells += [scored(small, source, side), scored(carried(small.state_dict(), built(name)), source, DEFAULT_SIDE)]
+    shapes = {k: v.shape for k, v in built(name).state_dict().items()}
+    if all(shapes[k] == v.shape for k, v in small.state_dict().items()):  # the same parameters at any size
+        model = built(name)
+        drawn = [common.fixed_batches(source, model, BATCH_SIZE, 0, steps, torch.zeros(1, 3, s, s))[1] for s in ACROSS]
+        up_train(model, "image", lambda i: drawn[i % len(ACROSS)][i], steps, CONTROL_LR)
+        cells.append(scored(model, source, DEFAULT_SIDE))
     family = "" if MODELS[name] else " (held out)"
-    return f"| `{name}`{family} | {side} px | " + " | ".join(f"{loss:.2f} / {acc:.2f}" for loss, acc in cells) + " |"
+    shown = [f"{loss:.2f} / {acc:.2f}" for loss, acc in cells] + ["-"] * (7 - len(cells))
+    return f"| `{name}`{family} | {side} px | " + " | ".join(shown) + " |"
 
 
 def carry_table(steps: int, models: list[str]) -> str:
@@ -204,8 +216,9 @@ def carry_table(steps: int, models: list[str]) -> str:
     source = load_source("digits")
     rows = [
         "| model | the mini's side | own init @224 | predicted @224 | predicted at the mini's side | it @224 "
-        f"| trained {steps} steps at the mini's side | it @224 |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| trained {steps} steps at the mini's side | it @224 | trained {steps} steps across "
+        f"{', '.join(map(str, ACROSS))} px, @224 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     tic = time.perf_counter()
     for name in models:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from graphkit.errors import ModelSourceError
-from graphkit.validation import is_count
 
 if TYPE_CHECKING:  # torch is imported where a model is built: the command line's --help reads this module
     from torch import nn
@@ -206,6 +205,8 @@ def _timm_input_size(keywords: Mapping[str, Any]) -> tuple[int, int, int] | None
     for, and that is where the tracer and the data read a model's images from (an EfficientFormerV2
     built at 32 px was traced on 224-px inputs, which its attention-bias tables cannot read). None
     without an ``img_size``, or with a value that is no size (left for timm to refuse)."""
+    from graphkit.validation import is_count  # noqa: PLC0415 - it imports torch, which --help must not
+
     size, channels = keywords.get("img_size"), keywords.get("in_chans", 3)
     if not is_count(channels):
         return None
