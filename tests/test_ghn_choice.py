@@ -131,8 +131,8 @@ def test_input_task_is_read_off_the_graph():
 @pytest.mark.parametrize(
     ("build", "chosen"),
     [
-        # LLaMA's ops, of another family: the LLaMA checkpoint at its 32,000 tokens, else the decoders' zoo one
-        (lambda: decoder("mistral", vocab_size=32000), "logah-tiny-llamas"),
+        # LLaMA's ops, of another family: the decoders' zoo one, at LLaMA's 32,000 tokens too
+        (lambda: decoder("mistral", vocab_size=32000), "logah-tiny-zoo-decoders"),
         (lambda: mistral(layers=2), "logah-tiny-zoo-decoders"),
         (lambda: decoder("qwen2"), "logah-tiny-zoo-decoders"),  # with q/k/v biases
         (lambda: llama(layers=2), "logah-tiny-llamas"),
@@ -173,8 +173,9 @@ def test_input_task_is_read_off_the_graph():
 def test_a_model_gets_the_checkpoint_trained_on_its_input_and_its_ops(build, chosen):
     """The family's own checkpoint where it holds every op (a DeiT-III's plain twin, without its
     layer scale, gets the ViT one). A model of another family whose ops a family's checkpoint has
-    gets it where it trained at the model's vocabulary (a Mistral of 32,000 tokens, the LLaMA
-    one), else the one trained across families (a Mistral or a Qwen2 of 128 or 256 tokens:
+    gets the one trained across families, at any vocabulary (a Mistral of 32,000 tokens starts
+    4.35 nats lower from the LLaMA one, and is 0.05 behind after 300 steps in both seeds; a
+    Mistral or a Qwen2 of 256 tokens is behind from it at every horizon:
     benchmarks/hand_written_checkpoints.py --group library and --group vocabularies; ConViT, a
     family no checkpoint trained on: from the ViT one it starts at 3.71 against 2.33). Ops only
     a zoo checkpoint trained on take it (a SigLIP's mean pooling, a Swin's shifted windows, a

@@ -36,7 +36,7 @@ from graphkit.families.equivalents import PlainForm, plain_form
 from graphkit.fileio import check_output_dir, marked_json, save_safetensors, write_folder, write_text_atomic
 from graphkit.ghn.config import LOGAH_VARIANTS, LoGAHConfig, VariantError
 from graphkit.ghn.model import LoGAH
-from graphkit.ghn.space import TASK_READERS, extent, input_task, model_family, space_distance, trained_bounds
+from graphkit.ghn.space import TASK_READERS, input_task, model_family, space_distance
 from graphkit.graph import ArchGraph
 from graphkit.ops import OPS_VERSION, VOCABULARY_SIZES
 from graphkit.params import memory_shortfall
@@ -259,9 +259,8 @@ def bundled_for(graph: ArchGraph) -> Path:
     them when either is unknown) and on every op kind it has, its own family's (``BUNDLED``);
     for a hand-written model (no family), another family's before one trained across families
     (``ZOO_BUNDLED``), except ``HAND_WRITTEN_FIRST``'s, first; for a library's model of another
-    family, another family's only where it trained on that family or at the model's vocabulary
-    (a Mistral's 32,000 tokens), else one trained across families (a Mistral of 256 tokens,
-    timm's ConViT);
+    family, another family's only where it trained on that family, else one trained across
+    families (a Mistral, at 256 tokens or its own 32,000; timm's ConViT);
     then the one whose training space it lies nearest
     (:func:`~graphkit.ghn.space.space_distance`), else the first registered. Works for
     checkpoints added later as for today's: each is judged by its config.json alone.
@@ -282,28 +281,22 @@ def bundled_for(graph: ArchGraph) -> Path:
     missing = {name: _missing_ops(infos[name], form.ops if form is not None else ops) for name in candidates}
     own = BUNDLED.get(str(graph.meta.get("family")))
     family = model_family(graph)
-    vocabulary = extent(graph)["vocabulary"]
 
     def trained_for(name: str) -> bool:
-        """Whether checkpoint ``name`` trained on the model's family or at its vocabulary (a text
-        model's)."""
+        """Whether checkpoint ``name`` trained on the model's family."""
         space = infos[name].get("space")
-        bounds = trained_bounds(space, "vocabulary")
-        families = space.get("families") if isinstance(space, Mapping) else None
-        return (vocabulary is not None and bounds is not None and bounds[0] <= vocabulary <= bounds[1]) or (
-            family in (families or ())
-        )
+        return family in ((space.get("families") if isinstance(space, Mapping) else None) or ())
 
     def rank(name: str) -> int:
         """HAND_WRITTEN_FIRST's for a model of no family, then the model's own family's (measured
         on its held-out architectures). A hand-written model gets the nearest family's before one
         trained across families (a many-family pool's training stays near the unigram loss or
         chance, issue #45); a library's model of another family gets another family's only where
-        that one trained on the model's family or at its vocabulary: at their own 32,000 or 50,257
-        tokens a Mistral and a GPT-Neo start far lower from the LLaMA and GPT-2 checkpoints than
-        from the decoders' zoo one, which trained mostly at bytes' 256; at 256 tokens, and for an
-        image model (ConViT: 5.52 from the ViT checkpoint against its own init's 2.34 at 224 px),
-        the one trained across families leads (BENCHMARKS.md, "Library models: which checkpoint")."""
+        that one trained on the model's family. Measured on 7 decoders at 256 tokens and 4 at
+        their own 32,000-50,257, and on ConViT and NaFlexViT: the one trained across families is
+        lower after 300 fine-tuning steps in every seed. At their own vocabularies the LLaMA and
+        GPT-2 checkpoints start a Mistral, a Phi-3 and a GPT-Neo 2.4-4.4 nats lower at step 0, a
+        head start gone by step 100 (BENCHMARKS.md, "Library models: which checkpoint")."""
         across = name in ZOO_BUNDLED
         if hand_written_first(graph, name):
             return 0
