@@ -4,10 +4,10 @@ trained). A training checkpoint adds ``optimizer.safetensors`` and ``trainer_sta
 
 Which bundled checkpoint predicts a model is chosen by what the model is, not by its family's
 name (:func:`bundled_for`): its input task (``task`` in config.json: token ids or images) and
-its ops (``trained_ops``: a checkpoint predicts no op it never trained on), then its family and
-vocabulary. A Mistral, whose ops are all a LLaMA's, gets the LLaMA checkpoint at LLaMA's 32,000
-tokens and the one trained across transformers' decoders at others; a model with an op no
-checkpoint of its task trained on is refused in one line naming that op.
+its ops (``trained_ops``: a checkpoint predicts no op it never trained on), then its family. A
+Mistral, whose ops are all a LLaMA's, gets the one trained across transformers' decoders, which
+trained on its family, at any vocabulary; a model with an op no checkpoint of its task trained
+on is refused in one line naming that op.
 
 A checkpoint folder is written beside its final place and renamed into it, so an interrupted save
 leaves the previous checkpoint intact; in a folder that holds more (a training run's output, with
